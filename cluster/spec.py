@@ -1,0 +1,395 @@
+"""The cluster spec: the user-facing contract, parsed and validated once at the edge.
+
+Everything downstream takes the frozen types defined here, never raw dicts. A spec error is a
+`SpecError` whose message is one line naming where the bad value came from (`file:line` or the
+`--set` argument), the dotted key and what was expected.
+"""
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import os
+import re
+import types
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import yaml
+
+JOBS = ('ps', 'worker')
+DEFAULT_SPEC = os.path.join('specs', 'local2.yaml')
+_HOSTNAME = re.compile(r'^(?=.{1,253}$)[A-Za-z0-9_]([A-Za-z0-9_-]{0,62})(\.[A-Za-z0-9_-]{1,63})*$')
+_DEVICE = re.compile(r'^(cpu|gpu):(\d+)$')
+
+
+class SpecError(ValueError):
+    """A user error in a spec or an override; the message is one line."""
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    job: str
+    index: int
+    host: str
+    port: int
+
+    @property
+    def name(self) -> str:
+        return f'{self.job}:{self.index}'
+
+    @property
+    def address(self) -> str:
+        host = f'[{self.host}]' if ':' in self.host else self.host
+        return f'{host}:{self.port}'
+
+    @property
+    def is_chief(self) -> bool:
+        return self.job == 'worker' and self.index == 0
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    """How to reach a host over SSH; None means "ask ~/.ssh/config, then the defaults"."""
+    name: str
+    user: str | None = None
+    port: int | None = None
+    key: str | None = None
+    python: str | None = None
+    workdir: str | None = None
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    sync: bool = True
+    steps: int = 2000
+    batch_size: int = 128
+    devices: Any = 'auto'            # 'auto' | int (CPU towers) | tuple of 'gpu:N' / 'cpu:N'
+    data: str = 'synthetic'
+    train_dir: str = 'runs/default'
+    learning_rate: float = 0.1
+    replicas_to_aggregate: int | None = None   # None: every worker (no backup workers)
+    checkpoint_steps: int = 0        # 0: only by time and at the end
+    checkpoint_secs: float = 60.0
+    log_every_secs: float = 2.0
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    path: str
+    tasks: tuple[TaskSpec, ...]
+    train: TrainConfig
+    hosts: Mapping[str, HostConfig] = field(default_factory=lambda: types.MappingProxyType({}))
+
+    def job_tasks(self, job: str) -> tuple[TaskSpec, ...]:
+        return tuple(t for t in self.tasks if t.job == job)
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.job_tasks('worker'))
+
+    @property
+    def num_ps(self) -> int:
+        return len(self.job_tasks('ps'))
+
+    @property
+    def replicas_to_aggregate(self) -> int:
+        return self.train.replicas_to_aggregate or self.num_workers
+
+    def cluster_def(self) -> dict[str, list[str]]:
+        """job -> addresses, the shape tf.train.ClusterSpec and TF_CONFIG take."""
+        return {job: [t.address for t in self.job_tasks(job)] for job in JOBS if self.job_tasks(job)}
+
+    def task(self, job: str, index: int) -> TaskSpec:
+        if job not in JOBS:
+            raise SpecError(f'{self.path}: unknown job {job!r}; expected one of {", ".join(JOBS)}')
+        tasks = self.job_tasks(job)
+        if not 0 <= index < len(tasks):
+            raise SpecError(f'{self.path}: task {job}:{index} does not exist; job {job!r} has '
+                            f'{len(tasks)} task(s), indices 0..{len(tasks) - 1}')
+        return tasks[index]
+
+    def to_dict(self) -> dict:
+        """The effective spec (overrides applied) in the file format, for tasks to read back."""
+        train = dataclasses.asdict(self.train)
+        if isinstance(train['devices'], tuple):
+            train['devices'] = list(train['devices'])
+        hosts = {name: {k: v for k, v in dataclasses.asdict(h).items() if k != 'name' and v is not None}
+                 for name, h in self.hosts.items()}
+        out = {'cluster': self.cluster_def(), 'train': train}
+        if hosts:
+            out['hosts'] = hosts
+        return out
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+class _Origins:
+    """Remembers where each dotted key came from, so errors can point at it."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._where: dict[str, str] = {}
+
+    def record_yaml(self, node: yaml.Node, prefix: str = '') -> None:
+        self._where[prefix] = f'{self.path}:{node.start_mark.line + 1}'
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                key = f'{prefix}.{key_node.value}' if prefix else str(key_node.value)
+                self.record_yaml(value_node, key)
+                self._where[key] = f'{self.path}:{key_node.start_mark.line + 1}'
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                self.record_yaml(item, f'{prefix}[{i}]')
+
+    def record_override(self, key: str, text: str) -> None:
+        for known in list(self._where):
+            if known == key or known.startswith(key + '.') or known.startswith(key + '['):
+                del self._where[known]
+        self._where[key] = f'--set {text}'
+
+    def error(self, key: str, message: str) -> SpecError:
+        probe = key
+        while probe and probe not in self._where:
+            probe = re.sub(r'(\.[^.\[]*|\[\d+\])$', '', probe)
+        return SpecError(f'{self._where.get(probe, self.path)}: {key}: {message}')
+
+
+def load_spec(path: str, overrides: list[str] | tuple[str, ...] = ()) -> ClusterSpec:
+    """Read, override and validate a spec file. Raises SpecError (one line) on any user error."""
+    try:
+        with open(path, encoding='utf-8') as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise SpecError(f'{path}: spec file not found') from None
+    except OSError as e:
+        raise SpecError(f'{path}: cannot read spec file: {e.strerror}') from None
+    origins = _Origins(path)
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, 'problem_mark', None)
+        where = f'{path}:{mark.line + 1}' if mark else path
+        problem = getattr(e, 'problem', None) or str(e).splitlines()[0]
+        raise SpecError(f'{where}: YAML syntax error: {problem}') from None
+    if node is not None:
+        origins.record_yaml(node)
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise SpecError(f'{path}:1: the spec must be a mapping with a "cluster" section')
+    for text_override in overrides:
+        _apply_override(raw, text_override, origins)
+    return _build(raw, origins)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """'train.steps=50' -> (['train', 'steps'], 50); the value is read as YAML."""
+    key, sep, value = text.partition('=')
+    parts = key.strip().split('.')
+    if not sep or not all(re.fullmatch(r'[A-Za-z0-9_-]+', p) for p in parts):
+        raise SpecError(f'--set {text}: expected dotted.key=value, e.g. --set train.steps=50')
+    try:
+        parsed = yaml.safe_load(value) if value.strip() else None
+    except yaml.YAMLError:
+        raise SpecError(f'--set {text}: the value is not valid YAML') from None
+    if parsed is None:
+        raise SpecError(f'--set {text}: missing value after "="')
+    return parts, parsed
+
+
+def _apply_override(raw: dict, text: str, origins: _Origins) -> None:
+    parts, value = parse_override(text)
+    target = raw
+    for i, part in enumerate(parts[:-1]):
+        child = target.get(part)
+        if child is None:
+            child = target[part] = {}
+        if not isinstance(child, dict):
+            raise SpecError(f'--set {text}: {".".join(parts[:i + 1])} is not a section')
+        target = child
+    target[parts[-1]] = value
+    origins.record_override('.'.join(parts), text)
+
+
+def _build(raw: dict, origins: _Origins) -> ClusterSpec:
+    _no_unknown(raw, ('cluster', 'train', 'hosts'), '', origins)
+    tasks = _parse_cluster(raw.get('cluster'), origins)
+    train = _parse_train(raw.get('train') or {}, origins)
+    hosts = _parse_hosts(raw.get('hosts') or {}, origins)
+    spec = ClusterSpec(path=origins.path, tasks=tasks, train=train, hosts=types.MappingProxyType(hosts))
+    r = train.replicas_to_aggregate
+    if r is not None and not 1 <= r <= spec.num_workers:
+        raise origins.error('train.replicas_to_aggregate',
+                            f'must be between 1 and the number of workers ({spec.num_workers}), got {r}')
+    return spec
+
+
+def _no_unknown(mapping: dict, allowed, prefix: str, origins: _Origins) -> None:
+    for key in mapping:
+        if key not in allowed:
+            dotted = f'{prefix}.{key}' if prefix else str(key)
+            raise origins.error(dotted, f'unknown key; expected one of {", ".join(allowed)}')
+
+
+def _parse_cluster(cluster, origins: _Origins) -> tuple[TaskSpec, ...]:
+    if cluster is None:
+        raise origins.error('cluster', 'missing section; it maps ps and worker to lists of host:port')
+    if not isinstance(cluster, dict):
+        raise origins.error('cluster', 'expected a mapping of job name to a list of host:port')
+    _no_unknown(cluster, JOBS, 'cluster', origins)
+    tasks = []
+    seen: dict[tuple[str, int], str] = {}
+    for job in JOBS:
+        addresses = cluster.get(job)
+        if addresses is None or addresses == []:
+            raise origins.error(f'cluster.{job}', f'missing job {job!r}: give at least one host:port')
+        if isinstance(addresses, str):
+            addresses = [addresses]
+        if not isinstance(addresses, list):
+            raise origins.error(f'cluster.{job}', 'expected a list of host:port')
+        for index, address in enumerate(addresses):
+            key = f'cluster.{job}[{index}]'
+            host, port = parse_address(address, lambda msg: origins.error(key, msg))
+            ident = (_same_machine_key(host), port)
+            if ident in seen:
+                raise origins.error(key, f'{address} is used twice (also {seen[ident]}): '
+                                         'every task needs its own host:port')
+            seen[ident] = f'{job}:{index}'
+            tasks.append(TaskSpec(job, index, host, port))
+    return tuple(tasks)
+
+
+def parse_address(address, error) -> tuple[str, int]:
+    """'host:port' or '[v6]:port' -> (host, port); `error(msg)` builds the exception to raise."""
+    if not isinstance(address, str):
+        raise error(f'expected "host:port", got {address!r}')
+    m = re.fullmatch(r'\[([0-9A-Fa-f:.]+)\]:(\S+)|([^:\s\[\]]+):(\S+)', address.strip())
+    if not m:
+        raise error(f'expected "host:port", got {address!r}')
+    host, port_text = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+    if not port_text.isdigit():
+        raise error(f'port must be a number, got {port_text!r} in {address!r}')
+    port = int(port_text)
+    if not 1 <= port <= 65535:
+        raise error(f'port must be between 1 and 65535, got {port} in {address!r}')
+    if not _valid_host(host):
+        raise error(f'invalid host name {host!r} in {address!r}')
+    return host, port
+
+
+def _valid_host(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return bool(_HOSTNAME.match(host)) and not host.replace('.', '').isdigit()
+
+
+LOOPBACK_NAMES = ('localhost', '127.0.0.1', '::1')
+
+
+def _same_machine_key(host: str) -> str:
+    return 'localhost' if host in LOOPBACK_NAMES else host
+
+
+def _expect(value, kinds, key, origins, what):
+    if isinstance(value, bool) and bool not in kinds:
+        raise origins.error(key, f'expected {what}, got {value!r}')
+    if not isinstance(value, kinds):
+        raise origins.error(key, f'expected {what}, got {value!r}')
+    return value
+
+
+def _parse_train(train, origins: _Origins) -> TrainConfig:
+    if not isinstance(train, dict):
+        raise origins.error('train', 'expected a mapping of training settings')
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    _no_unknown(train, sorted(fields), 'train', origins)
+    values = {}
+    for name, value in train.items():
+        key = f'train.{name}'
+        if name == 'sync':
+            values[name] = _expect(value, (bool,), key, origins, 'true or false')
+        elif name in ('steps', 'batch_size'):
+            values[name] = _positive_int(value, key, origins)
+        elif name in ('checkpoint_steps',):
+            v = _expect(value, (int,), key, origins, 'a whole number >= 0')
+            if v < 0:
+                raise origins.error(key, f'expected a whole number >= 0, got {v}')
+            values[name] = v
+        elif name in ('learning_rate', 'checkpoint_secs', 'log_every_secs'):
+            v = _expect(value, (int, float), key, origins, 'a positive number')
+            if v <= 0:
+                raise origins.error(key, f'expected a positive number, got {v}')
+            values[name] = float(v)
+        elif name == 'replicas_to_aggregate':
+            values[name] = None if value is None else _positive_int(value, key, origins)
+        elif name == 'seed':
+            values[name] = None if value is None else _expect(value, (int,), key, origins, 'an integer')
+        elif name in ('data', 'train_dir'):
+            v = _expect(value, (str,), key, origins, 'a path')
+            if not v.strip():
+                raise origins.error(key, 'must not be empty')
+            values[name] = v
+        elif name == 'devices':
+            values[name] = _parse_devices(value, key, origins)
+    return TrainConfig(**values)
+
+
+def _positive_int(value, key, origins) -> int:
+    v = _expect(value, (int,), key, origins, 'a positive whole number')
+    if v < 1:
+        raise origins.error(key, f'expected a positive whole number, got {v}')
+    return v
+
+
+def _parse_devices(value, key, origins):
+    if value == 'auto':
+        return 'auto'
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 1:
+            raise origins.error(key, f'expected at least 1 tower, got {value}')
+        return value
+    if isinstance(value, list) and value:
+        devices = []
+        for i, item in enumerate(value):
+            m = _DEVICE.match(str(item).strip().lower())
+            if not m:
+                raise origins.error(f'{key}[{i}]', f'expected a device like gpu:0 or cpu:0, got {item!r}')
+            devices.append(f'{m.group(1)}:{int(m.group(2))}')
+        if len(set(devices)) != len(devices):
+            raise origins.error(key, f'a device is listed twice in {value!r}')
+        return tuple(devices)
+    raise origins.error(key, f'expected auto, a number of CPU towers or a list like [gpu:0, gpu:1], got {value!r}')
+
+
+def _parse_hosts(hosts, origins: _Origins) -> dict[str, HostConfig]:
+    if not isinstance(hosts, dict):
+        raise origins.error('hosts', 'expected a mapping of host name to SSH settings')
+    out = {}
+    allowed = ('user', 'port', 'key', 'python', 'workdir')
+    for name, settings in hosts.items():
+        prefix = f'hosts.{name}'
+        if not _valid_host(str(name)):
+            raise origins.error(prefix, f'invalid host name {name!r}')
+        settings = settings or {}
+        if not isinstance(settings, dict):
+            raise origins.error(prefix, f'expected a mapping with any of {", ".join(allowed)}')
+        _no_unknown(settings, allowed, prefix, origins)
+        values = {}
+        for k, v in settings.items():
+            if k == 'port':
+                v = _positive_int(v, f'{prefix}.port', origins)
+                if v > 65535:
+                    raise origins.error(f'{prefix}.port', f'port must be between 1 and 65535, got {v}')
+            else:
+                v = _expect(v, (str,), f'{prefix}.{k}', origins, 'a string')
+            values[k] = v
+        out[str(name)] = HostConfig(name=str(name), **values)
+    return out

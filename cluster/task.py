@@ -1,0 +1,74 @@
+"""Run one task of a cluster: `python -m cluster.task --spec SPEC --job worker --index 0`.
+
+The same entry point runs everywhere: started by hand, by `launch up` as a local process, over
+SSH, or in a container. Everything that can be checked without TensorFlow is checked first, so a
+bad invocation fails in a fraction of a second with exit code 2 and nothing started.
+"""
+from __future__ import annotations
+
+import argparse
+import errno
+import logging
+import os
+import socket
+import sys
+
+from cluster.spec import DEFAULT_SPEC, SpecError, load_spec
+
+log = logging.getLogger('cluster.task')
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog='python -m cluster.task', description=__doc__.splitlines()[0])
+    p.add_argument('--spec', help=f'cluster spec (default: $CLUSTER_SPEC, else {DEFAULT_SPEC})')
+    p.add_argument('--job', required=True, choices=['ps', 'worker'])
+    p.add_argument('--index', required=True, type=int, help="the task's position in its job's list")
+    p.add_argument('--set', dest='overrides', action='append', default=[], metavar='KEY=VALUE',
+                   help='override a spec key, e.g. --set train.steps=50')
+    return p.parse_args(argv)
+
+
+def port_in_use(port: int) -> bool:
+    """True when something already listens on `port` (TF's server binds every interface)."""
+    with socket.socket(socket.AF_INET6 if socket.has_ipv6 else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(('', port))
+        except OSError as e:
+            return e.errno == errno.EADDRINUSE
+    return False
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    path = args.spec or os.environ.get('CLUSTER_SPEC') or DEFAULT_SPEC
+    try:
+        spec = load_spec(path, args.overrides)
+        task = spec.task(args.job, args.index)
+        from cluster import data   # no TensorFlow at import time
+        data_dir = data.resolve_data(spec.train.data, spec.train.train_dir) if task.job == 'worker' else None
+    except (SpecError, ValueError) as e:
+        print(f'cluster.task: error: {e}', file=sys.stderr)
+        return 2
+    if port_in_use(task.port):
+        print(f'cluster.task: error: {task.name}: port {task.port} is already in use', file=sys.stderr)
+        return 2
+
+    logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname).1s %(message)s',
+                        datefmt='%H:%M:%S', stream=sys.stdout)
+    import tensorflow as tf
+    from cluster import train
+    tf.get_logger().setLevel(logging.ERROR)     # TF1 deprecation notices drown the progress lines
+    tf.compat.v1.disable_eager_execution()
+    server = train.make_server(spec, task)
+    log.info('%s serving on %s (pid %d)', task.name, task.address, os.getpid())
+    if task.job == 'ps':
+        train.run_ps(server, spec, task)
+    else:
+        train.run_worker(server, spec, task, data_dir)
+    log.info('%s finished', task.name)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,292 @@
+"""What a task does once its server is up: a ps serves until every worker is done; a worker
+builds per-device towers under `replica_device_setter` and trains, synchronously or not.
+
+Why not MonitoredTrainingSession: its SyncReplicas hook hands out `replicas_to_aggregate` initial
+tokens (so the chief can fill a global step alone), its chief queue runner stays blocked after the
+last step (so closing waits out a 120 s grace period) and its non-chiefs poll every 30 s. Here the
+chief drives the aggregation itself in a thread that stops at the last step, no initial tokens are
+handed out, and non-chiefs poll for the chief's initialisation twice a second.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+import tensorflow as tf
+
+from cluster import data, model
+from cluster.spec import ClusterSpec, TaskSpec
+
+v1 = tf.compat.v1
+log = logging.getLogger(__name__)
+
+DONE_QUEUE = 'tfcluster_done_%d'     # one per ps task: workers report "finished" there
+READY_POLL_SECS = 0.5                # how often a non-chief checks that the chief has initialised
+
+
+def tower_devices(spec: ClusterSpec, task: TaskSpec) -> list[str]:
+    """The devices a worker builds its towers on, as TF device names of that worker."""
+    devices = spec.train.devices
+    prefix = f'/job:worker/task:{task.index}'
+    if devices == 'auto':
+        gpus = tf.config.list_physical_devices('GPU')
+        return [f'{prefix}/device:GPU:{i}' for i in range(len(gpus))] or [f'{prefix}/device:CPU:0']
+    if isinstance(devices, int):
+        return [f'{prefix}/device:CPU:{i}' for i in range(devices)]
+    # A list: GPUs are renumbered from 0 because the task only sees its own (CUDA_VISIBLE_DEVICES).
+    out, gpu = [], 0
+    for d in devices:
+        kind, _ = d.split(':')
+        if kind == 'gpu':
+            out.append(f'{prefix}/device:GPU:{gpu}')
+            gpu += 1
+        else:
+            out.append(f'{prefix}/device:CPU:{d.split(":")[1]}')
+    return out
+
+
+def cpu_device_count(spec: ClusterSpec) -> int:
+    """Logical CPU devices a worker's server must create for its CPU towers."""
+    devices = spec.train.devices
+    if isinstance(devices, int):
+        return devices
+    if isinstance(devices, tuple):
+        return 1 + max([int(d.split(':')[1]) for d in devices if d.startswith('cpu:')], default=0)
+    return 1
+
+
+def make_server(spec: ClusterSpec, task: TaskSpec):
+    config = v1.ConfigProto()
+    if task.job == 'worker':
+        config.device_count['CPU'] = cpu_device_count(spec)
+    return v1.train.Server(v1.train.ClusterSpec(spec.cluster_def()), job_name=task.job,
+                           task_index=task.index, config=config, start=True)
+
+
+def _done_queue(ps_index: int, capacity: int):
+    with v1.device(f'/job:ps/task:{ps_index}'):
+        return v1.FIFOQueue(capacity, [tf.int32], shapes=[()], shared_name=DONE_QUEUE % ps_index,
+                            name=f'done_queue_{ps_index}')
+
+
+def run_ps(server, spec: ClusterSpec, task: TaskSpec) -> None:
+    """Serve variables until every worker has reported that it finished, then return."""
+    with tf.Graph().as_default():
+        dequeue = _done_queue(task.index, spec.num_workers).dequeue()
+        config = v1.ConfigProto(device_filters=[f'/job:ps/task:{task.index}'])
+        with v1.Session(server.target, config=config) as sess:
+            log.info('serving variables; exits once all %d workers are done', spec.num_workers)
+            for remaining in range(spec.num_workers - 1, -1, -1):
+                worker = sess.run(dequeue)
+                log.info('worker:%d is done; %d to go', worker, remaining)
+
+
+@dataclass
+class _Graph:
+    global_step: object
+    step_after: object          # the global step a worker trains on next, after its update
+    loss: object
+    lr: object
+    train_op: object
+    local_init_op: object
+    ready_for_local_init_op: object
+    sync_op: object | None      # chief only, sync only: aggregate one step, hand out tokens
+    summary: object
+    saver: object
+    done_ops: list
+    examples_per_run: int
+
+
+def build_graph(spec: ClusterSpec, task: TaskSpec, data_dir: str) -> _Graph:
+    train = spec.train
+    cluster = v1.train.ClusterSpec(spec.cluster_def())
+    worker_device = f'/job:worker/task:{task.index}'
+    devices = tower_devices(spec, task)
+    n = len(devices)
+    examples_per_run = train.batch_size * n
+    examples_per_step = examples_per_run * (spec.replicas_to_aggregate if train.sync else 1)
+
+    with v1.device(v1.train.replica_device_setter(cluster=cluster, worker_device=worker_device)):
+        global_step = v1.train.get_or_create_global_step()
+        lr = model.learning_rate(global_step, train.learning_rate, examples_per_step)
+        opt = v1.train.GradientDescentOptimizer(lr)
+        ema = v1.train.ExponentialMovingAverage(model.MOVING_AVERAGE_DECAY, global_step)
+        if train.sync:
+            opt = v1.train.SyncReplicasOptimizer(
+                opt, replicas_to_aggregate=spec.replicas_to_aggregate, total_num_replicas=spec.num_workers,
+                variable_averages=ema, variables_to_average=None)
+
+    with v1.device(f'{worker_device}/device:CPU:0'):
+        images, labels = data.train_inputs(data_dir, examples_per_run, shard_index=task.index,
+                                           num_shards=spec.num_workers, seed=train.seed)
+        image_parts, label_parts = tf.split(images, n), tf.split(labels, n)
+
+    tower_grads, tower_losses = [], []
+    for k, device in enumerate(devices):
+        setter = v1.train.replica_device_setter(cluster=cluster, worker_device=device)
+        with v1.device(setter), tf.name_scope(f'tower_{k}'):
+            logits, decay = model.inference(image_parts[k], seed=train.seed)
+            tower_loss = model.loss(logits, label_parts[k], decay)
+            tower_losses.append(tower_loss)
+            tower_grads.append(opt.compute_gradients(tower_loss))
+
+    with v1.device(v1.train.replica_device_setter(cluster=cluster, worker_device=worker_device)):
+        grads = _average(tower_grads)
+        loss = tf.add_n(tower_losses) / n
+        if train.sync:
+            train_op = opt.apply_gradients(grads, global_step=global_step)
+            step_after = tf.identity(train_op)   # the token: the global step to train on next
+            local_init_op = opt.chief_init_op if task.is_chief else opt.local_step_init_op
+            ready_for_local_init_op = opt.ready_for_local_init_op
+            sync_op = opt.get_chief_queue_runner().enqueue_ops[0] if task.is_chief else None
+        else:
+            apply = opt.apply_gradients(grads, global_step=global_step)
+            with tf.control_dependencies([apply]):
+                train_op = ema.apply(v1.trainable_variables())
+            with tf.control_dependencies([train_op]):
+                step_after = global_step.read_value()
+            local_init_op = v1.local_variables_initializer()
+            ready_for_local_init_op = v1.report_uninitialized_variables(v1.global_variables())
+            sync_op = None
+        v1.summary.scalar('loss', loss)
+        v1.summary.scalar('learning_rate', lr)
+        summary = v1.summary.merge_all()
+
+    done_ops = [_done_queue(p, spec.num_workers).enqueue(task.index) for p in range(spec.num_ps)]
+    saver = v1.train.Saver(max_to_keep=5, sharded=True)
+    return _Graph(global_step, step_after, loss, lr, train_op, local_init_op, ready_for_local_init_op,
+                  sync_op, summary, saver, done_ops, examples_per_run)
+
+
+def _average(tower_grads):
+    if len(tower_grads) == 1:
+        return tower_grads[0]
+    out = []
+    for pairs in zip(*tower_grads):
+        grads = [g for g, _ in pairs if g is not None]
+        out.append((tf.add_n(grads) / len(grads) if grads else None, pairs[0][1]))
+    return out
+
+
+class _Aggregator(threading.Thread):
+    """The chief's side of sync training: aggregate each step and hand out the next tokens,
+    and stop by itself once the last step has been aggregated (no blocked thread to wait out)."""
+
+    def __init__(self, sess, g: _Graph, steps: int):
+        super().__init__(name='aggregator', daemon=True)
+        self.sess, self.g, self.steps, self.error = sess, g, steps, None
+
+    def run(self):
+        try:
+            while self.sess.run(self.g.global_step) < self.steps:
+                self.sess.run(self.g.sync_op)
+        except Exception as e:  # reported by the training loop, which owns the exit code
+            self.error = e
+
+
+def run_worker(server, spec: ClusterSpec, task: TaskSpec, data_dir: str) -> dict:
+    """Train to `train.steps` global steps; returns this worker's figures (also written as JSON)."""
+    train = spec.train
+    os.makedirs(train.train_dir, exist_ok=True)
+    with tf.Graph().as_default():
+        if train.seed is not None:
+            v1.set_random_seed(train.seed)
+        g = build_graph(spec, task, data_dir)
+        config = v1.ConfigProto(device_filters=['/job:ps', f'/job:worker/task:{task.index}'],
+                                allow_soft_placement=True)
+        manager = v1.train.SessionManager(
+            local_init_op=g.local_init_op, ready_op=v1.report_uninitialized_variables(),
+            ready_for_local_init_op=g.ready_for_local_init_op, graph=tf.compat.v1.get_default_graph(),
+            recovery_wait_secs=READY_POLL_SECS)
+        start = time.monotonic()
+        if task.is_chief:
+            sess = manager.prepare_session(server.target, init_op=v1.global_variables_initializer(),
+                                           saver=g.saver, checkpoint_dir=train.train_dir, config=config)
+        else:
+            sess = manager.wait_for_session(server.target, config=config)
+        try:
+            result = _train_loop(sess, spec, task, g, start)
+            for op in g.done_ops:
+                sess.run(op)
+        finally:
+            sess.close()
+    path = os.path.join(train.train_dir, f'worker-{task.index}.json')
+    with open(path + '.tmp', 'w') as f:
+        json.dump(result, f)
+    os.replace(path + '.tmp', path)
+    return result
+
+
+def _train_loop(sess, spec: ClusterSpec, task: TaskSpec, g: _Graph, start: float) -> dict:
+    train = spec.train
+    first = sess.run(g.global_step)
+    log.info('session ready after %.1fs at global step %d', time.monotonic() - start, first)
+    writer = v1.summary.FileWriter(train.train_dir, sess.graph) if task.is_chief else None
+    aggregator = None
+    if train.sync and task.is_chief and first < train.steps:
+        aggregator = _Aggregator(sess, g, train.steps)
+        aggregator.start()
+
+    step, local_steps, applied = first, 0, []
+    t0 = time.monotonic()
+    last_log, last_log_step, last_save = t0, first, t0
+    log_every = train.log_every_secs if task.is_chief else max(10.0, train.log_every_secs)
+    loss = float('nan')
+    while step < train.steps:
+        due = time.monotonic() - last_log >= log_every or local_steps == 0
+        fetches = [g.step_after, g.loss] + ([g.summary] if due and writer else [])
+        out = sess.run(fetches)
+        applied.append(int(step))
+        step, loss, local_steps = int(out[0]), float(out[1]), local_steps + 1
+        now = time.monotonic()
+        if due or step >= train.steps:
+            rate = (step - last_log_step) * g.examples_per_run * _per_step(spec) / max(now - last_log, 1e-9)
+            log.info('step %d/%d  loss %.3f  %.0f images/s', step, train.steps, loss, rate)
+            if len(out) > 2:
+                writer.add_summary(out[2], step)
+            last_log, last_log_step = now, step
+        if task.is_chief and (_save_due(train, step, now - last_save)):
+            g.saver.save(sess, os.path.join(train.train_dir, 'model.ckpt'), global_step=step)
+            last_save = now
+    elapsed = time.monotonic() - t0
+    if aggregator:
+        aggregator.join()
+        if aggregator.error:
+            raise aggregator.error
+    final = int(sess.run(g.global_step))
+    if task.is_chief:
+        g.saver.save(sess, os.path.join(train.train_dir, 'model.ckpt'), global_step=final)
+        writer.close()
+    images = local_steps * g.examples_per_run
+    log.info('done: %d local steps, global step %d, loss %.3f, %.0f images/s from this worker',
+             local_steps, final, loss, images / max(elapsed, 1e-9))
+    return {'task': task.name, 'local_steps': local_steps, 'first_global_step': int(first),
+            'global_step': final, 'loss': loss, 'seconds': elapsed,
+            'images_per_sec': images / max(elapsed, 1e-9), 'applied_at': _runs(applied)}
+
+
+def _per_step(spec: ClusterSpec) -> int:
+    """Worker batches in one global step: every aggregated worker in sync mode, one in async."""
+    return spec.replicas_to_aggregate if spec.train.sync else 1
+
+
+def _save_due(train, step: int, since_save: float) -> bool:
+    if step >= train.steps:
+        return False        # the final save happens after the loop
+    by_steps = train.checkpoint_steps and step % train.checkpoint_steps == 0
+    return bool(by_steps) or since_save >= train.checkpoint_secs
+
+
+def _runs(values: list[int]) -> list[list[int]]:
+    """[0,1,2,3,7,8] -> [[0,3],[7,8]]: the global steps a worker trained on, compactly."""
+    out: list[list[int]] = []
+    for v in values:
+        if out and v == out[-1][1] + 1:
+            out[-1][1] = v
+        else:
+            out.append([v, v])
+    return out

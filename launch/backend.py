@@ -1,0 +1,124 @@
+"""The interface every backend (local processes, SSH) offers the launcher, and the pieces they share.
+
+A task always writes its output to its own log file; the launcher follows that file (locally or
+over SSH) to stream it with a `[job:index]` prefix. So output survives the launcher, and
+`launch logs` reads the same file.
+"""
+from __future__ import annotations
+
+import abc
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Iterable, Iterator
+
+from launch.plan import TaskPlan
+
+STOP_GRACE_SECS = 5.0     # SIGTERM, then SIGKILL after this long (one deadline shared by all tasks)
+
+
+@dataclass
+class TaskRecord:
+    """A started task as the state file remembers it: enough to find, check and stop it later."""
+    name: str
+    job: str
+    index: int
+    host: str
+    port: int
+    backend: str
+    pid: int
+    log: str
+    ident: str = ''          # the process start time, so a reused pid is never mistaken for ours
+    cwd: str = '.'
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> 'TaskRecord':
+        return cls(**d)
+
+
+class Backend(abc.ABC):
+    """Starts, watches and stops tasks of one kind. Methods take many tasks at once where a
+    backend can do better than one at a time (one deadline for all, one SSH connection per host)."""
+
+    name = ''
+
+    def prepare(self, plans: list[TaskPlan], spec_yaml: str) -> None:
+        """Put what the tasks need in place (the effective spec, log folders) before any start."""
+
+    @abc.abstractmethod
+    def start(self, plan: TaskPlan) -> TaskRecord:
+        """Start the task detached (its own session), its output going to plan.log_path."""
+
+    @abc.abstractmethod
+    def poll(self, record: TaskRecord) -> int | None:
+        """The task's exit code once it has ended (negative: killed by that signal), else None."""
+
+    @abc.abstractmethod
+    def alive(self, record: TaskRecord) -> bool:
+        """Whether the process the record names is still running (and is still ours)."""
+
+    @abc.abstractmethod
+    def stop(self, records: list[TaskRecord], grace: float = STOP_GRACE_SECS) -> None:
+        """SIGTERM every task's process group, wait up to `grace` seconds in all, then SIGKILL."""
+
+    @abc.abstractmethod
+    def read_log(self, record_or_plan, follow: bool = False,
+                 stop: threading.Event | None = None) -> Iterator[str]:
+        """The lines of a task's log; with follow, keep yielding new lines until `stop` is set
+        and the file has no more."""
+
+    def close(self) -> None:
+        """Release connections."""
+
+
+def follow_file(path: str, stop: threading.Event | None, poll: float = 0.1) -> Iterator[str]:
+    """Yield complete lines of a growing file; end at EOF once `stop` is set (or at once if
+    stop is None). A missing file counts as empty until it appears."""
+    pending = ''
+    f = None
+    try:
+        while True:
+            if f is None:
+                try:
+                    f = open(path, encoding='utf-8', errors='replace')
+                except FileNotFoundError:
+                    if stop is None or stop.is_set():
+                        return
+                    time.sleep(poll)
+                    continue
+            chunk = f.read(65536)
+            if chunk:
+                pending += chunk
+                *lines, pending = pending.split('\n')
+                yield from lines
+                continue
+            if stop is None or stop.is_set():
+                if pending:
+                    yield pending
+                return
+            time.sleep(poll)
+    finally:
+        if f is not None:
+            f.close()
+
+
+def tail(lines: Iterable[str], n: int = 15) -> list[str]:
+    out: list[str] = []
+    for line in lines:
+        out.append(line)
+        if len(out) > n:
+            out.pop(0)
+    return out
+
+
+def wait_all(predicate: Callable[[], bool], deadline: float, poll: float = 0.05) -> bool:
+    """Wait until predicate() is true or the monotonic deadline passes; returns predicate()."""
+    while not predicate():
+        if time.monotonic() >= deadline:
+            return predicate()
+        time.sleep(poll)
+    return True

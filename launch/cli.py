@@ -1,0 +1,239 @@
+"""The `launch` command: up, status, down, logs, plan."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shlex
+import signal
+import socket
+import sys
+import threading
+import time
+
+from cluster.spec import ClusterSpec, SpecError, load_spec
+from cluster.task import port_in_use
+from launch.backend import Backend, TaskRecord
+from launch.local import LocalBackend, process_ident
+from launch.plan import TaskPlan, effective_spec_path, plan_cluster, state_path
+from launch.run import EXIT_USAGE, ClusterRun, Console
+from launch.state import LaunchState
+
+
+class UsageError(Exception):
+    """A user error found before anything starts: one line, exit code 2."""
+
+
+def _spec_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument('spec', help='cluster spec, e.g. specs/local2.yaml')
+    p.add_argument('--set', dest='overrides', action='append', default=[], metavar='KEY=VALUE',
+                   help='override a spec key, e.g. --set train.steps=50 (repeatable)')
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog='launch', description='Launch and manage TensorFlow parameter-server clusters.')
+    sub = p.add_subparsers(dest='command', required=True, metavar='COMMAND')
+    up = sub.add_parser('up', help='start every task, train to the end, tear down')
+    _spec_args(up)
+    up.add_argument('--start-timeout', type=float, default=120.0, metavar='SECS',
+                    help='how long every server may take to accept connections (default 120)')
+    up.add_argument('-v', '--verbose', action='store_true',
+                    help="also show TensorFlow's C++ start-up messages (always kept in the log files)")
+    up.add_argument('--finish-timeout', type=float, default=60.0, metavar='SECS',
+                    help='how long ps tasks may take to exit after the workers finished (default 60)')
+    st = sub.add_parser('status', help="show each task's pid, whether it is alive and listening")
+    _spec_args(st)
+    down = sub.add_parser('down', help="stop whatever is left of the spec's cluster")
+    _spec_args(down)
+    logs = sub.add_parser('logs', help="print a task's log (all tasks when none is named)")
+    _spec_args(logs)
+    logs.add_argument('task', nargs='?', help='job:index, e.g. worker:1')
+    logs.add_argument('-f', '--follow', action='store_true', help='keep printing new lines until Ctrl-C')
+    plan = sub.add_parser('plan', help='print what `up` would run for each task, starting nothing')
+    _spec_args(plan)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format='launch: %(levelname)s: %(message)s')
+    try:
+        spec = load_spec(args.spec, args.overrides)
+        return COMMANDS[args.command](spec, args)
+    except (SpecError, UsageError) as e:
+        print(f'launch: error: {e}', file=sys.stderr)
+        return EXIT_USAGE
+
+
+def make_backends(plans: list[TaskPlan], spec: ClusterSpec) -> dict[str, Backend]:
+    backends: dict[str, Backend] = {'local': LocalBackend()}
+    if any(p.backend == 'ssh' for p in plans):
+        from launch.ssh import SSHBackend
+        backends['ssh'] = SSHBackend(spec)
+    return backends
+
+
+def _running_state(spec: ClusterSpec, backends) -> LaunchState | None:
+    state = LaunchState.load(state_path(spec))
+    if state is None:
+        return None
+    if launcher_alive(state) or any(r.backend in backends and backends[r.backend].alive(r) for r in state.tasks):
+        return state
+    return None
+
+
+def launcher_alive(state: LaunchState) -> bool:
+    ident = process_ident(state.launcher_pid)
+    return ident is not None and ident == state.launcher_ident and state.launcher_pid != os.getpid()
+
+
+def preflight(spec: ClusterSpec, plans: list[TaskPlan], backends) -> None:
+    """Everything that can be wrong before anything starts; raises UsageError (exit 2)."""
+    running = _running_state(spec, backends)
+    if running is not None:
+        raise UsageError(f'{spec.path}: a cluster of this spec is already running (launcher pid '
+                         f'{running.launcher_pid}, state in {state_path(spec)}); stop it with `launch down {spec.path}`')
+    for plan in plans:
+        if plan.backend == 'local' and port_in_use(plan.task.port):
+            raise UsageError(f'{spec.path}: {plan.name}: port {plan.task.port} on {plan.task.host} is already in use')
+    if any(p.backend == 'local' and p.task.job == 'worker' for p in plans) and spec.train.data != 'synthetic':
+        from cluster import data
+        try:
+            data.check_data_dir(os.path.expanduser(spec.train.data))
+        except data.DataError as e:
+            raise UsageError(f'{spec.path}: train.data: {e}') from None
+    for backend in backends.values():
+        problems = getattr(backend, 'check', lambda plans: [])([p for p in plans if p.backend == backend.name])
+        if problems:
+            raise UsageError('; '.join(problems))
+
+
+def cmd_up(spec: ClusterSpec, args) -> int:
+    plans = list(plan_cluster(spec))
+    backends = make_backends(plans, spec)
+    try:
+        preflight(spec, plans, backends)
+        if any(p.backend == 'local' and p.task.job == 'worker' for p in plans):
+            from cluster import data
+            data.resolve_data(spec.train.data, spec.train.train_dir)   # once, before the workers race for it
+        for i in range(spec.num_workers):       # figures of an earlier run must not pass for this one's
+            try:
+                os.remove(os.path.join(spec.train.train_dir, f'worker-{i}.json'))
+            except FileNotFoundError:
+                pass
+        run = ClusterRun(spec, spec.to_yaml(), plans, backends, Console(verbose=args.verbose),
+                         start_timeout=args.start_timeout, finish_timeout=args.finish_timeout)
+        return run.up()
+    finally:
+        for b in backends.values():
+            b.close()
+
+
+def _listening(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def cmd_status(spec: ClusterSpec, args) -> int:
+    plans = list(plan_cluster(spec))
+    backends = make_backends(plans, spec)
+    state = LaunchState.load(state_path(spec))
+    records = {r.name: r for r in (state.tasks if state else [])}
+    if state is None:
+        print(f'no cluster of {spec.path} has been started (no {state_path(spec)})')
+    elif launcher_alive(state):
+        print(f'launcher pid {state.launcher_pid}, started {time.ctime(state.started)}')
+    else:
+        print(f'launcher pid {state.launcher_pid} is gone; `launch down {spec.path}` stops what is left')
+    print(f'{"TASK":<10} {"ADDRESS":<22} {"BACKEND":<7} {"PID":>7}  {"ALIVE":<5}  LISTENING')
+    for plan in plans:
+        r = records.get(plan.name)
+        alive = r is not None and backends[r.backend].alive(r)
+        listening = _listening(plan.task.host, plan.task.port)
+        print(f'{plan.name:<10} {plan.task.address:<22} {plan.backend:<7} {r.pid if r else "-":>7}  '
+              f'{"yes" if alive else "no":<5}  {"yes" if listening else "no"}')
+    for b in backends.values():
+        b.close()
+    return 0
+
+
+def cmd_down(spec: ClusterSpec, args) -> int:
+    plans = list(plan_cluster(spec))
+    backends = make_backends(plans, spec)
+    state = LaunchState.load(state_path(spec))
+    if state is None:
+        print(f'nothing to stop: no cluster of {spec.path} was started (no {state_path(spec)})')
+        return 0
+    if launcher_alive(state):       # the launcher tears its own cluster down on SIGTERM
+        os.kill(state.launcher_pid, signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        while launcher_alive(state) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    left = [r for r in state.tasks if backends[r.backend].alive(r)]
+    by_backend: dict[str, list[TaskRecord]] = {}
+    for r in left:
+        by_backend.setdefault(r.backend, []).append(r)
+    for name, records in by_backend.items():
+        backends[name].stop(records)
+    still = [r.name for r in state.tasks if backends[r.backend].alive(r)]
+    for b in backends.values():
+        b.close()
+    if still:
+        print(f'launch: error: could not stop {", ".join(still)}', file=sys.stderr)
+        return 1
+    if os.path.exists(state_path(spec)):
+        os.remove(state_path(spec))
+    print(f'stopped {len(left)} task(s) of {spec.path}' if left else f'nothing left running of {spec.path}')
+    return 0
+
+
+def cmd_logs(spec: ClusterSpec, args) -> int:
+    plans = list(plan_cluster(spec))
+    if args.task:
+        chosen = [p for p in plans if p.name == args.task]
+        if not chosen:
+            raise UsageError(f'{spec.path}: no task {args.task!r}; tasks are {", ".join(p.name for p in plans)}')
+        plans = chosen
+    backends = make_backends(plans, spec)
+    state = LaunchState.load(state_path(spec))
+    records = {r.name: r for r in (state.tasks if state else [])}
+    console = Console()
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *a: stop.set())
+    signal.signal(signal.SIGTERM, lambda *a: stop.set())
+
+    def show(plan):
+        source = records.get(plan.name, plan)
+        for line in backends[plan.backend].read_log(source, follow=args.follow, stop=stop):
+            console.line(plan.name, line) if len(plans) > 1 else print(line, flush=True)
+
+    threads = [threading.Thread(target=show, args=(p,), daemon=True) for p in plans]
+    for t in threads:
+        t.start()
+        if not args.follow:
+            t.join()
+    while any(t.is_alive() for t in threads):
+        time.sleep(0.1)
+    for b in backends.values():
+        b.close()
+    return 0
+
+
+def cmd_plan(spec: ClusterSpec, args) -> int:
+    print(f'# {spec.path}: {spec.num_ps} ps, {spec.num_workers} workers, '
+          f'{"sync" if spec.train.sync else "async"}; effective spec written to {effective_spec_path(spec)}')
+    for plan in plan_cluster(spec):
+        where = 'local process' if plan.backend == 'local' else f'ssh {plan.host.user + "@" if plan.host.user else ""}{plan.task.host}'
+        print(f'{plan.name}  {plan.task.address}  ({where})')
+        print(f'  cwd:  {plan.cwd}')
+        print(f'  run:  {shlex.join(plan.argv)}')
+        for k, v in plan.env.items():
+            print(f'  env:  {k}={shlex.quote(v)}')
+        print(f'  log:  {plan.log_path}')
+    return 0
+
+
+COMMANDS = {'up': cmd_up, 'status': cmd_status, 'down': cmd_down, 'logs': cmd_logs, 'plan': cmd_plan}

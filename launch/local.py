@@ -1,0 +1,97 @@
+"""Local backend: each task is a child process in its own session (so its process group can be
+signalled as a whole and a terminal's Ctrl-C reaches only the launcher), output to its log file."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+from launch.backend import STOP_GRACE_SECS, Backend, TaskRecord, follow_file, wait_all
+from launch.plan import TaskPlan
+
+
+def process_ident(pid: int) -> str | None:
+    """The kernel's start time of `pid` (field 22 of /proc/PID/stat); None if it is gone or a zombie."""
+    try:
+        with open(f'/proc/{pid}/stat') as f:
+            stat = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = stat[stat.rindex(')') + 2:].split()
+    return None if fields[0] in 'ZX' else fields[19]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f'/proc/{pid}/cmdline', 'rb') as f:
+            return f.read().replace(b'\0', b' ').decode(errors='replace')
+    except OSError:
+        return ''
+
+
+class LocalBackend(Backend):
+    name = 'local'
+
+    def __init__(self):
+        self._children: dict[int, subprocess.Popen] = {}
+
+    def prepare(self, plans, spec_yaml):
+        for plan in plans:
+            os.makedirs(os.path.dirname(os.path.join(plan.cwd, plan.log_path)) or '.', exist_ok=True)
+            spec_file = os.path.join(plan.cwd, plan.spec_path)
+            os.makedirs(os.path.dirname(spec_file) or '.', exist_ok=True)
+            with open(spec_file + '.tmp', 'w') as f:
+                f.write(spec_yaml)
+            os.replace(spec_file + '.tmp', spec_file)
+
+    def start(self, plan: TaskPlan) -> TaskRecord:
+        log_file = os.path.join(plan.cwd, plan.log_path)
+        with open(log_file, 'wb') as out:
+            proc = subprocess.Popen(plan.argv, cwd=plan.cwd, env={**os.environ, **plan.env},
+                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        self._children[proc.pid] = proc
+        t = plan.task
+        return TaskRecord(name=t.name, job=t.job, index=t.index, host=t.host, port=t.port, backend=self.name,
+                          pid=proc.pid, log=os.path.abspath(log_file), ident=process_ident(proc.pid) or '',
+                          cwd=os.path.abspath(plan.cwd))
+
+    def poll(self, record: TaskRecord) -> int | None:
+        proc = self._children.get(record.pid)
+        if proc is not None:
+            return proc.poll()
+        return None if self.alive(record) else 0
+
+    def alive(self, record: TaskRecord) -> bool:
+        proc = self._children.get(record.pid)
+        if proc is not None:
+            return proc.poll() is None
+        ident = process_ident(record.pid)
+        if ident is None or (record.ident and ident != record.ident):
+            return False
+        return 'cluster.task' in _cmdline(record.pid)
+
+    def stop(self, records, grace: float = STOP_GRACE_SECS) -> None:
+        live = [r for r in records if self.alive(r)]
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+            for r in live:
+                try:
+                    os.killpg(r.pid, sig)
+                except ProcessLookupError:
+                    pass
+            wait_all(lambda: not any(self.alive(r) for r in live), time.monotonic() + wait)
+            live = [r for r in live if self.alive(r)]
+            if not live:
+                break
+        for r in records:           # reap, and make sure nothing of the group is left behind
+            proc = self._children.get(r.pid)
+            if proc is not None and proc.poll() is not None:
+                try:
+                    os.killpg(r.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+    def read_log(self, record_or_plan, follow=False, stop=None):
+        path = getattr(record_or_plan, 'log', None) or os.path.join(record_or_plan.cwd, record_or_plan.log_path)
+        return follow_file(path, stop if follow else None)

@@ -1,0 +1,83 @@
+"""Planning: a validated spec in, one `TaskPlan` per task out. Pure: no processes, no network,
+no files, so it is tested with tables and printed as-is by `launch plan`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+from typing import Mapping
+
+from cluster.spec import LOOPBACK_NAMES, ClusterSpec, HostConfig, TaskSpec
+
+DEFAULT_REMOTE_PYTHON = 'python3'
+DEFAULT_REMOTE_WORKDIR = 'tfcluster'     # relative to the remote user's home
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    task: TaskSpec
+    backend: str                     # 'local' or 'ssh'
+    argv: tuple[str, ...]
+    env: Mapping[str, str]           # added to the environment the task inherits
+    cwd: str                         # where argv runs; relative paths below are relative to it
+    spec_path: str                   # the effective spec (overrides applied) the task reads
+    log_path: str
+    host: HostConfig | None = None   # SSH settings (None: local, or ~/.ssh/config and defaults)
+
+    @property
+    def name(self) -> str:
+        return self.task.name
+
+
+def is_local(spec: ClusterSpec, host: str) -> bool:
+    """Loopback names are local processes unless the spec lists them under `hosts` (tests do that
+    to stand up several SSH "hosts" on one machine)."""
+    return host in LOOPBACK_NAMES and host not in spec.hosts
+
+
+def effective_spec_path(spec: ClusterSpec) -> str:
+    return os.path.join(spec.train.train_dir, 'spec.yaml')
+
+
+def log_path(spec: ClusterSpec, task: TaskSpec) -> str:
+    return os.path.join(spec.train.train_dir, 'logs', f'{task.job}-{task.index}.log')
+
+
+def state_path(spec: ClusterSpec) -> str:
+    return os.path.join(spec.train.train_dir, 'launch-state.json')
+
+
+def tf_config(spec: ClusterSpec, task: TaskSpec) -> str:
+    return json.dumps({'cluster': spec.cluster_def(), 'task': {'type': task.job, 'index': task.index}},
+                      sort_keys=True)
+
+
+def task_env(spec: ClusterSpec, task: TaskSpec) -> dict[str, str]:
+    env = {'TF_CONFIG': tf_config(spec, task), 'PYTHONUNBUFFERED': '1', 'TF_CPP_MIN_LOG_LEVEL': '2'}
+    devices = spec.train.devices
+    if task.job == 'ps':
+        env['CUDA_VISIBLE_DEVICES'] = ''          # variables live in host memory; keep GPUs free
+    elif isinstance(devices, tuple) and any(d.startswith('gpu:') for d in devices):
+        env['CUDA_VISIBLE_DEVICES'] = ','.join(d.split(':')[1] for d in devices if d.startswith('gpu:'))
+    return env
+
+
+def plan_task(spec: ClusterSpec, task: TaskSpec, python: str | None = None, cwd: str = '.') -> TaskPlan:
+    local = is_local(spec, task.host)
+    host = None if local else spec.hosts.get(task.host, HostConfig(name=task.host))
+    if local:
+        python = python or sys.executable
+    else:
+        python = host.python or DEFAULT_REMOTE_PYTHON
+        cwd = host.workdir or DEFAULT_REMOTE_WORKDIR
+    spec_file = effective_spec_path(spec)
+    argv = (python, '-m', 'cluster.task', '--spec', spec_file, '--job', task.job, '--index', str(task.index))
+    return TaskPlan(task=task, backend='local' if local else 'ssh', argv=argv, env=task_env(spec, task),
+                    cwd=cwd, spec_path=spec_file, log_path=log_path(spec, task), host=host)
+
+
+def plan_cluster(spec: ClusterSpec, python: str | None = None, cwd: str = '.') -> tuple[TaskPlan, ...]:
+    """Every task of the spec, ps tasks first (they hold the variables everyone waits for)."""
+    return tuple(plan_task(spec, t, python, cwd) for t in spec.tasks)

@@ -1,0 +1,116 @@
+"""Shared fixtures: free ports, spec files, and a guard that fails any test leaving a task behind."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TASK_MARKERS = ('cluster.task', 'cluster/task.py', 'launch.cli', 'bin/launch ', '-m launch ')
+_session_dir = ''    # this pytest session's temporary root: every spec a test writes lies below it
+
+
+def pytest_sessionstart(session):
+    global _session_dir
+    _session_dir = str(session.config._tmp_path_factory.getbasetemp())
+
+
+def project_processes() -> dict[int, str]:
+    """pid -> command line of every running task or launcher of this test session (its spec lies
+    under the session's temporary root, so another session's processes are never counted)."""
+    out = {}
+    for entry in os.listdir('/proc'):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f'/proc/{entry}/cmdline', 'rb') as f:
+                cmd = f.read().replace(b'\0', b' ').decode(errors='replace')
+            with open(f'/proc/{entry}/stat') as f:
+                state = f.read().rsplit(')', 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != 'Z' and _session_dir in cmd and any(m in cmd for m in TASK_MARKERS):
+            out[int(entry)] = cmd
+    return out
+
+
+@pytest.fixture(autouse=True)
+def no_stray_processes():
+    """Fail the test if a task or launcher it started is still running shortly after it ends."""
+    before = set(project_processes())
+    yield
+    deadline = time.monotonic() + 3
+    while True:
+        left = {p: c for p, c in project_processes().items() if p not in before}
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert not left, f'processes left behind: {left}'
+
+
+def free_ports(n: int) -> list[int]:
+    """n ports nobody listens on now (bound to port 0 together, so they are distinct)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(('', 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def write_spec(path, workers: int = 2, ps: int = 1, host: str = 'localhost', hosts: dict | None = None,
+               **train) -> str:
+    """A spec file with free ports and a train_dir next to it; `train` overrides the defaults."""
+    ports = free_ports(ps + workers)
+    settings = {'sync': True, 'steps': 12, 'batch_size': 8, 'data': 'synthetic',
+                'train_dir': str(path / 'run'), 'log_every_secs': 1.0}
+    settings.update(train)
+    spec = {'cluster': {'ps': [f'{host}:{p}' for p in ports[:ps]],
+                        'worker': [f'{host}:{p}' for p in ports[ps:]]},
+            'train': settings}
+    if hosts:
+        spec['hosts'] = hosts
+    file = path / 'spec.yaml'
+    file.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return str(file)
+
+
+def launch(*args, timeout: float = 240, **kw) -> subprocess.CompletedProcess:
+    """Run the real `launch` command line to the end."""
+    return subprocess.run([sys.executable, '-m', 'launch', *args], cwd=kw.pop('cwd', REPO), capture_output=True,
+                          text=True, timeout=timeout, **kw)
+
+
+def launch_bg(*args, **kw) -> subprocess.Popen:
+    """Start `launch` in the background, its output readable line by line."""
+    return subprocess.Popen([sys.executable, '-m', 'launch', *args], cwd=kw.pop('cwd', REPO),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def read_until(proc: subprocess.Popen, needle: str, timeout: float = 180) -> list[str]:
+    """Lines of proc's output up to the first containing `needle`; fails on timeout or exit."""
+    lines = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            pytest.fail(f'launch exited ({proc.wait()}) before printing {needle!r}:\n' + ''.join(lines))
+        lines.append(line)
+        if needle in line:
+            return lines
+    pytest.fail(f'no {needle!r} within {timeout}s:\n' + ''.join(lines))

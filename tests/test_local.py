@@ -1,0 +1,157 @@
+"""A real 1 ps + 2 worker cluster of local processes, driven through the `launch` command line."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import REPO, launch, launch_bg, project_processes, read_until, write_spec
+
+
+def checkpoint_step(train_dir: str) -> int:
+    """The global step stored in the newest checkpoint, read by TensorFlow itself."""
+    code = ('import sys, tensorflow as tf; '
+            'print(tf.train.load_variable(tf.train.latest_checkpoint(sys.argv[1]), "global_step"))')
+    out = subprocess.run([sys.executable, '-c', code, train_dir], capture_output=True, text=True, check=True)
+    return int(out.stdout.split()[-1])
+
+
+def worker_results(train_dir: str, n: int = 2) -> list[dict]:
+    out = []
+    for i in range(n):
+        with open(os.path.join(train_dir, f'worker-{i}.json')) as f:
+            out.append(json.load(f))
+    return out
+
+
+def test_sync_run_trains_to_the_end(tmp_path):
+    spec = write_spec(tmp_path, steps=20)
+    result = launch('up', spec)
+    assert result.returncode == 0, result.stdout + result.stderr
+    train_dir = str(tmp_path / 'run')
+    assert checkpoint_step(train_dir) == 20
+    for r in worker_results(train_dir):
+        # Every global step aggregated exactly one gradient from each worker.
+        assert r['local_steps'] == 20 and r['global_step'] == 20
+        assert r['applied_at'] == [[0, 19]]
+    out = result.stdout
+    assert '[worker:0]' in out and '[ps:0]' in out and 'step 20/20' in out
+    assert 'images/s' in out and 'loss' in out
+    for name in ('ps-0', 'worker-0', 'worker-1'):
+        assert os.path.getsize(tmp_path / 'run' / 'logs' / f'{name}.log') > 0
+    assert not os.path.exists(tmp_path / 'run' / 'launch-state.json')
+
+
+def test_async_run_trains_to_the_end(tmp_path):
+    spec = write_spec(tmp_path, steps=20, sync=False)
+    result = launch('up', spec)
+    assert result.returncode == 0, result.stdout + result.stderr
+    results = worker_results(str(tmp_path / 'run'))
+    final = checkpoint_step(str(tmp_path / 'run'))
+    assert final >= 20
+    # Each worker applied its own updates: together they made every global step.
+    assert sum(r['local_steps'] for r in results) == final
+    assert all(r['local_steps'] > 0 for r in results)
+
+
+def test_a_crashing_worker_fails_the_run_and_stops_everything(tmp_path):
+    spec = write_spec(tmp_path, steps=100000)
+    proc = launch_bg('up', spec)
+    try:
+        read_until(proc, 'step 1/')
+        with open(tmp_path / 'run' / 'launch-state.json') as f:
+            pid = next(t['pid'] for t in json.load(f)['tasks'] if t['name'] == 'worker:1')
+        os.kill(pid, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, out
+    assert 'error: worker:1' in out and 'SIGKILL' in out, out
+
+
+def test_sigint_stops_everything_within_ten_seconds(tmp_path):
+    spec = write_spec(tmp_path, steps=100000)
+    proc = launch_bg('up', spec)
+    try:
+        read_until(proc, 'step 1/')
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=15)
+        elapsed = time.monotonic() - t0
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGINT, out
+    assert elapsed < 10, elapsed
+    assert 'SIGINT received' in out
+
+
+def test_status_and_down_after_the_launcher_is_killed(tmp_path):
+    spec = write_spec(tmp_path, steps=100000)
+    proc = launch_bg('up', spec)
+    try:
+        read_until(proc, 'servers are up')
+        status = launch('status', spec)
+        assert status.returncode == 0
+        rows = [line.split() for line in status.stdout.splitlines() if line.startswith(('ps:', 'worker:'))]
+        assert len(rows) == 3 and all(r[-2:] == ['yes', 'yes'] for r in rows), status.stdout
+        proc.kill()                 # a crashed launcher leaves its tasks running...
+        proc.wait()
+        assert len(project_processes()) >= 3
+        down = launch('down', spec)  # ...and `down` finds and stops them
+        assert down.returncode == 0 and 'stopped 3 task(s)' in down.stdout, down.stdout + down.stderr
+        status = launch('status', spec)
+        assert 'yes' not in status.stdout.split('LISTENING', 1)[1], status.stdout
+        again = launch('down', spec)
+        assert again.returncode == 0 and 'nothing' in again.stdout
+    finally:
+        proc.kill()
+        launch('down', spec)
+
+
+def test_down_stops_a_running_launcher_cleanly(tmp_path):
+    spec = write_spec(tmp_path, steps=100000)
+    proc = launch_bg('up', spec)
+    try:
+        read_until(proc, 'servers are up')
+        down = launch('down', spec)
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert proc.wait(timeout=20) == 128 + signal.SIGTERM
+    finally:
+        proc.kill()
+
+
+def test_start_timeout_names_the_task(tmp_path):
+    spec = write_spec(tmp_path)
+    result = launch('up', spec, '--start-timeout', '0.5')
+    assert result.returncode == 1
+    assert 'did not accept gRPC connections in time' in result.stdout
+    assert '--start-timeout' in result.stdout
+
+
+def test_cluster_started_by_hand_trains(tmp_path):
+    spec = write_spec(tmp_path, steps=15)
+    os.makedirs(tmp_path / 'run')
+    procs = [subprocess.Popen([sys.executable, '-m', 'cluster.task', '--spec', spec, '--job', job, '--index', str(i)],
+                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for job, i in (('ps', 0), ('worker', 0), ('worker', 1))]
+    try:
+        outs = [p.communicate(timeout=240)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0, 0], outs
+    assert checkpoint_step(str(tmp_path / 'run')) == 15
+    assert 'worker:0 is done' in outs[0] and 'worker:1 is done' in outs[0]
+
+
+def test_task_short_form_reads_cluster_spec_env(tmp_path):
+    spec = write_spec(tmp_path)
+    result = subprocess.run([sys.executable, '-m', 'cluster.task', '--job', 'worker', '--index', '7'], cwd=REPO,
+                            env={**os.environ, 'CLUSTER_SPEC': spec}, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.count('\n') == 1 and 'worker:7 does not exist' in result.stderr and spec in result.stderr
