@@ -153,10 +153,20 @@ class _Origins:
         self._where[key] = f'--set {text}'
 
     def error(self, key: str, message: str) -> SpecError:
+        return SpecError(f'{self._locate(key)}: {key}: {message}')
+
+    def _locate(self, key: str) -> str:
+        """Where `key` came from: itself, else a --set below it, else its nearest ancestor."""
         probe = key
-        while probe and probe not in self._where:
-            probe = re.sub(r'(\.[^.\[]*|\[\d+\])$', '', probe)
-        return SpecError(f'{self._where.get(probe, self.path)}: {key}: {message}')
+        while probe:
+            if probe in self._where:
+                return self._where[probe]
+            below = [w for k, w in self._where.items() if k.startswith((probe + '.', probe + '['))]
+            if below and below[0].startswith('--set'):
+                return below[0]
+            parent = re.sub(r'(\.[^.\[]*|\[\d+\])$', '', probe)
+            probe = '' if parent == probe else parent
+        return self.path
 
 
 def load_spec(path: str, overrides: list[str] | tuple[str, ...] = ()) -> ClusterSpec:
@@ -195,11 +205,11 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not sep or not all(re.fullmatch(r'[A-Za-z0-9_-]+', p) for p in parts):
         raise SpecError(f'--set {text}: expected dotted.key=value, e.g. --set train.steps=50')
     try:
-        parsed = yaml.safe_load(value) if value.strip() else None
+        parsed = yaml.safe_load(value)
     except yaml.YAMLError:
         raise SpecError(f'--set {text}: the value is not valid YAML') from None
-    if parsed is None:
-        raise SpecError(f'--set {text}: missing value after "="')
+    if not value.strip():
+        raise SpecError(f'--set {text}: missing value after "=" (write null to clear a key)')
     return parts, parsed
 
 
@@ -233,7 +243,8 @@ def _build(raw: dict, origins: _Origins) -> ClusterSpec:
 def _no_unknown(mapping: dict, allowed, prefix: str, origins: _Origins) -> None:
     for key in mapping:
         if key not in allowed:
-            dotted = f'{prefix}.{key}' if prefix else str(key)
+            name = str(key) if str(key).isprintable() else repr(key)
+            dotted = f'{prefix}.{name}' if prefix else name
             raise origins.error(dotted, f'unknown key; expected one of {", ".join(allowed)}')
 
 
@@ -273,7 +284,7 @@ def parse_address(address, error) -> tuple[str, int]:
     if not m:
         raise error(f'expected "host:port", got {address!r}')
     host, port_text = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
-    if not port_text.isdigit():
+    if not re.fullmatch(r'[0-9]+', port_text):
         raise error(f'port must be a number, got {port_text!r} in {address!r}')
     port = int(port_text)
     if not 1 <= port <= 65535:
@@ -325,7 +336,7 @@ def _parse_train(train, origins: _Origins) -> TrainConfig:
             values[name] = v
         elif name in ('learning_rate', 'checkpoint_secs', 'log_every_secs'):
             v = _expect(value, (int, float), key, origins, 'a positive number')
-            if v <= 0:
+            if not v > 0 or v == float('inf'):
                 raise origins.error(key, f'expected a positive number, got {v}')
             values[name] = float(v)
         elif name == 'replicas_to_aggregate':

@@ -40,6 +40,17 @@ class TaskRecord:
         return cls(**d)
 
 
+@dataclass
+class HostCheck:
+    """The pre-flight verdict for one host: `detail` says what was found or what is wrong."""
+    host: str
+    ok: bool
+    detail: str
+
+    def line(self) -> str:
+        return f'{self.host}: {"ok" if self.ok else "error"}: {self.detail}'
+
+
 class Backend(abc.ABC):
     """Starts, watches and stops tasks of one kind. Methods take many tasks at once where a
     backend can do better than one at a time (one deadline for all, one SSH connection per host)."""
@@ -48,6 +59,11 @@ class Backend(abc.ABC):
 
     def prepare(self, plans: list[TaskPlan], spec_yaml: str) -> None:
         """Put what the tasks need in place (the effective spec, log folders) before any start."""
+
+    @abc.abstractmethod
+    def check(self, plans: list[TaskPlan]) -> list[HostCheck]:
+        """Pre-flight of every host these tasks use (reachable, Python and TensorFlow there,
+        ports free), all hosts checked even when one fails; starts nothing."""
 
     @abc.abstractmethod
     def start(self, plan: TaskPlan) -> TaskRecord:

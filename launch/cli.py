@@ -28,6 +28,11 @@ def _spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument('spec', help='cluster spec, e.g. specs/local2.yaml')
     p.add_argument('--set', dest='overrides', action='append', default=[], metavar='KEY=VALUE',
                    help='override a spec key, e.g. --set train.steps=50 (repeatable)')
+    p.add_argument('--ssh-config', metavar='FILE', default=None,
+                   help='OpenSSH client config for remote hosts (default ~/.ssh/config); its '
+                        'UserKnownHostsFile is where host keys are checked')
+    p.add_argument('--insecure-accept-any-host-key', action='store_true',
+                   help='DANGEROUS: do not check SSH host keys (accepts unknown and changed keys)')
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -51,6 +56,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     logs.add_argument('-f', '--follow', action='store_true', help='keep printing new lines until Ctrl-C')
     plan = sub.add_parser('plan', help='print what `up` would run for each task, starting nothing')
     _spec_args(plan)
+    check = sub.add_parser('check', help='pre-flight every host: reachable, Python and TensorFlow, ports free')
+    _spec_args(check)
     return p.parse_args(argv)
 
 
@@ -65,11 +72,15 @@ def main(argv=None) -> int:
         return EXIT_USAGE
 
 
-def make_backends(plans: list[TaskPlan], spec: ClusterSpec) -> dict[str, Backend]:
+def make_backends(plans: list[TaskPlan], spec: ClusterSpec, args) -> dict[str, Backend]:
     backends: dict[str, Backend] = {'local': LocalBackend()}
     if any(p.backend == 'ssh' for p in plans):
         from launch.ssh import SSHBackend
-        backends['ssh'] = SSHBackend(spec)
+        if args.insecure_accept_any_host_key:
+            print('launch: WARNING: SSH host keys are NOT checked (--insecure-accept-any-host-key): '
+                  'anyone on the network path can impersonate these hosts', file=sys.stderr)
+        backends['ssh'] = SSHBackend(spec, ssh_config=args.ssh_config,
+                                     check_host_keys=not args.insecure_accept_any_host_key)
     return backends
 
 
@@ -93,7 +104,7 @@ def preflight(spec: ClusterSpec, plans: list[TaskPlan], backends) -> None:
     if running is not None:
         raise UsageError(f'{spec.path}: a cluster of this spec is already running (launcher pid '
                          f'{running.launcher_pid}, state in {state_path(spec)}); stop it with `launch down {spec.path}`')
-    for plan in plans:
+    for plan in plans:      # the local check, task by task, so the error names the task
         if plan.backend == 'local' and port_in_use(plan.task.port):
             raise UsageError(f'{spec.path}: {plan.name}: port {plan.task.port} on {plan.task.host} is already in use')
     if any(p.backend == 'local' and p.task.job == 'worker' for p in plans) and spec.train.data != 'synthetic':
@@ -102,15 +113,16 @@ def preflight(spec: ClusterSpec, plans: list[TaskPlan], backends) -> None:
             data.check_data_dir(os.path.expanduser(spec.train.data))
         except data.DataError as e:
             raise UsageError(f'{spec.path}: train.data: {e}') from None
-    for backend in backends.values():
-        problems = getattr(backend, 'check', lambda plans: [])([p for p in plans if p.backend == backend.name])
-        if problems:
-            raise UsageError('; '.join(problems))
+    remote = [p for p in plans if p.backend != 'local']
+    failed = [c for name, b in backends.items() if name != 'local'
+              for c in b.check([p for p in remote if p.backend == name]) if not c.ok]
+    if failed:
+        raise UsageError(f'{spec.path}: pre-flight failed: ' + '; '.join(c.line() for c in failed))
 
 
 def cmd_up(spec: ClusterSpec, args) -> int:
     plans = list(plan_cluster(spec))
-    backends = make_backends(plans, spec)
+    backends = make_backends(plans, spec, args)
     try:
         preflight(spec, plans, backends)
         if any(p.backend == 'local' and p.task.job == 'worker' for p in plans):
@@ -139,7 +151,7 @@ def _listening(host: str, port: int) -> bool:
 
 def cmd_status(spec: ClusterSpec, args) -> int:
     plans = list(plan_cluster(spec))
-    backends = make_backends(plans, spec)
+    backends = make_backends(plans, spec, args)
     state = LaunchState.load(state_path(spec))
     records = {r.name: r for r in (state.tasks if state else [])}
     if state is None:
@@ -162,7 +174,7 @@ def cmd_status(spec: ClusterSpec, args) -> int:
 
 def cmd_down(spec: ClusterSpec, args) -> int:
     plans = list(plan_cluster(spec))
-    backends = make_backends(plans, spec)
+    backends = make_backends(plans, spec, args)
     state = LaunchState.load(state_path(spec))
     if state is None:
         print(f'nothing to stop: no cluster of {spec.path} was started (no {state_path(spec)})')
@@ -197,7 +209,7 @@ def cmd_logs(spec: ClusterSpec, args) -> int:
         if not chosen:
             raise UsageError(f'{spec.path}: no task {args.task!r}; tasks are {", ".join(p.name for p in plans)}')
         plans = chosen
-    backends = make_backends(plans, spec)
+    backends = make_backends(plans, spec, args)
     state = LaunchState.load(state_path(spec))
     records = {r.name: r for r in (state.tasks if state else [])}
     console = Console()
@@ -222,6 +234,19 @@ def cmd_logs(spec: ClusterSpec, args) -> int:
     return 0
 
 
+def cmd_check(spec: ClusterSpec, args) -> int:
+    plans = list(plan_cluster(spec))
+    backends = make_backends(plans, spec, args)
+    try:
+        checks = [c for name, b in backends.items() for c in b.check([p for p in plans if p.backend == name])]
+    finally:
+        for b in backends.values():
+            b.close()
+    for c in checks:
+        print(c.line())
+    return 0 if all(c.ok for c in checks) else 1
+
+
 def cmd_plan(spec: ClusterSpec, args) -> int:
     print(f'# {spec.path}: {spec.num_ps} ps, {spec.num_workers} workers, '
           f'{"sync" if spec.train.sync else "async"}; effective spec written to {effective_spec_path(spec)}')
@@ -236,4 +261,4 @@ def cmd_plan(spec: ClusterSpec, args) -> int:
     return 0
 
 
-COMMANDS = {'up': cmd_up, 'status': cmd_status, 'down': cmd_down, 'logs': cmd_logs, 'plan': cmd_plan}
+COMMANDS = {'up': cmd_up, 'status': cmd_status, 'down': cmd_down, 'logs': cmd_logs, 'plan': cmd_plan, 'check': cmd_check}

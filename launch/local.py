@@ -7,7 +7,8 @@ import signal
 import subprocess
 import time
 
-from launch.backend import STOP_GRACE_SECS, Backend, TaskRecord, follow_file, wait_all
+from cluster.task import port_in_use
+from launch.backend import STOP_GRACE_SECS, Backend, HostCheck, TaskRecord, follow_file, wait_all
 from launch.plan import TaskPlan
 
 
@@ -44,6 +45,15 @@ class LocalBackend(Backend):
             with open(spec_file + '.tmp', 'w') as f:
                 f.write(spec_yaml)
             os.replace(spec_file + '.tmp', spec_file)
+
+    def check(self, plans):
+        if not plans:
+            return []
+        busy = [f'port {p.task.port} ({p.name})' for p in plans if port_in_use(p.task.port)]
+        if busy:
+            return [HostCheck('localhost', False, f'{", ".join(busy)} already in use')]
+        return [HostCheck('localhost', True, f'{len(plans)} task(s), ports '
+                                             f'{", ".join(str(p.task.port) for p in plans)} free')]
 
     def start(self, plan: TaskPlan) -> TaskRecord:
         log_file = os.path.join(plan.cwd, plan.log_path)

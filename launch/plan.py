@@ -57,10 +57,11 @@ def tf_config(spec: ClusterSpec, task: TaskSpec) -> str:
 def task_env(spec: ClusterSpec, task: TaskSpec) -> dict[str, str]:
     env = {'TF_CONFIG': tf_config(spec, task), 'PYTHONUNBUFFERED': '1', 'TF_CPP_MIN_LOG_LEVEL': '2'}
     devices = spec.train.devices
-    if task.job == 'ps':
-        env['CUDA_VISIBLE_DEVICES'] = ''          # variables live in host memory; keep GPUs free
-    elif isinstance(devices, tuple) and any(d.startswith('gpu:') for d in devices):
-        env['CUDA_VISIBLE_DEVICES'] = ','.join(d.split(':')[1] for d in devices if d.startswith('gpu:'))
+    if task.job == 'ps' or devices != 'auto':
+        # ps tasks keep variables in host memory; workers see only the GPUs their towers name
+        # (none for CPU towers), so several tasks on one host never share a GPU by accident.
+        gpus = devices if task.job == 'worker' and isinstance(devices, tuple) else ()
+        env['CUDA_VISIBLE_DEVICES'] = ','.join(d.split(':')[1] for d in gpus if d.startswith('gpu:'))
     return env
 
 

@@ -11,6 +11,8 @@ import time
 import pytest
 import yaml
 
+from tests.sshd import ssh_hosts  # noqa: F401  (the real-sshd fixture, for the SSH tests)
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TASK_MARKERS = ('cluster.task', 'cluster/task.py', 'launch.cli', 'bin/launch ', '-m launch ')
 _session_dir = ''    # this pytest session's temporary root: every spec a test writes lies below it

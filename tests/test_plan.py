@@ -1,0 +1,204 @@
+"""Tests for launch/plan.py: a spec in, one TaskPlan per task out; tables, no processes."""
+import json
+import os
+import sys
+
+import pytest
+import yaml
+
+from cluster.spec import HostConfig, load_spec
+from launch.plan import is_local, plan_cluster
+
+PYTHON = '/opt/venv/bin/python3.11'
+
+
+def make_spec(tmp_path, cluster, train=None, hosts=None, overrides=()):
+    raw = {'cluster': cluster, 'train': {'train_dir': str(tmp_path / 'runs' / 'job'), **(train or {})}}
+    if hosts is not None:
+        raw['hosts'] = hosts
+    path = tmp_path / 'spec.yaml'
+    path.write_text(yaml.safe_dump(raw), encoding='utf-8')
+    return load_spec(str(path), list(overrides))
+
+
+LOCAL2 = {'ps': ['localhost:2222'], 'worker': ['localhost:2223', 'localhost:2224']}
+
+
+def test_one_plan_per_task_ps_first(tmp_path):
+    # workers listed first in the file; ps still planned first
+    cluster = {'worker': ['localhost:2230', 'localhost:2231', 'localhost:2232'],
+               'ps': ['localhost:2222', 'localhost:2223']}
+    spec = make_spec(tmp_path, cluster)
+    plans = plan_cluster(spec, python=PYTHON)
+    assert isinstance(plans, tuple)
+    assert [(p.task.job, p.task.index, p.task.port) for p in plans] == [
+        ('ps', 0, 2222), ('ps', 1, 2223), ('worker', 0, 2230), ('worker', 1, 2231), ('worker', 2, 2232)]
+    assert [p.task for p in plans] == list(spec.tasks)
+    assert [p.name for p in plans] == ['ps:0', 'ps:1', 'worker:0', 'worker:1', 'worker:2']
+
+
+def test_argv_cwd_and_paths(tmp_path):
+    spec = make_spec(tmp_path, LOCAL2)
+    train_dir = spec.train.train_dir
+    plans = plan_cluster(spec, python=PYTHON, cwd='/srv/here')
+    for plan, (job, index) in zip(plans, [('ps', 0), ('worker', 0), ('worker', 1)]):
+        spec_file = os.path.join(train_dir, 'spec.yaml')
+        assert plan.argv == (PYTHON, '-m', 'cluster.task', '--spec', spec_file,
+                             '--job', job, '--index', str(index))
+        assert all(isinstance(a, str) for a in plan.argv)
+        assert plan.spec_path == spec_file
+        assert plan.log_path == os.path.join(train_dir, 'logs', f'{job}-{index}.log')
+        assert plan.backend == 'local'
+        assert plan.host is None
+        assert plan.cwd == '/srv/here'
+
+
+def test_relative_train_dir_stays_relative(tmp_path):
+    spec = make_spec(tmp_path, LOCAL2, train={'train_dir': 'runs/rel'})
+    plan = plan_cluster(spec, python=PYTHON)[2]
+    assert plan.argv[4] == plan.spec_path == os.path.join('runs/rel', 'spec.yaml')
+    assert plan.log_path == os.path.join('runs/rel', 'logs', 'worker-1.log')
+    assert plan.cwd == '.'
+
+
+def test_local_default_python_is_sys_executable(tmp_path):
+    plans = plan_cluster(make_spec(tmp_path, LOCAL2))
+    assert [p.argv[0] for p in plans] == [sys.executable] * 3
+
+
+@pytest.mark.parametrize('job, index', [('ps', 0), ('worker', 0), ('worker', 1)])
+def test_tf_config(tmp_path, job, index):
+    spec = make_spec(tmp_path, LOCAL2)
+    plan = next(p for p in plan_cluster(spec) if (p.task.job, p.task.index) == (job, index))
+    tf_config = json.loads(plan.env['TF_CONFIG'])
+    assert tf_config == {'cluster': LOCAL2, 'task': {'type': job, 'index': index}}
+    assert tf_config['cluster'] == spec.cluster_def()
+    assert plan.env['PYTHONUNBUFFERED'] == '1'
+    assert all(isinstance(k, str) and isinstance(v, str) for k, v in plan.env.items())
+
+
+def test_tf_config_ipv6_and_remote(tmp_path):
+    cluster = {'ps': ['[::1]:2222'], 'worker': ['node1:2223', '10.0.0.5:2224']}
+    plans = plan_cluster(make_spec(tmp_path, cluster))
+    for plan in plans:
+        assert json.loads(plan.env['TF_CONFIG'])['cluster'] == {
+            'ps': ['[::1]:2222'], 'worker': ['node1:2223', '10.0.0.5:2224']}
+
+
+# devices -> CUDA_VISIBLE_DEVICES of (ps, workers); None: not set, so the task inherits it.
+# Workers see exactly the GPUs their towers name: none for CPU towers.
+CUDA = [
+    ('auto', '', None),
+    (2, '', ''),
+    (['gpu:0', 'gpu:2'], '', '0,2'),
+    (['gpu:1'], '', '1'),
+    (['cpu:0', 'cpu:1'], '', ''),
+    (['cpu:0', 'gpu:3'], '', '3'),
+]
+
+
+@pytest.mark.parametrize('devices, ps_cuda, worker_cuda', CUDA, ids=[str(c[0]) for c in CUDA])
+def test_cuda_visible_devices(tmp_path, devices, ps_cuda, worker_cuda):
+    plans = plan_cluster(make_spec(tmp_path, LOCAL2, train={'devices': devices}))
+    ps, workers = plans[0], plans[1:]
+    assert ps.task.job == 'ps'
+    assert ps.env['CUDA_VISIBLE_DEVICES'] == ps_cuda
+    for plan in workers:
+        assert plan.env.get('CUDA_VISIBLE_DEVICES') == worker_cuda
+        assert ('CUDA_VISIBLE_DEVICES' in plan.env) == (worker_cuda is not None)
+
+
+# (task host, hosts section, local?)
+IS_LOCAL = [
+    ('localhost', None, True),
+    ('127.0.0.1', None, True),
+    ('::1', None, True),
+    ('localhost', {'localhost': {}}, False),
+    ('127.0.0.1', {'127.0.0.1': {'user': 'me'}}, False),
+    ('::1', {'::1': {}}, False),
+    ('127.0.0.1', {'localhost': {}}, True),       # only the name listed becomes SSH
+    ('node1', None, False),
+    ('node1', {'node1': {'user': 'ubuntu'}}, False),
+    ('10.0.0.5', None, False),
+    ('node1.example.com', {'node2': {}}, False),
+]
+
+
+@pytest.mark.parametrize('host, hosts, local', IS_LOCAL,
+                         ids=[f'{h}-{"hosts" if s else "nohosts"}' for h, s, _ in IS_LOCAL])
+def test_is_local(tmp_path, host, hosts, local):
+    address = f'[{host}]:2223' if ':' in host else f'{host}:2223'
+    spec = make_spec(tmp_path, {'ps': ['localhost:2222' if host != 'localhost' else '127.0.0.2:2222'],
+                                'worker': [address]}, hosts=hosts)
+    assert is_local(spec, host) is local
+    worker = plan_cluster(spec, python=PYTHON)[1]
+    assert worker.task.host == host
+    assert worker.backend == ('local' if local else 'ssh')
+    if local:
+        assert worker.host is None and worker.argv[0] == PYTHON and worker.cwd == '.'
+    else:
+        assert worker.host == spec.hosts.get(host, HostConfig(name=host))
+
+
+REMOTE = [
+    # hosts entry for the task's host, expected (python, cwd)
+    (None, ('python3', 'tfcluster')),
+    ({}, ('python3', 'tfcluster')),
+    ({'user': 'ubuntu', 'port': 2022}, ('python3', 'tfcluster')),
+    ({'python': '/opt/venv/bin/python'}, ('/opt/venv/bin/python', 'tfcluster')),
+    ({'workdir': '/srv/tfcluster'}, ('python3', '/srv/tfcluster')),
+    ({'python': 'python3.11', 'workdir': 'work', 'key': '~/.ssh/id_ed25519'}, ('python3.11', 'work')),
+]
+
+
+@pytest.mark.parametrize('settings, expected', REMOTE, ids=[str(r[0]) for r in REMOTE])
+def test_remote_plan(tmp_path, settings, expected):
+    hosts = None if settings is None else {'node1': settings}
+    spec = make_spec(tmp_path, {'ps': ['localhost:2222'], 'worker': ['node1:2223', '10.0.0.5:2224']},
+                     hosts=hosts)
+    ps, node1, other = plan_cluster(spec, python=PYTHON, cwd='/local/cwd')
+    assert (ps.backend, ps.argv[0], ps.cwd, ps.host) == ('local', PYTHON, '/local/cwd', None)
+    assert node1.backend == 'ssh'
+    assert (node1.argv[0], node1.cwd) == expected
+    assert node1.host == (HostConfig(name='node1') if settings is None else spec.hosts['node1'])
+    assert node1.host.name == 'node1'
+    assert node1.argv[1:] == ('-m', 'cluster.task', '--spec', os.path.join(spec.train.train_dir, 'spec.yaml'),
+                              '--job', 'worker', '--index', '0')
+    # a host not under `hosts` gets the defaults and an empty HostConfig (ssh config decides)
+    assert (other.backend, other.argv[0], other.cwd) == ('ssh', 'python3', 'tfcluster')
+    assert other.host == HostConfig(name='10.0.0.5')
+    assert other.log_path == os.path.join(spec.train.train_dir, 'logs', 'worker-1.log')
+
+
+def test_ssh_loopback_host_plan(tmp_path):
+    """Listing localhost under hosts (how tests fake SSH hosts) makes every task on it SSH."""
+    spec = make_spec(tmp_path, LOCAL2, hosts={'localhost': {'python': '/usr/bin/python3', 'workdir': '/tmp/w'}})
+    plans = plan_cluster(spec, python=PYTHON)
+    assert {p.backend for p in plans} == {'ssh'}
+    assert {(p.argv[0], p.cwd) for p in plans} == {('/usr/bin/python3', '/tmp/w')}
+    assert all(p.host is spec.hosts['localhost'] for p in plans)
+
+
+@pytest.mark.parametrize('kwargs', [{}, {'python': PYTHON, 'cwd': '/x'}])
+def test_planning_is_pure(tmp_path, monkeypatch, kwargs):
+    monkeypatch.chdir(tmp_path)
+    hosts = {'node1': {'user': 'ubuntu'}}
+    cluster = {'ps': ['localhost:2222'], 'worker': ['localhost:2223', 'node1:2224']}
+    for train_dir in (str(tmp_path / 'runs' / 'abs'), 'runs/rel'):
+        spec = make_spec(tmp_path, cluster, train={'train_dir': train_dir, 'devices': ['gpu:0']}, hosts=hosts)
+        before = sorted(os.walk(tmp_path))
+        first = plan_cluster(spec, **kwargs)
+        second = plan_cluster(spec, **kwargs)
+        assert first == second
+        assert first is not second and first[0].env is not second[0].env
+        assert sorted(os.walk(tmp_path)) == before
+        assert sorted(os.listdir(tmp_path)) == ['spec.yaml']
+
+
+def test_overrides_reach_the_plan(tmp_path):
+    spec = make_spec(tmp_path, LOCAL2, overrides=['cluster.worker=[localhost:3000]',
+                                                  'train.train_dir=runs/over'])
+    plans = plan_cluster(spec, python=PYTHON)
+    assert [p.task.port for p in plans] == [2222, 3000]
+    assert plans[1].log_path == os.path.join('runs/over', 'logs', 'worker-0.log')
+    assert json.loads(plans[0].env['TF_CONFIG'])['cluster']['worker'] == ['localhost:3000']
