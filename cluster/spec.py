@@ -72,6 +72,7 @@ class TrainConfig:
     checkpoint_secs: float = 60.0
     log_every_secs: float = 2.0
     seed: int | None = None
+    deterministic: bool = False      # plain record order, no distortions: for exactness checks
 
 
 @dataclass(frozen=True)
@@ -325,7 +326,7 @@ def _parse_train(train, origins: _Origins) -> TrainConfig:
     values = {}
     for name, value in train.items():
         key = f'train.{name}'
-        if name == 'sync':
+        if name in ('sync', 'deterministic'):
             values[name] = _expect(value, (bool,), key, origins, 'true or false')
         elif name in ('steps', 'batch_size'):
             values[name] = _positive_int(value, key, origins)

@@ -94,6 +94,7 @@ class _Graph:
     train_op: object
     local_init_op: object
     ready_for_local_init_op: object
+    resync: object | None       # sync only: local step := global step; returns it
     sync_op: object | None      # chief only, sync only: aggregate one step, hand out tokens
     summary: object
     saver: object
@@ -121,8 +122,12 @@ def build_graph(spec: ClusterSpec, task: TaskSpec, data_dir: str) -> _Graph:
                 variable_averages=ema, variables_to_average=None)
 
     with v1.device(f'{worker_device}/device:CPU:0'):
-        images, labels = data.train_inputs(data_dir, examples_per_run, shard_index=task.index,
-                                           num_shards=spec.num_workers, seed=train.seed)
+        if train.deterministic:     # worker w reads batches w, w+W, ...: together one big batch a step
+            images, labels = data.deterministic_inputs(data_dir, examples_per_run, task.index * examples_per_run,
+                                                       stride=spec.num_workers * examples_per_run)
+        else:
+            images, labels = data.train_inputs(data_dir, examples_per_run, shard_index=task.index,
+                                               num_shards=spec.num_workers, seed=train.seed)
         image_parts, label_parts = tf.split(images, n), tf.split(labels, n)
 
     tower_grads, tower_losses = [], []
@@ -142,6 +147,7 @@ def build_graph(spec: ClusterSpec, task: TaskSpec, data_dir: str) -> _Graph:
             step_after = tf.identity(train_op)   # the token: the global step to train on next
             local_init_op = opt.chief_init_op if task.is_chief else opt.local_step_init_op
             ready_for_local_init_op = opt.ready_for_local_init_op
+            resync = opt.local_step_init_op
             sync_op = opt.get_chief_queue_runner().enqueue_ops[0] if task.is_chief else None
         else:
             apply = opt.apply_gradients(grads, global_step=global_step)
@@ -151,7 +157,7 @@ def build_graph(spec: ClusterSpec, task: TaskSpec, data_dir: str) -> _Graph:
                 step_after = global_step.read_value()
             local_init_op = v1.local_variables_initializer()
             ready_for_local_init_op = v1.report_uninitialized_variables(v1.global_variables())
-            sync_op = None
+            sync_op = resync = None
         v1.summary.scalar('loss', loss)
         v1.summary.scalar('learning_rate', lr)
         summary = v1.summary.merge_all()
@@ -159,7 +165,7 @@ def build_graph(spec: ClusterSpec, task: TaskSpec, data_dir: str) -> _Graph:
     done_ops = [_done_queue(p, spec.num_workers).enqueue(task.index) for p in range(spec.num_ps)]
     saver = v1.train.Saver(max_to_keep=5, sharded=True)
     return _Graph(global_step, step_after, loss, lr, train_op, local_init_op, ready_for_local_init_op,
-                  sync_op, summary, saver, done_ops, examples_per_run)
+                  resync, sync_op, summary, saver, done_ops, examples_per_run)
 
 
 def _average(tower_grads):
@@ -231,7 +237,7 @@ def _train_loop(sess, spec: ClusterSpec, task: TaskSpec, g: _Graph, start: float
         aggregator = _Aggregator(sess, g, train.steps)
         aggregator.start()
 
-    step, local_steps, applied = first, 0, []
+    step, local_steps, applied = int(first), 0, []
     t0 = time.monotonic()
     last_log, last_log_step, last_save = t0, first, t0
     log_every = train.log_every_secs if task.is_chief else max(10.0, train.log_every_secs)
@@ -240,8 +246,11 @@ def _train_loop(sess, spec: ClusterSpec, task: TaskSpec, g: _Graph, start: float
         due = time.monotonic() - last_log >= log_every or local_steps == 0
         fetches = [g.step_after, g.loss] + ([g.summary] if due and writer else [])
         out = sess.run(fetches)
-        applied.append(int(step))
-        step, loss, local_steps = int(out[0]), float(out[1]), local_steps + 1
+        applied.append(step)
+        token, loss, local_steps = int(out[0]), float(out[1]), local_steps + 1
+        if train.sync and token <= step:
+            token = _skip_to_next_step(sess, g, step, train.steps)
+        step = token
         now = time.monotonic()
         if due or step >= train.steps:
             rate = (step - last_log_step) * g.examples_per_run * _per_step(spec) / max(now - last_log, 1e-9)
@@ -267,6 +276,18 @@ def _train_loop(sess, spec: ClusterSpec, task: TaskSpec, g: _Graph, start: float
     return {'task': task.name, 'local_steps': local_steps, 'first_global_step': int(first),
             'global_step': final, 'loss': loss, 'seconds': elapsed,
             'images_per_sec': images / max(elapsed, 1e-9), 'applied_at': _runs(applied)}
+
+
+def _skip_to_next_step(sess, g: _Graph, step: int, steps: int) -> int:
+    """This worker just took a token for a step it has already contributed to (tokens are left over
+    when backup workers are slower than the rest). SyncReplicasOptimizer would let it contribute
+    to that step again, so that one global step holds two gradients of one worker; instead wait
+    for the next global step, and train on that one."""
+    while True:
+        current = int(sess.run(g.global_step))
+        if current > step or current >= steps:
+            return int(sess.run(g.resync))
+        time.sleep(0.02)
 
 
 def _per_step(spec: ClusterSpec) -> int:

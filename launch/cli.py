@@ -56,6 +56,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     logs.add_argument('-f', '--follow', action='store_true', help='keep printing new lines until Ctrl-C')
     plan = sub.add_parser('plan', help='print what `up` would run for each task, starting nothing')
     _spec_args(plan)
+    ev = sub.add_parser('eval', help="precision@1 on the test split from the newest checkpoint (moving averages)")
+    _spec_args(ev)
+    ev.add_argument('--checkpoint', help='a checkpoint prefix (default: the newest in train_dir)')
     check = sub.add_parser('check', help='pre-flight every host: reachable, Python and TensorFlow, ports free')
     _spec_args(check)
     return p.parse_args(argv)
@@ -65,6 +68,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format='launch: %(levelname)s: %(message)s')
     try:
+        if args.ssh_config is not None and not os.path.isfile(args.ssh_config):
+            raise UsageError(f'--ssh-config {args.ssh_config}: file not found')
         spec = load_spec(args.spec, args.overrides)
         return COMMANDS[args.command](spec, args)
     except (SpecError, UsageError) as e:
@@ -234,6 +239,16 @@ def cmd_logs(spec: ClusterSpec, args) -> int:
     return 0
 
 
+def cmd_eval(spec: ClusterSpec, args) -> int:
+    from cluster import eval as evaluation
+    try:
+        result = evaluation.evaluate(spec, args.checkpoint)
+    except ValueError as e:       # no checkpoint, no test data
+        raise UsageError(str(e)) from None
+    print(evaluation.report(result))
+    return 0
+
+
 def cmd_check(spec: ClusterSpec, args) -> int:
     plans = list(plan_cluster(spec))
     backends = make_backends(plans, spec, args)
@@ -251,7 +266,11 @@ def cmd_plan(spec: ClusterSpec, args) -> int:
     print(f'# {spec.path}: {spec.num_ps} ps, {spec.num_workers} workers, '
           f'{"sync" if spec.train.sync else "async"}; effective spec written to {effective_spec_path(spec)}')
     for plan in plan_cluster(spec):
-        where = 'local process' if plan.backend == 'local' else f'ssh {plan.host.user + "@" if plan.host.user else ""}{plan.task.host}'
+        if plan.backend == 'local':
+            where = 'local process'
+        else:
+            from launch.ssh import ssh_target
+            where = f'ssh {ssh_target(plan, args.ssh_config)}'
         print(f'{plan.name}  {plan.task.address}  ({where})')
         print(f'  cwd:  {plan.cwd}')
         print(f'  run:  {shlex.join(plan.argv)}')
@@ -261,4 +280,4 @@ def cmd_plan(spec: ClusterSpec, args) -> int:
     return 0
 
 
-COMMANDS = {'up': cmd_up, 'status': cmd_status, 'down': cmd_down, 'logs': cmd_logs, 'plan': cmd_plan, 'check': cmd_check}
+COMMANDS = {'up': cmd_up, 'status': cmd_status, 'down': cmd_down, 'logs': cmd_logs, 'plan': cmd_plan, 'check': cmd_check, 'eval': cmd_eval}

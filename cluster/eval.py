@@ -1,0 +1,81 @@
+"""Precision@1 on the CIFAR-10 test split from a checkpoint, with the moving averages of the
+weights in place of the weights (as the tutorial evaluates): `python -m cluster.eval --spec SPEC`
+or `launch eval SPEC`. Runs in this process, on this machine; it needs no cluster.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from cluster import data
+from cluster.spec import DEFAULT_SPEC, ClusterSpec, SpecError, load_spec
+
+log = logging.getLogger(__name__)
+EVAL_BATCH = 250
+
+
+class EvalError(ValueError):
+    """No checkpoint to evaluate, or no test data: a one-line user error."""
+
+
+def evaluate(spec: ClusterSpec, checkpoint: str | None = None) -> dict:
+    """Run the whole test split once through the averaged model; returns the figures."""
+    train_dir = spec.train.train_dir
+    data_dir = data.resolve_data(spec.train.data, train_dir)
+    data.check_data_dir(data_dir, 'test')
+    if checkpoint is None and not os.path.exists(os.path.join(train_dir, 'checkpoint')):
+        raise EvalError(f'{train_dir}: no checkpoint to evaluate; train first with `launch up {spec.path}`')
+    import tensorflow as tf
+    from cluster import model
+    v1 = tf.compat.v1
+    checkpoint = checkpoint or tf.train.latest_checkpoint(train_dir)
+    if not checkpoint:
+        raise EvalError(f'{train_dir}: the checkpoint index names no checkpoint that exists')
+    with tf.Graph().as_default():
+        images, labels = data.eval_inputs(data_dir, EVAL_BATCH)
+        logits, _ = model.inference(images)
+        correct = model.precision_at_1(logits, labels)
+        count = tf.shape(labels)[0]
+        global_step = v1.train.get_or_create_global_step()
+        ema = v1.train.ExponentialMovingAverage(model.MOVING_AVERAGE_DECAY)
+        saver = v1.train.Saver(ema.variables_to_restore())
+        with v1.Session() as sess:
+            saver.restore(sess, checkpoint)
+            right = total = 0
+            while True:
+                try:
+                    c, n = sess.run([correct, count])
+                except tf.errors.OutOfRangeError:
+                    break
+                right, total = right + int(c), total + int(n)
+            step = int(sess.run(global_step))
+    return {'precision': right / max(total, 1), 'correct': right, 'total': total, 'global_step': step,
+            'checkpoint': checkpoint}
+
+
+def report(result: dict) -> str:
+    return (f'precision @ 1 = {result["precision"]:.4f} ({result["correct"]}/{result["total"]}) '
+            f'at global step {result["global_step"]} ({result["checkpoint"]})')
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog='python -m cluster.eval', description=__doc__.splitlines()[0])
+    p.add_argument('--spec', help=f'cluster spec (default: $CLUSTER_SPEC, else {DEFAULT_SPEC})')
+    p.add_argument('--set', dest='overrides', action='append', default=[], metavar='KEY=VALUE')
+    p.add_argument('--checkpoint', help="a checkpoint prefix (default: the newest in train_dir)")
+    args = p.parse_args(argv)
+    try:
+        spec = load_spec(args.spec or os.environ.get('CLUSTER_SPEC') or DEFAULT_SPEC, args.overrides)
+        result = evaluate(spec, args.checkpoint)
+    except (SpecError, ValueError) as e:      # EvalError and DataError are ValueErrors
+        print(f'cluster.eval: error: {e}', file=sys.stderr)
+        return 2
+    print(report(result))
+    return 0
+
+
+if __name__ == '__main__':
+    logging.basicConfig(level=logging.WARNING)
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""Proofs that the distributed training computes what it claims, on real clusters."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import signal
+
+import numpy as np
+import pytest
+
+from tests.conftest import launch, launch_bg, read_until, write_spec
+
+EXACT = {'deterministic': True, 'seed': 7, 'steps': 4}
+
+
+def variables(train_dir: str) -> dict[str, np.ndarray]:
+    import tensorflow as tf
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(train_dir))
+    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()}
+
+
+def results(train_dir: str, n: int) -> list[dict]:
+    out = []
+    for i in range(n):
+        with open(os.path.join(train_dir, f'worker-{i}.json')) as f:
+            out.append(json.load(f))
+    return out
+
+
+def checkpoints(train_dir: str) -> list[int]:
+    return [int(re.search(r'ckpt-(\d+)', p).group(1)) for p in glob.glob(f'{train_dir}/model.ckpt-*.index')]
+
+
+def run_ok(*args, **kw):
+    result = launch(*args, **kw)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr
+    return result
+
+
+def assert_same_variables(a: dict, b: dict) -> None:
+    assert sorted(a) == sorted(b)
+    for name in a:
+        np.testing.assert_allclose(a[name], b[name], rtol=2e-4, atol=2e-5, err_msg=name)
+
+
+def test_two_workers_or_two_towers_of_b_equal_one_of_2b(tmp_path):
+    """Sync SGD is large-batch SGD: the same variables, step for step, however the batch is split."""
+    runs = {'2 workers x b': dict(workers=2, batch_size=8),
+            '1 worker x 2b': dict(workers=1, batch_size=16),
+            '1 worker x 2 towers x b': dict(workers=1, batch_size=8, devices=2)}
+    found = {}
+    for label, settings in runs.items():
+        path = tmp_path / label.replace(' ', '')
+        path.mkdir()
+        workers = settings.pop('workers')
+        run_ok('up', write_spec(path, workers=workers, **EXACT, **settings))
+        found[label] = variables(str(path / 'run'))
+        assert found[label]['global_step'] == EXACT['steps']
+    start = found['1 worker x 2b']
+    assert_same_variables(found['2 workers x b'], start)
+    assert_same_variables(found['1 worker x 2 towers x b'], start)
+    # ...and training did move the weights (the comparison is not between two initialisations).
+    assert not np.allclose(start['cifar10/local3/weights'], start['cifar10/local3/weights/ExponentialMovingAverage'])
+
+
+def test_backup_workers_each_step_takes_distinct_workers(tmp_path):
+    """3 workers, 2 gradients a step: no worker ever contributes twice to one step, every step got
+    at least 2 contributions, and the run ends at the requested step."""
+    steps = 15
+    run_ok('up', write_spec(tmp_path, workers=3, steps=steps, replicas_to_aggregate=2))
+    per_step = {s: 0 for s in range(steps)}
+    for r in results(str(tmp_path / 'run'), 3):
+        assert r['global_step'] == steps
+        applied = [s for lo, hi in r['applied_at'] for s in range(lo, hi + 1)]
+        assert applied == sorted(set(applied)), f'{r["task"]} contributed twice to a step: {r["applied_at"]}'
+        for s in applied:
+            per_step[s] += 1
+    assert all(n >= 2 for n in per_step.values()), per_step
+
+
+def test_interrupted_run_resumes_from_its_checkpoint_and_learns(tmp_path):
+    spec = write_spec(tmp_path, steps=100000, batch_size=32, checkpoint_steps=10)
+    train_dir = str(tmp_path / 'run')
+    proc = launch_bg('up', spec)
+    try:
+        while not checkpoints(train_dir):       # stop it mid-run, once a checkpoint is written
+            read_until(proc, 'step', timeout=240)
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    saved = max(checkpoints(train_dir))
+    assert saved >= 10
+    target = max(100, saved + 20)
+    run_ok('up', spec, '--set', f'train.steps={target}')
+    for r in results(train_dir, 2):
+        assert r['first_global_step'] == saved      # continued, did not start over
+        assert r['global_step'] == target
+    evaluation = run_ok('eval', spec)
+    precision = float(re.search(r'precision @ 1 = ([\d.]+)', evaluation.stdout).group(1))
+    assert precision >= 0.9, evaluation.stdout
+    assert f'global step {target}' in evaluation.stdout
+
+
+def test_async_run_learns(tmp_path):
+    spec = write_spec(tmp_path, steps=200, batch_size=32, sync=False)
+    run_ok('up', spec)
+    evaluation = run_ok('eval', spec)
+    precision = float(re.search(r'precision @ 1 = ([\d.]+)', evaluation.stdout).group(1))
+    assert precision >= 0.9, evaluation.stdout
+
+
+def test_eval_without_a_checkpoint_is_a_clear_error(tmp_path):
+    result = launch('eval', write_spec(tmp_path), timeout=120)
+    assert result.returncode == 2
+    assert 'no checkpoint to evaluate' in result.stderr and result.stderr.strip().count('\n') == 0
