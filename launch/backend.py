@@ -40,6 +40,10 @@ class TaskRecord:
         return cls(**d)
 
 
+class BackendError(Exception):
+    """A backend could not reach or control a host: the message is one line naming host and cause."""
+
+
 @dataclass
 class HostCheck:
     """The pre-flight verdict for one host: `detail` says what was found or what is wrong."""

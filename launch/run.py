@@ -18,7 +18,7 @@ from typing import Mapping
 import grpc
 
 from cluster.spec import ClusterSpec
-from launch.backend import Backend, TaskRecord, tail
+from launch.backend import Backend, BackendError, TaskRecord, tail
 from launch.local import process_ident
 from launch.plan import TaskPlan, state_path
 from launch.state import LaunchState
@@ -155,9 +155,9 @@ class ClusterRun:
                 return 128 + self.signum
             self._report(time.monotonic() - t0)
             return EXIT_OK
-        except TaskFailed as e:
+        except (TaskFailed, BackendError) as e:
             self.console.say(f'error: {e}')
-            for line in e.log_tail:
+            for line in getattr(e, 'log_tail', ()):
                 self.console.say(f'    {line}')
             return EXIT_FAILED
         finally:

@@ -76,14 +76,17 @@ def free_ports(n: int) -> list[int]:
 
 
 def write_spec(path, workers: int = 2, ps: int = 1, host: str = 'localhost', hosts: dict | None = None,
-               **train) -> str:
-    """A spec file with free ports and a train_dir next to it; `train` overrides the defaults."""
+               task_hosts: list[str] | None = None, **train) -> str:
+    """A spec file with free ports and a train_dir next to it; `train` overrides the defaults.
+    `task_hosts` gives each task's host (ps tasks first, then workers) instead of `host` for all."""
     ports = free_ports(ps + workers)
+    where = list(task_hosts) if task_hosts else [host] * (ps + workers)
+    assert len(where) == ps + workers, where
     settings = {'sync': True, 'steps': 12, 'batch_size': 8, 'data': 'synthetic',
                 'train_dir': str(path / 'run'), 'log_every_secs': 1.0}
     settings.update(train)
-    spec = {'cluster': {'ps': [f'{host}:{p}' for p in ports[:ps]],
-                        'worker': [f'{host}:{p}' for p in ports[ps:]]},
+    spec = {'cluster': {'ps': [f'{h}:{p}' for h, p in zip(where[:ps], ports[:ps])],
+                        'worker': [f'{h}:{p}' for h, p in zip(where[ps:], ports[ps:])]},
             'train': settings}
     if hosts:
         spec['hosts'] = hosts

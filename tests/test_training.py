@@ -93,7 +93,7 @@ def test_interrupted_run_resumes_from_its_checkpoint_and_learns(tmp_path):
         proc.kill()
     saved = max(checkpoints(train_dir))
     assert saved >= 10
-    target = max(100, saved + 20)
+    target = max(150, saved + 20)
     run_ok('up', spec, '--set', f'train.steps={target}')
     for r in results(train_dir, 2):
         assert r['first_global_step'] == saved      # continued, did not start over
@@ -105,7 +105,7 @@ def test_interrupted_run_resumes_from_its_checkpoint_and_learns(tmp_path):
 
 
 def test_async_run_learns(tmp_path):
-    spec = write_spec(tmp_path, steps=200, batch_size=32, sync=False)
+    spec = write_spec(tmp_path, steps=300, batch_size=32, sync=False)
     run_ok('up', spec)
     evaluation = run_ok('eval', spec)
     precision = float(re.search(r'precision @ 1 = ([\d.]+)', evaluation.stdout).group(1))

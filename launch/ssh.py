@@ -1,0 +1,559 @@
+"""SSH backend: tasks on remote hosts, started detached over one Fabric connection per host.
+
+Remote layout, for a task whose plan says cwd W, spec S and log L (relative paths are below W,
+and W itself, when relative, is below the remote user's home):
+
+    W/S                      the effective spec, uploaded by `prepare` (SFTP, then an atomic rename)
+    W/L                      the task's stdout and stderr
+    W/L minus .log + .pid    the pid of the task's session leader
+    W/L minus .log + .rc     its exit code, written by the wrapper when the task ends
+
+A task runs as `setsid nohup sh -c 'trap : TERM; env K=V ... python -m cluster.task ...; echo $? > RC'`
+in its own session, so one `kill -TERM -PID` reaches its whole process group, and the wrapper
+survives the SIGTERM long enough to write the exit code. Every remote command is a POSIX `sh -c`
+script whose values are quoted with `shlex.quote` (Fabric's `env=` does not quote). Status for all
+tasks of a host is one command, cached for a fraction of a second; a stop is one command per host.
+Logs are read with SFTP from an offset, so following them leaves no process on the host.
+
+Host keys are checked against known_hosts (the ssh config's UserKnownHostsFile, else
+~/.ssh/known_hosts) unless the user turns that off; Fabric alone would trust any key.
+"""
+from __future__ import annotations
+
+import getpass
+import io
+import json
+import logging
+import os
+import posixpath
+import shlex
+import signal
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import fabric
+import invoke
+import paramiko
+from paramiko.ssh_exception import NoValidConnectionsError
+
+from cluster.spec import ClusterSpec, HostConfig
+from launch.backend import STOP_GRACE_SECS, Backend, BackendError, HostCheck, TaskRecord
+from launch.plan import TaskPlan
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_TTL = 0.3            # seconds a host's status snapshot answers poll/alive
+LOG_POLL_SECS = 0.25          # how often a followed log is read again
+LOG_CHUNK = 1 << 20
+CONNECT_TIMEOUT = 10          # seconds, unless the ssh config says ConnectTimeout
+COMMAND_TIMEOUT = 60          # seconds for any one remote command (a stop adds its grace)
+DEFAULT_KNOWN_HOSTS = ('~/.ssh/known_hosts', '~/.ssh/known_hosts2')
+DEFAULT_GLOBAL_KNOWN_HOSTS = ('/etc/ssh/ssh_known_hosts', '/etc/ssh/ssh_known_hosts2')
+
+# Run by the remote python for `check`: what is installed, which ports are taken. It must not
+# import TensorFlow (seconds per host on every `up`); a broken TensorFlow install still shows
+# as a task dying during start-up, with its log.
+_CHECK_SCRIPT = r'''
+import errno, json, socket, sys
+out = {"python": sys.version.split()[0], "executable": sys.executable, "missing": [], "busy": []}
+try:
+    import importlib.util, importlib.metadata
+    if importlib.util.find_spec("tensorflow") is None:
+        out["missing"].append("tensorflow")
+    else:
+        try:
+            out["tensorflow"] = importlib.metadata.version("tensorflow")
+        except Exception:
+            out["tensorflow"] = "?"
+    try:
+        import cluster.task
+        out["cluster"] = cluster.task.__file__
+    except ImportError as e:
+        out["missing"].append("cluster" if e.name == "cluster" else "cluster (%s)" % e)
+except Exception as e:
+    out["missing"].append("module check failed: %s" % e)
+for port in sys.argv[1:]:
+    s = socket.socket(socket.AF_INET6 if socket.has_ipv6 else socket.AF_INET)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("", int(port)))
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            out["busy"].append(int(port))
+    finally:
+        s.close()
+print(json.dumps(out))
+'''
+
+# `starttime` of a pid (field 22 of /proc/PID/stat): a pid is ours only while it matches.
+_STARTTIME = "sed 's/.*) //' /proc/{pid}/stat 2>/dev/null | cut -d' ' -f20"
+
+
+class SSHError(BackendError):
+    """Something about one host went wrong: the message names the host, then the cause."""
+
+    def __init__(self, host: str, cause: str):
+        super().__init__(f'{host}: {cause}')
+        self.host, self.cause = host, cause
+
+
+def _q(value) -> str:
+    return shlex.quote(str(value))
+
+
+def _remote_dir(path: str) -> str:
+    """A workdir as the remote shell should see it: `~/x` is `x` (the shell starts in $HOME)."""
+    if path in ('~', '~/'):
+        return '.'
+    if path.startswith('~/'):
+        return path[2:]
+    return path
+
+
+def decode_exit(code: int) -> int:
+    """sh reports a task killed by signal N as 128+N; the launcher's convention is -N."""
+    return -(code - 128) if 128 < code < 128 + 65 else code
+
+
+def load_ssh_config(path: str | None) -> paramiko.SSHConfig:
+    if path is not None:
+        return paramiko.SSHConfig.from_path(path)
+    default = os.path.expanduser('~/.ssh/config')
+    return paramiko.SSHConfig.from_path(default) if os.path.isfile(default) else paramiko.SSHConfig()
+
+
+def ssh_target(plan: TaskPlan, ssh_config: str | None = None) -> str:
+    """`user@host:port` a plan's task is reached at: the spec's `hosts` entry first, then the ssh
+    config, then the defaults (as Fabric resolves them)."""
+    host = plan.host or HostConfig(name=plan.task.host)
+    found = load_ssh_config(ssh_config).lookup(host.name)
+    user = host.user or found.get('user') or getpass.getuser()
+    port = host.port or int(found.get('port', 22))
+    return f'{user}@{found.get("hostname", host.name)}:{port}'
+
+
+@dataclass
+class _Host:
+    """One remote host: its connection, SFTP client, resolved workdirs and status snapshot."""
+    name: str
+    conn: fabric.Connection | None = None
+    sftp: paramiko.SFTPClient | None = None
+    known_hosts: list[str] = field(default_factory=list)
+    workdirs: dict[str, str] = field(default_factory=dict)     # plan.cwd -> absolute remote path
+    records: dict[str, TaskRecord] = field(default_factory=dict)
+    snapshot: dict[str, tuple[str, int | None]] = field(default_factory=dict)
+    snapshot_at: float = 0.0
+    warned: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)           # connection
+    sftp_lock: threading.Lock = field(default_factory=threading.Lock)      # SFTP is not thread-safe
+    snapshot_lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class SSHBackend(Backend):
+    name = 'ssh'
+
+    def __init__(self, spec: ClusterSpec, ssh_config: str | None = None, check_host_keys: bool = True):
+        self.spec = spec
+        self.ssh_config = ssh_config
+        self.check_host_keys = check_host_keys
+        self._hosts: dict[str, _Host] = {}
+        self._lock = threading.Lock()
+        # Every failure becomes one SSHError line; paramiko's own tracebacks would only repeat it.
+        logging.getLogger('paramiko').setLevel(logging.CRITICAL)
+
+    # -- connections ----------------------------------------------------------------------
+    def _host(self, name: str) -> _Host:
+        with self._lock:
+            if name not in self._hosts:
+                self._hosts[name] = _Host(name)
+            return self._hosts[name]
+
+    def _new_connection(self, h: _Host) -> fabric.Connection:
+        settings = self.spec.hosts.get(h.name) or HostConfig(name=h.name)
+        overrides = {'run': {'in_stream': False, 'hide': True, 'warn': True},
+                     'timeouts': {'connect': CONNECT_TIMEOUT}}
+        config = fabric.Config(runtime_ssh_path=self.ssh_config, overrides=overrides)
+        conn = fabric.Connection(h.name, user=settings.user, port=settings.port, config=config)
+        kwargs = dict(conn.connect_kwargs)
+        if settings.key:      # the spec's key replaces the ssh config's IdentityFile (like `ssh -i` alone)
+            kwargs['key_filename'] = [os.path.expanduser(settings.key)]
+        if settings.key or conn.ssh_config.get('identitiesonly', '').lower() == 'yes':
+            kwargs.update(look_for_keys=False, allow_agent=False)
+        conn.connect_kwargs = kwargs
+        if self.check_host_keys:
+            h.known_hosts = self._load_known_hosts(conn)
+            conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        else:
+            conn.client.set_missing_host_key_policy(paramiko.AutoAddPolicy())   # nothing loaded, nothing saved
+        return conn
+
+    @staticmethod
+    def _load_known_hosts(conn: fabric.Connection) -> list[str]:
+        """Load the user's and the global known_hosts files the ssh config names (Fabric ignores
+        UserKnownHostsFile); returns the user files, for error messages."""
+        user = (conn.ssh_config.get('userknownhostsfile') or ' '.join(DEFAULT_KNOWN_HOSTS)).split()
+        system = (conn.ssh_config.get('globalknownhostsfile') or ' '.join(DEFAULT_GLOBAL_KNOWN_HOSTS)).split()
+        user = [os.path.expanduser(p) for p in user]
+        for path in user + [os.path.expanduser(p) for p in system]:
+            if os.path.isfile(path):
+                conn.client.load_system_host_keys(path)      # read only: never written back
+        return [p for p in user if p != '/dev/null'] or user
+
+    def _connect(self, name: str) -> fabric.Connection:
+        h = self._host(name)
+        with h.lock:
+            if h.conn is None:
+                h.conn = self._new_connection(h)
+            conn = h.conn
+            if not conn.is_connected:
+                try:
+                    conn.open()
+                except Exception as e:
+                    conn.close()
+                    h.conn = None
+                    raise self._connect_error(h, conn, e) from None
+            return conn
+
+    def _connect_error(self, h: _Host, conn: fabric.Connection, e: Exception) -> SSHError:
+        where = f'{conn.user}@{conn.host}:{conn.port}'
+        files = ', '.join(h.known_hosts) or 'no known_hosts file'
+        first = h.known_hosts[0] if h.known_hosts else '~/.ssh/known_hosts'
+        entry = conn.host if conn.port == 22 else f'[{conn.host}]:{conn.port}'
+        if isinstance(e, paramiko.BadHostKeyException):
+            cause = (f'host key changed: {where} offered a {e.key.get_name()} key that does not match '
+                     f'the one for {entry} in {files}; someone may be impersonating the host, or it was '
+                     f'reinstalled (then remove the old key: ssh-keygen -R {_q(entry)} -f {_q(first)})')
+        elif isinstance(e, paramiko.AuthenticationException):
+            keys = ', '.join(conn.connect_kwargs.get('key_filename') or []) or 'the default keys and ssh-agent'
+            cause = f'authentication refused for {where} (tried {keys}); check hosts.{h.name}.key and user'
+        elif isinstance(e, paramiko.SSHException) and 'known_hosts' in str(e):
+            cause = (f'host key unknown: {entry} is not in {files}; verify the key and add it '
+                     f'(ssh-keyscan -p {conn.port} {conn.host} >> {first}), '
+                     f'or pass --insecure-accept-any-host-key')
+        elif isinstance(e, NoValidConnectionsError):       # every address of the host refused, or no route
+            reasons = sorted({(err.strerror or str(err)).lower() for err in e.errors.values()})
+            cause = f'unreachable: {" / ".join(reasons) or "connection refused"} at {where}'
+        elif isinstance(e, socket.gaierror):
+            cause = f'unreachable: cannot resolve host name {conn.host!r}'
+        elif isinstance(e, (TimeoutError, socket.timeout)):
+            cause = (f'unreachable: no answer from {where} within {conn.connect_timeout or CONNECT_TIMEOUT}s '
+                     f'(a slow network: raise ConnectTimeout in the ssh config)')
+        elif isinstance(e, OSError):
+            cause = f'unreachable: {where}: {e.strerror or e}'
+        elif isinstance(e, (paramiko.SSHException, EOFError)):
+            cause = f'SSH failed at {where}: {e}'
+        else:
+            raise e
+        return SSHError(h.name, cause)
+
+    def _run(self, name: str, script: str, timeout: float = COMMAND_TIMEOUT) -> invoke.Result:
+        """Run a POSIX sh script on the host; the result never raises for a non-zero exit."""
+        conn = self._connect(name)
+        try:
+            return conn.run('sh -c ' + _q(script), hide=True, warn=True, in_stream=False, timeout=timeout)
+        except invoke.CommandTimedOut:
+            raise SSHError(name, f'a remote command did not finish within {timeout:.0f}s') from None
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            self._drop(name)
+            raise SSHError(name, f'lost the SSH connection: {e}') from None
+
+    def _sftp_call(self, name: str, fn):
+        """fn(sftp) with the host's one SFTP client, serialised: paramiko's client is not thread-safe."""
+        conn = self._connect(name)
+        h = self._host(name)
+        with h.sftp_lock:
+            try:
+                if h.sftp is None:
+                    h.sftp = conn.client.open_sftp()
+                return fn(h.sftp)
+            except (paramiko.SSHException, EOFError, ConnectionError) as e:
+                h.sftp = None
+                raise SSHError(name, f'SFTP failed: {e}') from None
+            except OSError as e:       # a file the remote side refused: permissions, a full disk
+                raise SSHError(name, f'SFTP failed: {e}') from None
+
+    def _drop(self, name: str) -> None:
+        h = self._host(name)
+        with h.lock:
+            if h.conn is not None:
+                h.conn.close()
+                h.conn = None
+            h.sftp = None
+
+    def close(self) -> None:
+        for h in list(self._hosts.values()):
+            with h.sftp_lock:
+                if h.sftp is not None:
+                    try:
+                        h.sftp.close()
+                    except Exception:       # already gone with its transport
+                        pass
+                    h.sftp = None
+            with h.lock:
+                if h.conn is not None:
+                    h.conn.close()
+                    h.conn = None
+
+    @staticmethod
+    def _parallel(fn, items):
+        """fn(item) for every item at once (one thread per host); results in order."""
+        items = list(items)
+        if len(items) <= 1:
+            return [fn(i) for i in items]
+        with ThreadPoolExecutor(max_workers=min(16, len(items))) as pool:
+            return list(pool.map(fn, items))
+
+    @staticmethod
+    def _by_host(items, host_of) -> dict[str, list]:
+        out: dict[str, list] = {}
+        for item in items:
+            out.setdefault(host_of(item), []).append(item)
+        return out
+
+    # -- check ----------------------------------------------------------------------------
+    def check(self, plans: list[TaskPlan]) -> list[HostCheck]:
+        groups = self._by_host(plans, lambda p: p.task.host)
+        return self._parallel(lambda item: self._check_host(*item), groups.items())
+
+    def _check_host(self, name: str, plans: list[TaskPlan]) -> HostCheck:
+        python = plans[0].argv[0]
+        ports = ' '.join(str(p.task.port) for p in plans)
+        script = f'cd {_q(_remote_dir(plans[0].cwd))} 2>/dev/null; exec {_q(python)} -c {_q(_CHECK_SCRIPT)} {ports}'
+        try:
+            conn = self._connect(name)
+            result = self._run(name, script)
+        except SSHError as e:
+            return HostCheck(name, False, e.cause)
+        where = f'{conn.user}@{conn.host}:{conn.port}'
+        if result.exited in (126, 127):
+            why = 'not found' if result.exited == 127 else 'not executable'
+            return HostCheck(name, False, f'python {python} {why} on {where} (exit {result.exited}); '
+                                          f'set hosts.{name}.python')
+        try:
+            found = json.loads(result.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            last = (result.stderr.strip().splitlines() or ['no output'])[-1]
+            return HostCheck(name, False, f'python {python} on {where} failed (exit {result.exited}): {last}')
+        problems = []
+        if found['missing']:
+            problems.append(f'python {python} on {where} cannot import {" nor ".join(found["missing"])}: '
+                            f'install tensorflow and tfcluster there, or set hosts.{name}.python')
+        names = {p.task.port: p.name for p in plans}
+        problems += [f'port {port} ({names.get(port, "?")}) already in use' for port in found['busy']]
+        if problems:
+            return HostCheck(name, False, '; '.join(problems))
+        return HostCheck(name, True, f'{where}, Python {found["python"]}, tensorflow {found.get("tensorflow")}, '
+                                     f'{len(plans)} task(s), ports {", ".join(str(p.task.port) for p in plans)} free')
+
+    # -- prepare and start ----------------------------------------------------------------
+    def prepare(self, plans: list[TaskPlan], spec_yaml: str) -> None:
+        groups = self._by_host(plans, lambda p: p.task.host)
+        self._parallel(lambda item: self._prepare_host(*item, spec_yaml), groups.items())
+
+    def _prepare_host(self, name: str, plans: list[TaskPlan], spec_yaml: str) -> None:
+        for cwd in {p.cwd for p in plans}:
+            mine = [p for p in plans if p.cwd == cwd]
+            dirs = sorted({posixpath.dirname(path) for p in mine for path in (p.log_path, p.spec_path)})
+            script = (f'mkdir -p {_q(_remote_dir(cwd))} && cd {_q(_remote_dir(cwd))} && '
+                      f'mkdir -p {" ".join(_q(d) for d in dirs if d)} . && pwd')
+            result = self._run(name, script)
+            if result.exited != 0:
+                last = (result.stderr.strip().splitlines() or [''])[-1]
+                raise SSHError(name, f'cannot create the workdir {cwd}: {last}')
+            workdir = result.stdout.strip().splitlines()[-1]
+            self._host(name).workdirs[cwd] = workdir
+            for spec_path in {p.spec_path for p in mine}:
+                target = posixpath.join(workdir, spec_path)
+                self._sftp_call(name, lambda sftp: self._upload(sftp, spec_yaml, target))
+
+    @staticmethod
+    def _upload(sftp: paramiko.SFTPClient, text: str, target: str) -> None:
+        sftp.putfo(io.BytesIO(text.encode()), target + '.tmp')
+        sftp.posix_rename(target + '.tmp', target)
+
+    def _workdir(self, name: str, cwd: str) -> str:
+        h = self._host(name)
+        if cwd not in h.workdirs:
+            result = self._run(name, f'cd {_q(_remote_dir(cwd))} && pwd')
+            if result.exited != 0:
+                raise SSHError(name, f'workdir {cwd} does not exist')
+            h.workdirs[cwd] = result.stdout.strip().splitlines()[-1]
+        return h.workdirs[cwd]
+
+    def start(self, plan: TaskPlan) -> TaskRecord:
+        name = plan.task.host
+        workdir = self._workdir(name, plan.cwd)
+        log_file = posixpath.join(workdir, plan.log_path)
+        base = log_file[:-len('.log')] if log_file.endswith('.log') else log_file
+        pidfile, rcfile = base + '.pid', base + '.rc'
+        argv = list(plan.argv)
+        if '--spec' in argv:        # absolute, so `ps` on the host shows which cluster a task is of
+            i = argv.index('--spec') + 1
+            argv[i] = posixpath.join(workdir, argv[i])
+        env = ' '.join(f'{k}={_q(v)}' for k, v in plan.env.items())
+        command = f'env {env} {shlex.join(argv)}' if env else shlex.join(argv)
+        wrapper = f'trap : TERM; {command}; echo $? > {_q(rcfile)}'
+        script = '\n'.join([
+            f'cd {_q(workdir)} || exit 1',
+            f'rm -f {_q(rcfile)} {_q(pidfile)}',
+            f'setsid nohup sh -c {_q(wrapper)} > {_q(log_file)} 2>&1 < /dev/null &',
+            'p=$!',
+            f'echo $p > {_q(pidfile)}',
+            f'echo "$p $({_STARTTIME.format(pid="$p")})"',
+        ])
+        result = self._run(name, script)
+        try:
+            pid_text, ident = result.stdout.split()[-2:]
+            pid = int(pid_text)
+        except ValueError:
+            last = (result.stderr.strip().splitlines() or ['no output'])[-1]
+            raise SSHError(name, f'could not start {plan.name} (exit {result.exited}): {last}') from None
+        t = plan.task
+        record = TaskRecord(name=t.name, job=t.job, index=t.index, host=t.host, port=t.port, backend=self.name,
+                            pid=pid, log=log_file, ident=ident, cwd=workdir,
+                            extra={'pidfile': pidfile, 'rcfile': rcfile, 'target': ssh_target(plan, self.ssh_config)})
+        h = self._host(name)
+        with h.snapshot_lock:
+            h.records[record.name] = record
+        return record
+
+    # -- status ---------------------------------------------------------------------------
+    def _status(self, record: TaskRecord) -> tuple[str, int | None]:
+        """('running', None), ('ended', code) or ('gone', None), from the host's snapshot."""
+        h = self._host(record.host)
+        with h.snapshot_lock:
+            h.records.setdefault(record.name, record)
+            fresh = time.monotonic() - h.snapshot_at < SNAPSHOT_TTL
+            if not fresh or record.name not in h.snapshot:
+                h.snapshot = self._take_snapshot(h.name, list(h.records.values()))
+                h.snapshot_at = time.monotonic()
+            return h.snapshot[record.name]
+
+    def _take_snapshot(self, name: str, records: list[TaskRecord]) -> dict[str, tuple[str, int | None]]:
+        # /proc first, then the rc file: a task seen gone has written its rc file already.
+        lines = [f's=$(cat /proc/{int(r.pid)}/stat 2>/dev/null); r=$(cat {_q(r.extra.get("rcfile", "/dev/null"))} '
+                 f'2>/dev/null); printf "%s|%s|%s\\n" {_q(r.name)} "$r" "$s"' for r in records]
+        result = self._run(name, '\n'.join(lines))
+        out = {}
+        for line in result.stdout.splitlines():
+            task, rc, stat = (line.split('|', 2) + ['', ''])[:3]
+            out[task] = (rc, stat)
+        snapshot = {}
+        for r in records:
+            rc, stat = out.get(r.name, ('', ''))
+            if rc.strip().lstrip('-').isdigit():
+                snapshot[r.name] = ('ended', decode_exit(int(rc)))
+                continue
+            fields = stat[stat.rfind(')') + 2:].split() if ')' in stat else []
+            running = len(fields) > 19 and fields[0] not in 'ZX' and (not r.ident or fields[19] == r.ident)
+            snapshot[r.name] = ('running', None) if running else ('gone', None)
+        return snapshot
+
+    def _invalidate(self, name: str) -> None:
+        self._host(name).snapshot_at = 0.0
+
+    def poll(self, record: TaskRecord) -> int | None:
+        state, code = self._status(record)
+        if state == 'ended':
+            return code
+        return None if state == 'running' else -signal.SIGKILL   # gone without an exit code: killed hard
+
+    def alive(self, record: TaskRecord) -> bool:
+        try:
+            return self._status(record)[0] == 'running'
+        except SSHError as e:
+            h = self._host(record.host)
+            if not h.warned:
+                log.error('%s; cannot tell whether its tasks still run', e)
+                h.warned = True
+            return True     # unknown: keep the state file, so `launch down` can try again later
+
+    # -- stop -----------------------------------------------------------------------------
+    def stop(self, records: list[TaskRecord], grace: float = STOP_GRACE_SECS) -> None:
+        groups = self._by_host(records, lambda r: r.host)
+        self._parallel(lambda item: self._stop_host(*item, grace), groups.items())
+
+    def _stop_host(self, name: str, records: list[TaskRecord], grace: float) -> None:
+        """One command: SIGTERM every task's process group that is still ours, wait up to `grace`
+        for all, SIGKILL what is left, wait for that too."""
+        ours = '\n'.join(f'[ "$({_STARTTIME.format(pid=int(r.pid))})" = {_q(r.ident)} ] && k="$k {int(r.pid)}"'
+                         for r in records)
+        rounds = max(1, int(grace / 0.1))
+        script = f'''k=''
+{ours}
+[ -n "$k" ] || exit 0
+for p in $k; do kill -TERM -$p 2>/dev/null; done
+wait_gone() {{
+  i=0
+  while [ $i -lt $1 ]; do
+    a=''
+    for p in $k; do kill -0 -$p 2>/dev/null && a="$a $p"; done
+    k=$a
+    [ -n "$k" ] || return 0
+    sleep 0.1
+    i=$((i + 1))
+  done
+  return 1
+}}
+wait_gone {rounds} && exit 0
+for p in $k; do kill -KILL -$p 2>/dev/null; done
+echo "killed $k"
+wait_gone 50
+'''
+        try:
+            result = self._run(name, script, timeout=grace + COMMAND_TIMEOUT)
+            if result.stdout.strip():
+                log.info('%s: %s after %.0fs', name, result.stdout.strip(), grace)
+        except SSHError as e:
+            log.error('%s; run `launch down` again once the host is reachable', e)
+        finally:
+            self._invalidate(name)
+
+    # -- logs -----------------------------------------------------------------------------
+    def read_log(self, record_or_plan, follow=False, stop=None):
+        if isinstance(record_or_plan, TaskRecord):
+            name, path = record_or_plan.host, record_or_plan.log
+        else:
+            plan = record_or_plan
+            name = plan.task.host
+            cwd = self._host(name).workdirs.get(plan.cwd, _remote_dir(plan.cwd))
+            path = posixpath.join(cwd, plan.log_path)
+        return self._read_log(name, path, stop if follow else None)
+
+    def _read_log(self, name: str, path: str, stop: threading.Event | None):
+        """Complete lines of a remote file read with SFTP from an offset; with `stop`, keep polling
+        until it is set and the file has no more. A missing file counts as empty."""
+        offset, pending = 0, b''
+
+        def read_more(sftp) -> bytes:
+            try:
+                size = sftp.stat(path).st_size
+            except FileNotFoundError:
+                return b''
+            if size <= offset:
+                return b''
+            with sftp.open(path, 'rb') as f:
+                f.seek(offset)
+                return f.read(min(size - offset, LOG_CHUNK))
+
+        while True:
+            try:
+                data = self._sftp_call(name, read_more)
+            except SSHError as e:
+                log.error('cannot read %s: %s', path, e)
+                return
+            if data:
+                offset += len(data)
+                pending += data
+                *lines, pending = pending.split(b'\n')
+                for line in lines:
+                    yield line.decode('utf-8', errors='replace')
+                continue
+            if stop is None or stop.is_set():
+                if pending:
+                    yield pending.decode('utf-8', errors='replace')
+                return
+            stop.wait(LOG_POLL_SECS)

@@ -1,0 +1,313 @@
+"""The SSH backend through the real `launch` command line, against a real OpenSSH server that
+answers on 127.0.0.2 and 127.0.0.3 (tests/sshd.py): no mocks. Both "hosts" are listed under the
+spec's `hosts`, so every task goes through SSH although it runs on this machine; each host has its
+own workdir under tmp_path, and since TF's servers listen on all interfaces every task has its own
+port."""
+from __future__ import annotations
+
+import dataclasses
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from tests.conftest import free_ports, launch, launch_bg, project_processes, read_until, write_spec
+
+LAYOUT = ['127.0.0.2', '127.0.0.2', '127.0.0.3']      # ps:0, worker:0 (the chief), worker:1
+
+
+def host_settings(ssh_hosts, tmp_path, **changes) -> dict:
+    """The spec's `hosts` section for both addresses; changes: {'127.0.0.3': {'key': ...}}."""
+    out = {}
+    for address in ssh_hosts.addresses:
+        settings = {'port': ssh_hosts.port, 'user': 'root', 'key': str(ssh_hosts.key_path),
+                    'python': sys.executable, 'workdir': str(workdir(tmp_path, address))}
+        settings.update(changes.get(address, {}))
+        out[address] = settings
+    return out
+
+
+def workdir(tmp_path, address):
+    return tmp_path / f'host-{address}'
+
+
+def remote_spec(ssh_hosts, tmp_path, hosts: dict | None = None, **train) -> str:
+    """A 1 ps + 2 worker spec on LAYOUT; train_dir is relative, so each host has its own below its
+    workdir (and the launcher's state file lands in tmp_path/run: launch runs in tmp_path)."""
+    train.setdefault('steps', 10)
+    return write_spec(tmp_path, task_hosts=LAYOUT, hosts=hosts or host_settings(ssh_hosts, tmp_path),
+                      train_dir='run', **train)
+
+
+def run(ssh_hosts, tmp_path, *args, ssh_config=None, **kw):
+    return launch(*args, '--ssh-config', str(ssh_config or ssh_hosts.ssh_config), cwd=str(tmp_path), **kw)
+
+
+def spec_ports(spec: str) -> dict[str, int]:
+    cluster = yaml.safe_load(open(spec))['cluster']
+    return {f'{job}:{i}': int(a.rsplit(':', 1)[1]) for job in cluster for i, a in enumerate(cluster[job])}
+
+
+def ssh_config_with_known_hosts(ssh_hosts, tmp_path, known_hosts) -> str:
+    """The fixture's ssh_config, with UserKnownHostsFile pointing at `known_hosts`."""
+    path = tmp_path / 'ssh_config'
+    path.write_text(ssh_hosts.ssh_config.read_text().replace(str(ssh_hosts.known_hosts), str(known_hosts)))
+    return str(path)
+
+
+def assert_nothing_left(ssh_hosts, timeout: float = 10):
+    """No task or launcher of ours on any "host", and no SSH session left open under sshd."""
+    deadline = time.monotonic() + timeout
+    while (project_processes() or ssh_hosts.session_processes()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not project_processes()
+    assert not ssh_hosts.session_processes()
+
+
+def task_rows(status_output: str) -> list[list[str]]:
+    return [line.split() for line in status_output.splitlines() if line.startswith(('ps:', 'worker:'))]
+
+
+# -- a whole cluster over SSH -------------------------------------------------------------------
+
+def test_remote_cluster_trains_to_the_end(ssh_hosts, tmp_path):
+    spec = remote_spec(ssh_hosts, tmp_path)
+    result = run(ssh_hosts, tmp_path, 'up', spec)
+    out = result.stdout
+    assert result.returncode == 0, out + result.stderr
+    for name in ('ps:0', 'worker:0', 'worker:1'):
+        assert f'[{name}]' in out, out
+    assert re.search(r'^\[worker:0\] .*step 10/10', out, re.M), out
+    chief_run = workdir(tmp_path, '127.0.0.2') / 'run'
+    assert (chief_run / 'checkpoint').is_file()
+    assert (chief_run / 'spec.yaml').is_file() and (workdir(tmp_path, '127.0.0.3') / 'run' / 'spec.yaml').is_file()
+    assert (chief_run / 'logs' / 'worker-0.rc').read_text().strip() == '0'
+    assert not (tmp_path / 'run' / 'launch-state.json').exists()
+
+    logs = run(ssh_hosts, tmp_path, 'logs', spec, timeout=60)
+    assert logs.returncode == 0, logs.stderr
+    assert re.search(r'^\[worker:1\] .*step 10/10', logs.stdout, re.M), logs.stdout
+    assert '[ps:0]' in logs.stdout
+    one = run(ssh_hosts, tmp_path, 'logs', spec, 'worker:1', timeout=60)
+    assert one.returncode == 0 and 'step 10/10' in one.stdout, one.stdout + one.stderr
+    assert '[worker:' not in one.stdout          # one task: its lines as they are
+
+    status = run(ssh_hosts, tmp_path, 'status', spec, timeout=60)
+    assert status.returncode == 0 and 'no cluster' in status.stdout, status.stdout + status.stderr
+    rows = task_rows(status.stdout)
+    assert len(rows) == 3 and all(r[-2:] == ['no', 'no'] for r in rows), status.stdout
+    down = run(ssh_hosts, tmp_path, 'down', spec, timeout=60)
+    assert down.returncode == 0 and 'nothing to stop' in down.stdout
+    assert_nothing_left(ssh_hosts)
+
+
+def test_status_logs_and_down_after_the_launcher_is_killed(ssh_hosts, tmp_path):
+    spec = remote_spec(ssh_hosts, tmp_path, steps=100000)
+    proc = launch_bg('up', spec, '--ssh-config', str(ssh_hosts.ssh_config), cwd=str(tmp_path))
+    try:
+        read_until(proc, 'servers are up')
+        status = run(ssh_hosts, tmp_path, 'status', spec, timeout=60)
+        rows = task_rows(status.stdout)
+        assert len(rows) == 3 and all(r[2] == 'ssh' and r[-2:] == ['yes', 'yes'] for r in rows), status.stdout
+        proc.kill()                   # the launcher dies; its tasks, detached on their hosts, do not
+        proc.wait()
+        assert len(project_processes()) >= 3
+        logs = run(ssh_hosts, tmp_path, 'logs', spec, 'worker:1', timeout=60)
+        assert 'worker:1 serving on 127.0.0.3' in logs.stdout, logs.stdout + logs.stderr
+        down = run(ssh_hosts, tmp_path, 'down', spec, timeout=60)
+        assert down.returncode == 0 and 'stopped 3 task(s)' in down.stdout, down.stdout + down.stderr
+        assert not project_processes()
+        status = run(ssh_hosts, tmp_path, 'status', spec, timeout=60)
+        assert all(r[-2:] == ['no', 'no'] for r in task_rows(status.stdout)), status.stdout
+        again = run(ssh_hosts, tmp_path, 'down', spec, timeout=60)
+        assert again.returncode == 0 and 'nothing' in again.stdout
+    finally:
+        proc.kill()
+        proc.wait()
+        run(ssh_hosts, tmp_path, 'down', spec, timeout=60)
+    assert_nothing_left(ssh_hosts)
+
+
+def test_a_remote_task_dying_at_start_up_fails_the_run(ssh_hosts, tmp_path):
+    # The launcher checks a data directory only for local workers: the remote ones find out.
+    spec = remote_spec(ssh_hosts, tmp_path)
+    result = run(ssh_hosts, tmp_path, 'up', spec, '--set', 'train.data=/nonexistent')
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert re.search(r'error: worker:\d exited with code 2 during start-up', result.stdout), result.stdout
+    assert 'data directory /nonexistent does not exist' in result.stdout      # the log's last lines
+    assert_nothing_left(ssh_hosts)
+
+
+def test_backend_polls_once_per_host_quotes_values_and_stops_process_groups(ssh_hosts, tmp_path):
+    """In-process, with `sleep` standing in for the tasks: one status command per host for all its
+    tasks, env values that survive any quoting, each task in its own session, SIGTERM to the group."""
+    from cluster.spec import load_spec
+    from launch.plan import plan_cluster
+    from launch.ssh import SSHBackend
+
+    spec = load_spec(remote_spec(ssh_hosts, tmp_path))
+    tricky = 'a b  "double" \'single\' $HOME ${PATH} `id` $(id) \\ ; & | * ? ~ \t tab\nnewline é'
+    plans = [dataclasses.replace(p, argv=('sh', '-c', 'printf "%s\\n" "$X"; exec sleep 300'), env={'X': tricky})
+             for p in plan_cluster(spec)]
+    backend = SSHBackend(spec, ssh_config=str(ssh_hosts.ssh_config))
+    commands = []
+    real_run = backend._run
+    backend._run = lambda host, script, **kw: (commands.append(host), real_run(host, script, **kw))[1]
+    records = []
+    try:
+        backend.prepare(plans, spec.to_yaml())
+        records = [backend.start(p) for p in plans]
+        for r in records:
+            leader = ssh_hosts.ssh(r.host, f'ps -o sid=,pgid= -p {r.pid}').stdout.split()
+            assert leader == [str(r.pid)] * 2                  # its own session and process group
+            assert open(r.extra['pidfile']).read().strip() == str(r.pid)
+        deadline = time.monotonic() + 10
+        while len(list(backend.read_log(records[2]))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert '\n'.join(backend.read_log(records[2])) == tricky
+        time.sleep(0.4)                                       # let the snapshot expire
+        commands.clear()
+        assert [backend.poll(r) for r in records] == [None, None, None]
+        assert [backend.alive(r) for r in records] == [True, True, True]
+        assert sorted(commands) == ['127.0.0.2', '127.0.0.3']   # not one per task
+        commands.clear()
+        backend.stop(records, grace=5)
+        assert sorted(commands) == ['127.0.0.2', '127.0.0.3']
+        assert [backend.poll(r) for r in records] == [-signal.SIGTERM] * 3
+        assert not any(backend.alive(r) for r in records)
+    finally:
+        backend.stop(records, grace=1)
+        backend.close()
+    assert_nothing_left(ssh_hosts)
+
+
+# -- errors: each produced for real, each naming the host and the cause ---------------------------
+
+def _case(name, ssh_hosts, tmp_path):
+    """(hosts section, ssh_config or None, bad host, expected cause, context manager to hold)."""
+    bad = '127.0.0.3'
+    hosts = host_settings(ssh_hosts, tmp_path)
+    config = None
+    if name == 'closed port':
+        hosts[bad]['port'] = free_ports(1)[0]
+        cause = 'unreachable: connection refused at root@127.0.0.3'
+    elif name == 'no sshd at the address':
+        hosts['127.0.0.9'] = dict(hosts[bad], workdir=str(workdir(tmp_path, '127.0.0.9')))
+        bad = '127.0.0.9'
+        cause = 'unreachable: connection refused at root@127.0.0.9'
+    elif name == 'wrong key':
+        hosts[bad]['key'] = str(ssh_hosts.wrong_key(tmp_path))
+        cause = 'authentication refused for root@127.0.0.3'
+    elif name == 'unknown host key':
+        known = tmp_path / 'known_hosts'
+        known.write_text(ssh_hosts.known_hosts.read_text().replace('[127.0.0.3]', '[127.0.0.4]'))
+        config = ssh_config_with_known_hosts(ssh_hosts, tmp_path, known)
+        cause = f'host key unknown: [127.0.0.3]:{ssh_hosts.port} is not in {known}'
+    elif name == 'changed host key':
+        other = ssh_hosts.other_host_key_known_hosts(tmp_path / 'other_known_hosts')
+        config = ssh_config_with_known_hosts(ssh_hosts, tmp_path, other)
+        cause = 'host key changed'
+        bad = None                   # both hosts
+    elif name == 'python without tensorflow':
+        venv = tmp_path / 'venv'          # a Python without this project's packages
+        subprocess.run([sys.executable, '-m', 'venv', '--without-pip', str(venv)], check=True)
+        hosts[bad]['python'] = str(venv / 'bin' / 'python')
+        cause = (f'python {venv}/bin/python on root@127.0.0.3:{ssh_hosts.port} cannot import tensorflow nor '
+                 f'cluster: install tensorflow and tfcluster there, or set hosts.127.0.0.3.python')
+    elif name == 'wrong python':
+        hosts[bad]['python'] = '/nonexistent/bin/python3'
+        cause = 'python /nonexistent/bin/python3 not found on root@127.0.0.3'
+    else:
+        raise AssertionError(name)
+    return hosts, config, bad, cause
+
+
+ERROR_CASES = ['closed port', 'no sshd at the address', 'wrong key', 'unknown host key', 'changed host key',
+               'wrong python', 'python without tensorflow']
+
+
+@pytest.mark.parametrize('case', ERROR_CASES)
+def test_check_and_up_name_the_host_and_cause(ssh_hosts, tmp_path, case):
+    hosts, config, bad, cause = _case(case, ssh_hosts, tmp_path)
+    layout = ['127.0.0.2', '127.0.0.2', bad] if bad == '127.0.0.9' else LAYOUT
+    spec = write_spec(tmp_path, task_hosts=layout, hosts=hosts, train_dir='run')
+    check = run(ssh_hosts, tmp_path, 'check', spec, ssh_config=config, timeout=60)
+    assert check.returncode == 1, check.stdout + check.stderr
+    lines = check.stdout.splitlines()
+    bad_hosts = [bad] if bad else ['127.0.0.2', '127.0.0.3']
+    for host in bad_hosts:
+        assert any(line.startswith(f'{host}: error: ') and cause in line for line in lines), check.stdout
+    if bad:
+        assert any(line.startswith('127.0.0.2: ok: ') for line in lines), check.stdout
+
+    up = run(ssh_hosts, tmp_path, 'up', spec, ssh_config=config, timeout=60)
+    assert up.returncode == 2, up.stdout + up.stderr
+    assert up.stderr.count('\n') == 1 and 'pre-flight failed' in up.stderr, up.stderr
+    for host in bad_hosts:
+        assert f'{host}: error: ' in up.stderr and cause in up.stderr, up.stderr
+    assert not any(workdir(tmp_path, h).exists() for h in ('127.0.0.2', '127.0.0.3'))   # nothing started
+    assert_nothing_left(ssh_hosts)
+
+
+def test_a_remote_port_in_use(ssh_hosts, tmp_path):
+    spec = remote_spec(ssh_hosts, tmp_path)
+    port = spec_ports(spec)['worker:1']
+    with socket.socket() as s:
+        s.bind(('127.0.0.3', port))
+        s.listen()
+        check = run(ssh_hosts, tmp_path, 'check', spec, timeout=60)
+        up = run(ssh_hosts, tmp_path, 'up', spec, timeout=60)
+    assert check.returncode == 1
+    assert f'127.0.0.3: error: port {port} (worker:1) already in use' in check.stdout, check.stdout
+    assert '127.0.0.2: ok: ' in check.stdout
+    assert up.returncode == 2 and f'127.0.0.3: error: port {port} (worker:1) already in use' in up.stderr
+    assert_nothing_left(ssh_hosts)
+
+
+def test_check_reports_every_bad_host(ssh_hosts, tmp_path):
+    hosts = host_settings(ssh_hosts, tmp_path, **{'127.0.0.2': {'python': '/no/python'},
+                                                  '127.0.0.3': {'key': str(ssh_hosts.wrong_key(tmp_path))}})
+    spec = remote_spec(ssh_hosts, tmp_path, hosts=hosts)
+    check = run(ssh_hosts, tmp_path, 'check', spec, timeout=60)
+    assert check.returncode == 1
+    assert sorted(check.stdout.splitlines()) == [
+        f'127.0.0.2: error: python /no/python not found on root@127.0.0.2:{ssh_hosts.port} (exit 127); '
+        f'set hosts.127.0.0.2.python',
+        f'127.0.0.3: error: authentication refused for root@127.0.0.3:{ssh_hosts.port} '
+        f'(tried {tmp_path / "wrong_key"}); check hosts.127.0.0.3.key and user'], check.stdout
+    assert_nothing_left(ssh_hosts)
+
+
+def test_check_passes_and_insecure_flag_accepts_an_unknown_host_key(ssh_hosts, tmp_path):
+    spec = remote_spec(ssh_hosts, tmp_path)
+    check = run(ssh_hosts, tmp_path, 'check', spec, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+    lines = check.stdout.splitlines()
+    assert len(lines) == 2 and all(': ok: root@127.0.0.' in line and 'tensorflow' in line for line in lines)
+    empty = tmp_path / 'empty_known_hosts'
+    empty.write_text('')
+    config = ssh_config_with_known_hosts(ssh_hosts, tmp_path, empty)
+    assert run(ssh_hosts, tmp_path, 'check', spec, ssh_config=config, timeout=60).returncode == 1
+    insecure = run(ssh_hosts, tmp_path, 'check', spec, '--insecure-accept-any-host-key', ssh_config=config, timeout=60)
+    assert insecure.returncode == 0, insecure.stdout + insecure.stderr
+    assert 'WARNING: SSH host keys are NOT checked' in insecure.stderr
+    assert empty.read_text() == ''               # nothing learnt, nothing saved
+    assert_nothing_left(ssh_hosts)
+
+
+def test_plan_shows_where_and_how_remote_tasks_run(ssh_hosts, tmp_path):
+    hosts = host_settings(ssh_hosts, tmp_path)
+    del hosts['127.0.0.3']               # listed in the ssh config only: it decides user and port
+    spec = write_spec(tmp_path, task_hosts=LAYOUT, hosts=hosts, train_dir='run')
+    plan = run(ssh_hosts, tmp_path, 'plan', spec, timeout=60)
+    assert plan.returncode == 0, plan.stderr
+    assert plan.stdout.count(f'(ssh root@127.0.0.2:{ssh_hosts.port})') == 2
+    assert plan.stdout.count(f'(ssh root@127.0.0.3:{ssh_hosts.port})') == 1
+    assert f'cwd:  {workdir(tmp_path, "127.0.0.2")}' in plan.stdout
+    assert 'cwd:  tfcluster' in plan.stdout and 'run:  python3 -m cluster.task' in plan.stdout
+    assert "env:  TF_CONFIG='{" in plan.stdout
