@@ -71,4 +71,10 @@ def main(argv=None) -> int:
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    code = main()
+    # A TF server has no stop(): tearing it down in interpreter shutdown races its gRPC threads
+    # (crashes or hangs at exit, seen under load). Everything is saved and flushed by now.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

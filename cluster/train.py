@@ -214,12 +214,12 @@ def run_worker(server, spec: ClusterSpec, task: TaskSpec, data_dir: str) -> dict
                                            saver=g.saver, checkpoint_dir=train.train_dir, config=config)
         else:
             sess = manager.wait_for_session(server.target, config=config)
-        try:
-            result = _train_loop(sess, spec, task, g, start)
-            for op in g.done_ops:
-                sess.run(op)
-        finally:
-            sess.close()
+        result = _train_loop(sess, spec, task, g, start)
+        # Report done to every ps, and do not close the session afterwards: each ps exits as soon
+        # as the last worker reports, and closing a session whose ps is gone can block for good
+        # (seen under load). Checkpoints and summaries are written already; the process ends next.
+        for op in g.done_ops:
+            sess.run(op)
     path = os.path.join(train.train_dir, f'worker-{task.index}.json')
     with open(path + '.tmp', 'w') as f:
         json.dump(result, f)

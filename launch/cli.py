@@ -66,6 +66,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)     # `launch plan ... | head` ends quietly
     logging.basicConfig(level=logging.WARNING, format='launch: %(levelname)s: %(message)s')
     try:
         if args.ssh_config is not None and not os.path.isfile(args.ssh_config):

@@ -77,16 +77,19 @@ def wait_for_servers(records: list[TaskRecord], backends: Mapping[str, Backend],
                      stop: threading.Event) -> None:
     """Return once every task's gRPC server accepts connections; raise TaskFailed naming the first
     task that died on the way or did not come up before the deadline."""
-    options = [('grpc.enable_http_proxy', 0)]
+    # Retry connecting every 100-500 ms: gRPC's default backoff grows towards two minutes, so a
+    # server that came up during a backoff would be noticed long after it was serving.
+    options = [('grpc.enable_http_proxy', 0), ('grpc.initial_reconnect_backoff_ms', 100),
+               ('grpc.min_reconnect_backoff_ms', 100), ('grpc.max_reconnect_backoff_ms', 500)]
     pending = {r.name: (r, grpc.insecure_channel(f'{r.host}:{r.port}', options=options)) for r in records}
     futures = {name: grpc.channel_ready_future(ch) for name, (_, ch) in pending.items()}
     try:
         while pending and not stop.is_set():
             for name, (record, _) in list(pending.items()):
                 code = backends[record.backend].poll(record)
-                if code is not None:
+                if code is not None and code != 0:
                     raise TaskFailed(f'{record.name} {describe_exit(code)} during start-up', _log_tail(record, backends))
-                if futures[name].done():
+                if code == 0 or futures[name].done():     # a task that finished already was up
                     del pending[name]
             if pending and time.monotonic() > deadline:
                 record = next(iter(pending.values()))[0]
@@ -178,9 +181,10 @@ class ClusterRun:
         self._followers.append(t)
 
     def _watch(self) -> None:
-        """Until every worker has finished: fail on the first task that exits non-zero. Then
-        give the ps tasks time to exit by themselves (they do once every worker reported done)."""
+        """Until every task has exited: fail on the first that exits non-zero. Once one side
+        (all workers, or all ps tasks) is done, the other gets --finish-timeout to follow."""
         workers = [r for r in self.records if r.job == 'worker']
+        ps = [r for r in self.records if r.job == 'ps']
         finished: set[str] = set()
         finish_deadline = None
         while not self.interrupted.is_set():
@@ -196,13 +200,17 @@ class ClusterRun:
                 finished.add(r.name)
             if len(finished) == len(self.records):
                 return
-            if all(w.name in finished for w in workers):
+            # Once every worker is done the ps tasks exit by themselves; once every ps is done (they
+            # wait for every worker's report) a worker has nothing left but to exit.
+            workers_done = all(w.name in finished for w in workers)
+            if workers_done or all(p.name in finished for p in ps):
                 if finish_deadline is None:
                     finish_deadline = time.monotonic() + self.finish_timeout
                 elif time.monotonic() > finish_deadline:
                     left = ', '.join(r.name for r in self.records if r.name not in finished)
                     self.console.say(f'warning: {left} still running {self.finish_timeout:.0f}s after the '
-                                     'workers finished; stopping them')
+                                     f'{"workers" if workers_done else "ps tasks"} finished; stopping them '
+                                     '(raise --finish-timeout)')
                     return
             time.sleep(0.2)
 
