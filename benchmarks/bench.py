@@ -36,7 +36,8 @@ import time, tempfile, tensorflow as tf
 from cluster import data, model
 v1 = tf.compat.v1
 v1.disable_eager_execution()
-d = data.resolve_data("synthetic", tempfile.mkdtemp())
+tmp = tempfile.TemporaryDirectory()
+d = data.resolve_data("synthetic", tmp.name)
 images, labels = data.train_inputs(d, {batch_size}, seed=1)
 logits, decay = model.inference(images)
 loss = model.loss(logits, labels, decay)
@@ -96,7 +97,7 @@ def bench_cluster(steps: int, batch: int) -> dict:
             r = launch_up(spec, *sets)
             r['precision_at_1'] = evaluate(spec, *sets)
             out[mode] = r
-    s, a = out['sync'], out['async']
+    s = out['sync']
     print(f'\n== cluster: specs/local2.yaml, 1 ps + 2 workers, {steps} steps, batch {batch} per worker')
     print(f'baseline: import tensorflow in one process          {base_import:6.1f} s')
     print(f'baseline: same model, one process, no cluster       {base_rate:6.0f} images/s')

@@ -10,7 +10,7 @@ import os
 import sys
 
 from cluster import data
-from cluster.spec import DEFAULT_SPEC, ClusterSpec, SpecError, load_spec
+from cluster.spec import DEFAULT_SPEC, ClusterSpec, load_spec
 
 log = logging.getLogger(__name__)
 EVAL_BATCH = 250
@@ -69,7 +69,7 @@ def main(argv=None) -> int:
     try:
         spec = load_spec(args.spec or os.environ.get('CLUSTER_SPEC') or DEFAULT_SPEC, args.overrides)
         result = evaluate(spec, args.checkpoint)
-    except (SpecError, ValueError) as e:      # EvalError and DataError are ValueErrors
+    except ValueError as e:       # SpecError, EvalError, DataError
         print(f'cluster.eval: error: {e}', file=sys.stderr)
         return 2
     print(report(result))

@@ -22,6 +22,11 @@ _HOSTNAME = re.compile(r'^(?=.{1,253}$)[A-Za-z0-9_]([A-Za-z0-9_-]{0,62})(\.[A-Za
 _DEVICE = re.compile(r'^(cpu|gpu):(\d+)$')
 
 
+def address(host: str, port: int) -> str:
+    """'host:port', with an IPv6 host in brackets, as gRPC and TF_CONFIG want it."""
+    return f'[{host}]:{port}' if ':' in host else f'{host}:{port}'
+
+
 class SpecError(ValueError):
     """A user error in a spec or an override; the message is one line."""
 
@@ -39,8 +44,7 @@ class TaskSpec:
 
     @property
     def address(self) -> str:
-        host = f'[{self.host}]' if ':' in self.host else self.host
-        return f'{host}:{self.port}'
+        return address(self.host, self.port)
 
     @property
     def is_chief(self) -> bool:
@@ -348,6 +352,9 @@ def _parse_train(train, origins: _Origins) -> TrainConfig:
             v = _expect(value, (str,), key, origins, 'a path')
             if not v.strip():
                 raise origins.error(key, 'must not be empty')
+            if name == 'train_dir' and v.startswith('~'):
+                raise origins.error(key, f'{v!r}: give an absolute path or one relative to the working '
+                                         'directory (~ would mean another home on each remote host)')
             values[name] = v
         elif name == 'devices':
             values[name] = _parse_devices(value, key, origins)

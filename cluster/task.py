@@ -12,8 +12,9 @@ import logging
 import os
 import socket
 import sys
+import traceback
 
-from cluster.spec import DEFAULT_SPEC, SpecError, load_spec
+from cluster.spec import DEFAULT_SPEC, load_spec
 
 log = logging.getLogger('cluster.task')
 
@@ -47,7 +48,7 @@ def main(argv=None) -> int:
         task = spec.task(args.job, args.index)
         from cluster import data   # no TensorFlow at import time
         data_dir = data.resolve_data(spec.train.data, spec.train.train_dir) if task.job == 'worker' else None
-    except (SpecError, ValueError) as e:
+    except ValueError as e:       # SpecError, DataError
         print(f'cluster.task: error: {e}', file=sys.stderr)
         return 2
     if port_in_use(task.port):
@@ -71,7 +72,11 @@ def main(argv=None) -> int:
 
 
 if __name__ == '__main__':
-    code = main()
+    try:
+        code = main()
+    except BaseException:       # a bug or a lost peer: show it, and still end through os._exit
+        traceback.print_exc()
+        code = 1
     # A TF server has no stop(): tearing it down in interpreter shutdown races its gRPC threads
     # (crashes or hangs at exit, seen under load). Everything is saved and flushed by now.
     logging.shutdown()

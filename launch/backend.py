@@ -95,6 +95,15 @@ class Backend(abc.ABC):
         """Release connections."""
 
 
+def stop_all(records: list[TaskRecord], backends: dict) -> None:
+    """Stop every record's task, each backend taking all of its own at once (one shared deadline)."""
+    by_backend: dict[str, list[TaskRecord]] = {}
+    for r in records:
+        by_backend.setdefault(r.backend, []).append(r)
+    for name, group in by_backend.items():
+        backends[name].stop(group)
+
+
 def follow_file(path: str, stop: threading.Event | None, poll: float = 0.1) -> Iterator[str]:
     """Yield complete lines of a growing file; end at EOF once `stop` is set (or at once if
     stop is None). A missing file counts as empty until it appears."""

@@ -13,7 +13,7 @@ import time
 
 from cluster.spec import ClusterSpec, SpecError, load_spec
 from cluster.task import port_in_use
-from launch.backend import Backend, TaskRecord
+from launch.backend import Backend, stop_all
 from launch.local import LocalBackend, process_ident
 from launch.plan import TaskPlan, effective_spec_path, plan_cluster, state_path
 from launch.run import EXIT_USAGE, ClusterRun, Console
@@ -66,7 +66,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)     # `launch plan ... | head` ends quietly
+    if args.command != 'up':        # `launch plan ... | head` ends quietly; `up` must always tear down
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     logging.basicConfig(level=logging.WARNING, format='launch: %(levelname)s: %(message)s')
     try:
         if args.ssh_config is not None and not os.path.isfile(args.ssh_config):
@@ -78,9 +79,12 @@ def main(argv=None) -> int:
         return EXIT_USAGE
 
 
-def make_backends(plans: list[TaskPlan], spec: ClusterSpec, args) -> dict[str, Backend]:
+def make_backends(plans: list[TaskPlan], spec: ClusterSpec, args, state: LaunchState | None = None
+                  ) -> dict[str, Backend]:
+    """The backends the plans need, and those of any task the state file remembers."""
+    kinds = {p.backend for p in plans} | {r.backend for r in (state.tasks if state else [])}
     backends: dict[str, Backend] = {'local': LocalBackend()}
-    if any(p.backend == 'ssh' for p in plans):
+    if 'ssh' in kinds:
         from launch.ssh import SSHBackend
         if args.insecure_accept_any_host_key:
             print('launch: WARNING: SSH host keys are NOT checked (--insecure-accept-any-host-key): '
@@ -113,17 +117,20 @@ def preflight(spec: ClusterSpec, plans: list[TaskPlan], backends) -> None:
     for plan in plans:      # the local check, task by task, so the error names the task
         if plan.backend == 'local' and port_in_use(plan.task.port):
             raise UsageError(f'{spec.path}: {plan.name}: port {plan.task.port} on {plan.task.host} is already in use')
-    if any(p.backend == 'local' and p.task.job == 'worker' for p in plans) and spec.train.data != 'synthetic':
-        from cluster import data
-        try:
-            data.check_data_dir(os.path.expanduser(spec.train.data))
-        except data.DataError as e:
-            raise UsageError(f'{spec.path}: train.data: {e}') from None
     remote = [p for p in plans if p.backend != 'local']
     failed = [c for name, b in backends.items() if name != 'local'
               for c in b.check([p for p in remote if p.backend == name]) if not c.ok]
     if failed:
         raise UsageError(f'{spec.path}: pre-flight failed: ' + '; '.join(c.line() for c in failed))
+    if any(p.backend == 'local' and p.task.job == 'worker' for p in plans):
+        # Last, as it may write synthetic data: once, before the local workers would race for it.
+        from cluster import data
+        try:
+            data.resolve_data(spec.train.data, spec.train.train_dir)
+        except data.DataError as e:
+            raise UsageError(f'{spec.path}: train.data: {e}') from None
+        except OSError as e:
+            raise UsageError(f'{spec.path}: train.train_dir: cannot write {e.filename}: {e.strerror}') from None
 
 
 def cmd_up(spec: ClusterSpec, args) -> int:
@@ -131,9 +138,6 @@ def cmd_up(spec: ClusterSpec, args) -> int:
     backends = make_backends(plans, spec, args)
     try:
         preflight(spec, plans, backends)
-        if any(p.backend == 'local' and p.task.job == 'worker' for p in plans):
-            from cluster import data
-            data.resolve_data(spec.train.data, spec.train.train_dir)   # once, before the workers race for it
         for i in range(spec.num_workers):       # figures of an earlier run must not pass for this one's
             try:
                 os.remove(os.path.join(spec.train.train_dir, f'worker-{i}.json'))
@@ -155,13 +159,18 @@ def _listening(host: str, port: int) -> bool:
         return False
 
 
+def _no_state(spec: ClusterSpec) -> str:
+    return (f'no cluster of {spec.path} is known here (no {os.path.abspath(state_path(spec))}; a relative '
+            'train_dir is relative to the directory `launch up` ran in)')
+
+
 def cmd_status(spec: ClusterSpec, args) -> int:
     plans = list(plan_cluster(spec))
-    backends = make_backends(plans, spec, args)
     state = LaunchState.load(state_path(spec))
+    backends = make_backends(plans, spec, args, state)
     records = {r.name: r for r in (state.tasks if state else [])}
     if state is None:
-        print(f'no cluster of {spec.path} has been started (no {state_path(spec)})')
+        print(_no_state(spec))
     elif launcher_alive(state):
         print(f'launcher pid {state.launcher_pid}, started {time.ctime(state.started)}')
     else:
@@ -180,22 +189,21 @@ def cmd_status(spec: ClusterSpec, args) -> int:
 
 def cmd_down(spec: ClusterSpec, args) -> int:
     plans = list(plan_cluster(spec))
-    backends = make_backends(plans, spec, args)
     state = LaunchState.load(state_path(spec))
     if state is None:
-        print(f'nothing to stop: no cluster of {spec.path} was started (no {state_path(spec)})')
+        print(f'nothing to stop: {_no_state(spec)}')
         return 0
+    backends = make_backends(plans, spec, args, state)
     if launcher_alive(state):       # the launcher tears its own cluster down on SIGTERM
-        os.kill(state.launcher_pid, signal.SIGTERM)
+        try:
+            os.kill(state.launcher_pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
         deadline = time.monotonic() + 20
         while launcher_alive(state) and time.monotonic() < deadline:
             time.sleep(0.1)
     left = [r for r in state.tasks if backends[r.backend].alive(r)]
-    by_backend: dict[str, list[TaskRecord]] = {}
-    for r in left:
-        by_backend.setdefault(r.backend, []).append(r)
-    for name, records in by_backend.items():
-        backends[name].stop(records)
+    stop_all(left, backends)
     still = [r.name for r in state.tasks if backends[r.backend].alive(r)]
     for b in backends.values():
         b.close()
@@ -215,8 +223,8 @@ def cmd_logs(spec: ClusterSpec, args) -> int:
         if not chosen:
             raise UsageError(f'{spec.path}: no task {args.task!r}; tasks are {", ".join(p.name for p in plans)}')
         plans = chosen
-    backends = make_backends(plans, spec, args)
     state = LaunchState.load(state_path(spec))
+    backends = make_backends(plans, spec, args, state)
     records = {r.name: r for r in (state.tasks if state else [])}
     console = Console()
     stop = threading.Event()
@@ -224,9 +232,12 @@ def cmd_logs(spec: ClusterSpec, args) -> int:
     signal.signal(signal.SIGTERM, lambda *a: stop.set())
 
     def show(plan):
-        source = records.get(plan.name, plan)
-        for line in backends[plan.backend].read_log(source, follow=args.follow, stop=stop):
-            console.line(plan.name, line) if len(plans) > 1 else print(line, flush=True)
+        source = records.get(plan.name, plan)     # the record knows where a started task logs
+        for line in backends[source.backend].read_log(source, follow=args.follow, stop=stop):
+            if len(plans) > 1:
+                console.line(plan.name, line)
+            else:
+                print(line, flush=True)
 
     threads = [threading.Thread(target=show, args=(p,), daemon=True) for p in plans]
     for t in threads:

@@ -94,13 +94,6 @@ class LocalBackend(Backend):
             live = [r for r in live if self.alive(r)]
             if not live:
                 break
-        for r in records:           # reap, and make sure nothing of the group is left behind
-            proc = self._children.get(r.pid)
-            if proc is not None and proc.poll() is not None:
-                try:
-                    os.killpg(r.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
 
     def read_log(self, record_or_plan, follow=False, stop=None):
         path = getattr(record_or_plan, 'log', None) or os.path.join(record_or_plan.cwd, record_or_plan.log_path)

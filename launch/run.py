@@ -17,8 +17,8 @@ from typing import Mapping
 
 import grpc
 
-from cluster.spec import ClusterSpec
-from launch.backend import Backend, BackendError, TaskRecord, tail
+from cluster.spec import ClusterSpec, address
+from launch.backend import Backend, BackendError, TaskRecord, stop_all, tail
 from launch.local import process_ident
 from launch.plan import TaskPlan, state_path
 from launch.state import LaunchState
@@ -49,8 +49,11 @@ class Console:
         if not self.verbose and _NOISE.match(text):
             return
         with self._lock:
-            self.stream.write(f'{"[" + source + "]":<{self.width}} {text}\n')
-            self.stream.flush()
+            try:
+                self.stream.write(f'{"[" + source + "]":<{self.width}} {text}\n')
+                self.stream.flush()
+            except (BrokenPipeError, ValueError):   # the reader went away (`| head`, a closed tee):
+                pass                                  # keep running so the tear-down still happens
 
     def say(self, text: str) -> None:
         self.line('launch', text)
@@ -81,7 +84,7 @@ def wait_for_servers(records: list[TaskRecord], backends: Mapping[str, Backend],
     # server that came up during a backoff would be noticed long after it was serving.
     options = [('grpc.enable_http_proxy', 0), ('grpc.initial_reconnect_backoff_ms', 100),
                ('grpc.min_reconnect_backoff_ms', 100), ('grpc.max_reconnect_backoff_ms', 500)]
-    pending = {r.name: (r, grpc.insecure_channel(f'{r.host}:{r.port}', options=options)) for r in records}
+    pending = {r.name: (r, grpc.insecure_channel(address(r.host, r.port), options=options)) for r in records}
     futures = {name: grpc.channel_ready_future(ch) for name, (_, ch) in pending.items()}
     try:
         while pending and not stop.is_set():
@@ -129,7 +132,8 @@ class ClusterRun:
             self.interrupted.set()
 
     def _install_signals(self):
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)    # SIGHUP: the terminal went away
+        previous = {s: signal.signal(s, self._on_signal) for s in signals}
         return lambda: [signal.signal(s, h) for s, h in previous.items()]
 
     # -- the run --------------------------------------------------------------------------
@@ -215,11 +219,7 @@ class ClusterRun:
             time.sleep(0.2)
 
     def _teardown(self) -> None:
-        by_backend: dict[str, list[TaskRecord]] = {}
-        for r in self.records:
-            by_backend.setdefault(r.backend, []).append(r)
-        for name, records in by_backend.items():
-            self.backends[name].stop(records)
+        stop_all(self.records, self.backends)
         self._follow_stop.set()
         for t in self._followers:
             t.join(timeout=5)
@@ -236,6 +236,8 @@ class ClusterRun:
         summary = f'done in {seconds:.1f}s ({mode}, {self.spec.num_workers} workers)'
         if results:
             rate = sum(r['images_per_sec'] for r in results)
-            summary += (f': global step {max(r["global_step"] for r in results)}, '
-                        f'{rate:.0f} images/s in all, final loss {results[0]["loss"]:.3f}')
+            summary += f': global step {max(r["global_step"] for r in results)}, {rate:.0f} images/s in all'
+            chief = [r for r in results if r['task'] == 'worker:0']
+            if chief:
+                summary += f', final loss {chief[0]["loss"]:.3f}'
         self.console.say(summary)

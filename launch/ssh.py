@@ -113,6 +113,11 @@ def _remote_dir(path: str) -> str:
     return path
 
 
+def _shell_path(path: str) -> str:
+    """A quoted path for a remote shell command that still expands a leading `~/`."""
+    return f'"$HOME"/{_q(path[2:])}' if path.startswith('~/') else _q(path)
+
+
 def decode_exit(code: int) -> int:
     """sh reports a task killed by signal N as 128+N; the launcher's convention is -N."""
     return -(code - 128) if 128 < code < 128 + 65 else code
@@ -321,7 +326,7 @@ class SSHBackend(Backend):
     def _check_host(self, name: str, plans: list[TaskPlan]) -> HostCheck:
         python = plans[0].argv[0]
         ports = ' '.join(str(p.task.port) for p in plans)
-        script = f'cd {_q(_remote_dir(plans[0].cwd))} 2>/dev/null; exec {_q(python)} -c {_q(_CHECK_SCRIPT)} {ports}'
+        script = f'cd {_q(_remote_dir(plans[0].cwd))} 2>/dev/null; exec {_shell_path(python)} -c {_q(_CHECK_SCRIPT)} {ports}'
         try:
             conn = self._connect(name)
             result = self._run(name, script)
@@ -394,7 +399,8 @@ class SSHBackend(Backend):
             i = argv.index('--spec') + 1
             argv[i] = posixpath.join(workdir, argv[i])
         env = ' '.join(f'{k}={_q(v)}' for k, v in plan.env.items())
-        command = f'env {env} {shlex.join(argv)}' if env else shlex.join(argv)
+        argv_text = f'{_shell_path(argv[0])} {shlex.join(argv[1:])}'
+        command = f'env {env} {argv_text}' if env else argv_text
         wrapper = f'trap : TERM; {command}; echo $? > {_q(rcfile)}'
         script = '\n'.join([
             f'cd {_q(workdir)} || exit 1',

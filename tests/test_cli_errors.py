@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO, free_ports, launch, project_processes, write_spec
+from tests.conftest import REPO, launch, project_processes, write_spec
 
 BAD_SPECS = {
     'yaml syntax': ('cluster:\n  ps: [localhost:2222\n', 'YAML syntax error'),

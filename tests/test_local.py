@@ -74,20 +74,21 @@ def test_a_crashing_worker_fails_the_run_and_stops_everything(tmp_path):
     assert 'error: worker:1' in out and 'SIGKILL' in out, out
 
 
-def test_sigint_stops_everything_within_ten_seconds(tmp_path):
+@pytest.mark.parametrize('sig', [signal.SIGINT, signal.SIGHUP], ids=['ctrl-c', 'terminal-closed'])
+def test_a_signal_stops_everything_within_ten_seconds(tmp_path, sig):
     spec = write_spec(tmp_path, steps=100000)
     proc = launch_bg('up', spec)
     try:
         read_until(proc, 'step 1/')
         t0 = time.monotonic()
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         out, _ = proc.communicate(timeout=15)
         elapsed = time.monotonic() - t0
     finally:
         proc.kill()
-    assert proc.returncode == 128 + signal.SIGINT, out
+    assert proc.returncode == 128 + sig, out
     assert elapsed < 10, elapsed
-    assert 'SIGINT received' in out
+    assert f'{sig.name} received' in out
 
 
 def test_status_and_down_after_the_launcher_is_killed(tmp_path):

@@ -8,7 +8,6 @@ import contextlib
 import dataclasses
 import os
 import signal
-import types
 
 import pytest
 import yaml
@@ -343,6 +342,8 @@ BAD_SPECS = [
     ('devices-twice', TRAIN + '  devices: [gpu:0, gpu:0]  # <-\n', 'train.devices', ['twice']),
     ('devices-twice-normalised', TRAIN + '  devices: [gpu:0, GPU:00]  # <-\n', 'train.devices', ['twice']),
     ('learning-rate-0', TRAIN + '  learning_rate: 0  # <-\n', 'train.learning_rate', ['positive', 'got 0']),
+    ('train-dir-tilde', TRAIN + '  train_dir: ~/runs  # <-\n', 'train.train_dir', ['absolute path']),
+    ('train-dir-empty', TRAIN + "  train_dir: ''  # <-\n", 'train.train_dir', ['must not be empty']),
     ('learning-rate-string', TRAIN + '  learning_rate: fast  # <-\n', 'train.learning_rate', ["'fast'"]),
     ('checkpoint-steps-negative', TRAIN + '  checkpoint_steps: -1  # <-\n', 'train.checkpoint_steps', ['-1']),
     ('seed-float', TRAIN + '  seed: 1.5  # <-\n', 'train.seed', ['1.5']),
@@ -536,3 +537,10 @@ def test_parse_override_errors(text):
         parse_override(text)
     message = str(info.value)
     assert '\n' not in message and message.startswith(f'--set {text}: '), message
+
+
+@pytest.mark.parametrize('host, port, expected', [('localhost', 2222, 'localhost:2222'),
+                                                  ('::1', 2222, '[::1]:2222'), ('10.0.0.5', 1, '10.0.0.5:1')])
+def test_address_brackets_ipv6(host, port, expected):
+    from cluster.spec import address
+    assert address(host, port) == expected

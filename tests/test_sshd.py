@@ -13,7 +13,7 @@ import fabric
 import paramiko
 import pytest
 
-from tests.sshd import SSHDError, SSHHosts, process_table, ssh_hosts  # noqa: F401
+from tests.sshd import SSHDError, SSHHosts, process_table
 
 # cd first: a sleeper is ours if its cwd is under this session's pytest basetemp
 # (other pytest sessions may run the same tests at the same time).

@@ -8,8 +8,6 @@ import re
 import signal
 
 import numpy as np
-import pytest
-
 from tests.conftest import launch, launch_bg, read_until, write_spec
 
 EXACT = {'deterministic': True, 'seed': 7, 'steps': 4}
