@@ -103,7 +103,7 @@ def test_interrupted_run_resumes_from_its_checkpoint_and_learns(tmp_path):
 
 
 def test_async_run_learns(tmp_path):
-    spec = write_spec(tmp_path, steps=300, batch_size=32, sync=False)
+    spec = write_spec(tmp_path, steps=300, batch_size=32, sync=False, learning_rate=0.05)
     run_ok('up', spec)
     evaluation = run_ok('eval', spec)
     precision = float(re.search(r'precision @ 1 = ([\d.]+)', evaluation.stdout).group(1))
