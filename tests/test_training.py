@@ -79,7 +79,7 @@ def test_backup_workers_each_step_takes_distinct_workers(tmp_path):
 
 
 def test_interrupted_run_resumes_from_its_checkpoint_and_learns(tmp_path):
-    spec = write_spec(tmp_path, steps=100000, batch_size=32, checkpoint_steps=10)
+    spec = write_spec(tmp_path, steps=100000, batch_size=64, checkpoint_steps=10)
     train_dir = str(tmp_path / 'run')
     proc = launch_bg('up', spec)
     try:
