@@ -162,7 +162,7 @@ class ClusterRun:
                 return 128 + self.signum
             self._report(time.monotonic() - t0)
             return EXIT_OK
-        except (TaskFailed, BackendError) as e:
+        except (TaskFailed, BackendError, OSError) as e:    # OSError: e.g. a train_dir we cannot write
             self.console.say(f'error: {e}')
             for line in getattr(e, 'log_tail', ()):
                 self.console.say(f'    {line}')
