@@ -91,6 +91,11 @@ class Backend(abc.ABC):
         """The lines of a task's log; with follow, keep yielding new lines until `stop` is set
         and the file has no more."""
 
+    @abc.abstractmethod
+    def read_file(self, record: TaskRecord, path: str) -> str | None:
+        """The text of a small file on the task's host (`path` relative to its working directory),
+        or None if it is not there."""
+
     def close(self) -> None:
         """Release connections."""
 

@@ -95,6 +95,13 @@ class LocalBackend(Backend):
             if not live:
                 break
 
+    def read_file(self, record, path):
+        try:
+            with open(os.path.join(record.cwd, path)) as f:
+                return f.read()
+        except OSError:
+            return None
+
     def read_log(self, record_or_plan, follow=False, stop=None):
         path = getattr(record_or_plan, 'log', None) or os.path.join(record_or_plan.cwd, record_or_plan.log_path)
         return follow_file(path, stop if follow else None)

@@ -225,12 +225,18 @@ class ClusterRun:
             t.join(timeout=5)
 
     def _report(self, seconds: float) -> None:
+        """One closing line, from the figures each worker left in its train_dir on its host."""
         results = []
-        for i in range(self.spec.num_workers):
+        for r in self.records:
+            if r.job != 'worker':
+                continue
+            text = self.backends[r.backend].read_file(r, os.path.join(self.spec.train.train_dir,
+                                                                    f'worker-{r.index}.json'))
+            if not text:
+                continue
             try:
-                with open(os.path.join(self.spec.train.train_dir, f'worker-{i}.json')) as f:
-                    results.append(json.load(f))
-            except (OSError, ValueError):
+                results.append(json.loads(text))
+            except ValueError:
                 pass
         mode = 'sync' if self.spec.train.sync else 'async'
         summary = f'done in {seconds:.1f}s ({mode}, {self.spec.num_workers} workers)'

@@ -519,6 +519,15 @@ wait_gone 50
             self._invalidate(name)
 
     # -- logs -----------------------------------------------------------------------------
+    def read_file(self, record, path):
+        def read(sftp):
+            with sftp.open(posixpath.join(record.cwd, path)) as f:
+                return f.read().decode('utf-8', 'replace')
+        try:
+            return self._sftp_call(record.host, read)
+        except (SSHError, OSError):
+            return None
+
     def read_log(self, record_or_plan, follow=False, stop=None):
         if isinstance(record_or_plan, TaskRecord):
             name, path = record_or_plan.host, record_or_plan.log

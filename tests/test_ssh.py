@@ -83,6 +83,8 @@ def test_remote_cluster_trains_to_the_end(ssh_hosts, tmp_path):
     for name in ('ps:0', 'worker:0', 'worker:1'):
         assert f'[{name}]' in out, out
     assert re.search(r'^\[worker:0\] .*step 10/10', out, re.M), out
+    # The closing summary has figures from both remote workers' hosts.
+    assert re.search(r'done in .*: global step 10, \d+ images/s in all, final loss', out), out
     chief_run = workdir(tmp_path, '127.0.0.2') / 'run'
     assert (chief_run / 'checkpoint').is_file()
     assert (chief_run / 'spec.yaml').is_file() and (workdir(tmp_path, '127.0.0.3') / 'run' / 'spec.yaml').is_file()
