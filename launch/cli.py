@@ -12,8 +12,7 @@ import threading
 import time
 
 from cluster.spec import ClusterSpec, SpecError, load_spec
-from cluster.task import port_in_use
-from launch.backend import Backend, stop_all
+from launch.backend import stop_all
 from launch.local import LocalBackend, process_ident
 from launch.plan import TaskPlan, effective_spec_path, plan_cluster, state_path
 from launch.run import EXIT_USAGE, ClusterRun, Console
@@ -79,11 +78,21 @@ def main(argv=None) -> int:
         return EXIT_USAGE
 
 
-def make_backends(plans: list[TaskPlan], spec: ClusterSpec, args, state: LaunchState | None = None
-                  ) -> dict[str, Backend]:
+class Backends(dict):
+    """name -> Backend; used as a context manager it closes every connection on the way out."""
+
+    def __enter__(self) -> 'Backends':
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for backend in self.values():
+            backend.close()
+
+
+def make_backends(plans: list[TaskPlan], spec: ClusterSpec, args, state: LaunchState | None = None) -> Backends:
     """The backends the plans need, and those of any task the state file remembers."""
     kinds = {p.backend for p in plans} | {r.backend for r in (state.tasks if state else [])}
-    backends: dict[str, Backend] = {'local': LocalBackend()}
+    backends = Backends(local=LocalBackend())
     if 'ssh' in kinds:
         from launch.ssh import SSHBackend
         if args.insecure_accept_any_host_key:
@@ -114,9 +123,10 @@ def preflight(spec: ClusterSpec, plans: list[TaskPlan], backends) -> None:
     if running is not None:
         raise UsageError(f'{spec.path}: a cluster of this spec is already running (launcher pid '
                          f'{running.launcher_pid}, state in {state_path(spec)}); stop it with `launch down {spec.path}`')
-    for plan in plans:      # the local check, task by task, so the error names the task
-        if plan.backend == 'local' and port_in_use(plan.task.port):
-            raise UsageError(f'{spec.path}: {plan.name}: port {plan.task.port} on {plan.task.host} is already in use')
+    busy = LocalBackend.busy(plans)
+    if busy:        # named by task, where `launch check` says it per host
+        task = busy[0].task
+        raise UsageError(f'{spec.path}: {task.name}: port {task.port} on {task.host} is already in use')
     remote = [p for p in plans if p.backend != 'local']
     failed = [c for name, b in backends.items() if name != 'local'
               for c in b.check([p for p in remote if p.backend == name]) if not c.ok]
@@ -135,8 +145,7 @@ def preflight(spec: ClusterSpec, plans: list[TaskPlan], backends) -> None:
 
 def cmd_up(spec: ClusterSpec, args) -> int:
     plans = list(plan_cluster(spec))
-    backends = make_backends(plans, spec, args)
-    try:
+    with make_backends(plans, spec, args) as backends:
         preflight(spec, plans, backends)
         for i in range(spec.num_workers):       # figures of an earlier run must not pass for this one's
             try:
@@ -146,9 +155,6 @@ def cmd_up(spec: ClusterSpec, args) -> int:
         run = ClusterRun(spec, spec.to_yaml(), plans, backends, Console(verbose=args.verbose),
                          start_timeout=args.start_timeout, finish_timeout=args.finish_timeout)
         return run.up()
-    finally:
-        for b in backends.values():
-            b.close()
 
 
 def _listening(host: str, port: int) -> bool:
@@ -167,7 +173,6 @@ def _no_state(spec: ClusterSpec) -> str:
 def cmd_status(spec: ClusterSpec, args) -> int:
     plans = list(plan_cluster(spec))
     state = LaunchState.load(state_path(spec))
-    backends = make_backends(plans, spec, args, state)
     records = {r.name: r for r in (state.tasks if state else [])}
     if state is None:
         print(_no_state(spec))
@@ -176,14 +181,13 @@ def cmd_status(spec: ClusterSpec, args) -> int:
     else:
         print(f'launcher pid {state.launcher_pid} is gone; `launch down {spec.path}` stops what is left')
     print(f'{"TASK":<10} {"ADDRESS":<22} {"BACKEND":<7} {"PID":>7}  {"ALIVE":<5}  LISTENING')
-    for plan in plans:
-        r = records.get(plan.name)
-        alive = r is not None and backends[r.backend].alive(r)
-        listening = _listening(plan.task.host, plan.task.port)
-        print(f'{plan.name:<10} {plan.task.address:<22} {plan.backend:<7} {r.pid if r else "-":>7}  '
-              f'{"yes" if alive else "no":<5}  {"yes" if listening else "no"}')
-    for b in backends.values():
-        b.close()
+    with make_backends(plans, spec, args, state) as backends:
+        for plan in plans:
+            r = records.get(plan.name)
+            alive = r is not None and backends[r.backend].alive(r)
+            listening = _listening(plan.task.host, plan.task.port)
+            print(f'{plan.name:<10} {plan.task.address:<22} {plan.backend:<7} {r.pid if r else "-":>7}  '
+                  f'{"yes" if alive else "no":<5}  {"yes" if listening else "no"}')
     return 0
 
 
@@ -193,7 +197,6 @@ def cmd_down(spec: ClusterSpec, args) -> int:
     if state is None:
         print(f'nothing to stop: {_no_state(spec)}')
         return 0
-    backends = make_backends(plans, spec, args, state)
     if launcher_alive(state):       # the launcher tears its own cluster down on SIGTERM
         try:
             os.kill(state.launcher_pid, signal.SIGTERM)
@@ -202,11 +205,10 @@ def cmd_down(spec: ClusterSpec, args) -> int:
         deadline = time.monotonic() + 20
         while launcher_alive(state) and time.monotonic() < deadline:
             time.sleep(0.1)
-    left = [r for r in state.tasks if backends[r.backend].alive(r)]
-    stop_all(left, backends)
-    still = [r.name for r in state.tasks if backends[r.backend].alive(r)]
-    for b in backends.values():
-        b.close()
+    with make_backends(plans, spec, args, state) as backends:
+        left = [r for r in state.tasks if backends[r.backend].alive(r)]
+        stop_all(left, backends)
+        still = [r.name for r in state.tasks if backends[r.backend].alive(r)]
     if still:
         print(f'launch: error: could not stop {", ".join(still)}', file=sys.stderr)
         return 1
@@ -224,7 +226,6 @@ def cmd_logs(spec: ClusterSpec, args) -> int:
             raise UsageError(f'{spec.path}: no task {args.task!r}; tasks are {", ".join(p.name for p in plans)}')
         plans = chosen
     state = LaunchState.load(state_path(spec))
-    backends = make_backends(plans, spec, args, state)
     records = {r.name: r for r in (state.tasks if state else [])}
     console = Console()
     stop = threading.Event()
@@ -239,15 +240,14 @@ def cmd_logs(spec: ClusterSpec, args) -> int:
             else:
                 print(line, flush=True)
 
-    threads = [threading.Thread(target=show, args=(p,), daemon=True) for p in plans]
-    for t in threads:
-        t.start()
-        if not args.follow:
-            t.join()
-    while any(t.is_alive() for t in threads):
-        time.sleep(0.1)
-    for b in backends.values():
-        b.close()
+    with make_backends(plans, spec, args, state) as backends:
+        threads = [threading.Thread(target=show, args=(p,), daemon=True) for p in plans]
+        for t in threads:
+            t.start()
+            if not args.follow:
+                t.join()
+        while any(t.is_alive() for t in threads):
+            time.sleep(0.1)
     return 0
 
 
@@ -263,12 +263,8 @@ def cmd_eval(spec: ClusterSpec, args) -> int:
 
 def cmd_check(spec: ClusterSpec, args) -> int:
     plans = list(plan_cluster(spec))
-    backends = make_backends(plans, spec, args)
-    try:
+    with make_backends(plans, spec, args) as backends:
         checks = [c for name, b in backends.items() for c in b.check([p for p in plans if p.backend == name])]
-    finally:
-        for b in backends.values():
-            b.close()
     for c in checks:
         print(c.line())
     return 0 if all(c.ok for c in checks) else 1
@@ -292,4 +288,5 @@ def cmd_plan(spec: ClusterSpec, args) -> int:
     return 0
 
 
-COMMANDS = {'up': cmd_up, 'status': cmd_status, 'down': cmd_down, 'logs': cmd_logs, 'plan': cmd_plan, 'check': cmd_check, 'eval': cmd_eval}
+COMMANDS = {'up': cmd_up, 'status': cmd_status, 'down': cmd_down, 'logs': cmd_logs, 'plan': cmd_plan,
+            'check': cmd_check, 'eval': cmd_eval}

@@ -46,10 +46,15 @@ class LocalBackend(Backend):
                 f.write(spec_yaml)
             os.replace(spec_file + '.tmp', spec_file)
 
+    @staticmethod
+    def busy(plans: list[TaskPlan]) -> list[TaskPlan]:
+        """The local tasks whose port something on this machine already listens on."""
+        return [p for p in plans if p.backend == 'local' and port_in_use(p.task.port)]
+
     def check(self, plans):
         if not plans:
             return []
-        busy = [f'port {p.task.port} ({p.name})' for p in plans if port_in_use(p.task.port)]
+        busy = [f'port {p.task.port} ({p.name})' for p in self.busy(plans)]
         if busy:
             return [HostCheck('localhost', False, f'{", ".join(busy)} already in use')]
         return [HostCheck('localhost', True, f'{len(plans)} task(s), ports '
