@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 
 DONE_QUEUE = 'tfcluster_done_%d'     # one per ps task: workers report "finished" there
 READY_POLL_SECS = 0.5                # how often a non-chief checks that the chief has initialised
+PS_LINGER_SECS = 2.0                 # a ps stays this long after the last "done", so that reply arrives
+DONE_TIMEOUT_MS = 30_000             # a worker waits this long for a ps to take its "done"
 
 
 def tower_devices(spec: ClusterSpec, task: TaskSpec) -> list[str]:
@@ -83,6 +85,10 @@ def run_ps(server, spec: ClusterSpec, task: TaskSpec) -> None:
             for remaining in range(spec.num_workers - 1, -1, -1):
                 worker = sess.run(dequeue)
                 log.info('worker:%d is done; %d to go', worker, remaining)
+    # The last worker's enqueue has completed, but its reply may still be on the wire: leaving at
+    # once closes the socket under it, and that worker would see "Socket closed" for a report the
+    # ps did get. (Workers also tolerate that; this keeps the common case clean.)
+    time.sleep(PS_LINGER_SECS)
 
 
 @dataclass
@@ -215,16 +221,30 @@ def run_worker(server, spec: ClusterSpec, task: TaskSpec, data_dir: str) -> dict
         else:
             sess = manager.wait_for_session(server.target, config=config)
         result = _train_loop(sess, spec, task, g, start)
-        # Report done to every ps, and do not close the session afterwards: each ps exits as soon
-        # as the last worker reports, and closing a session whose ps is gone can block for good
-        # (seen under load). Checkpoints and summaries are written already; the process ends next.
-        for op in g.done_ops:
-            sess.run(op)
+        _report_done(sess, g)
     path = os.path.join(train.train_dir, f'worker-{task.index}.json')
     with open(path + '.tmp', 'w') as f:
         json.dump(result, f)
     os.replace(path + '.tmp', path)
     return result
+
+
+def _report_done(sess, g: _Graph) -> None:
+    """Tell every ps that this worker has finished. The session is not closed afterwards: each ps
+    exits soon after the last worker reports, and closing a session whose ps is gone can block for
+    good (seen under load). Checkpoints and summaries are written already; the process ends next.
+
+    Training is over at this point, so a ps that cannot be reached is no reason to fail: it has
+    most likely taken the report and left (the reply to the last report can be lost when the ps
+    exits), and a ps that crashed is reported by its own exit code."""
+    options = v1.RunOptions(timeout_in_ms=DONE_TIMEOUT_MS)
+    for ps_index, op in enumerate(g.done_ops):
+        try:
+            sess.run(op, options=options)
+        except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
+                tf.errors.AbortedError, tf.errors.CancelledError) as e:
+            log.warning('ps:%d did not acknowledge that this worker is done (%s); '
+                        'it has most likely finished already', ps_index, type(e).__name__)
 
 
 def _train_loop(sess, spec: ClusterSpec, task: TaskSpec, g: _Graph, start: float) -> dict:

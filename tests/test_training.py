@@ -6,9 +6,11 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 
 import numpy as np
-from tests.conftest import launch, launch_bg, read_until, write_spec
+from tests.conftest import REPO, launch, launch_bg, read_until, write_spec
 
 EXACT = {'deterministic': True, 'seed': 7, 'steps': 4}
 
@@ -114,3 +116,46 @@ def test_eval_without_a_checkpoint_is_a_clear_error(tmp_path):
     result = launch('eval', write_spec(tmp_path), timeout=120)
     assert result.returncode == 2
     assert 'no checkpoint to evaluate' in result.stderr and result.stderr.strip().count('\n') == 0
+
+
+REPORT_TO_A_GONE_PS = '''
+import logging, os, signal, sys, time, types
+logging.basicConfig(level=logging.INFO, stream=sys.stdout)
+import tensorflow as tf
+from cluster import train
+from cluster.spec import load_spec
+v1 = tf.compat.v1
+v1.disable_eager_execution()
+spec = load_spec(sys.argv[1])
+server = train.make_server(spec, spec.task('worker', 0))
+train.DONE_TIMEOUT_MS = 3000
+with tf.Graph().as_default():
+    queue = train._done_queue(0, 1)
+    g = types.SimpleNamespace(done_ops=[queue.enqueue(0)])
+    sess = v1.Session(server.target, config=v1.ConfigProto(device_filters=['/job:ps', '/job:worker/task:0']))
+    sess.run(queue.size())                  # the session is up and the ps serves it
+    os.kill(int(sys.argv[2]), signal.SIGKILL)
+    time.sleep(1)
+    t = time.monotonic()
+    train._report_done(sess, g)
+    print(f'returned after {time.monotonic() - t:.1f}s', flush=True)
+os._exit(0)
+'''
+
+
+def test_a_worker_whose_ps_has_left_still_finishes(tmp_path):
+    """The reply to the last "done" report can be lost when its ps exits right after taking it: the
+    worker has finished training by then, so it warns and ends well instead of failing the run.
+    Here the ps is killed outright once the worker's session is up."""
+    spec = write_spec(tmp_path, workers=1)
+    ps = subprocess.Popen([sys.executable, '-m', 'cluster.task', '--spec', spec, '--job', 'ps', '--index', '0'],
+                          cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        result = subprocess.run([sys.executable, '-c', REPORT_TO_A_GONE_PS, spec, str(ps.pid)], cwd=REPO,
+                                capture_output=True, text=True, timeout=120)
+    finally:
+        ps.kill()
+        ps.wait()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert 'ps:0 did not acknowledge that this worker is done' in result.stdout, result.stdout
+    assert float(re.search(r'returned after ([\d.]+)s', result.stdout).group(1)) < 10, result.stdout
