@@ -62,6 +62,9 @@ class HostConfig:
     workdir: str | None = None
 
 
+HOST_SETTINGS = ('user', 'port', 'key', 'python', 'workdir')
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     sync: bool = True
@@ -143,8 +146,14 @@ class _Origins:
     def record_yaml(self, node: yaml.Node, prefix: str = '') -> None:
         self._where[prefix] = f'{self.path}:{node.start_mark.line + 1}'
         if isinstance(node, yaml.MappingNode):
+            first_line: dict[str, int] = {}
             for key_node, value_node in node.value:
                 key = f'{prefix}.{key_node.value}' if prefix else str(key_node.value)
+                line = key_node.start_mark.line + 1
+                if key in first_line:       # PyYAML would keep the last one without a word
+                    raise SpecError(f'{self.path}:{line}: {key}: duplicate key (first given on line '
+                                    f'{first_line[key]})')
+                first_line[key] = line
                 self.record_yaml(value_node, key)
                 self._where[key] = f'{self.path}:{key_node.start_mark.line + 1}'
         elif isinstance(node, yaml.SequenceNode):
@@ -220,6 +229,10 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 
 def _apply_override(raw: dict, text: str, origins: _Origins) -> None:
     parts, value = parse_override(text)
+    if parts[0] == 'hosts' and len(parts) > 2:
+        # Host names have dots of their own: hosts.10.0.0.5.user is host 10.0.0.5, setting user.
+        name = parts[1:-1] if parts[-1] in HOST_SETTINGS else parts[1:]
+        parts = ['hosts', '.'.join(name)] + parts[1 + len(name):]
     target = raw
     for i, part in enumerate(parts[:-1]):
         child = target.get(part)
@@ -392,7 +405,7 @@ def _parse_hosts(hosts, origins: _Origins) -> dict[str, HostConfig]:
     if not isinstance(hosts, dict):
         raise origins.error('hosts', 'expected a mapping of host name to SSH settings')
     out = {}
-    allowed = ('user', 'port', 'key', 'python', 'workdir')
+    allowed = HOST_SETTINGS
     for name, settings in hosts.items():
         prefix = f'hosts.{name}'
         if not _valid_host(str(name)):

@@ -361,6 +361,11 @@ BAD_SPECS = [
     ('host-port-too-big', HOSTS + '  node1:\n    port: 65536  # <-\n', 'hosts.node1.port', ['65536']),
     ('host-port-0', HOSTS + '  node1: {port: 0}  # <-\n', 'hosts.node1.port', ['got 0']),
     ('host-port-string', HOSTS + '  node1: {port: ssh}  # <-\n', 'hosts.node1.port', ["'ssh'"]),
+    ('duplicate-train-key', TRAIN + '  batch_size: 8\n  steps: 6  # <-\n', 'train.steps',
+     ['duplicate key', 'line 5']),
+    ('duplicate-section', TRAIN + 'train:  # <-\n  steps: 6\n', 'train', ['duplicate key', 'line 4']),
+    ('duplicate-host-key', HOSTS + '  node1: {user: a, user: b}  # <-\n', 'hosts.node1.user',
+     ['duplicate key']),
 ]
 
 
@@ -444,8 +449,13 @@ def test_unknown_key_with_newline_gives_one_line(tmp_path):
     (['hosts.node1.user=ubuntu', 'hosts.node1.port=2022'],
      lambda s: s.hosts['node1'] == HostConfig('node1', user='ubuntu', port=2022)),
     (['train={steps: 9}'], lambda s: s.train == TrainConfig(steps=9)),
+    (['hosts.10.0.0.5.user=ubuntu', 'hosts.10.0.0.5.port=2022'],
+     lambda s: s.hosts == {'10.0.0.5': HostConfig('10.0.0.5', user='ubuntu', port=2022)}),
+    (['hosts.gpu1.example.com={user: ml, python: /opt/py/bin/python}'],
+     lambda s: s.hosts['gpu1.example.com'] == HostConfig('gpu1.example.com', user='ml', python='/opt/py/bin/python')),
 ], ids=['steps', 'sync', 'last-wins', 'float', 'devices-list', 'devices-int', 'string', 'worker-list',
-        'workers-and-replicas', 'new-host', 'host-two-keys', 'whole-section'])
+        'workers-and-replicas', 'new-host', 'host-two-keys', 'whole-section', 'dotted-host-setting',
+        'dotted-host-whole'])
 def test_overrides(tmp_path, overrides, check):
     path = write(tmp_path, VALID)
     spec = load_spec(path, overrides)
@@ -478,6 +488,8 @@ OVERRIDE_ERRORS = [
     ('duplicate-address', 'cluster.worker=localhost:2222', 'cluster.worker[0]', ['used twice']),
     ('replicas', 'train.replicas_to_aggregate=3', 'train.replicas_to_aggregate', ['got 3']),
     ('host-port', 'hosts.node1.port=70000', 'hosts.node1.port', ['70000']),
+    ('dotted-host-port', 'hosts.10.0.0.5.port=70000', 'hosts.10.0.0.5.port', ['70000']),
+    ('dotted-host-unknown', 'hosts.10.0.0.5={usr: x}', 'hosts.10.0.0.5.usr', ['unknown key']),
     ('under-scalar', 'train.steps.x=1', None, ['train.steps is not a section']),
     ('under-list', 'cluster.worker.x=1', None, ['cluster.worker is not a section']),
 ]
