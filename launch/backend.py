@@ -65,9 +65,11 @@ class Backend(abc.ABC):
         """Put what the tasks need in place (the effective spec, log folders) before any start."""
 
     @abc.abstractmethod
-    def check(self, plans: list[TaskPlan]) -> list[HostCheck]:
+    def check(self, plans: list[TaskPlan], imports: bool = False) -> list[HostCheck]:
         """Pre-flight of every host these tasks use (reachable, Python and TensorFlow there,
-        ports free), all hosts checked even when one fails; starts nothing."""
+        ports free), all hosts checked even when one fails; starts nothing. With `imports`, the
+        tasks' Python imports TensorFlow and this package for real (seconds per host); without,
+        it only finds them."""
 
     @abc.abstractmethod
     def start(self, plan: TaskPlan) -> TaskRecord:

@@ -58,7 +58,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ev = sub.add_parser('eval', help="precision@1 on the test split from the newest checkpoint (moving averages)")
     _spec_args(ev)
     ev.add_argument('--checkpoint', help='a checkpoint prefix (default: the newest in train_dir)')
-    check = sub.add_parser('check', help='pre-flight every host: reachable, Python and TensorFlow, ports free')
+    check = sub.add_parser('check', help='pre-flight every host: reachable, TensorFlow and tfcluster import, '
+                                         'ports free')
     _spec_args(check)
     return p.parse_args(argv)
 
@@ -264,7 +265,8 @@ def cmd_eval(spec: ClusterSpec, args) -> int:
 def cmd_check(spec: ClusterSpec, args) -> int:
     plans = list(plan_cluster(spec))
     with make_backends(plans, spec, args) as backends:
-        checks = [c for name, b in backends.items() for c in b.check([p for p in plans if p.backend == name])]
+        checks = [c for name, b in backends.items()
+                  for c in b.check([p for p in plans if p.backend == name], imports=True)]
     for c in checks:
         print(c.line())
     return 0 if all(c.ok for c in checks) else 1

@@ -51,13 +51,24 @@ class LocalBackend(Backend):
         """The local tasks whose port something on this machine already listens on."""
         return [p for p in plans if p.backend == 'local' and port_in_use(p.task.port)]
 
-    def check(self, plans):
+    def check(self, plans, imports: bool = False):
         if not plans:
             return []
-        busy = [f'port {p.task.port} ({p.name})' for p in self.busy(plans)]
-        if busy:
-            return [HostCheck('localhost', False, f'{", ".join(busy)} already in use')]
-        return [HostCheck('localhost', True, f'{len(plans)} task(s), ports '
+        problems = [f'port {p.task.port} ({p.name}) already in use' for p in self.busy(plans)]
+        version = ''
+        if imports:
+            python = plans[0].argv[0]
+            found = subprocess.run([python, '-c', 'import tensorflow, cluster.task; print(tensorflow.__version__)'],
+                                   cwd=plans[0].cwd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                   env={**os.environ, 'TF_CPP_MIN_LOG_LEVEL': '2'})
+            if found.returncode == 0:
+                version = f', tensorflow {found.stdout.strip().splitlines()[-1]}'
+            else:
+                last = (found.stderr.strip().splitlines() or [f'exit {found.returncode}'])[-1]
+                problems.insert(0, f'python {python} cannot import tensorflow and cluster: {last}')
+        if problems:
+            return [HostCheck('localhost', False, '; '.join(problems))]
+        return [HostCheck('localhost', True, f'{len(plans)} task(s){version}, ports '
                                              f'{", ".join(str(p.task.port) for p in plans)} free')]
 
     def start(self, plan: TaskPlan) -> TaskRecord:

@@ -53,15 +53,26 @@ COMMAND_TIMEOUT = 60          # seconds for any one remote command (a stop adds 
 DEFAULT_KNOWN_HOSTS = ('~/.ssh/known_hosts', '~/.ssh/known_hosts2')
 DEFAULT_GLOBAL_KNOWN_HOSTS = ('/etc/ssh/ssh_known_hosts', '/etc/ssh/ssh_known_hosts2')
 
-# Run by the remote python for `check`: what is installed, which ports are taken. It must not
-# import TensorFlow (seconds per host on every `up`); a broken TensorFlow install still shows
-# as a task dying during start-up, with its log.
+# Run by the remote python for a check: what is installed, which ports are taken. With --import it
+# imports TensorFlow and this package for real (seconds per host: `launch check` does it); without,
+# it only locates TensorFlow (`launch up`, where a broken install still shows as a task dying
+# during start-up, with its log lines).
 _CHECK_SCRIPT = r'''
 import errno, json, socket, sys
+args = sys.argv[1:]
+deep = args[:1] == ["--import"]
 out = {"python": sys.version.split()[0], "executable": sys.executable, "missing": [], "busy": []}
 try:
     import importlib.util, importlib.metadata
-    if importlib.util.find_spec("tensorflow") is None:
+    if deep:
+        try:
+            import tensorflow
+            out["tensorflow"] = tensorflow.__version__
+        except Exception as e:
+            why = "" if isinstance(e, ImportError) and e.name == "tensorflow" else " (%s: %s)" % (
+                type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+            out["missing"].append("tensorflow" + why)
+    elif importlib.util.find_spec("tensorflow") is None:
         out["missing"].append("tensorflow")
     else:
         try:
@@ -75,7 +86,7 @@ try:
         out["missing"].append("cluster" if e.name == "cluster" else "cluster (%s)" % e)
 except Exception as e:
     out["missing"].append("module check failed: %s" % e)
-for port in sys.argv[1:]:
+for port in args[deep:]:
     s = socket.socket(socket.AF_INET6 if socket.has_ipv6 else socket.AF_INET)
     try:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -319,14 +330,14 @@ class SSHBackend(Backend):
         return out
 
     # -- check ----------------------------------------------------------------------------
-    def check(self, plans: list[TaskPlan]) -> list[HostCheck]:
+    def check(self, plans: list[TaskPlan], imports: bool = False) -> list[HostCheck]:
         groups = self._by_host(plans, lambda p: p.task.host)
-        return self._parallel(lambda item: self._check_host(*item), groups.items())
+        return self._parallel(lambda item: self._check_host(*item, imports), groups.items())
 
-    def _check_host(self, name: str, plans: list[TaskPlan]) -> HostCheck:
+    def _check_host(self, name: str, plans: list[TaskPlan], imports: bool) -> HostCheck:
         python = plans[0].argv[0]
-        ports = ' '.join(str(p.task.port) for p in plans)
-        script = f'cd {_q(_remote_dir(plans[0].cwd))} 2>/dev/null; exec {_shell_path(python)} -c {_q(_CHECK_SCRIPT)} {ports}'
+        args = ' '.join(['--import'] * imports + [str(p.task.port) for p in plans])
+        script = f'cd {_q(_remote_dir(plans[0].cwd))} 2>/dev/null; exec {_shell_path(python)} -c {_q(_CHECK_SCRIPT)} {args}'
         try:
             conn = self._connect(name)
             result = self._run(name, script)

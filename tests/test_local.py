@@ -3,12 +3,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import time
 
 import pytest
+import yaml
 
 from tests.conftest import REPO, launch, launch_bg, project_processes, read_until, write_spec
 
@@ -156,3 +159,18 @@ def test_task_short_form_reads_cluster_spec_env(tmp_path):
                             env={**os.environ, 'CLUSTER_SPEC': spec}, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert result.stderr.count('\n') == 1 and 'worker:7 does not exist' in result.stderr and spec in result.stderr
+
+
+def test_check_imports_tensorflow_and_names_a_busy_port(tmp_path):
+    spec = write_spec(tmp_path)
+    ok = launch('check', spec, timeout=120)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert re.fullmatch(r'localhost: ok: 3 task\(s\), tensorflow [\d.]+\S*, ports \d+, \d+, \d+ free\n', ok.stdout), \
+        ok.stdout
+    port = int(yaml.safe_load(open(spec))['cluster']['worker'][1].rsplit(':', 1)[1])
+    with socket.socket() as s:
+        s.bind(('', port))
+        s.listen()
+        busy = launch('check', spec, timeout=120)
+    assert busy.returncode == 1
+    assert busy.stdout == f'localhost: error: port {port} (worker:1) already in use\n', busy.stdout

@@ -285,6 +285,29 @@ def test_check_reports_every_bad_host(ssh_hosts, tmp_path):
     assert_nothing_left(ssh_hosts)
 
 
+def test_check_imports_tensorflow_where_up_only_finds_it(ssh_hosts, tmp_path):
+    """A TensorFlow that is installed but cannot load (here: a stand-in whose import fails the way
+    a missing CUDA library does) fails `launch check`, which imports it; `launch up` only finds it,
+    and reports the task dying at start-up with its log lines instead."""
+    broken = tmp_path / 'broken' / 'tensorflow'
+    broken.mkdir(parents=True)
+    (broken / '__init__.py').write_text('raise ImportError("libcudart.so.12: cannot open shared object file")\n')
+    python = tmp_path / 'python-broken-tf'
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={broken.parent} exec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    hosts = host_settings(ssh_hosts, tmp_path, **{'127.0.0.3': {'python': str(python)}})
+    spec = remote_spec(ssh_hosts, tmp_path, hosts=hosts)
+    check = run(ssh_hosts, tmp_path, 'check', spec, timeout=120)
+    assert check.returncode == 1, check.stdout + check.stderr
+    assert (f'127.0.0.3: error: python {python} on root@127.0.0.3:{ssh_hosts.port} cannot import tensorflow '
+            f'(ImportError: libcudart.so.12: cannot open shared object file)') in check.stdout, check.stdout
+    assert re.search(r'^127\.0\.0\.2: ok: .*tensorflow \d', check.stdout, re.M), check.stdout
+    up = run(ssh_hosts, tmp_path, 'up', spec, timeout=120)
+    assert up.returncode != 0
+    assert 'worker:1' in up.stderr and 'libcudart.so.12' in up.stdout + up.stderr, up.stdout + up.stderr
+    assert_nothing_left(ssh_hosts)
+
+
 def test_check_passes_and_insecure_flag_accepts_an_unknown_host_key(ssh_hosts, tmp_path):
     spec = remote_spec(ssh_hosts, tmp_path)
     check = run(ssh_hosts, tmp_path, 'check', spec, timeout=60)
