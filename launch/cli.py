@@ -1,4 +1,4 @@
-"""The `launch` command: up, status, down, logs, plan."""
+"""The `launch` command: up, status, down, logs, plan, check, eval, download."""
 from __future__ import annotations
 
 import argparse
@@ -61,6 +61,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     check = sub.add_parser('check', help='pre-flight every host: reachable, TensorFlow and tfcluster import, '
                                          'ports free')
     _spec_args(check)
+    dl = sub.add_parser('download', help='download and verify the real CIFAR-10 (binary version, 162 MB); '
+                                         'the only command that uses the network')
+    dl.add_argument('dest', nargs='?', default='data', help='where to put it (default: ./data); the files land '
+                                                            'in DEST/cifar-10-batches-bin')
+    dl.add_argument('--url', default=None, help='a mirror of cifar-10-binary.tar.gz')
+    dl.add_argument('--md5', default=None, help="the archive's MD5 (default: the published one)")
     return p.parse_args(argv)
 
 
@@ -69,6 +75,8 @@ def main(argv=None) -> int:
     if args.command != 'up':        # `launch plan ... | head` ends quietly; `up` must always tear down
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     logging.basicConfig(level=logging.WARNING, format='launch: %(levelname)s: %(message)s')
+    if args.command == 'download':
+        return cmd_download(args)
     try:
         if args.ssh_config is not None and not os.path.isfile(args.ssh_config):
             raise UsageError(f'--ssh-config {args.ssh_config}: file not found')
@@ -287,6 +295,22 @@ def cmd_plan(spec: ClusterSpec, args) -> int:
         for k, v in plan.env.items():
             print(f'  env:  {k}={shlex.quote(v)}')
         print(f'  log:  {plan.log_path}')
+    return 0
+
+
+def cmd_download(args) -> int:
+    from cluster import download
+    try:
+        target = download.download_cifar10(args.dest, url=args.url or download.CIFAR10_URL,
+                                           md5=args.md5 or download.CIFAR10_MD5)
+    except download.DownloadError as e:
+        print(f'launch: error: {e}', file=sys.stderr)
+        return 1
+    except OSError as e:        # the destination: not writable, a full disk
+        print(f'launch: error: {args.dest}: {e.strerror or e}', file=sys.stderr)
+        return EXIT_USAGE
+    print(f'CIFAR-10 is in {target}; train on it with --set train.data={shlex.quote(target)} '
+          f'or `data: {target}` in the spec')
     return 0
 
 

@@ -1,0 +1,158 @@
+"""Fetch the real CIFAR-10, binary version, for users whose machine has network access:
+download (resuming a partial file), verify the MD5 the data set's page publishes, unpack the six
+batch files and check their records. `launch download` runs this; nothing else in tfcluster
+touches the network, and tests serve a generated archive from loopback."""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+import tarfile
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+from cluster.data import TEST_FILE, TRAIN_FILES, DataError, check_data_dir
+
+CIFAR10_URL = 'https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz'
+CIFAR10_MD5 = 'c32a1d4ab5d03f1284b67883e8d87530'
+ARCHIVE_DIR = 'cifar-10-batches-bin'         # the one folder inside the archive
+WANTED = TRAIN_FILES + [TEST_FILE]
+OPTIONAL = ['batches.meta.txt']              # class names; copied when present
+CHUNK = 1 << 20
+PROGRESS_SECS = 2.0
+TIMEOUT_SECS = 60
+
+
+class DownloadError(Exception):
+    """A download, checksum or archive problem; the message is one line."""
+
+
+def download_cifar10(dest: str, url: str = CIFAR10_URL, md5: str = CIFAR10_MD5, say=None) -> str:
+    """Make `<dest>/cifar-10-batches-bin` hold the checked CIFAR-10 binary files; returns its path.
+    Does nothing when they are there already; keeps the verified archive beside them."""
+    say = say or (lambda text: print(text, file=sys.stderr, flush=True))
+    target = os.path.join(dest, ARCHIVE_DIR)
+    if _complete(target):
+        say(f'{target} already holds the CIFAR-10 binary files; nothing to do')
+        return target
+    if os.path.exists(target):      # not ours to overwrite: this function only ever moves a checked folder there
+        raise DownloadError(f'{target} exists but does not hold the checked CIFAR-10 files; move it away '
+                            'or choose another destination')
+    os.makedirs(dest, exist_ok=True)
+    name = os.path.basename(urllib.parse.urlparse(url).path) or 'cifar-10-binary.tar.gz'
+    archive = os.path.join(dest, name)
+    if os.path.exists(archive) and _md5_of(archive) == md5.lower():
+        say(f'reusing {archive} (MD5 verified)')
+    else:
+        _fetch(url, archive, md5.lower(), say)
+    _unpack(archive, dest, target)
+    say(f'{target}: CIFAR-10 ready (5 training batches, 1 test batch)')
+    return target
+
+
+def _complete(directory: str) -> bool:
+    try:
+        check_data_dir(directory, 'train')
+        check_data_dir(directory, 'test')
+    except DataError:
+        return False
+    return True
+
+
+def _md5_of(path: str, digest=None):
+    digest = digest or hashlib.md5()
+    with open(path, 'rb') as f:
+        for block in iter(lambda: f.read(CHUNK), b''):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _fetch(url: str, archive: str, md5: str, say) -> None:
+    """Stream `url` into `archive`.part, resuming what an earlier attempt left there; only a file
+    whose MD5 matches becomes `archive`."""
+    part = archive + '.part'
+    have = os.path.getsize(part) if os.path.exists(part) else 0
+    request = urllib.request.Request(url, headers={'Range': f'bytes={have}-'} if have else {})
+    try:
+        response = urllib.request.urlopen(request, timeout=TIMEOUT_SECS)
+    except urllib.error.HTTPError as e:
+        if e.code == 416 and have:          # the part file is complete already (or longer)
+            response = None
+        else:
+            raise DownloadError(f'{url}: HTTP {e.code} {e.reason}') from None
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, 'reason', e)
+        raise DownloadError(f'{url}: cannot download: {reason}') from None
+    digest = hashlib.md5()
+    if response is not None:
+        with response:
+            resumed = have and response.status == 206
+            if have and not resumed:
+                say(f'{url}: the server cannot resume; starting over')
+            if resumed:
+                _md5_of(part, digest)
+            size = response.headers.get('Content-Length')
+            total = have + int(size) if resumed and size else int(size) if size else None
+            _copy(response, part, 'ab' if resumed else 'wb', digest, have if resumed else 0, total, url, say)
+    else:
+        _md5_of(part, digest)
+    got = digest.hexdigest()
+    if got != md5:
+        os.remove(part)
+        raise DownloadError(f'{url}: MD5 mismatch: expected {md5}, got {got}; the download was removed, '
+                            'run the command again')
+    os.replace(part, archive)
+
+
+def _copy(response, part: str, mode: str, digest, done: int, total: int | None, url: str, say) -> None:
+    start = last = time.monotonic()
+    first = done
+    try:
+        with open(part, mode) as out:
+            for block in iter(lambda: response.read(CHUNK), b''):
+                out.write(block)
+                digest.update(block)
+                done += len(block)
+                now = time.monotonic()
+                if now - last >= PROGRESS_SECS:
+                    share = f' of {total / 1e6:.1f} MB ({100 * done / total:.0f}%)' if total else ' MB'
+                    say(f'downloaded {done / 1e6:.1f}{share}, {(done - first) / 1e6 / (now - start):.1f} MB/s')
+                    last = now
+    except OSError as e:            # a dropped connection or a full disk: what arrived is kept
+        raise DownloadError(f'{url}: download interrupted after {done / 1e6:.1f} MB ({e}); run the command '
+                            f'again to resume') from None
+    if total is not None and done < total:
+        raise DownloadError(f'{url}: the connection closed after {done} of {total} bytes; run the command '
+                            f'again to resume')
+
+
+def _unpack(archive: str, dest: str, target: str) -> None:
+    """Extract the wanted members by name (so no path in the archive can land outside `dest`)
+    into a scratch folder, check every record, then move the folder into place."""
+    scratch = tempfile.mkdtemp(prefix='.unpack-', dir=dest)
+    try:
+        try:
+            with tarfile.open(archive, 'r:*') as tar:
+                for name in WANTED + OPTIONAL:
+                    try:
+                        member = tar.getmember(f'{ARCHIVE_DIR}/{name}')
+                    except KeyError:
+                        if name in OPTIONAL:
+                            continue
+                        raise DownloadError(f'{archive}: the archive has no {ARCHIVE_DIR}/{name}') from None
+                    tar.extract(member, scratch, filter='data')
+        except (tarfile.TarError, OSError, EOFError) as e:
+            raise DownloadError(f'{archive}: cannot unpack: {e}') from None
+        unpacked = os.path.join(scratch, ARCHIVE_DIR)
+        try:
+            check_data_dir(unpacked, 'train')
+            check_data_dir(unpacked, 'test')
+        except DataError as e:
+            raise DownloadError(f'{archive}: {e}') from None
+        os.replace(unpacked, target)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
