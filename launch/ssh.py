@@ -8,7 +8,7 @@ and W itself, when relative, is below the remote user's home):
     W/L minus .log + .pid    the pid of the task's session leader
     W/L minus .log + .rc     its exit code, written by the wrapper when the task ends
 
-A task runs as `setsid nohup sh -c 'trap : TERM; env K=V ... python -m cluster.task ...; echo $? > RC'`
+A task runs as `setsid nohup sh -c 'trap : TERM; env K=V ... python -m cluster.task ... & wait ...; echo $r > RC'`
 in its own session, so one `kill -TERM -PID` reaches its whole process group, and the wrapper
 survives the SIGTERM long enough to write the exit code. Every remote command is a POSIX `sh -c`
 script whose values are quoted with `shlex.quote` (Fabric's `env=` does not quote). Status for all
@@ -412,7 +412,14 @@ class SSHBackend(Backend):
         env = ' '.join(f'{k}={_q(v)}' for k, v in plan.env.items())
         argv_text = f'{_shell_path(argv[0])} {shlex.join(argv[1:])}'
         command = f'env {env} {argv_text}' if env else argv_text
-        wrapper = f'trap : TERM; {command}; echo $? > {_q(rcfile)}'
+        # The wrapper outlives a SIGTERM to the group (trap) to write the task's exit code. The task
+        # runs in the background and is waited for, with the wrapper's own stderr going nowhere: a
+        # foreground task killed by a signal makes dash write "Terminated" into the log. A wait cut
+        # short by the trap is repeated while the task lives; one more wait fetches the status
+        # of a task that died just after the trap (127: it was fetched already).
+        wrapper = (f'trap : TERM; exec 3>&2 2>/dev/null; {command} 2>&3 3>&- & t=$!; '
+                   f'while :; do wait $t; r=$?; kill -0 $t || break; done; '
+                   f'wait $t; s=$?; [ $s -eq 127 ] || r=$s; echo $r > {_q(rcfile)}')
         script = '\n'.join([
             f'cd {_q(workdir)} || exit 1',
             f'rm -f {_q(rcfile)} {_q(pidfile)}',

@@ -304,7 +304,8 @@ def test_check_imports_tensorflow_where_up_only_finds_it(ssh_hosts, tmp_path):
     assert re.search(r'^127\.0\.0\.2: ok: .*tensorflow \d', check.stdout, re.M), check.stdout
     up = run(ssh_hosts, tmp_path, 'up', spec, timeout=120)
     assert up.returncode != 0
-    assert 'worker:1' in up.stderr and 'libcudart.so.12' in up.stdout + up.stderr, up.stdout + up.stderr
+    assert 'error: worker:1 exited with code 1 during start-up' in up.stdout, up.stdout + up.stderr
+    assert 'ImportError: libcudart.so.12' in up.stdout and 'Terminated' not in up.stdout, up.stdout
     assert_nothing_left(ssh_hosts)
 
 
