@@ -5,7 +5,9 @@ touches the network, and tests serve a generated archive from loopback."""
 from __future__ import annotations
 
 import hashlib
+import http.client
 import os
+import re
 import shutil
 import sys
 import tarfile
@@ -29,6 +31,15 @@ TIMEOUT_SECS = 60
 
 class DownloadError(Exception):
     """A download, checksum or archive problem; the message is one line."""
+
+
+def check_arguments(url: str, md5: str) -> None:
+    """Raise ValueError (one line) for a URL or checksum that cannot be right, before anything is
+    fetched: a typo in --md5 would otherwise cost a whole download, then delete it."""
+    if urllib.parse.urlparse(url).scheme not in ('http', 'https', 'ftp', 'file'):
+        raise ValueError(f'--url {url}: expected an http, https, ftp or file URL')
+    if not re.fullmatch(r'[0-9a-fA-F]{32}', md5):
+        raise ValueError(f'--md5 {md5}: expected 32 hexadecimal digits')
 
 
 def download_cifar10(dest: str, url: str = CIFAR10_URL, md5: str = CIFAR10_MD5, say=None) -> str:
@@ -84,19 +95,20 @@ def _fetch(url: str, archive: str, md5: str, say) -> None:
             response = None
         else:
             raise DownloadError(f'{url}: HTTP {e.code} {e.reason}') from None
-    except (urllib.error.URLError, OSError) as e:
-        reason = getattr(e, 'reason', e)
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as e:
+        reason = getattr(e, 'reason', None) or f'{type(e).__name__}: {e}'
         raise DownloadError(f'{url}: cannot download: {reason}') from None
     digest = hashlib.md5()
     if response is not None:
         with response:
-            resumed = have and response.status == 206
+            resumed = bool(have) and _resumes_at(response, have)
             if have and not resumed:
-                say(f'{url}: the server cannot resume; starting over')
+                say(f'{url}: the server cannot resume at byte {have}; starting over')
             if resumed:
                 _md5_of(part, digest)
             size = response.headers.get('Content-Length')
-            total = have + int(size) if resumed and size else int(size) if size else None
+            size = int(size) if size and size.isdigit() else None
+            total = (have + size if resumed else size) if size is not None else None
             _copy(response, part, 'ab' if resumed else 'wb', digest, have if resumed else 0, total, url, say)
     else:
         _md5_of(part, digest)
@@ -106,6 +118,15 @@ def _fetch(url: str, archive: str, md5: str, say) -> None:
         raise DownloadError(f'{url}: MD5 mismatch: expected {md5}, got {got}; the download was removed, '
                             'run the command again')
     os.replace(part, archive)
+
+
+def _resumes_at(response, offset: int) -> bool:
+    """Whether the reply is the rest of the file from `offset`: a 206 whose Content-Range starts
+    there (a server may answer a range request with other bytes, or all of them)."""
+    if response.status != 206:
+        return False
+    found = re.fullmatch(r'bytes (\d+)-\d+/(\d+|\*)', response.headers.get('Content-Range', '').strip())
+    return bool(found) and int(found.group(1)) == offset
 
 
 def _copy(response, part: str, mode: str, digest, done: int, total: int | None, url: str, say) -> None:
@@ -122,7 +143,7 @@ def _copy(response, part: str, mode: str, digest, done: int, total: int | None, 
                     share = f' of {total / 1e6:.1f} MB ({100 * done / total:.0f}%)' if total else ' MB'
                     say(f'downloaded {done / 1e6:.1f}{share}, {(done - first) / 1e6 / (now - start):.1f} MB/s')
                     last = now
-    except OSError as e:            # a dropped connection or a full disk: what arrived is kept
+    except (OSError, http.client.HTTPException) as e:   # a dropped connection, a full disk: what arrived is kept
         raise DownloadError(f'{url}: download interrupted after {done / 1e6:.1f} MB ({e}); run the command '
                             f'again to resume') from None
     if total is not None and done < total:
@@ -131,28 +152,32 @@ def _copy(response, part: str, mode: str, digest, done: int, total: int | None, 
 
 
 def _unpack(archive: str, dest: str, target: str) -> None:
-    """Extract the wanted members by name (so no path in the archive can land outside `dest`)
-    into a scratch folder, check every record, then move the folder into place."""
+    """Copy the wanted members, chosen by name and only if they are regular files (so nothing in
+    the archive can land outside `dest`), into a scratch folder, check every record, then move the folder into place."""
     scratch = tempfile.mkdtemp(prefix='.unpack-', dir=dest)
     try:
         try:
             with tarfile.open(archive, 'r:*') as tar:
+                os.mkdir(os.path.join(scratch, ARCHIVE_DIR))
                 for name in WANTED + OPTIONAL:
                     try:
                         member = tar.getmember(f'{ARCHIVE_DIR}/{name}')
                     except KeyError:
+                        member = None
+                    if member is None or not member.isfile():
                         if name in OPTIONAL:
                             continue
-                        raise DownloadError(f'{archive}: the archive has no {ARCHIVE_DIR}/{name}') from None
-                    tar.extract(member, scratch, filter='data')
+                        raise DownloadError(f'{archive}: the archive has no file {ARCHIVE_DIR}/{name}')
+                    with tar.extractfile(member) as src, open(os.path.join(scratch, ARCHIVE_DIR, name), 'wb') as dst:
+                        shutil.copyfileobj(src, dst, CHUNK)
         except (tarfile.TarError, OSError, EOFError) as e:
             raise DownloadError(f'{archive}: cannot unpack: {e}') from None
         unpacked = os.path.join(scratch, ARCHIVE_DIR)
         try:
             check_data_dir(unpacked, 'train')
             check_data_dir(unpacked, 'test')
-        except DataError as e:
-            raise DownloadError(f'{archive}: {e}') from None
+        except DataError as e:      # name the member, not the scratch folder that is about to go
+            raise DownloadError(f'{archive}: {str(e).replace(scratch + os.sep, "")}') from None
         os.replace(unpacked, target)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -61,7 +61,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     check = sub.add_parser('check', help='pre-flight every host: reachable, TensorFlow and tfcluster import, '
                                          'ports free')
     _spec_args(check)
-    dl = sub.add_parser('download', help='download and verify the real CIFAR-10 (binary version, 162 MB); '
+    dl = sub.add_parser('download', help='download and verify the real CIFAR-10 (binary version, 170 MB); '
                                          'the only command that uses the network')
     dl.add_argument('dest', nargs='?', default='data', help='where to put it (default: ./data); the files land '
                                                             'in DEST/cifar-10-batches-bin')
@@ -300,12 +300,20 @@ def cmd_plan(spec: ClusterSpec, args) -> int:
 
 def cmd_download(args) -> int:
     from cluster import download
+    url, md5 = args.url or download.CIFAR10_URL, args.md5 or download.CIFAR10_MD5
     try:
-        target = download.download_cifar10(args.dest, url=args.url or download.CIFAR10_URL,
-                                           md5=args.md5 or download.CIFAR10_MD5)
+        download.check_arguments(url, md5)
+    except ValueError as e:
+        print(f'launch: error: {e}', file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        target = download.download_cifar10(args.dest, url=url, md5=md5)
     except download.DownloadError as e:
         print(f'launch: error: {e}', file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print('launch: interrupted; run the same command again to resume the download', file=sys.stderr)
+        return 130
     except OSError as e:        # the destination: not writable, a full disk
         print(f'launch: error: {args.dest}: {e.strerror or e}', file=sys.stderr)
         return EXIT_USAGE

@@ -337,7 +337,8 @@ class SSHBackend(Backend):
     def _check_host(self, name: str, plans: list[TaskPlan], imports: bool) -> HostCheck:
         python = plans[0].argv[0]
         args = ' '.join(['--import'] * imports + [str(p.task.port) for p in plans])
-        script = f'cd {_q(_remote_dir(plans[0].cwd))} 2>/dev/null; exec {_shell_path(python)} -c {_q(_CHECK_SCRIPT)} {args}'
+        script = (f'cd {_q(_remote_dir(plans[0].cwd))} 2>/dev/null; '
+                  f'exec {_shell_path(python)} -c {_q(_CHECK_SCRIPT)} {args}')
         try:
             conn = self._connect(name)
             result = self._run(name, script)

@@ -36,10 +36,12 @@ def make_archive(tmp_path, leave_out: str | None = None, truncate: str | None = 
 
 class Server:
     """Serves `payload` at /cifar-10-binary.tar.gz, honouring Range requests; records each request's
-    Range header (None when absent)."""
+    Range header (None when absent). Misbehaviours on demand: `whole_as_206` answers a range request
+    with the whole file as a 206, `drop_after` closes the connection after that many bytes."""
 
     def __init__(self, payload: bytes):
         self.payload, self.ranges = payload, []
+        self.whole_as_206, self.drop_after = False, None
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -51,7 +53,7 @@ class Server:
                 outer.ranges.append(asked)
                 body, status = outer.payload, 200
                 if asked:
-                    start = int(asked.split('=')[1].rstrip('-'))
+                    start = 0 if outer.whole_as_206 else int(asked.split('=')[1].rstrip('-'))
                     body, status = outer.payload[start:], 206
                 self.send_response(status)
                 self.send_header('Content-Length', str(len(body)))
@@ -59,6 +61,10 @@ class Server:
                     self.send_header('Content-Range', f'bytes {len(outer.payload) - len(body)}-'
                                                       f'{len(outer.payload) - 1}/{len(outer.payload)}')
                 self.end_headers()
+                if outer.drop_after is not None:
+                    self.wfile.write(body[:outer.drop_after])
+                    self.close_connection = True
+                    return
                 self.wfile.write(body)
 
             def log_message(self, *args):
@@ -136,8 +142,9 @@ def test_a_checksum_mismatch_keeps_nothing(tmp_path, serve):
 
 
 @pytest.mark.parametrize('damage, message', [
-    (dict(leave_out='test_batch.bin'), f'the archive has no {ARCHIVE_DIR}/test_batch.bin'),
-    (dict(truncate='data_batch_3.bin'), 'not a multiple of the 3073-byte record'),
+    (dict(leave_out='test_batch.bin'), f'the archive has no file {ARCHIVE_DIR}/test_batch.bin'),
+    (dict(truncate='data_batch_3.bin'),
+     f'CIFAR-10 file {ARCHIVE_DIR}/data_batch_3.bin has 61455 bytes, not a multiple of the 3073-byte record'),
 ])
 def test_a_bad_archive_is_named_and_nothing_is_unpacked(tmp_path, serve, damage, message):
     server = serve(make_archive(tmp_path, **damage))
@@ -166,3 +173,39 @@ def test_a_foreign_folder_in_the_way_is_left_alone(tmp_path, serve):
     result = download(tmp_path / 'data', server)
     assert result.returncode == 1 and 'exists but does not hold' in result.stderr, result.stderr
     assert os.listdir(target) == ['notes.txt'] and server.ranges == []
+
+
+def test_a_dropped_connection_keeps_what_arrived_and_the_next_run_resumes(tmp_path, serve):
+    server = serve(make_archive(tmp_path))
+    server.drop_after = 1000
+    dest = tmp_path / 'data'
+    cut = download(dest, server)
+    assert cut.returncode == 1 and cut.stderr.count('\n') == 1, cut.stderr
+    assert 'run the command again to resume' in cut.stderr, cut.stderr
+    assert (dest / 'cifar-10-binary.tar.gz.part').read_bytes() == server.payload[:1000]
+    server.drop_after = None
+    again = download(dest, server)
+    assert again.returncode == 0, again.stderr
+    assert server.ranges == [None, 'bytes=1000-']
+
+
+def test_a_range_answered_from_the_start_is_not_appended(tmp_path, serve):
+    server = serve(make_archive(tmp_path))
+    server.whole_as_206 = True
+    dest = tmp_path / 'data'
+    dest.mkdir()
+    (dest / 'cifar-10-binary.tar.gz.part').write_bytes(server.payload[:500])
+    result = download(dest, server)
+    assert result.returncode == 0, result.stderr
+    assert 'cannot resume at byte 500; starting over' in result.stderr
+    assert (dest / 'cifar-10-binary.tar.gz').read_bytes() == server.payload
+
+
+@pytest.mark.parametrize('args, message', [
+    (['--md5', 'c32a1d4ab5d03f1284b67883e8d8753'], '--md5 c32a1d4ab5d03f1284b67883e8d8753: expected 32 hexadecimal'),
+    (['--url', 'www.example.org/cifar.tgz'], '--url www.example.org/cifar.tgz: expected an http'),
+])
+def test_a_mistyped_checksum_or_url_is_refused_before_downloading(tmp_path, args, message):
+    result = launch('download', str(tmp_path / 'data'), *args, timeout=60)
+    assert result.returncode == 2 and result.stderr == f'launch: error: {message}' + result.stderr.split(message)[1]
+    assert result.stderr.count('\n') == 1 and not (tmp_path / 'data').exists()
