@@ -231,7 +231,12 @@ def _apply_override(raw: dict, text: str, origins: _Origins) -> None:
     parts, value = parse_override(text)
     if parts[0] == 'hosts' and len(parts) > 2:
         # Host names have dots of their own: hosts.10.0.0.5.user is host 10.0.0.5, setting user.
-        name = parts[1:-1] if parts[-1] in HOST_SETTINGS else parts[1:]
+        # The whole rest names a host only when it is given a section (or null) and its last part
+        # is neither a setting nor under a host the spec has: hosts.node1.usr=x stays a bad key.
+        known = raw.get('hosts') if isinstance(raw.get('hosts'), dict) else {}
+        whole = (isinstance(value, dict) or value is None) and parts[-1] not in HOST_SETTINGS \
+            and '.'.join(parts[1:-1]) not in known
+        name = parts[1:] if whole else parts[1:-1]
         parts = ['hosts', '.'.join(name)] + parts[1 + len(name):]
     target = raw
     for i, part in enumerate(parts[:-1]):

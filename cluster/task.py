@@ -10,6 +10,7 @@ import argparse
 import errno
 import logging
 import os
+import signal
 import socket
 import sys
 import traceback
@@ -41,6 +42,10 @@ def port_in_use(port: int) -> bool:
 
 
 def main(argv=None) -> int:
+    # A task started in the background by a shell (the SSH backend's wrapper) inherits SIGINT and
+    # SIGQUIT ignored; give them back their usual meaning, so `kill -INT` stops a task anywhere.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
     args = parse_args(argv)
     path = args.spec or os.environ.get('CLUSTER_SPEC') or DEFAULT_SPEC
     try:

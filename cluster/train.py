@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 DONE_QUEUE = 'tfcluster_done_%d'     # one per ps task: workers report "finished" there
 READY_POLL_SECS = 0.5                # how often a non-chief checks that the chief has initialised
 PS_LINGER_SECS = 2.0                 # a ps stays this long after the last "done", so that reply arrives
-DONE_TIMEOUT_MS = 30_000             # a worker waits this long for a ps to take its "done"
+DONE_TIMEOUT_MS = 30_000             # a worker waits this long for the ps tasks to take its "done"
 
 
 def tower_devices(spec: ClusterSpec, task: TaskSpec) -> list[str]:
@@ -237,10 +237,11 @@ def _report_done(sess, g: _Graph) -> None:
     Training is over at this point, so a ps that cannot be reached is no reason to fail: it has
     most likely taken the report and left (the reply to the last report can be lost when the ps
     exits), and a ps that crashed is reported by its own exit code."""
-    options = v1.RunOptions(timeout_in_ms=DONE_TIMEOUT_MS)
+    deadline = time.monotonic() + DONE_TIMEOUT_MS / 1000     # one deadline for all ps tasks together
     for ps_index, op in enumerate(g.done_ops):
+        left_ms = max(1, int((deadline - time.monotonic()) * 1000))
         try:
-            sess.run(op, options=options)
+            sess.run(op, options=v1.RunOptions(timeout_in_ms=left_ms))
         except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
                 tf.errors.AbortedError, tf.errors.CancelledError) as e:
             log.warning('ps:%d did not acknowledge that this worker is done (%s); '

@@ -3,6 +3,7 @@ signalled as a whole and a terminal's Ctrl-C reaches only the launcher), output 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -10,6 +11,10 @@ import time
 from cluster.task import port_in_use
 from launch.backend import STOP_GRACE_SECS, Backend, HostCheck, TaskRecord, follow_file, wait_all
 from launch.plan import TaskPlan
+
+# What `launch check` runs in the tasks' Python: everything a worker imports.
+IMPORT_CHECK = 'import tensorflow, cluster.task, cluster.train; print(tensorflow.__version__)'
+IMPORT_TIMEOUT = 60
 
 
 def process_ident(pid: int) -> str | None:
@@ -58,14 +63,18 @@ class LocalBackend(Backend):
         version = ''
         if imports:
             python = plans[0].argv[0]
-            found = subprocess.run([python, '-c', 'import tensorflow, cluster.task; print(tensorflow.__version__)'],
-                                   cwd=plans[0].cwd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                   env={**os.environ, 'TF_CPP_MIN_LOG_LEVEL': '2'})
+            try:
+                found = subprocess.run([python, '-c', IMPORT_CHECK], cwd=plans[0].cwd, stdin=subprocess.DEVNULL,
+                                       capture_output=True, text=True, timeout=IMPORT_TIMEOUT,
+                                       env={**os.environ, 'TF_CPP_MIN_LOG_LEVEL': '2'})
+            except subprocess.TimeoutExpired:
+                found = subprocess.CompletedProcess([], -1, '', f'the import took over {IMPORT_TIMEOUT}s')
             if found.returncode == 0:
                 version = f', tensorflow {found.stdout.strip().splitlines()[-1]}'
             else:
-                last = (found.stderr.strip().splitlines() or [f'exit {found.returncode}'])[-1]
-                problems.insert(0, f'python {python} cannot import tensorflow and cluster: {last}')
+                lines = found.stderr.strip().splitlines() or [f'exit {found.returncode}']
+                errors = [line for line in lines if re.match(r'\w+(Error|Exception)\b', line)]
+                problems.insert(0, f'python {python} cannot import tensorflow and cluster: {(errors or lines)[-1]}')
         if problems:
             return [HostCheck('localhost', False, '; '.join(problems))]
         return [HostCheck('localhost', True, f'{len(plans)} task(s){version}, ports '

@@ -81,6 +81,8 @@ try:
             out["tensorflow"] = "?"
     try:
         import cluster.task
+        if deep and "tensorflow" in out:
+            import cluster.train        # the model and input pipeline too: all a worker imports
         out["cluster"] = cluster.task.__file__
     except ImportError as e:
         out["missing"].append("cluster" if e.name == "cluster" else "cluster (%s)" % e)

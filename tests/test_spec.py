@@ -490,6 +490,7 @@ OVERRIDE_ERRORS = [
     ('host-port', 'hosts.node1.port=70000', 'hosts.node1.port', ['70000']),
     ('dotted-host-port', 'hosts.10.0.0.5.port=70000', 'hosts.10.0.0.5.port', ['70000']),
     ('dotted-host-unknown', 'hosts.10.0.0.5={usr: x}', 'hosts.10.0.0.5.usr', ['unknown key']),
+    ('dotted-host-unknown-setting', 'hosts.10.0.0.5.usr=x', 'hosts.10.0.0.5.usr', ['unknown key']),
     ('under-scalar', 'train.steps.x=1', None, ['train.steps is not a section']),
     ('under-list', 'cluster.worker.x=1', None, ['cluster.worker is not a section']),
 ]
