@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -37,7 +39,7 @@ def project_processes() -> dict[int, str]:
                 state = f.read().rsplit(')', 1)[1].split()[0]
         except OSError:
             continue
-        if state != 'Z' and _session_dir in cmd and any(m in cmd for m in TASK_MARKERS):
+        if state != 'Z' and _session_dir + os.sep in cmd and any(m in cmd for m in TASK_MARKERS):
             out[int(entry)] = cmd
     return out
 
@@ -62,17 +64,19 @@ def no_stray_processes():
 
 
 def free_ports(n: int) -> list[int]:
-    """n ports nobody listens on now (bound to port 0 together, so they are distinct)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(('', 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    """n distinct ports nobody listens on now, below the kernel's range for outgoing connections
+    (ip_local_port_range starts at 32768), so no client socket takes one before its task binds it."""
+    found: list[int] = []
+    for port in random.sample(range(20000, 32000), 200):
+        with socket.socket() as s:
+            try:
+                s.bind(('', port))
+            except OSError:
+                continue
+        found.append(port)
+        if len(found) == n:
+            return found
+    raise RuntimeError(f'no {n} free ports in 20000-32000')
 
 
 def write_spec(path, workers: int = 2, ps: int = 1, host: str = 'localhost', hosts: dict | None = None,
@@ -95,8 +99,9 @@ def write_spec(path, workers: int = 2, ps: int = 1, host: str = 'localhost', hos
     return str(file)
 
 
-def launch(*args, timeout: float = 240, **kw) -> subprocess.CompletedProcess:
-    """Run the real `launch` command line to the end."""
+def launch(*args, timeout: float = 600, **kw) -> subprocess.CompletedProcess:
+    """Run the real `launch` command line to the end (the timeout only guards against a hang: a
+    shared CI machine can run several times slower than usual)."""
     return subprocess.run([sys.executable, '-m', 'launch', *args], cwd=kw.pop('cwd', REPO), capture_output=True,
                           text=True, timeout=timeout, **kw)
 
@@ -108,14 +113,21 @@ def launch_bg(*args, **kw) -> subprocess.Popen:
 
 
 def read_until(proc: subprocess.Popen, needle: str, timeout: float = 180) -> list[str]:
-    """Lines of proc's output up to the first containing `needle`; fails on timeout or exit."""
+    """Lines of proc's output up to the first containing `needle`; fails on timeout or exit. A
+    launcher that goes silent is killed at the deadline (readline alone would wait for ever)."""
     lines = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            pytest.fail(f'launch exited ({proc.wait()}) before printing {needle!r}:\n' + ''.join(lines))
-        lines.append(line)
-        if needle in line:
-            return lines
-    pytest.fail(f'no {needle!r} within {timeout}s:\n' + ''.join(lines))
+    expired = threading.Event()
+    timer = threading.Timer(timeout, lambda: (expired.set(), proc.kill()))
+    timer.start()
+    try:
+        while True:
+            line = proc.stdout.readline()
+            if not line:
+                why = f'no {needle!r} within {timeout}s (killed it)' if expired.is_set() else \
+                    f'launch exited ({proc.wait()}) before printing {needle!r}'
+                pytest.fail(f'{why}:\n' + ''.join(lines))
+            lines.append(line)
+            if needle in line:
+                return lines
+    finally:
+        timer.cancel()

@@ -51,14 +51,16 @@ def test_sync_run_trains_to_the_end(tmp_path):
 
 
 def test_async_run_trains_to_the_end(tmp_path):
-    spec = write_spec(tmp_path, steps=20, sync=False)
+    spec = write_spec(tmp_path, steps=40, sync=False)
     result = launch('up', spec)
     assert result.returncode == 0, result.stdout + result.stderr
     results = worker_results(str(tmp_path / 'run'))
-    final = checkpoint_step(str(tmp_path / 'run'))
-    assert final >= 20
-    # Each worker applied its own updates: together they made every global step.
-    assert sum(r['local_steps'] for r in results) == final
+    # Each worker applied its own updates: together they made every global step. A worker leaves
+    # at step 40 while the other may still land one more update, so the last to finish saw them all
+    # (and the chief's checkpoint holds 40, or one more if the chief finished last).
+    last = max(r['global_step'] for r in results)
+    assert sum(r['local_steps'] for r in results) == last
+    assert 40 <= checkpoint_step(str(tmp_path / 'run')) <= last
     assert all(r['local_steps'] > 0 for r in results)
 
 

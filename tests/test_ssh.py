@@ -145,7 +145,7 @@ def test_a_remote_task_dying_at_start_up_fails_the_run(ssh_hosts, tmp_path):
     assert_nothing_left(ssh_hosts)
 
 
-def test_backend_polls_once_per_host_quotes_values_and_stops_process_groups(ssh_hosts, tmp_path):
+def test_backend_polls_once_per_host_quotes_values_and_stops_process_groups(ssh_hosts, tmp_path, monkeypatch):
     """In-process, with `sleep` standing in for the tasks: one status command per host for all its
     tasks, env values that survive any quoting, each task in its own session, SIGTERM to the group."""
     from cluster.spec import load_spec
@@ -156,6 +156,8 @@ def test_backend_polls_once_per_host_quotes_values_and_stops_process_groups(ssh_
     tricky = 'a b  "double" \'single\' $HOME ${PATH} `id` $(id) \\ ; & | * ? ~ \t tab\nnewline é'
     plans = [dataclasses.replace(p, argv=('sh', '-c', 'printf "%s\\n" "$X"; exec sleep 300'), env={'X': tricky})
              for p in plan_cluster(spec)]
+    # A host's snapshot must not expire while the other host answers, however slow this machine.
+    monkeypatch.setattr('launch.ssh.SNAPSHOT_TTL', 30.0)
     backend = SSHBackend(spec, ssh_config=str(ssh_hosts.ssh_config))
     commands = []
     real_run = backend._run
@@ -172,7 +174,6 @@ def test_backend_polls_once_per_host_quotes_values_and_stops_process_groups(ssh_
         while len(list(backend.read_log(records[2]))) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert '\n'.join(backend.read_log(records[2])) == tricky
-        time.sleep(0.4)                                       # let the snapshot expire
         commands.clear()
         assert [backend.poll(r) for r in records] == [None, None, None]
         assert [backend.alive(r) for r in records] == [True, True, True]
@@ -238,7 +239,7 @@ def test_check_and_up_name_the_host_and_cause(ssh_hosts, tmp_path, case):
     hosts, config, bad, cause = _case(case, ssh_hosts, tmp_path)
     layout = ['127.0.0.2', '127.0.0.2', bad] if bad == '127.0.0.9' else LAYOUT
     spec = write_spec(tmp_path, task_hosts=layout, hosts=hosts, train_dir='run')
-    check = run(ssh_hosts, tmp_path, 'check', spec, ssh_config=config, timeout=60)
+    check = run(ssh_hosts, tmp_path, 'check', spec, ssh_config=config, timeout=180)
     assert check.returncode == 1, check.stdout + check.stderr
     lines = check.stdout.splitlines()
     bad_hosts = [bad] if bad else ['127.0.0.2', '127.0.0.3']
@@ -247,7 +248,7 @@ def test_check_and_up_name_the_host_and_cause(ssh_hosts, tmp_path, case):
     if bad:
         assert any(line.startswith('127.0.0.2: ok: ') for line in lines), check.stdout
 
-    up = run(ssh_hosts, tmp_path, 'up', spec, ssh_config=config, timeout=60)
+    up = run(ssh_hosts, tmp_path, 'up', spec, ssh_config=config, timeout=180)
     assert up.returncode == 2, up.stdout + up.stderr
     assert up.stderr.count('\n') == 1 and 'pre-flight failed' in up.stderr, up.stderr
     for host in bad_hosts:
@@ -262,8 +263,8 @@ def test_a_remote_port_in_use(ssh_hosts, tmp_path):
     with socket.socket() as s:
         s.bind(('127.0.0.3', port))
         s.listen()
-        check = run(ssh_hosts, tmp_path, 'check', spec, timeout=60)
-        up = run(ssh_hosts, tmp_path, 'up', spec, timeout=60)
+        check = run(ssh_hosts, tmp_path, 'check', spec, timeout=180)
+        up = run(ssh_hosts, tmp_path, 'up', spec, timeout=180)
     assert check.returncode == 1
     assert f'127.0.0.3: error: port {port} (worker:1) already in use' in check.stdout, check.stdout
     assert '127.0.0.2: ok: ' in check.stdout
@@ -275,7 +276,7 @@ def test_check_reports_every_bad_host(ssh_hosts, tmp_path):
     hosts = host_settings(ssh_hosts, tmp_path, **{'127.0.0.2': {'python': '/no/python'},
                                                   '127.0.0.3': {'key': str(ssh_hosts.wrong_key(tmp_path))}})
     spec = remote_spec(ssh_hosts, tmp_path, hosts=hosts)
-    check = run(ssh_hosts, tmp_path, 'check', spec, timeout=60)
+    check = run(ssh_hosts, tmp_path, 'check', spec, timeout=180)
     assert check.returncode == 1
     assert sorted(check.stdout.splitlines()) == [
         f'127.0.0.2: error: python /no/python not found on root@127.0.0.2:{ssh_hosts.port} (exit 127); '
@@ -297,12 +298,12 @@ def test_check_imports_tensorflow_where_up_only_finds_it(ssh_hosts, tmp_path):
     python.chmod(0o755)
     hosts = host_settings(ssh_hosts, tmp_path, **{'127.0.0.3': {'python': str(python)}})
     spec = remote_spec(ssh_hosts, tmp_path, hosts=hosts)
-    check = run(ssh_hosts, tmp_path, 'check', spec, timeout=120)
+    check = run(ssh_hosts, tmp_path, 'check', spec, timeout=180)
     assert check.returncode == 1, check.stdout + check.stderr
     assert (f'127.0.0.3: error: python {python} on root@127.0.0.3:{ssh_hosts.port} cannot import tensorflow '
             f'(ImportError: libcudart.so.12: cannot open shared object file)') in check.stdout, check.stdout
     assert re.search(r'^127\.0\.0\.2: ok: .*tensorflow \d', check.stdout, re.M), check.stdout
-    up = run(ssh_hosts, tmp_path, 'up', spec, timeout=120)
+    up = run(ssh_hosts, tmp_path, 'up', spec, timeout=180)
     assert up.returncode != 0
     assert 'error: worker:1 exited with code 1 during start-up' in up.stdout, up.stdout + up.stderr
     assert 'ImportError: libcudart.so.12' in up.stdout and 'Terminated' not in up.stdout, up.stdout
@@ -311,15 +312,15 @@ def test_check_imports_tensorflow_where_up_only_finds_it(ssh_hosts, tmp_path):
 
 def test_check_passes_and_insecure_flag_accepts_an_unknown_host_key(ssh_hosts, tmp_path):
     spec = remote_spec(ssh_hosts, tmp_path)
-    check = run(ssh_hosts, tmp_path, 'check', spec, timeout=60)
+    check = run(ssh_hosts, tmp_path, 'check', spec, timeout=180)
     assert check.returncode == 0, check.stdout + check.stderr
     lines = check.stdout.splitlines()
     assert len(lines) == 2 and all(': ok: root@127.0.0.' in line and 'tensorflow' in line for line in lines)
     empty = tmp_path / 'empty_known_hosts'
     empty.write_text('')
     config = ssh_config_with_known_hosts(ssh_hosts, tmp_path, empty)
-    assert run(ssh_hosts, tmp_path, 'check', spec, ssh_config=config, timeout=60).returncode == 1
-    insecure = run(ssh_hosts, tmp_path, 'check', spec, '--insecure-accept-any-host-key', ssh_config=config, timeout=60)
+    assert run(ssh_hosts, tmp_path, 'check', spec, ssh_config=config, timeout=180).returncode == 1
+    insecure = run(ssh_hosts, tmp_path, 'check', spec, '--insecure-accept-any-host-key', ssh_config=config, timeout=180)
     assert insecure.returncode == 0, insecure.stdout + insecure.stderr
     assert 'WARNING: SSH host keys are NOT checked' in insecure.stderr
     assert empty.read_text() == ''               # nothing learnt, nothing saved

@@ -96,7 +96,7 @@ def test_fixture_files_and_startup(ssh_hosts):
     assert ssh_hosts.host_pubkey.startswith("ssh-ed25519 ")
     assert ssh_hosts.known_hosts.read_text().splitlines() == [
         f"[{a}]:{ssh_hosts.port} {ssh_hosts.host_pubkey}" for a in ssh_hosts.addresses]
-    assert ssh_hosts.startup_seconds < 3, ssh_hosts.startup_seconds
+    assert ssh_hosts.startup_seconds < 10, ssh_hosts.startup_seconds
     assert "Server listening on 127.0.0.3 port" in ssh_hosts.log_path.read_text()
 
 
@@ -283,7 +283,7 @@ def test_detached_process_survives_session_and_is_killed(ssh_hosts, tmp_path):
 def test_detached_process_over_fabric_killed_by_stop(ssh_hosts, tmp_path):
     with strict_connection(ssh_hosts, "127.0.0.3") as conn:
         pid = int(conn.run(DETACHED.format(dir=shlex.quote(str(tmp_path))), hide=True, timeout=10).stdout)
-    assert _sleepers(str(tmp_path)) == {pid}
+    assert _wait_until(lambda: _sleepers(str(tmp_path)) == {pid})     # setsid/nohup may not have exec'd yet
     ssh_hosts.stop()
     assert not _pid_alive(pid)
     assert _sleepers(str(tmp_path)) == set()
