@@ -79,6 +79,11 @@ def check_data_dir(directory, split='train'):
     return paths
 
 
+def check_data_set(directory):
+    """Check that `directory` holds both splits: what synthetic data and a download must leave."""
+    return check_data_dir(directory, 'train') + check_data_dir(directory, 'test')
+
+
 # --------------------------------------------------------------------------- synthetic data
 
 def _class_templates(seed):
@@ -165,8 +170,7 @@ def resolve_data(data, train_dir):
     if data == 'synthetic':
         directory = os.path.join(os.path.expanduser(str(train_dir)), SYNTHETIC_SUBDIR)
         try:
-            check_data_dir(directory, 'train')
-            check_data_dir(directory, 'test')
+            check_data_set(directory)
             log.debug('reusing synthetic data in %s', directory)
         except DataError:
             write_synthetic(directory)

@@ -17,7 +17,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from cluster.data import TEST_FILE, TRAIN_FILES, DataError, check_data_dir
+from cluster.data import TEST_FILE, TRAIN_FILES, DataError, check_data_set
 
 CIFAR10_URL = 'https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz'
 CIFAR10_MD5 = 'c32a1d4ab5d03f1284b67883e8d87530'
@@ -67,8 +67,7 @@ def download_cifar10(dest: str, url: str = CIFAR10_URL, md5: str = CIFAR10_MD5, 
 
 def _complete(directory: str) -> bool:
     try:
-        check_data_dir(directory, 'train')
-        check_data_dir(directory, 'test')
+        check_data_set(directory)
     except DataError:
         return False
     return True
@@ -174,8 +173,7 @@ def _unpack(archive: str, dest: str, target: str) -> None:
             raise DownloadError(f'{archive}: cannot unpack: {e}') from None
         unpacked = os.path.join(scratch, ARCHIVE_DIR)
         try:
-            check_data_dir(unpacked, 'train')
-            check_data_dir(unpacked, 'test')
+            check_data_set(unpacked)
         except DataError as e:      # name the member, not the scratch folder that is about to go
             raise DownloadError(f'{archive}: {str(e).replace(scratch + os.sep, "")}') from None
         os.replace(unpacked, target)

@@ -16,6 +16,55 @@ from launch.plan import TaskPlan
 
 STOP_GRACE_SECS = 5.0     # SIGTERM, then SIGKILL after this long (one deadline shared by all tasks)
 
+# Run by the tasks' Python on each host (over SSH, or as a local subprocess) for a check: what is
+# installed, which of the ports given are taken; prints one JSON line. With --import it imports
+# TensorFlow and this package for real (seconds per host: `launch check` does it); without, it
+# only locates TensorFlow (`launch up`, where a broken install still shows as a task dying during
+# start-up, with its log lines).
+HOST_PROBE = r'''
+import errno, json, socket, sys
+args = sys.argv[1:]
+deep = args[:1] == ["--import"]
+out = {"python": sys.version.split()[0], "executable": sys.executable, "missing": [], "busy": []}
+try:
+    import importlib.util, importlib.metadata
+    if deep:
+        try:
+            import tensorflow
+            out["tensorflow"] = tensorflow.__version__
+        except Exception as e:
+            why = "" if isinstance(e, ImportError) and e.name == "tensorflow" else " (%s: %s)" % (
+                type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+            out["missing"].append("tensorflow" + why)
+    elif importlib.util.find_spec("tensorflow") is None:
+        out["missing"].append("tensorflow")
+    else:
+        try:
+            out["tensorflow"] = importlib.metadata.version("tensorflow")
+        except Exception:
+            out["tensorflow"] = "?"
+    try:
+        import cluster.task
+        if deep and "tensorflow" in out:
+            import cluster.train        # the model and input pipeline too: all a worker imports
+        out["cluster"] = cluster.task.__file__
+    except ImportError as e:
+        out["missing"].append("cluster" if e.name == "cluster" else "cluster (%s)" % e)
+except Exception as e:
+    out["missing"].append("module check failed: %s" % e)
+for port in args[deep:]:
+    s = socket.socket(socket.AF_INET6 if socket.has_ipv6 else socket.AF_INET)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("", int(port)))
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            out["busy"].append(int(port))
+    finally:
+        s.close()
+print(json.dumps(out))
+'''
+
 
 @dataclass
 class TaskRecord:

@@ -2,19 +2,17 @@
 signalled as a whole and a terminal's Ctrl-C reaches only the launcher), output to its log file."""
 from __future__ import annotations
 
+import json
 import os
-import re
 import signal
 import subprocess
 import time
 
 from cluster.task import port_in_use
-from launch.backend import STOP_GRACE_SECS, Backend, HostCheck, TaskRecord, follow_file, wait_all
+from launch.backend import HOST_PROBE, STOP_GRACE_SECS, Backend, HostCheck, TaskRecord, follow_file, wait_all
 from launch.plan import TaskPlan
 
-# What `launch check` runs in the tasks' Python: everything a worker imports.
-IMPORT_CHECK = 'import tensorflow, cluster.task, cluster.train; print(tensorflow.__version__)'
-IMPORT_TIMEOUT = 60
+IMPORT_TIMEOUT = 60    # seconds `launch check` gives the tasks' Python to import TensorFlow
 
 
 def process_ident(pid: int) -> str | None:
@@ -64,17 +62,19 @@ class LocalBackend(Backend):
         if imports:
             python = plans[0].argv[0]
             try:
-                found = subprocess.run([python, '-c', IMPORT_CHECK], cwd=plans[0].cwd, stdin=subprocess.DEVNULL,
-                                       capture_output=True, text=True, timeout=IMPORT_TIMEOUT,
-                                       env={**os.environ, 'TF_CPP_MIN_LOG_LEVEL': '2'})
+                probe = subprocess.run([python, '-c', HOST_PROBE, '--import'], cwd=plans[0].cwd,
+                                       stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                       timeout=IMPORT_TIMEOUT, env={**os.environ, 'TF_CPP_MIN_LOG_LEVEL': '2'})
+                found = json.loads(probe.stdout.strip().splitlines()[-1])
             except subprocess.TimeoutExpired:
-                found = subprocess.CompletedProcess([], -1, '', f'the import took over {IMPORT_TIMEOUT}s')
-            if found.returncode == 0:
-                version = f', tensorflow {found.stdout.strip().splitlines()[-1]}'
+                found = {'missing': [f'tensorflow (the import took over {IMPORT_TIMEOUT}s)']}
+            except (ValueError, IndexError):
+                last = (probe.stderr.strip().splitlines() or [f'exit {probe.returncode}'])[-1]
+                found = {'missing': [f'tensorflow ({last})']}
+            if found['missing']:
+                problems.insert(0, f'python {python} cannot import {" nor ".join(found["missing"])}')
             else:
-                lines = found.stderr.strip().splitlines() or [f'exit {found.returncode}']
-                errors = [line for line in lines if re.match(r'\w+(Error|Exception)\b', line)]
-                problems.insert(0, f'python {python} cannot import tensorflow and cluster: {(errors or lines)[-1]}')
+                version = f', tensorflow {found["tensorflow"]}'
         if problems:
             return [HostCheck('localhost', False, '; '.join(problems))]
         return [HostCheck('localhost', True, f'{len(plans)} task(s){version}, ports '

@@ -40,7 +40,7 @@ import paramiko
 from paramiko.ssh_exception import NoValidConnectionsError
 
 from cluster.spec import ClusterSpec, HostConfig
-from launch.backend import STOP_GRACE_SECS, Backend, BackendError, HostCheck, TaskRecord
+from launch.backend import HOST_PROBE, STOP_GRACE_SECS, Backend, BackendError, HostCheck, TaskRecord
 from launch.plan import TaskPlan
 
 log = logging.getLogger(__name__)
@@ -52,54 +52,6 @@ CONNECT_TIMEOUT = 10          # seconds, unless the ssh config says ConnectTimeo
 COMMAND_TIMEOUT = 60          # seconds for any one remote command (a stop adds its grace)
 DEFAULT_KNOWN_HOSTS = ('~/.ssh/known_hosts', '~/.ssh/known_hosts2')
 DEFAULT_GLOBAL_KNOWN_HOSTS = ('/etc/ssh/ssh_known_hosts', '/etc/ssh/ssh_known_hosts2')
-
-# Run by the remote python for a check: what is installed, which ports are taken. With --import it
-# imports TensorFlow and this package for real (seconds per host: `launch check` does it); without,
-# it only locates TensorFlow (`launch up`, where a broken install still shows as a task dying
-# during start-up, with its log lines).
-_CHECK_SCRIPT = r'''
-import errno, json, socket, sys
-args = sys.argv[1:]
-deep = args[:1] == ["--import"]
-out = {"python": sys.version.split()[0], "executable": sys.executable, "missing": [], "busy": []}
-try:
-    import importlib.util, importlib.metadata
-    if deep:
-        try:
-            import tensorflow
-            out["tensorflow"] = tensorflow.__version__
-        except Exception as e:
-            why = "" if isinstance(e, ImportError) and e.name == "tensorflow" else " (%s: %s)" % (
-                type(e).__name__, str(e).splitlines()[0] if str(e) else "")
-            out["missing"].append("tensorflow" + why)
-    elif importlib.util.find_spec("tensorflow") is None:
-        out["missing"].append("tensorflow")
-    else:
-        try:
-            out["tensorflow"] = importlib.metadata.version("tensorflow")
-        except Exception:
-            out["tensorflow"] = "?"
-    try:
-        import cluster.task
-        if deep and "tensorflow" in out:
-            import cluster.train        # the model and input pipeline too: all a worker imports
-        out["cluster"] = cluster.task.__file__
-    except ImportError as e:
-        out["missing"].append("cluster" if e.name == "cluster" else "cluster (%s)" % e)
-except Exception as e:
-    out["missing"].append("module check failed: %s" % e)
-for port in args[deep:]:
-    s = socket.socket(socket.AF_INET6 if socket.has_ipv6 else socket.AF_INET)
-    try:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("", int(port)))
-    except OSError as e:
-        if e.errno == errno.EADDRINUSE:
-            out["busy"].append(int(port))
-    finally:
-        s.close()
-print(json.dumps(out))
-'''
 
 # `starttime` of a pid (field 22 of /proc/PID/stat): a pid is ours only while it matches.
 _STARTTIME = "sed 's/.*) //' /proc/{pid}/stat 2>/dev/null | cut -d' ' -f20"
@@ -340,7 +292,7 @@ class SSHBackend(Backend):
         python = plans[0].argv[0]
         args = ' '.join(['--import'] * imports + [str(p.task.port) for p in plans])
         script = (f'cd {_q(_remote_dir(plans[0].cwd))} 2>/dev/null; '
-                  f'exec {_shell_path(python)} -c {_q(_CHECK_SCRIPT)} {args}')
+                  f'exec {_shell_path(python)} -c {_q(HOST_PROBE)} {args}')
         try:
             conn = self._connect(name)
             result = self._run(name, script)
