@@ -46,6 +46,7 @@ def download_cifar10(dest: str, url: str = CIFAR10_URL, md5: str = CIFAR10_MD5, 
     """Make `<dest>/cifar-10-batches-bin` hold the checked CIFAR-10 binary files; returns its path.
     Does nothing when they are there already; keeps the verified archive beside them."""
     say = say or (lambda text: print(text, file=sys.stderr, flush=True))
+    md5 = md5.lower()
     target = os.path.join(dest, ARCHIVE_DIR)
     if _complete(target):
         say(f'{target} already holds the CIFAR-10 binary files; nothing to do')
@@ -56,10 +57,10 @@ def download_cifar10(dest: str, url: str = CIFAR10_URL, md5: str = CIFAR10_MD5, 
     os.makedirs(dest, exist_ok=True)
     name = os.path.basename(urllib.parse.urlparse(url).path) or 'cifar-10-binary.tar.gz'
     archive = os.path.join(dest, name)
-    if os.path.exists(archive) and _md5_of(archive) == md5.lower():
+    if os.path.exists(archive) and _md5_of(archive) == md5:
         say(f'reusing {archive} (MD5 verified)')
     else:
-        _fetch(url, archive, md5.lower(), say)
+        _fetch(url, archive, md5, say)
     _unpack(archive, dest, target)
     say(f'{target}: CIFAR-10 ready (5 training batches, 1 test batch)')
     return target
