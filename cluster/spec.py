@@ -82,12 +82,24 @@ class TrainConfig:
     deterministic: bool = False      # plain record order, no distortions: for exactness checks
 
 
+RESTART_POLICIES = ('never', 'on-failure')
+
+
+@dataclass(frozen=True)
+class SuperviseConfig:
+    """What the launcher does when a task is lost or the run stops making progress."""
+    restart: str = 'never'           # never | on-failure: bring the cluster back from its checkpoint
+    max_restarts: int = 3            # per run, all tasks together
+    stall_secs: float = 60.0         # no new global step for this long (after the first) is a fault
+
+
 @dataclass(frozen=True)
 class ClusterSpec:
     path: str
     tasks: tuple[TaskSpec, ...]
     train: TrainConfig
     hosts: Mapping[str, HostConfig] = field(default_factory=lambda: types.MappingProxyType({}))
+    supervise: SuperviseConfig = SuperviseConfig()
 
     def job_tasks(self, job: str) -> tuple[TaskSpec, ...]:
         return tuple(t for t in self.tasks if t.job == job)
@@ -124,7 +136,7 @@ class ClusterSpec:
             train['devices'] = list(train['devices'])
         hosts = {name: {k: v for k, v in dataclasses.asdict(h).items() if k != 'name' and v is not None}
                  for name, h in self.hosts.items()}
-        out = {'cluster': self.cluster_def(), 'train': train}
+        out = {'cluster': self.cluster_def(), 'train': train, 'supervise': dataclasses.asdict(self.supervise)}
         if hosts:
             out['hosts'] = hosts
         return out
@@ -251,11 +263,13 @@ def _apply_override(raw: dict, text: str, origins: _Origins) -> None:
 
 
 def _build(raw: dict, origins: _Origins) -> ClusterSpec:
-    _no_unknown(raw, ('cluster', 'train', 'hosts'), '', origins)
+    _no_unknown(raw, ('cluster', 'train', 'supervise', 'hosts'), '', origins)
     tasks = _parse_cluster(raw.get('cluster'), origins)
     train = _parse_train(raw.get('train') or {}, origins)
+    supervise = _parse_supervise(raw.get('supervise') or {}, origins)
     hosts = _parse_hosts(raw.get('hosts') or {}, origins)
-    spec = ClusterSpec(path=origins.path, tasks=tasks, train=train, hosts=types.MappingProxyType(hosts))
+    spec = ClusterSpec(path=origins.path, tasks=tasks, train=train, hosts=types.MappingProxyType(hosts),
+                       supervise=supervise)
     r = train.replicas_to_aggregate
     if r is not None and not 1 <= r <= spec.num_workers:
         raise origins.error('train.replicas_to_aggregate',
@@ -377,6 +391,31 @@ def _parse_train(train, origins: _Origins) -> TrainConfig:
         elif name == 'devices':
             values[name] = _parse_devices(value, key, origins)
     return TrainConfig(**values)
+
+
+def _parse_supervise(supervise, origins: _Origins) -> SuperviseConfig:
+    if not isinstance(supervise, dict):
+        raise origins.error('supervise', 'expected a mapping with any of restart, max_restarts, stall_secs')
+    fields = [f.name for f in dataclasses.fields(SuperviseConfig)]
+    _no_unknown(supervise, fields, 'supervise', origins)
+    values = {}
+    for name, value in supervise.items():
+        key = f'supervise.{name}'
+        if name == 'restart':
+            if value not in RESTART_POLICIES:    # YAML reads a bare `no`/`off` as false: say so
+                raise origins.error(key, f'expected one of {", ".join(RESTART_POLICIES)}, got {value!r}')
+            values[name] = value
+        elif name == 'max_restarts':
+            v = _expect(value, (int,), key, origins, 'a whole number >= 0')
+            if v < 0:
+                raise origins.error(key, f'expected a whole number >= 0, got {v}')
+            values[name] = v
+        elif name == 'stall_secs':
+            v = _expect(value, (int, float), key, origins, 'a positive number of seconds')
+            if not v > 0 or v == float('inf'):
+                raise origins.error(key, f'expected a positive number of seconds, got {v}')
+            values[name] = float(v)
+    return SuperviseConfig(**values)
 
 
 def _positive_int(value, key, origins) -> int:

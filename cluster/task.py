@@ -13,11 +13,18 @@ import os
 import signal
 import socket
 import sys
+import threading
+import time
 import traceback
 
 from cluster.spec import DEFAULT_SPEC, load_spec
 
 log = logging.getLogger('cluster.task')
+
+# Set by the launcher: a file it touches every second or so. A task whose lease is older than
+# LEASE_SECS_ENV seconds has lost its launcher (killed, or cut off from this host) and stops
+# itself, so nothing outlives a launcher that cannot reach it. Tasks started by hand have none.
+LEASE_ENV, LEASE_SECS_ENV = 'TFCLUSTER_LEASE', 'TFCLUSTER_LEASE_SECS'
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -41,6 +48,29 @@ def port_in_use(port: int) -> bool:
     return False
 
 
+def watch_lease(path: str, secs: float, poll: float = 1.0) -> None:
+    """End this task (SIGTERM to itself, so a chief still saves its checkpoint) once `path` has
+    not been touched for `secs` seconds. A missing file counts from the task's start."""
+    started = time.time()
+
+    def watch():
+        while True:
+            time.sleep(poll)
+            try:
+                touched = os.stat(path).st_mtime
+            except OSError:
+                touched = started
+            age = time.time() - touched
+            if age > secs:
+                log.error('the launcher has not renewed %s for %.0fs: it is gone or cannot reach this '
+                          'host; stopping', path, age)
+                os.kill(os.getpid(), signal.SIGTERM)   # a chief saves; the others end at once
+                time.sleep(3)       # short: the ps tasks are likely ending too, a save may not come
+                os._exit(1)
+
+    threading.Thread(target=watch, name='lease', daemon=True).start()
+
+
 def main(argv=None) -> int:
     # A task started in the background by a shell (the SSH backend's wrapper) inherits SIGINT and
     # SIGQUIT ignored; give them back their usual meaning, so `kill -INT` stops a task anywhere.
@@ -62,18 +92,34 @@ def main(argv=None) -> int:
 
     logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname).1s %(message)s',
                         datefmt='%H:%M:%S', stream=sys.stdout)
+    if os.environ.get(LEASE_ENV):
+        watch_lease(os.environ[LEASE_ENV], float(os.environ.get(LEASE_SECS_ENV) or 10))
     import tensorflow as tf
     from cluster import train
     tf.get_logger().setLevel(logging.ERROR)     # TF1 deprecation notices drown the progress lines
     tf.compat.v1.disable_eager_execution()
     server = train.make_server(spec, task)
     log.info('%s serving on %s (pid %d)', task.name, task.address, os.getpid())
-    if task.job == 'ps':
-        train.run_ps(server, spec, task)
-    else:
-        train.run_worker(server, spec, task, data_dir)
+    try:
+        if task.job == 'ps':
+            train.run_ps(server, spec, task)
+        else:
+            train.run_worker(server, spec, task, data_dir)
+    except tf.errors.OpError as e:
+        # A peer that went away (Unavailable, Aborted, a closed stream): one line, not 40 frames of
+        # TensorFlow internals; the launcher names the task that was lost first.
+        log.error('%s: %s: %s', task.name, type(e).__name__, _first_line(e.message))
+        return 1
+    except train.CheckpointError as e:
+        log.error('%s', e)
+        return 1
     log.info('%s finished', task.name)
     return 0
+
+
+def _first_line(text: str) -> str:
+    lines = [line.strip() for line in (text or '').splitlines() if line.strip()]
+    return lines[0] if lines else '(no message)'
 
 
 if __name__ == '__main__':

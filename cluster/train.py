@@ -9,9 +9,11 @@ handed out, and non-chiefs poll for the chief's initialisation twice a second.
 """
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import os
+import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -28,6 +30,11 @@ DONE_QUEUE = 'tfcluster_done_%d'     # one per ps task: workers report "finished
 READY_POLL_SECS = 0.5                # how often a non-chief checks that the chief has initialised
 PS_LINGER_SECS = 2.0                 # a ps stays this long after the last "done", so that reply arrives
 DONE_TIMEOUT_MS = 30_000             # a worker waits this long for the ps tasks to take its "done"
+STOP_SAVE_SECS = 20.0                # a stopped chief gives its last checkpoint this long, then exits
+
+
+class CheckpointError(Exception):
+    """No checkpoint in train_dir can be restored: one line naming the files."""
 
 
 def tower_devices(spec: ClusterSpec, task: TaskSpec) -> list[str]:
@@ -190,14 +197,19 @@ class _Aggregator(threading.Thread):
 
     def __init__(self, sess, g: _Graph, steps: int):
         super().__init__(name='aggregator', daemon=True)
-        self.sess, self.g, self.steps, self.error = sess, g, steps, None
+        self.sess, self.g, self.steps = sess, g, steps
 
     def run(self):
         try:
             while self.sess.run(self.g.global_step) < self.steps:
                 self.sess.run(self.g.sync_op)
-        except Exception as e:  # reported by the training loop, which owns the exit code
-            self.error = e
+        except Exception as e:
+            # Only this thread hands out tokens: without it the training loop would wait for one
+            # for ever. End the task instead, so the launcher sees a lost chief and acts.
+            log.error('the sync aggregator failed, so this chief cannot go on: %s: %s', type(e).__name__,
+                      str(e).splitlines()[0] if str(e) else '')
+            logging.shutdown()
+            os._exit(1)
 
 
 def run_worker(server, spec: ClusterSpec, task: TaskSpec, data_dir: str) -> dict:
@@ -215,12 +227,14 @@ def run_worker(server, spec: ClusterSpec, task: TaskSpec, data_dir: str) -> dict
             ready_for_local_init_op=g.ready_for_local_init_op, graph=tf.compat.v1.get_default_graph(),
             recovery_wait_secs=READY_POLL_SECS)
         start = time.monotonic()
+        stopper = GracefulStop() if task.is_chief else None
         if task.is_chief:
+            checkpoint = restorable_checkpoint(train.train_dir)
             sess = manager.prepare_session(server.target, init_op=v1.global_variables_initializer(),
-                                           saver=g.saver, checkpoint_dir=train.train_dir, config=config)
+                                           saver=g.saver, checkpoint_filename_with_path=checkpoint, config=config)
         else:
             sess = manager.wait_for_session(server.target, config=config)
-        result = _train_loop(sess, spec, task, g, start)
+        result = _train_loop(sess, spec, task, g, start, stopper)
         _report_done(sess, g)
     path = os.path.join(train.train_dir, f'worker-{task.index}.json')
     with open(path + '.tmp', 'w') as f:
@@ -247,11 +261,98 @@ def _report_done(sess, g: _Graph) -> None:
                         'it has most likely finished already', ps_index, type(e).__name__)
 
 
-def _train_loop(sess, spec: ClusterSpec, task: TaskSpec, g: _Graph, start: float) -> dict:
+def restorable_checkpoint(train_dir: str) -> str | None:
+    """The newest checkpoint in train_dir whose every tensor reads back, or None if there is none.
+    A newer one that does not read (a truncated file, a half-written save) is skipped with one
+    warning naming its files; if none reads, CheckpointError: never a silent start from step 0."""
+    state = v1.train.get_checkpoint_state(train_dir)
+    if state is None or not state.model_checkpoint_path:
+        return None
+    candidates = list(reversed(state.all_model_checkpoint_paths)) or [state.model_checkpoint_path]
+    if state.model_checkpoint_path not in candidates:
+        candidates.insert(0, state.model_checkpoint_path)
+    bad = []
+    for prefix in candidates:
+        try:
+            reader = v1.train.NewCheckpointReader(prefix)
+            for name in reader.get_variable_to_shape_map():
+                reader.get_tensor(name)
+        except Exception as e:     # OpError, or IndexError "Read less bytes than requested", ...
+            files = ', '.join(sorted(glob.glob(glob.escape(prefix) + '.*'))) or f'{prefix}.* (missing)'
+            why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            bad.append(f'{files} ({why})')
+            continue
+        if bad:
+            log.warning('checkpoint(s) that do not restore were skipped: %s; restoring %s', '; '.join(bad), prefix)
+        return prefix
+    raise CheckpointError(f'no checkpoint in {train_dir} restores: {"; ".join(bad)}; move them away to '
+                          'start from step 0, or restore the files')
+
+
+class GracefulStop:
+    """SIGTERM or SIGINT to the chief: write a checkpoint, then exit (128 + the signal).
+
+    The main thread may be blocked in a session call for as long as a sync step waits for a lost
+    worker, and Python runs signal handlers only between bytecodes of the main thread. So the
+    handler is a no-op and the signal's number arrives through `signal.set_wakeup_fd` at a thread
+    of its own, which saves with the session the training loop uses (sessions are thread-safe).
+    The launcher stops the chief first, while the ps tasks still hold the variables."""
+
+    def __init__(self):
+        read, write = os.pipe()
+        os.set_blocking(write, False)
+        self._read = read
+        self._save = None
+        self.lock = threading.Lock()        # one save at a time: the loop's, the final one, or ours
+        signal.set_wakeup_fd(write)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *a: None)
+        threading.Thread(target=self._wait, name='graceful-stop', daemon=True).start()
+
+    def arm(self, save) -> None:
+        self._save = save
+
+    def _wait(self) -> None:
+        signum = os.read(self._read, 1)[0]
+        name = signal.Signals(signum).name
+        code = 128 + signum
+        threading.Timer(STOP_SAVE_SECS, _exit_now, (code, logging.WARNING, f'{name}: the checkpoint did not '
+                                                    f'finish within {STOP_SAVE_SECS:.0f}s; exiting')).start()
+        if self._save is None:
+            _exit_now(code, logging.INFO, f'{name} received before training began; nothing to save')
+        try:
+            with self.lock:
+                step = self._save()
+        except Exception as e:
+            _exit_now(code, logging.WARNING, f'{name} received, and the checkpoint failed: {type(e).__name__}: '
+                                             f'{str(e).splitlines()[0] if str(e) else ""}')
+        _exit_now(code, logging.INFO, f'{name} received: saved a checkpoint at global step {step}, exiting')
+
+
+def _exit_now(code: int, level: int, message: str) -> None:
+    log.log(level, message)
+    logging.shutdown()
+    os._exit(code)
+
+
+def _train_loop(sess, spec: ClusterSpec, task: TaskSpec, g: _Graph, start: float,
+                stopper: GracefulStop | None = None) -> dict:
     train = spec.train
     first = sess.run(g.global_step)
     log.info('session ready after %.1fs at global step %d', time.monotonic() - start, first)
     writer = v1.summary.FileWriter(train.train_dir, sess.graph) if task.is_chief else None
+    save_lock = stopper.lock if stopper else threading.Lock()
+    checkpoint_prefix = os.path.join(train.train_dir, 'model.ckpt')
+
+    def save() -> int:
+        step_now = int(sess.run(g.global_step))
+        g.saver.save(sess, checkpoint_prefix, global_step=step_now)
+        if writer:
+            writer.flush()
+        return step_now
+
+    if stopper:
+        stopper.arm(save)
     aggregator = None
     if train.sync and task.is_chief and first < train.steps:
         aggregator = _Aggregator(sess, g, train.steps)
@@ -259,7 +360,7 @@ def _train_loop(sess, spec: ClusterSpec, task: TaskSpec, g: _Graph, start: float
 
     step, local_steps, applied = int(first), 0, []
     t0 = time.monotonic()
-    last_log, last_log_step, last_save = t0, first, t0
+    last_log, last_log_step, last_save, last_saved_step = t0, first, t0, int(first)
     log_every = train.log_every_secs if task.is_chief else max(10.0, train.log_every_secs)
     loss = float('nan')
     while step < train.steps:
@@ -278,17 +379,17 @@ def _train_loop(sess, spec: ClusterSpec, task: TaskSpec, g: _Graph, start: float
             if len(out) > 2:
                 writer.add_summary(out[2], step)
             last_log, last_log_step = now, step
-        if task.is_chief and (_save_due(train, step, now - last_save)):
-            g.saver.save(sess, os.path.join(train.train_dir, 'model.ckpt'), global_step=step)
-            last_save = now
+        if task.is_chief and _save_due(train, step, last_saved_step, now - last_save):
+            with save_lock:
+                g.saver.save(sess, checkpoint_prefix, global_step=step)
+            last_save, last_saved_step = now, step
     elapsed = time.monotonic() - t0
     if aggregator:
         aggregator.join()
-        if aggregator.error:
-            raise aggregator.error
     final = int(sess.run(g.global_step))
     if task.is_chief:
-        g.saver.save(sess, os.path.join(train.train_dir, 'model.ckpt'), global_step=final)
+        with save_lock:
+            g.saver.save(sess, checkpoint_prefix, global_step=final)
         writer.close()
     images = local_steps * g.examples_per_run
     log.info('done: %d local steps, global step %d, loss %.3f, %.0f images/s from this worker',
@@ -315,10 +416,14 @@ def _per_step(spec: ClusterSpec) -> int:
     return spec.replicas_to_aggregate if spec.train.sync else 1
 
 
-def _save_due(train, step: int, since_save: float) -> bool:
+def _save_due(train, step: int, last_saved_step: int, since_save: float) -> bool:
+    """Whether the chief saves now. By steps: once a multiple of checkpoint_steps has been reached
+    or passed since the last save (in async mode the chief sees the global step jump by as many
+    updates as the other workers made, so it rarely lands on a multiple itself)."""
     if step >= train.steps:
         return False        # the final save happens after the loop
-    by_steps = train.checkpoint_steps and step % train.checkpoint_steps == 0
+    every = train.checkpoint_steps
+    by_steps = every and step // every > last_saved_step // every
     return bool(by_steps) or since_save >= train.checkpoint_secs
 
 

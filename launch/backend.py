@@ -80,13 +80,15 @@ class TaskRecord:
     ident: str = ''          # the process start time, so a reused pid is never mistaken for ours
     cwd: str = '.'
     extra: dict = field(default_factory=dict)
+    log_offset: int = 0      # where this start's output begins in the log (a restart appends)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> 'TaskRecord':
-        return cls(**d)
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in d.items() if k in known})
 
 
 class BackendError(Exception):
@@ -122,7 +124,17 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def start(self, plan: TaskPlan) -> TaskRecord:
-        """Start the task detached (its own session), its output going to plan.log_path."""
+        """Start the task detached (its own session), its output going to plan.log_path (appended
+        to when plan.restart, with record.log_offset where this start's output begins)."""
+
+    def renew(self, plans: list[TaskPlan]) -> None:
+        """Touch the lease file of these tasks (TFCLUSTER_LEASE in their environment): a task
+        whose lease goes stale stops itself, so none outlives a launcher that is gone."""
+
+    def describe(self, record: TaskRecord) -> str | None:
+        """What the backend can tell of a running task that makes no progress (e.g. 'stopped by
+        SIGSTOP'), or None."""
+        return None
 
     @abc.abstractmethod
     def poll(self, record: TaskRecord) -> int | None:
@@ -138,9 +150,9 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def read_log(self, record_or_plan, follow: bool = False,
-                 stop: threading.Event | None = None) -> Iterator[str]:
-        """The lines of a task's log; with follow, keep yielding new lines until `stop` is set
-        and the file has no more."""
+                 stop: threading.Event | None = None, offset: int = 0) -> Iterator[str]:
+        """The lines of a task's log from byte `offset`; with follow, keep yielding new lines
+        until `stop` is set and the file has no more."""
 
     @abc.abstractmethod
     def read_file(self, record: TaskRecord, path: str) -> str | None:
@@ -160,9 +172,9 @@ def stop_all(records: list[TaskRecord], backends: dict) -> None:
         backends[name].stop(group)
 
 
-def follow_file(path: str, stop: threading.Event | None, poll: float = 0.1) -> Iterator[str]:
-    """Yield complete lines of a growing file; end at EOF once `stop` is set (or at once if
-    stop is None). A missing file counts as empty until it appears."""
+def follow_file(path: str, stop: threading.Event | None, poll: float = 0.1, offset: int = 0) -> Iterator[str]:
+    """Yield complete lines of a growing file from byte `offset`; end at EOF once `stop` is set
+    (or at once if stop is None). A missing file counts as empty until it appears."""
     pending = ''
     f = None
     try:
@@ -170,6 +182,8 @@ def follow_file(path: str, stop: threading.Event | None, poll: float = 0.1) -> I
             if f is None:
                 try:
                     f = open(path, encoding='utf-8', errors='replace')
+                    if offset:
+                        f.buffer.seek(offset)
                 except FileNotFoundError:
                     if stop is None or stop.is_set():
                         return

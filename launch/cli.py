@@ -186,9 +186,16 @@ def cmd_status(spec: ClusterSpec, args) -> int:
     if state is None:
         print(_no_state(spec))
     elif launcher_alive(state):
-        print(f'launcher pid {state.launcher_pid}, started {time.ctime(state.started)}')
+        restarts = f', {state.restarts} restart(s)' if state.restarts else ''
+        print(f'launcher pid {state.launcher_pid}, started {time.ctime(state.started)}{restarts}')
     else:
         print(f'launcher pid {state.launcher_pid} is gone; `launch down {spec.path}` stops what is left')
+    if state is not None:
+        p = state.progress
+        if p:
+            print(f'global step {p["global_step"]}/{p["steps"]}, seen {max(0.0, time.time() - p["at"]):.0f}s ago')
+        else:
+            print('global step: none seen yet')
     print(f'{"TASK":<10} {"ADDRESS":<22} {"BACKEND":<7} {"PID":>7}  {"ALIVE":<5}  LISTENING')
     with make_backends(plans, spec, args, state) as backends:
         for plan in plans:

@@ -26,6 +26,15 @@ def process_ident(pid: int) -> str | None:
     return None if fields[0] in 'ZX' else fields[19]
 
 
+def process_state(pid: int) -> str | None:
+    """The one-letter state of `pid` (R, S, D, T, Z, ...), or None if it is gone."""
+    try:
+        with open(f'/proc/{pid}/stat') as f:
+            return f.read().rsplit(')', 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
 def _cmdline(pid: int) -> str:
     try:
         with open(f'/proc/{pid}/cmdline', 'rb') as f:
@@ -82,7 +91,8 @@ class LocalBackend(Backend):
 
     def start(self, plan: TaskPlan) -> TaskRecord:
         log_file = os.path.join(plan.cwd, plan.log_path)
-        with open(log_file, 'wb') as out:
+        with open(log_file, 'ab' if plan.restart else 'wb') as out:
+            offset = out.tell()
             proc = subprocess.Popen(plan.argv, cwd=plan.cwd, env={**os.environ, **plan.env},
                                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True)
@@ -90,7 +100,23 @@ class LocalBackend(Backend):
         t = plan.task
         return TaskRecord(name=t.name, job=t.job, index=t.index, host=t.host, port=t.port, backend=self.name,
                           pid=proc.pid, log=os.path.abspath(log_file), ident=process_ident(proc.pid) or '',
-                          cwd=os.path.abspath(plan.cwd))
+                          cwd=os.path.abspath(plan.cwd), log_offset=offset)
+
+    def renew(self, plans):
+        for path in {os.path.join(p.cwd, p.env['TFCLUSTER_LEASE']) for p in plans if 'TFCLUSTER_LEASE' in p.env}:
+            try:
+                os.utime(path)
+            except FileNotFoundError:
+                os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
+                open(path, 'a').close()
+
+    def describe(self, record):
+        state = process_state(record.pid)
+        if state in ('T', 't'):
+            return 'is stopped (SIGSTOP, or a debugger)'
+        if state == 'D':
+            return 'is in uninterruptible sleep (disk or network I/O)'
+        return None
 
     def poll(self, record: TaskRecord) -> int | None:
         proc = self._children.get(record.pid)
@@ -113,6 +139,8 @@ class LocalBackend(Backend):
             for r in live:
                 try:
                     os.killpg(r.pid, sig)
+                    if sig == signal.SIGTERM:       # a stopped (SIGSTOP) task handles it only once resumed
+                        os.killpg(r.pid, signal.SIGCONT)
                 except ProcessLookupError:
                     pass
             wait_all(lambda: not any(self.alive(r) for r in live), time.monotonic() + wait)
@@ -127,6 +155,6 @@ class LocalBackend(Backend):
         except OSError:
             return None
 
-    def read_log(self, record_or_plan, follow=False, stop=None):
+    def read_log(self, record_or_plan, follow=False, stop=None, offset=0):
         path = getattr(record_or_plan, 'log', None) or os.path.join(record_or_plan.cwd, record_or_plan.log_path)
-        return follow_file(path, stop if follow else None)
+        return follow_file(path, stop if follow else None, offset=offset)

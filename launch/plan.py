@@ -13,6 +13,9 @@ from cluster.spec import LOOPBACK_NAMES, ClusterSpec, HostConfig, TaskSpec
 
 DEFAULT_REMOTE_PYTHON = 'python3'
 DEFAULT_REMOTE_WORKDIR = 'tfcluster'     # relative to the remote user's home
+# How long a task outlives a launcher that stopped renewing its lease (cluster/task.py): short for
+# local processes; longer over SSH, where one slow round of commands must not end a healthy run.
+LEASE_SECS = {'local': 5, 'ssh': 45}
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,7 @@ class TaskPlan:
     spec_path: str                   # the effective spec (overrides applied) the task reads
     log_path: str
     host: HostConfig | None = None   # SSH settings (None: local, or ~/.ssh/config and defaults)
+    restart: int = 0                 # 0: the first start; n: the n-th restart (its log is appended to)
 
     @property
     def name(self) -> str:
@@ -49,13 +53,23 @@ def state_path(spec: ClusterSpec) -> str:
     return os.path.join(spec.train.train_dir, 'launch-state.json')
 
 
+def lease_path(spec: ClusterSpec) -> str:
+    return os.path.join(spec.train.train_dir, 'launcher.lease')
+
+
+def checkpoint_state_path(spec: ClusterSpec) -> str:
+    """TensorFlow's `checkpoint` file: which checkpoint a restart resumes from."""
+    return os.path.join(spec.train.train_dir, 'checkpoint')
+
+
 def tf_config(spec: ClusterSpec, task: TaskSpec) -> str:
     return json.dumps({'cluster': spec.cluster_def(), 'task': {'type': task.job, 'index': task.index}},
                       sort_keys=True)
 
 
-def task_env(spec: ClusterSpec, task: TaskSpec) -> dict[str, str]:
-    env = {'TF_CONFIG': tf_config(spec, task), 'PYTHONUNBUFFERED': '1', 'TF_CPP_MIN_LOG_LEVEL': '2'}
+def task_env(spec: ClusterSpec, task: TaskSpec, backend: str = 'local') -> dict[str, str]:
+    env = {'TF_CONFIG': tf_config(spec, task), 'PYTHONUNBUFFERED': '1', 'TF_CPP_MIN_LOG_LEVEL': '2',
+           'TFCLUSTER_LEASE': lease_path(spec), 'TFCLUSTER_LEASE_SECS': str(LEASE_SECS.get(backend, 20))}
     devices = spec.train.devices
     if task.job == 'ps' or devices != 'auto':
         # ps tasks keep variables in host memory; workers see only the GPUs their towers name
@@ -75,7 +89,8 @@ def plan_task(spec: ClusterSpec, task: TaskSpec, python: str | None = None, cwd:
         cwd = host.workdir or DEFAULT_REMOTE_WORKDIR
     spec_file = effective_spec_path(spec)
     argv = (python, '-m', 'cluster.task', '--spec', spec_file, '--job', task.job, '--index', str(task.index))
-    return TaskPlan(task=task, backend='local' if local else 'ssh', argv=argv, env=task_env(spec, task),
+    backend = 'local' if local else 'ssh'
+    return TaskPlan(task=task, backend=backend, argv=argv, env=task_env(spec, task, backend),
                     cwd=cwd, spec_path=spec_file, log_path=log_path(spec, task), host=host)
 
 

@@ -1,7 +1,9 @@
-"""`launch up`: start every task, wait for every server, stream output, watch, tear down.
+"""`launch up`: start every task, wait for every server, stream output, supervise, tear down.
 
-The run is all-or-nothing: the first task to fail (or a deadline, or SIGINT/SIGTERM) stops all the
-others, and nothing is left running whichever way the run ends.
+What happens when a task is lost or the run stops making progress is decided by
+`launch/supervise.py` (tolerate, restart, give up); this module observes the tasks, carries the
+decisions out, and makes sure nothing is left running whichever way the run ends. Every stop asks
+the chief for a checkpoint first, while the ps tasks still hold the variables.
 """
 from __future__ import annotations
 
@@ -17,15 +19,24 @@ from typing import Mapping
 
 import grpc
 
+import dataclasses
+from concurrent.futures import ThreadPoolExecutor
+
 from cluster.spec import ClusterSpec, address
+from launch import supervise
 from launch.backend import Backend, BackendError, TaskRecord, stop_all, tail
 from launch.local import process_ident
-from launch.plan import TaskPlan, state_path
+from launch.plan import TaskPlan, checkpoint_state_path, state_path
 from launch.state import LaunchState
+from launch.supervise import Action, Decision, Policy, Progress, TaskState, TaskStatus
 
 log = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+CHECKPOINT_GRACE_SECS = 25.0    # a stopping chief's time to write its checkpoint before the rest stop
+LEASE_RENEW_SECS = 1.0          # how often the launcher renews its tasks' lease
+PROBE_SECS = 3.0                # a stall probe's deadline for each task's gRPC server
+UNREACHABLE_SECS = 30.0         # a host that cannot be asked for this long has lost its tasks
 
 
 # TensorFlow's C++ start-up chatter, which TF_CPP_MIN_LOG_LEVEL does not reach (it is printed
@@ -67,13 +78,7 @@ class TaskFailed(Exception):
         self.log_tail = list(log_tail)
 
 
-def describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f'was killed by {signal.Signals(-code).name}'
-        except ValueError:
-            return f'was killed by signal {-code}'
-    return f'exited with code {code}'
+describe_exit = supervise.describe_exit
 
 
 def wait_for_servers(records: list[TaskRecord], backends: Mapping[str, Backend], deadline: float,
@@ -108,9 +113,22 @@ def wait_for_servers(records: list[TaskRecord], backends: Mapping[str, Backend],
 
 def _log_tail(record: TaskRecord, backends: Mapping[str, Backend], n: int = 15) -> list[str]:
     try:
-        return tail(backends[record.backend].read_log(record), n)
+        return tail(backends[record.backend].read_log(record, offset=record.log_offset), n)
     except Exception as e:  # a log we cannot read must not hide the failure itself
         return [f'(could not read {record.log}: {e})']
+
+
+def grpc_answers(host: str, port: int, timeout: float) -> bool:
+    """Whether a gRPC server answers the HTTP/2 handshake at host:port within `timeout` (a stopped
+    process still accepts TCP connections in the kernel, but never answers)."""
+    channel = grpc.insecure_channel(address(host, port), options=[('grpc.enable_http_proxy', 0)])
+    try:
+        grpc.channel_ready_future(channel).result(timeout=timeout)
+        return True
+    except grpc.FutureTimeoutError:
+        return False
+    finally:
+        channel.close()
 
 
 class ClusterRun:
@@ -119,11 +137,20 @@ class ClusterRun:
         self.spec, self.spec_yaml, self.plans, self.backends = spec, spec_yaml, plans, backends
         self.console = console
         self.start_timeout, self.finish_timeout = start_timeout, finish_timeout
-        self.records: list[TaskRecord] = []
+        self.policy = Policy.of(spec, UNREACHABLE_SECS)
+        self.records: list[TaskRecord] = []          # the current start of every task, in plan order
         self.interrupted = threading.Event()
         self.signum = 0
+        self.restarts = 0
+        self.tolerated: set[str] = set()
+        self._unknown_since: dict[str, float] = {}
         self._followers: list[threading.Thread] = []
         self._follow_stop = threading.Event()
+        self._done = threading.Event()
+        self._progress_lock = threading.Lock()
+        self._step: int | None = None                 # the newest global step seen in this start
+        self._step_at = time.monotonic()
+        self._state = LaunchState.new(spec.path, process_ident(os.getpid()) or '')
 
     # -- signals --------------------------------------------------------------------------
     def _on_signal(self, signum, frame):
@@ -140,25 +167,21 @@ class ClusterRun:
     def up(self) -> int:
         restore = self._install_signals()
         t0 = time.monotonic()
-        state = LaunchState.new(self.spec.path, process_ident(os.getpid()) or '')
+        lease = threading.Thread(target=self._renew_leases, name='lease', daemon=True)
         try:
             for name, backend in self.backends.items():
                 backend.prepare([p for p in self.plans if p.backend == name], self.spec_yaml)
-            for plan in self.plans:
-                if self.interrupted.is_set():
-                    break
-                record = self.backends[plan.backend].start(plan)
-                self.records.append(record)
-                state.tasks.append(record)
-                state.save(state_path(self.spec))
-                self._follow(record)
+            self._renew_once()
+            lease.start()
+            self._start(self.plans)
             self.console.say(f'started {len(self.records)} tasks; waiting for their servers')
             wait_for_servers(self.records, self.backends, t0 + self.start_timeout, self.interrupted)
             if not self.interrupted.is_set():
                 self.console.say(f'all {len(self.records)} servers are up after {time.monotonic() - t0:.1f}s')
-                self._watch()
+                self._supervise()
             if self.interrupted.is_set():
-                self.console.say(f'{signal.Signals(self.signum).name} received: stopping every task')
+                self.console.say(f'{signal.Signals(self.signum).name} received: stopping every task '
+                                 '(the chief saves a checkpoint first)')
                 return 128 + self.signum
             self._report(time.monotonic() - t0)
             return EXIT_OK
@@ -168,7 +191,8 @@ class ClusterRun:
                 self.console.say(f'    {line}')
             return EXIT_FAILED
         finally:
-            self._teardown()
+            self._teardown(self.records)
+            self._done.set()
             if all(not self.backends[r.backend].alive(r) for r in self.records):
                 try:
                     os.remove(state_path(self.spec))
@@ -176,59 +200,232 @@ class ClusterRun:
                     pass
             restore()
 
+    def _start(self, plans: list[TaskPlan]) -> None:
+        """Start these tasks (replacing their earlier records), follow their logs, save the state."""
+        for plan in plans:
+            if self.interrupted.is_set():
+                break
+            record = self.backends[plan.backend].start(plan)
+            self.records = [r for r in self.records if r.name != record.name] + [record]
+            self.records.sort(key=lambda r: [p.name for p in self.plans].index(r.name))
+            self._save_state()
+            self._follow(record)
+
+    def _save_state(self) -> None:
+        self._state.tasks = list(self.records)
+        with self._progress_lock:
+            if self._step is not None:
+                self._state.progress = {'global_step': self._step, 'steps': self.spec.train.steps,
+                                        'at': time.time() - (time.monotonic() - self._step_at)}
+        self._state.restarts = self.restarts
+        self._state.save(state_path(self.spec))
+
+    def _renew_once(self) -> None:
+        for name, backend in self.backends.items():
+            backend.renew([p for p in self.plans if p.backend == name])
+
+    def _renew_leases(self) -> None:
+        while not self._done.wait(LEASE_RENEW_SECS):
+            try:
+                self._renew_once()
+            except Exception as e:      # a host that cannot be reached now: the poll reports it
+                log.debug('lease renewal failed: %s', e)
+
     def _follow(self, record: TaskRecord) -> None:
         def pump():
-            for line in self.backends[record.backend].read_log(record, follow=True, stop=self._follow_stop):
+            backend = self.backends[record.backend]
+            for line in backend.read_log(record, follow=True, stop=self._follow_stop, offset=record.log_offset):
                 self.console.line(record.name, line)
+                if record.job == 'worker':
+                    self._saw_line(line)
         t = threading.Thread(target=pump, name=f'follow-{record.name}', daemon=True)
         t.start()
         self._followers.append(t)
 
-    def _watch(self) -> None:
-        """Until every task has exited: fail on the first that exits non-zero. Once one side
-        (all workers, or all ps tasks) is done, the other gets --finish-timeout to follow."""
-        workers = [r for r in self.records if r.job == 'worker']
-        ps = [r for r in self.records if r.job == 'ps']
-        finished: set[str] = set()
-        finish_deadline = None
-        while not self.interrupted.is_set():
-            for r in self.records:
-                if r.name in finished:
-                    continue
+    def _saw_line(self, line: str) -> None:
+        found = supervise.step_of(line)
+        if found is None:
+            return
+        with self._progress_lock:
+            if self._step is None or found[0] > self._step:
+                self._step, self._step_at = found[0], time.monotonic()
+
+    def _progress(self) -> Progress:
+        with self._progress_lock:
+            return Progress(self._step, self.spec.train.steps, time.monotonic() - self._step_at)
+
+    # -- supervision ----------------------------------------------------------------------
+    def _observe(self) -> list[TaskStatus]:
+        """Every current task's state; a host that cannot be asked makes its tasks UNKNOWN."""
+        out = []
+        now = time.monotonic()
+        for r in self.records:
+            try:
                 code = self.backends[r.backend].poll(r)
-                if code is None:
-                    continue
-                if code != 0:
-                    raise TaskFailed(f'{r.name} (pid {r.pid} on {r.host}) {describe_exit(code)}; '
-                                     f'last lines of {r.log}:', _log_tail(r, self.backends))
-                finished.add(r.name)
-            if len(finished) == len(self.records):
+            except BackendError as e:
+                first = self._unknown_since.setdefault(r.name, now)
+                if now - first < 1:
+                    self.console.say(f'warning: cannot ask about {r.name} ({e}); retrying')
+                out.append(TaskStatus(r.name, r.job, r.index, TaskState.UNKNOWN, since=now - first))
+                continue
+            if self._unknown_since.pop(r.name, None) is not None:
+                self.console.say(f'{r.name} can be reached again')
+            if code is None:
+                state = TaskState.RUNNING
+            else:
+                state = TaskState.SUCCEEDED if code == 0 else TaskState.FAILED
+            out.append(TaskStatus(r.name, r.job, r.index, state, exit_code=code))
+        return out
+
+    def _supervise(self) -> None:
+        """Observe, decide, act, until the run is finished, given up (TaskFailed) or interrupted."""
+        tail_deadline = None
+        last_saved = 0.0
+        while not self.interrupted.is_set():
+            statuses = self._observe()
+            decision = supervise.decide(self.policy, statuses, frozenset(self.tolerated), self.restarts,
+                                        self._progress())
+            if decision.action is Action.FINISH:
+                if decision.tasks:
+                    self.console.say(f'every worker is done; stopping {", ".join(decision.tasks)}, which '
+                                     'would wait for the lost workers\' reports')
+                    self._teardown([r for r in self.records if r.name in decision.tasks])
                 return
-            # Once every worker is done the ps tasks exit by themselves; once every ps is done (they
-            # wait for every worker's report) a worker has nothing left but to exit.
-            workers_done = all(w.name in finished for w in workers)
-            if workers_done or all(p.name in finished for p in ps):
-                if finish_deadline is None:
-                    finish_deadline = time.monotonic() + self.finish_timeout
-                elif time.monotonic() > finish_deadline:
-                    left = ', '.join(r.name for r in self.records if r.name not in finished)
-                    self.console.say(f'warning: {left} still running {self.finish_timeout:.0f}s after the '
-                                     f'{"workers" if workers_done else "ps tasks"} finished; stopping them '
-                                     '(raise --finish-timeout)')
+            if decision.action is Action.GIVE_UP:
+                raise self._give_up(decision, statuses)
+            if decision.action is Action.TOLERATE:
+                self.tolerated.update(decision.tasks)
+                left = self.spec.num_workers - len([n for n in self.tolerated if n.startswith('worker:')])
+                self.console.say(f'{decision.reason}; training goes on with {left} worker(s) '
+                                 '(restart: never)')
+            elif decision.action is Action.RESTART_TASKS:
+                self.restarts += 1
+                self.console.say(f'restart {self.restarts}/{self.policy.max_restarts}: {decision.reason}; '
+                                 f'starting {", ".join(decision.tasks)} again, it rejoins the training')
+                self._start([dataclasses.replace(p, restart=self.restarts) for p in self.plans
+                             if p.name in decision.tasks])
+            elif decision.action is Action.RESTART:
+                self._restart_cluster(decision, statuses)
+                tail_deadline = None
+            else:
+                tail_deadline = self._check_tail(statuses, tail_deadline)
+                if tail_deadline == -1:
                     return
+            if time.monotonic() - last_saved > 2:
+                self._save_state()
+                last_saved = time.monotonic()
             time.sleep(0.2)
 
-    def _teardown(self) -> None:
-        stop_all(self.records, self.backends)
+    def _check_tail(self, statuses: list[TaskStatus], deadline: float | None) -> float | None:
+        """Once one side (all workers, or all ps tasks) has finished, the other gets --finish-timeout
+        to follow; returns the deadline, or -1 once it has passed (what is left is then stopped)."""
+        finished = {t.name for t in statuses if t.state is TaskState.SUCCEEDED}
+        workers_done = all(t.name in finished for t in statuses if t.job == 'worker')
+        ps_done = all(t.name in finished for t in statuses if t.job == 'ps')
+        if not (workers_done or ps_done):
+            return None
+        if deadline is None:
+            return time.monotonic() + self.finish_timeout
+        if time.monotonic() > deadline:
+            left = ', '.join(t.name for t in statuses if t.name not in finished)
+            self.console.say(f'warning: {left} still running {self.finish_timeout:.0f}s after the '
+                             f'{"workers" if workers_done else "ps tasks"} finished; stopping them '
+                             '(raise --finish-timeout)')
+            return -1
+        return deadline
+
+    def _explain_stall(self, decision: Decision) -> str:
+        """Name what each stuck task is doing: stopped, not answering, or answering (waiting)."""
+        running = [r for r in self.records if r.name in decision.tasks]
+
+        def probe(r: TaskRecord) -> tuple[TaskRecord, bool, str | None]:
+            return r, grpc_answers(r.host, r.port, PROBE_SECS), self.backends[r.backend].describe(r)
+
+        with ThreadPoolExecutor(max_workers=max(1, len(running))) as pool:
+            found = list(pool.map(probe, running))
+        silent = [f'{r.name} {how + " and " if how else ""}does not answer on {address(r.host, r.port)}'
+                  for r, answers, how in found if not answers or how]
+        waiting = [r.name for r, answers, how in found if answers and not how]
+        parts = silent or ['every task answers on its port, so none is frozen; the cause is inside the '
+                           'training (a lost gradient, a deadlock)']
+        if silent and waiting:
+            parts.append(f'{", ".join(waiting)} answer{"s" if len(waiting) == 1 else ""} and '
+                         f'wait{"s" if len(waiting) == 1 else ""} for {"it" if len(silent) == 1 else "them"}')
+        return '; '.join(parts)
+
+    def _restart_cluster(self, decision: Decision, statuses: list[TaskStatus]) -> None:
+        """Stop every task (the chief checkpoints first if it can), then start them all again: the
+        chief restores the newest checkpoint and training goes on to the requested step."""
+        self.restarts += 1
+        cause = decision.reason
+        if decision.stalled:
+            cause = f'stall: {cause}; {self._explain_stall(decision)}'
+        self.console.say(f'restart {self.restarts}/{self.policy.max_restarts}: {cause}; stopping every task')
+        self._teardown(self.records)
+        step = self._checkpoint_step()
+        self.console.say(f'restart {self.restarts}/{self.policy.max_restarts}: resuming from '
+                         + (f'the checkpoint at global step {step}' if step is not None else
+                            'step 0 (no checkpoint was written yet)'))
+        self.tolerated.clear()
+        self._unknown_since.clear()
+        with self._progress_lock:
+            self._step, self._step_at = None, time.monotonic()
         self._follow_stop.set()
         for t in self._followers:
             t.join(timeout=5)
+        self._followers, self._follow_stop = [], threading.Event()
+        t0 = time.monotonic()
+        self._start([dataclasses.replace(p, restart=self.restarts) for p in self.plans])
+        wait_for_servers(self.records, self.backends, t0 + self.start_timeout, self.interrupted)
+
+    def _checkpoint_step(self) -> int | None:
+        chief = next((r for r in self.records if r.job == 'worker' and r.index == 0), None)
+        if chief is None:
+            return None
+        text = self.backends[chief.backend].read_file(chief, checkpoint_state_path(self.spec))
+        return supervise.checkpoint_step(text)
+
+    def _give_up(self, decision: Decision, statuses: list[TaskStatus]) -> TaskFailed:
+        """The one line a lost run ends with: which task, how, its last Python error, and where
+        a new `launch up` would resume."""
+        if decision.stalled:
+            message = f'stall: {decision.reason}; {self._explain_stall(decision)}'
+        else:
+            lost = [r for r in self.records if r.name in decision.tasks]
+            first = lost[0]
+            where = f'pid {first.pid} on {first.host}'
+            message = f'{decision.reason.replace(first.name, f"{first.name} ({where})", 1)}'
+            error = supervise.last_error_line(_log_tail(first, self.backends, 200))
+            if error:
+                message += f'; its last error: {error}'
+        if self.restarts >= self.policy.max_restarts and self.policy.restart == 'on-failure':
+            message += f'; {self.restarts} restart(s) made, the most supervise.max_restarts allows'
+        self._teardown(self.records)        # the chief's checkpoint first, so the step below is current
+        step = self._checkpoint_step()
+        message += ('; a new `launch up` resumes from the checkpoint at global step '
+                    f'{step}' if step is not None else '; no checkpoint was written: a new `launch up` '
+                                                       'starts from step 0')
+        return TaskFailed(message)
+
+    def _teardown(self, records: list[TaskRecord]) -> None:
+        """Stop these tasks: the chief first, with time to write its checkpoint while the ps tasks
+        still run (only then can it save), then everything else at once."""
+        live = [r for r in records if self.backends[r.backend].alive(r)]
+        chief = [r for r in live if r.job == 'worker' and r.index == 0]
+        ps_alive = all(self.backends[r.backend].alive(r) for r in self.records if r.job == 'ps')
+        if chief and ps_alive:
+            self.backends[chief[0].backend].stop(chief, grace=CHECKPOINT_GRACE_SECS)
+        stop_all([r for r in live if r not in chief or not ps_alive], self.backends)
+        if records is self.records:
+            self._follow_stop.set()
+            for t in self._followers:
+                t.join(timeout=5)
 
     def _report(self, seconds: float) -> None:
         """One closing line, from the figures each worker left in its train_dir on its host."""
         results = []
         for r in self.records:
-            if r.job != 'worker':
+            if r.job != 'worker' or r.name in self.tolerated:
                 continue
             text = self.backends[r.backend].read_file(r, os.path.join(self.spec.train.train_dir,
                                                                     f'worker-{r.index}.json'))
@@ -246,4 +443,11 @@ class ClusterRun:
             chief = [r for r in results if r['task'] == 'worker:0']
             if chief:
                 summary += f', final loss {chief[0]["loss"]:.3f}'
+        notes = []
+        if self.restarts:
+            notes.append(f'{self.restarts} restart(s)')
+        if self.tolerated:
+            notes.append(f'lost {", ".join(sorted(self.tolerated))}')
+        if notes:
+            summary += f' ({"; ".join(notes)})'
         self.console.say(summary)

@@ -46,6 +46,7 @@ from launch.plan import TaskPlan
 log = logging.getLogger(__name__)
 
 SNAPSHOT_TTL = 0.3            # seconds a host's status snapshot answers poll/alive
+LEASE_RENEW_SECS = 5.0        # how often the tasks' lease files on a host are touched
 LOG_POLL_SECS = 0.25          # how often a followed log is read again
 LOG_CHUNK = 1 << 20
 CONNECT_TIMEOUT = 10          # seconds, unless the ssh config says ConnectTimeout
@@ -116,6 +117,8 @@ class _Host:
     records: dict[str, TaskRecord] = field(default_factory=dict)
     snapshot: dict[str, tuple[str, int | None]] = field(default_factory=dict)
     snapshot_at: float = 0.0
+    states: dict[str, str] = field(default_factory=dict)        # task -> /proc state letter
+    renewed_at: float = 0.0
     warned: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)           # connection
     sftp_lock: threading.Lock = field(default_factory=threading.Lock)      # SFTP is not thread-safe
@@ -375,24 +378,26 @@ class SSHBackend(Backend):
         wrapper = (f'trap : TERM; exec 3>&2 2>/dev/null; {command} 2>&3 3>&- & t=$!; '
                    f'while :; do wait $t; r=$?; kill -0 $t || break; done; '
                    f'wait $t; s=$?; [ $s -eq 127 ] || r=$s; echo $r > {_q(rcfile)}')
+        redirect = '>>' if plan.restart else '>'     # a restart keeps the earlier output
         script = '\n'.join([
             f'cd {_q(workdir)} || exit 1',
             f'rm -f {_q(rcfile)} {_q(pidfile)}',
-            f'setsid nohup sh -c {_q(wrapper)} > {_q(log_file)} 2>&1 < /dev/null &',
+            f'o=$(wc -c < {_q(log_file)} 2>/dev/null || echo 0)' if plan.restart else 'o=0',
+            f'setsid nohup sh -c {_q(wrapper)} {redirect} {_q(log_file)} 2>&1 < /dev/null &',
             'p=$!',
             f'echo $p > {_q(pidfile)}',
-            f'echo "$p $({_STARTTIME.format(pid="$p")})"',
+            f'echo "$o $p $({_STARTTIME.format(pid="$p")})"',
         ])
         result = self._run(name, script)
         try:
-            pid_text, ident = result.stdout.split()[-2:]
-            pid = int(pid_text)
+            offset_text, pid_text, ident = result.stdout.split()[-3:]
+            pid, offset = int(pid_text), int(offset_text)
         except ValueError:
             last = (result.stderr.strip().splitlines() or ['no output'])[-1]
             raise SSHError(name, f'could not start {plan.name} (exit {result.exited}): {last}') from None
         t = plan.task
         record = TaskRecord(name=t.name, job=t.job, index=t.index, host=t.host, port=t.port, backend=self.name,
-                            pid=pid, log=log_file, ident=ident, cwd=workdir,
+                            pid=pid, log=log_file, ident=ident, cwd=workdir, log_offset=offset,
                             extra={'pidfile': pidfile, 'rcfile': rcfile, 'target': ssh_target(plan, self.ssh_config)})
         h = self._host(name)
         with h.snapshot_lock:
@@ -428,8 +433,36 @@ class SSHBackend(Backend):
                 continue
             fields = stat[stat.rfind(')') + 2:].split() if ')' in stat else []
             running = len(fields) > 19 and fields[0] not in 'ZX' and (not r.ident or fields[19] == r.ident)
-            snapshot[r.name] = ('running', None) if running else ('gone', None)
+            self._host(name).states[r.name] = fields[0] if running else ''
+            if running:
+                snapshot[r.name] = ('running', None)
+                continue
+            snapshot[r.name] = ('gone', None)
         return snapshot
+
+    def describe(self, record):
+        # The wrapper shell is the recorded pid; a stopped task shows in its process group, which
+        # `kill -STOP -PGID` (or the host's own tools) stop together with the wrapper.
+        state = self._host(record.host).states.get(record.name, '')
+        return 'is stopped (SIGSTOP, or a debugger)' if state in ('T', 't') else None
+
+    def renew(self, plans):
+        groups = self._by_host(plans, lambda p: p.task.host)
+
+        def touch(item):
+            name, mine = item
+            h = self._host(name)
+            if time.monotonic() - h.renewed_at < LEASE_RENEW_SECS:
+                return
+            paths = {posixpath.join(self._workdir(name, p.cwd), p.env['TFCLUSTER_LEASE'])
+                     for p in mine if 'TFCLUSTER_LEASE' in p.env}
+            script = '; '.join(f'mkdir -p {_q(posixpath.dirname(x))}; touch {_q(x)}' for x in sorted(paths))
+            try:
+                self._run(name, script or 'true', timeout=CONNECT_TIMEOUT + 10)
+                h.renewed_at = time.monotonic()
+            except SSHError as e:
+                log.debug('lease renewal on %s failed: %s', name, e)
+        self._parallel(touch, groups.items())
 
     def _invalidate(self, name: str) -> None:
         self._host(name).snapshot_at = 0.0
@@ -464,7 +497,7 @@ class SSHBackend(Backend):
         script = f'''k=''
 {ours}
 [ -n "$k" ] || exit 0
-for p in $k; do kill -TERM -$p 2>/dev/null; done
+for p in $k; do kill -TERM -$p 2>/dev/null; kill -CONT -$p 2>/dev/null; done
 wait_gone() {{
   i=0
   while [ $i -lt $1 ]; do
@@ -501,7 +534,7 @@ wait_gone 50
         except (SSHError, OSError):
             return None
 
-    def read_log(self, record_or_plan, follow=False, stop=None):
+    def read_log(self, record_or_plan, follow=False, stop=None, offset=0):
         if isinstance(record_or_plan, TaskRecord):
             name, path = record_or_plan.host, record_or_plan.log
         else:
@@ -509,12 +542,12 @@ wait_gone 50
             name = plan.task.host
             cwd = self._host(name).workdirs.get(plan.cwd, _remote_dir(plan.cwd))
             path = posixpath.join(cwd, plan.log_path)
-        return self._read_log(name, path, stop if follow else None)
+        return self._read_log(name, path, stop if follow else None, offset)
 
-    def _read_log(self, name: str, path: str, stop: threading.Event | None):
+    def _read_log(self, name: str, path: str, stop: threading.Event | None, offset: int = 0):
         """Complete lines of a remote file read with SFTP from an offset; with `stop`, keep polling
         until it is set and the file has no more. A missing file counts as empty."""
-        offset, pending = 0, b''
+        pending = b''
 
         def read_more(sftp) -> bytes:
             try:

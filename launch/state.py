@@ -17,11 +17,14 @@ class LaunchState:
     launcher_ident: str
     started: float
     tasks: list[TaskRecord] = field(default_factory=list)
+    progress: dict | None = None     # {'global_step', 'steps', 'at' (epoch seconds)}: the newest step seen
+    restarts: int = 0
 
     def save(self, path: str) -> None:
         os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
         data = {'spec': self.spec, 'launcher_pid': self.launcher_pid, 'launcher_ident': self.launcher_ident,
-                'started': self.started, 'tasks': [t.to_dict() for t in self.tasks]}
+                'started': self.started, 'tasks': [t.to_dict() for t in self.tasks],
+                'progress': self.progress, 'restarts': self.restarts}
         with open(path + '.tmp', 'w') as f:
             json.dump(data, f, indent=1)
         os.replace(path + '.tmp', path)
@@ -34,7 +37,8 @@ class LaunchState:
         except FileNotFoundError:
             return None
         tasks = [TaskRecord.from_dict(t) for t in data.pop('tasks', [])]
-        return cls(tasks=tasks, **data)
+        known = set(cls.__dataclass_fields__)
+        return cls(tasks=tasks, **{k: v for k, v in data.items() if k in known})
 
     @staticmethod
     def new(spec_path: str, launcher_ident: str) -> 'LaunchState':

@@ -80,7 +80,7 @@ def free_ports(n: int) -> list[int]:
 
 
 def write_spec(path, workers: int = 2, ps: int = 1, host: str = 'localhost', hosts: dict | None = None,
-               task_hosts: list[str] | None = None, **train) -> str:
+               task_hosts: list[str] | None = None, supervise: dict | None = None, **train) -> str:
     """A spec file with free ports and a train_dir next to it; `train` overrides the defaults.
     `task_hosts` gives each task's host (ps tasks first, then workers) instead of `host` for all."""
     ports = free_ports(ps + workers)
@@ -92,6 +92,8 @@ def write_spec(path, workers: int = 2, ps: int = 1, host: str = 'localhost', hos
     spec = {'cluster': {'ps': [f'{h}:{p}' for h, p in zip(where[:ps], ports[:ps])],
                         'worker': [f'{h}:{p}' for h, p in zip(where[ps:], ports[ps:])]},
             'train': settings}
+    if supervise:
+        spec['supervise'] = supervise
     if hosts:
         spec['hosts'] = hosts
     file = path / 'spec.yaml'

@@ -293,7 +293,7 @@ BAD_SPECS = [
      None, ['YAML syntax error']),
     ('yaml-tab', 'cluster:\n\tps: [localhost:2222]  # <-\n', None, ['YAML syntax error']),
     ('not-a-mapping', '- cluster  # <-\n', None, ['mapping']),
-    ('top-level-unknown', TRAIN + 'trian:  # <-\n  steps: 3\n', 'trian', ['unknown key', 'cluster, train, hosts']),
+    ('top-level-unknown', TRAIN + 'trian:  # <-\n  steps: 3\n', 'trian', ['unknown key', 'cluster, train, supervise, hosts']),
     ('train-unknown', TRAIN + '  stesp: 3  # <-\n', 'train.stesp',
      ['unknown key', 'batch_size', 'devices', 'steps', 'sync', 'train_dir']),
     ('train-not-mapping', CLUSTER + 'train: [1, 2]  # <-\n', 'train', ['mapping']),

@@ -1,0 +1,188 @@
+"""The supervisor's decisions, as a pure function of task states and training progress.
+
+`launch/run.py` observes the tasks (through their backends) and the global step (from the workers'
+progress lines), and asks `decide` what to do; it never decides itself. So every rule here is
+tested in milliseconds with plain values (tests/test_supervise.py), and the real-cluster tests
+only check that the decisions are carried out.
+
+The rules, in order:
+  - a task that ended badly, or that no one can reach for `unreachable_secs`, is lost. Losing a
+    non-chief worker is tolerated when the training copes without it: always in async mode, and in
+    sync mode while at least `replicas_to_aggregate` workers are left. With `restart: on-failure`
+    (and restarts left) a tolerated worker is started again and rejoins.
+  - losing a ps, the chief, or too many sync workers is fatal: restart the cluster from its
+    checkpoint if the policy allows and restarts are left, else give up.
+  - no new global step for `stall_secs` (once the first step is seen, and until the last) is a
+    stall: restart or give up likewise.
+  - once every worker is done (finished, or lost and tolerated), the run is finished; ps tasks
+    left running then are only waiting for reports that will never come.
+"""
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+
+from cluster.spec import ClusterSpec
+
+
+class TaskState(enum.Enum):
+    STARTING = 'starting'
+    RUNNING = 'running'
+    SUCCEEDED = 'succeeded'
+    FAILED = 'failed'
+    UNKNOWN = 'unknown'      # its host could not be asked; `since` says for how long
+
+
+@dataclass(frozen=True)
+class TaskStatus:
+    name: str                # 'worker:1'
+    job: str
+    index: int
+    state: TaskState
+    exit_code: int | None = None     # FAILED: the code (negative: killed by that signal)
+    since: float = 0.0               # UNKNOWN: seconds it has been unknown
+
+    @property
+    def is_chief(self) -> bool:
+        return self.job == 'worker' and self.index == 0
+
+
+@dataclass(frozen=True)
+class Progress:
+    step: int | None          # the newest global step any worker reported; None before the first
+    total: int                # train.steps
+    quiet_secs: float         # seconds since `step` last changed (or since the run began)
+
+
+class Action(enum.Enum):
+    CONTINUE = 'continue'
+    TOLERATE = 'tolerate'            # note the lost worker(s) and go on
+    RESTART_TASKS = 'restart tasks'  # start the lost worker(s) again; the rest keep training
+    RESTART = 'restart'              # stop everything, start again from the checkpoint
+    FINISH = 'finish'                # every worker is done: stop what is left, exit 0
+    GIVE_UP = 'give up'              # exit 1
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    tasks: tuple[str, ...] = ()      # the tasks the decision is about (lost, or stuck)
+    reason: str = ''                 # why, in words, for the one line the user sees
+    stalled: bool = False
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What `decide` needs of the spec: kept small so tests can state it directly."""
+    sync: bool
+    num_workers: int
+    replicas_to_aggregate: int
+    restart: str = 'never'
+    max_restarts: int = 3
+    stall_secs: float = 60.0
+    unreachable_secs: float = 30.0
+
+    @classmethod
+    def of(cls, spec: ClusterSpec, unreachable_secs: float = 30.0) -> 'Policy':
+        s = spec.supervise
+        return cls(sync=spec.train.sync, num_workers=spec.num_workers,
+                   replicas_to_aggregate=spec.replicas_to_aggregate, restart=s.restart,
+                   max_restarts=s.max_restarts, stall_secs=s.stall_secs, unreachable_secs=unreachable_secs)
+
+
+def is_lost(t: TaskStatus, policy: Policy) -> bool:
+    return t.state is TaskState.FAILED or (t.state is TaskState.UNKNOWN and t.since >= policy.unreachable_secs)
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return 'could not be reached'
+    if code < 0:
+        import signal
+        try:
+            return f'was killed by {signal.Signals(-code).name}'
+        except ValueError:
+            return f'was killed by signal {-code}'
+    return f'exited with code {code}'
+
+
+def how_lost(t: TaskStatus) -> str:
+    if t.state is TaskState.UNKNOWN:
+        return f'{t.name} could not be reached for {t.since:.0f}s'
+    return f'{t.name} {describe_exit(t.exit_code)}'
+
+
+def decide(policy: Policy, tasks: list[TaskStatus], tolerated: frozenset[str] | set[str],
+           restarts: int, progress: Progress) -> Decision:
+    """What to do now. `tolerated`: workers already lost and let go (not counted again);
+    `restarts`: restarts made so far in this run."""
+    can_restart = policy.restart == 'on-failure' and restarts < policy.max_restarts
+    newly_lost = [t for t in tasks if is_lost(t, policy) and t.name not in tolerated]
+    if newly_lost:
+        fatal = [t for t in newly_lost if t.job == 'ps' or t.is_chief]
+        if policy.sync:
+            lost_workers = {t.name for t in tasks if t.job == 'worker' and is_lost(t, policy)} | set(tolerated)
+            left = policy.num_workers - len(lost_workers)
+            if not fatal and left < policy.replicas_to_aggregate:
+                fatal = [t for t in newly_lost if t.job == 'worker']
+                why = (f'; {left} worker(s) left, fewer than the {policy.replicas_to_aggregate} '
+                       'each sync step needs')
+            else:
+                why = ''
+        else:
+            why = ''
+        names = tuple(t.name for t in newly_lost)
+        reason = ', '.join(how_lost(t) for t in newly_lost)
+        if fatal:
+            return Decision(Action.RESTART if can_restart else Action.GIVE_UP, names, reason + why)
+        return Decision(Action.RESTART_TASKS if can_restart else Action.TOLERATE, names, reason)
+
+    workers = [t for t in tasks if t.job == 'worker']
+    done = all(t.state is TaskState.SUCCEEDED or t.name in tolerated for t in workers)
+    if done:
+        ps_running = [t for t in tasks if t.job == 'ps' and t.state is not TaskState.SUCCEEDED]
+        # With every worker reported, the ps tasks leave by themselves; a lost worker never reports.
+        if not ps_running or tolerated:
+            return Decision(Action.FINISH, tuple(t.name for t in ps_running))
+        return Decision(Action.CONTINUE)
+
+    if progress.step is not None and progress.step < progress.total and progress.quiet_secs >= policy.stall_secs:
+        stuck = tuple(t.name for t in tasks if t.state in (TaskState.RUNNING, TaskState.UNKNOWN))
+        reason = f'no new global step for {progress.quiet_secs:.0f}s (stuck at {progress.step}/{progress.total})'
+        return Decision(Action.RESTART if can_restart else Action.GIVE_UP, stuck, reason, stalled=True)
+    return Decision(Action.CONTINUE)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading what tasks leave behind (pure: text in, facts out)
+
+_PY_ERROR = re.compile(r'^([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)|KeyboardInterrupt)(:\s.*)?$')
+_LOGGED_ERROR = re.compile(r'^\d\d:\d\d:\d\d E (.+)$')      # cluster.task's own error lines
+_STEP = re.compile(r'\bstep (\d+)/(\d+)\b')
+_CHECKPOINT = re.compile(r'^model_checkpoint_path:\s*"(?:.*?)-(\d+)"\s*$', re.M)
+
+
+def last_error_line(lines: list[str]) -> str | None:
+    """The last Python error of a task's output: an exception line of a traceback, or an error the
+    task logged itself. TensorFlow's C++ chatter (absl `E1122 ...` lines) is not an explanation."""
+    for line in reversed(lines):
+        text = line.strip()
+        m = _LOGGED_ERROR.match(text)
+        if m:
+            return m.group(1)
+        if _PY_ERROR.match(text):
+            return text
+    return None
+
+
+def step_of(line: str) -> tuple[int, int] | None:
+    """(global step, total) from a worker's progress line `step 57/200 ...`."""
+    m = _STEP.search(line)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def checkpoint_step(checkpoint_file_text: str | None) -> int | None:
+    """The global step of the newest checkpoint named in TensorFlow's `checkpoint` file."""
+    m = _CHECKPOINT.search(checkpoint_file_text or '')
+    return int(m.group(1)) if m else None

@@ -1,0 +1,162 @@
+"""The supervisor's decisions as a table (pure, milliseconds), and the observation of tasks over a
+fake backend. The real-cluster tests (tests/test_faults.py) check that the decisions are carried out."""
+from __future__ import annotations
+
+import pytest
+
+from launch import supervise
+from launch.backend import Backend, BackendError, TaskRecord
+from launch.supervise import Action, Policy, Progress, TaskState, TaskStatus, decide
+
+R, S, F, U = TaskState.RUNNING, TaskState.SUCCEEDED, TaskState.FAILED, TaskState.UNKNOWN
+QUIET = Progress(step=10, total=100, quiet_secs=1.0)
+
+
+def cluster(*states, codes=None, since=0.0, ps=1):
+    """ps tasks then workers, from state letters: cluster(R, R, F) is ps:0 running, worker:0
+    running, worker:1 failed (killed by SIGKILL unless `codes` says otherwise)."""
+    out = []
+    for i, state in enumerate(states):
+        job, index = ('ps', i) if i < ps else ('worker', i - ps)
+        code = (codes or {}).get(f'{job}:{index}', -9) if state is F else (0 if state is S else None)
+        out.append(TaskStatus(f'{job}:{index}', job, index, state, exit_code=code,
+                              since=since if state is U else 0.0))
+    return out
+
+
+def policy(sync=True, workers=2, r=None, restart='never', max_restarts=3, stall=60.0):
+    return Policy(sync=sync, num_workers=workers, replicas_to_aggregate=r or workers, restart=restart,
+                  max_restarts=max_restarts, stall_secs=stall, unreachable_secs=30.0)
+
+
+@pytest.mark.parametrize('name, pol, tasks, tolerated, restarts, progress, action, about', [
+    ('all running', policy(), cluster(R, R, R), (), 0, QUIET, Action.CONTINUE, ()),
+    ('async non-chief lost: tolerate', policy(sync=False), cluster(R, R, F), (), 0, QUIET,
+     Action.TOLERATE, ('worker:1',)),
+    ('async non-chief lost, on-failure: that worker again', policy(sync=False, restart='on-failure'),
+     cluster(R, R, F), (), 0, QUIET, Action.RESTART_TASKS, ('worker:1',)),
+    ('already tolerated: not again', policy(sync=False), cluster(R, R, F), {'worker:1'}, 0, QUIET,
+     Action.CONTINUE, ()),
+    ('sync backup worker lost, R still reachable', policy(workers=3, r=2), cluster(R, R, R, F), (), 0, QUIET,
+     Action.TOLERATE, ('worker:2',)),
+    ('sync second worker lost: fewer than R left', policy(workers=3, r=2), cluster(R, R, F, F), {'worker:2'}, 0,
+     QUIET, Action.GIVE_UP, ('worker:1',)),
+    ('sync without backups: a lost worker is fatal', policy(), cluster(R, R, F), (), 0, QUIET,
+     Action.GIVE_UP, ('worker:1',)),
+    ('sync without backups, on-failure: restart the cluster', policy(restart='on-failure'), cluster(R, R, F),
+     (), 0, QUIET, Action.RESTART, ('worker:1',)),
+    ('ps lost', policy(sync=False), cluster(F, R, R), (), 0, QUIET, Action.GIVE_UP, ('ps:0',)),
+    ('chief lost in async mode too', policy(sync=False), cluster(R, F, R), (), 0, QUIET,
+     Action.GIVE_UP, ('worker:0',)),
+    ('chief lost, on-failure', policy(restart='on-failure'), cluster(R, F, R), (), 2, QUIET,
+     Action.RESTART, ('worker:0',)),
+    ('restarts used up', policy(restart='on-failure', max_restarts=2), cluster(R, F, R), (), 2, QUIET,
+     Action.GIVE_UP, ('worker:0',)),
+    ('max_restarts 0 is never', policy(sync=False, restart='on-failure', max_restarts=0), cluster(R, R, F), (),
+     0, QUIET, Action.TOLERATE, ('worker:1',)),
+    ('a clean early exit is no loss', policy(), cluster(R, R, S), (), 0, QUIET, Action.CONTINUE, ()),
+    ('unreachable briefly: wait', policy(), cluster(R, U, R, since=5), (), 0, QUIET, Action.CONTINUE, ()),
+    ('unreachable past the deadline: lost', policy(), cluster(U, R, R, since=31), (), 0, QUIET,
+     Action.GIVE_UP, ('ps:0',)),
+    ('every worker done, ps leaving by itself', policy(), cluster(R, S, S), (), 0, QUIET, Action.CONTINUE, ()),
+    ('every worker done, ps gone too', policy(), cluster(S, S, S), (), 0, QUIET, Action.FINISH, ()),
+    ('workers done, one lost: stop the waiting ps', policy(sync=False), cluster(R, S, F), {'worker:1'}, 0,
+     QUIET, Action.FINISH, ('ps:0',)),
+    ('stall', policy(stall=30), cluster(R, R, R), (), 0, Progress(10, 100, 31.0), Action.GIVE_UP,
+     ('ps:0', 'worker:0', 'worker:1')),
+    ('stall, on-failure', policy(stall=30, restart='on-failure'), cluster(R, R, R), (), 0,
+     Progress(10, 100, 31.0), Action.RESTART, ('ps:0', 'worker:0', 'worker:1')),
+    ('no stall before the first step', policy(stall=30), cluster(R, R, R), (), 0, Progress(None, 100, 99.0),
+     Action.CONTINUE, ()),
+    ('no stall after the last step', policy(stall=30), cluster(R, R, R), (), 0, Progress(100, 100, 99.0),
+     Action.CONTINUE, ()),
+    ('a loss is named before a stall', policy(stall=30), cluster(R, R, F), (), 0, Progress(10, 100, 99.0),
+     Action.GIVE_UP, ('worker:1',)),
+])
+def test_decide(name, pol, tasks, tolerated, restarts, progress, action, about):
+    decision = decide(pol, tasks, frozenset(tolerated), restarts, progress)
+    assert (decision.action, decision.tasks) == (action, about), (name, decision)
+
+
+def test_reasons_say_how_a_task_was_lost():
+    d = decide(policy(), cluster(R, R, F, codes={'worker:1': 3}), frozenset(), 0, QUIET)
+    assert d.reason.startswith('worker:1 exited with code 3; 1 worker(s) left, fewer than the 2')
+    d = decide(policy(), cluster(R, R, F), frozenset(), 0, QUIET)
+    assert 'worker:1 was killed by SIGKILL' in d.reason
+    d = decide(policy(), cluster(U, R, R, since=40), frozenset(), 0, QUIET)
+    assert d.reason == 'ps:0 could not be reached for 40s'
+    d = decide(policy(stall=5), cluster(R, R, R), frozenset(), 0, Progress(7, 50, 6.2))
+    assert d.stalled and d.reason == 'no new global step for 6s (stuck at 7/50)'
+
+
+@pytest.mark.parametrize('lines, expected', [
+    (['Traceback (most recent call last):', '  File "x.py", line 1', 'ValueError: bad value'], 'ValueError: bad value'),
+    (['12:00:01 E worker:1: UnavailableError: Socket closed', 'E1122 12:00:02.1 123 grpc.cc:1] chatter'],
+     'worker:1: UnavailableError: Socket closed'),
+    (['tensorflow.python.framework.errors_impl.DataLossError: truncated', '12:00:03 I ok'],
+     'tensorflow.python.framework.errors_impl.DataLossError: truncated'),
+    (['KeyboardInterrupt'], 'KeyboardInterrupt'),
+    (['W1122 12:00:00 oneDNN custom operations are on', 'I1122 started'], None),
+    ([], None),
+])
+def test_last_error_line(lines, expected):
+    assert supervise.last_error_line(lines) == expected
+
+
+def test_progress_and_checkpoint_parsing():
+    assert supervise.step_of('12:00:00 I step 57/200  loss 3.1  400 images/s') == (57, 200)
+    assert supervise.step_of('12:00:00 I session ready after 1.0s at global step 0') is None
+    text = 'model_checkpoint_path: "/runs/x/model.ckpt-120"\nall_model_checkpoint_paths: "model.ckpt-100"\n'
+    assert supervise.checkpoint_step(text) == 120
+    assert supervise.checkpoint_step(None) is None and supervise.checkpoint_step('garbage') is None
+
+
+class FakeBackend(Backend):
+    """Scripted poll results per task: None (running), an exit code, or 'down' (host unreachable)."""
+    name = 'fake'
+
+    def __init__(self, script: dict[str, object]):
+        self.script = script
+
+    def check(self, plans, imports=False):
+        return []
+
+    def start(self, plan):
+        raise NotImplementedError
+
+    def poll(self, record):
+        value = self.script[record.name]
+        if value == 'down':
+            raise BackendError(f'{record.host}: unreachable: connection refused')
+        return value
+
+    def alive(self, record):
+        return self.script[record.name] is None
+
+    def stop(self, records, grace=0):
+        for r in records:
+            self.script[r.name] = -15
+
+    def read_log(self, record_or_plan, follow=False, stop=None, offset=0):
+        return iter(())
+
+    def read_file(self, record, path):
+        return None
+
+
+def test_observing_over_a_fake_backend_turns_polls_into_states(tmp_path):
+    from launch.run import ClusterRun, Console
+    from tests.conftest import write_spec
+    from cluster.spec import load_spec
+    spec = load_spec(write_spec(tmp_path, workers=3, replicas_to_aggregate=2))
+    backend = FakeBackend({'ps:0': None, 'worker:0': None, 'worker:1': -9, 'worker:2': 'down'})
+    run = ClusterRun(spec, '', [], {'fake': backend}, Console(stream=open(tmp_path / 'out', 'w')))
+    run.records = [TaskRecord(t.name, t.job, t.index, t.host, t.port, 'fake', 100 + i, 'log')
+                   for i, t in enumerate(spec.tasks)]
+    states = {t.name: (t.state, t.exit_code) for t in run._observe()}
+    assert states == {'ps:0': (R, None), 'worker:0': (R, None), 'worker:1': (F, -9), 'worker:2': (U, None)}
+    # One lost backup worker is tolerated; the unreachable one is not lost yet.
+    decision = decide(run.policy, run._observe(), frozenset(), 0, QUIET)
+    assert (decision.action, decision.tasks) == (Action.TOLERATE, ('worker:1',))
+    backend.script['worker:2'] = None
+    assert [t.state for t in run._observe()] == [R, R, F, R]
