@@ -31,6 +31,7 @@ READY_POLL_SECS = 0.5                # how often a non-chief checks that the chi
 PS_LINGER_SECS = 2.0                 # a ps stays this long after the last "done", so that reply arrives
 DONE_TIMEOUT_MS = 30_000             # a worker waits this long for the ps tasks to take its "done"
 STOP_SAVE_SECS = 20.0                # a stopped chief gives its last checkpoint this long, then exits
+STEP_WAIT_SECS = 5.0                 # ...of which the step under way may take this long to finish
 
 
 class CheckpointError(Exception):
@@ -304,6 +305,7 @@ class GracefulStop:
         self._read = read
         self._save = None
         self.lock = threading.Lock()        # one save at a time: the loop's, the final one, or ours
+        self.step_lock = threading.Lock()   # held by the loop while it trains one step
         signal.set_wakeup_fd(write)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *a: None)
@@ -320,6 +322,10 @@ class GracefulStop:
                                                     f'finish within {STOP_SAVE_SECS:.0f}s; exiting')).start()
         if self._save is None:
             _exit_now(code, logging.INFO, f'{name} received before training began; nothing to save')
+        # Between two steps the global step is still (in sync mode), so the checkpoint's name
+        # matches what it holds; a loop blocked in a stalled step is not waited for long. The loop
+        # never gets the lock back: no step starts after the save.
+        self.step_lock.acquire(timeout=STEP_WAIT_SECS)
         try:
             with self.lock:
                 step = self._save()
@@ -342,6 +348,7 @@ def _train_loop(sess, spec: ClusterSpec, task: TaskSpec, g: _Graph, start: float
     log.info('session ready after %.1fs at global step %d', time.monotonic() - start, first)
     writer = v1.summary.FileWriter(train.train_dir, sess.graph) if task.is_chief else None
     save_lock = stopper.lock if stopper else threading.Lock()
+    step_lock = stopper.step_lock if stopper else threading.Lock()
     checkpoint_prefix = os.path.join(train.train_dir, 'model.ckpt')
 
     def save() -> int:
@@ -366,7 +373,8 @@ def _train_loop(sess, spec: ClusterSpec, task: TaskSpec, g: _Graph, start: float
     while step < train.steps:
         due = time.monotonic() - last_log >= log_every or local_steps == 0
         fetches = [g.step_after, g.loss] + ([g.summary] if due and writer else [])
-        out = sess.run(fetches)
+        with step_lock:
+            out = sess.run(fetches)
         applied.append(step)
         token, loss, local_steps = int(out[0]), float(out[1]), local_steps + 1
         if train.sync and token <= step:

@@ -196,14 +196,15 @@ def cmd_status(spec: ClusterSpec, args) -> int:
             print(f'global step {p["global_step"]}/{p["steps"]}, seen {max(0.0, time.time() - p["at"]):.0f}s ago')
         else:
             print('global step: none seen yet')
-    print(f'{"TASK":<10} {"ADDRESS":<22} {"BACKEND":<7} {"PID":>7}  {"ALIVE":<5}  LISTENING')
+    print(f'{"TASK":<10} {"ADDRESS":<22} {"BACKEND":<7} {"PID":>7}  {"ALIVE":<5}  {"LISTENING":<9}  NOTE')
     with make_backends(plans, spec, args, state) as backends:
         for plan in plans:
             r = records.get(plan.name)
             alive = r is not None and backends[r.backend].alive(r)
             listening = _listening(plan.task.host, plan.task.port)
+            note = (backends[r.backend].describe(r) or '') if alive else ''
             print(f'{plan.name:<10} {plan.task.address:<22} {plan.backend:<7} {r.pid if r else "-":>7}  '
-                  f'{"yes" if alive else "no":<5}  {"yes" if listening else "no"}')
+                  f'{"yes" if alive else "no":<5}  {"yes" if listening else "no":<9}  {note}'.rstrip())
     return 0
 
 

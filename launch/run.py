@@ -311,7 +311,7 @@ class ClusterRun:
                 tail_deadline = self._check_tail(statuses, tail_deadline)
                 if tail_deadline == -1:
                     return
-            if time.monotonic() - last_saved > 2:
+            if time.monotonic() - last_saved > 1:       # `launch status` shows the step
                 self._save_state()
                 last_saved = time.monotonic()
             time.sleep(0.2)

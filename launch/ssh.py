@@ -560,12 +560,22 @@ wait_gone 50
                 f.seek(offset)
                 return f.read(min(size - offset, LOG_CHUNK))
 
+        failing_since = None
         while True:
             try:
                 data = self._sftp_call(name, read_more)
+                failing_since = None
             except SSHError as e:
-                log.error('cannot read %s: %s', path, e)
-                return
+                # Following: a dropped connection is retried (the poll decides whether the host is
+                # lost); reading once: report it.
+                if stop is None or stop.is_set():
+                    log.error('cannot read %s: %s', path, e)
+                    return
+                if failing_since is None:
+                    failing_since = time.monotonic()
+                    log.warning('cannot read %s: %s; retrying', path, e)
+                stop.wait(1.0)
+                continue
             if data:
                 offset += len(data)
                 pending += data

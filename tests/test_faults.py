@@ -30,8 +30,18 @@ def finish(proc: subprocess.Popen, timeout: float = 300) -> str:
     return out
 
 
-def kill_when(proc, train_dir, needle: str, name: str, sig=signal.SIGKILL) -> list[str]:
-    lines = read_until(proc, needle)
+def until_step(proc, step: int) -> list[str]:
+    """Output up to the first progress line at global step `step` or later."""
+    lines = []
+    while True:
+        lines += read_until(proc, '  loss ')
+        found = re.findall(r'step (\d+)/', lines[-1])
+        if found and int(found[0]) >= step:
+            return lines
+
+
+def kill_when(proc, train_dir, step: int, name: str, sig=signal.SIGKILL) -> list[str]:
+    lines = until_step(proc, step)
     os.kill(task_pid(train_dir, name), sig)
     return lines
 
@@ -40,7 +50,7 @@ def test_async_run_survives_a_lost_worker(tmp_path):
     spec = write_spec(tmp_path, steps=60, sync=False, learning_rate=0.05)
     run = str(tmp_path / 'run')
     proc = launch_bg('up', spec)
-    lines = kill_when(proc, run, 'step ', 'worker:1')
+    lines = kill_when(proc, run, 1, 'worker:1')
     out = ''.join(lines) + finish(proc)
     assert proc.returncode == 0, out
     assert 'worker:1 was killed by SIGKILL; training goes on with 1 worker(s)' in out
@@ -52,7 +62,7 @@ def test_sync_run_survives_a_lost_backup_worker(tmp_path):
     spec = write_spec(tmp_path, workers=3, replicas_to_aggregate=2, steps=40)
     run = str(tmp_path / 'run')
     proc = launch_bg('up', spec)
-    lines = kill_when(proc, run, 'step ', 'worker:2')
+    lines = kill_when(proc, run, 5, 'worker:2')
     out = ''.join(lines) + finish(proc)
     assert proc.returncode == 0, out
     assert 'worker:2 was killed by SIGKILL; training goes on with 2 worker(s)' in out
@@ -66,9 +76,9 @@ def test_lost_ps_and_chief_restart_from_the_checkpoint(tmp_path):
                                                                              'max_restarts': 2})
     run = str(tmp_path / 'run')
     proc = launch_bg('up', spec)
-    lines = kill_when(proc, run, 'step ', 'ps:0')
+    lines = kill_when(proc, run, 1, 'ps:0')
     lines += read_until(proc, 'resuming from')
-    lines += kill_when(proc, run, 'step ', 'worker:0')
+    lines += kill_when(proc, run, 1, 'worker:0')
     lines += read_until(proc, 'resuming from')
     out = ''.join(lines) + finish(proc)
     assert proc.returncode == 0, out
@@ -84,7 +94,7 @@ def test_lost_ps_without_a_policy_ends_with_one_line(tmp_path):
     spec = write_spec(tmp_path, steps=100000)
     run = str(tmp_path / 'run')
     proc = launch_bg('up', spec)
-    lines = kill_when(proc, run, 'step ', 'ps:0')
+    lines = kill_when(proc, run, 1, 'ps:0')
     out = ''.join(lines) + finish(proc, 120)
     assert proc.returncode == 1, out
     error = [line for line in out.splitlines() if line.startswith('[launch]   error:')]
@@ -100,11 +110,12 @@ def test_sigterm_saves_and_up_resumes_at_the_step_reached(tmp_path):
     spec = write_spec(tmp_path, steps=100000, checkpoint_steps=5, checkpoint_secs=600)
     run = str(tmp_path / 'run')
     proc = launch_bg('up', spec)
-    read_until(proc, 'step ')
-    lines = read_until(proc, 'step ')        # a second progress line: well into the run
-    seen = max(int(m) for m in re.findall(r'step (\d+)/', ''.join(lines)))
-    proc.send_signal(signal.SIGTERM)
-    out = finish(proc, 120)
+    try:
+        lines = until_step(proc, 12)        # past two checkpoints (5 and 10)
+        seen = max(int(m) for m in re.findall(r'step (\d+)/', ''.join(lines)))
+        proc.send_signal(signal.SIGTERM)
+    finally:
+        out = finish(proc, 120)
     assert proc.returncode == 143, out
     saved = re.search(r'SIGTERM received: saved a checkpoint at global step (\d+)', out)
     assert saved, out
@@ -128,11 +139,15 @@ def test_a_stopped_worker_is_named_by_the_stall_watchdog(tmp_path):
     spec = write_spec(tmp_path, steps=100000, supervise={'stall_secs': 6})
     run = str(tmp_path / 'run')
     proc = launch_bg('up', spec)
-    lines = kill_when(proc, run, 'step ', 'worker:1', signal.SIGSTOP)
-    stopped = time.monotonic()
-    status = launch('status', spec, timeout=60)
+    try:
+        lines = kill_when(proc, run, 1, 'worker:1', signal.SIGSTOP)
+        stopped = time.monotonic()
+        status = launch('status', spec, timeout=60)
+    finally:
+        out = finish(proc, 120)
+    out = ''.join(lines) + out
     assert re.search(r'global step \d+/100000, seen \d+s ago', status.stdout), status.stdout
-    out = ''.join(lines) + finish(proc, 120)
+    assert re.search(r'worker:1 .* is stopped \(SIGSTOP', status.stdout), status.stdout
     assert proc.returncode == 1, out
     assert re.search(r'error: stall: no new global step for \d+s \(stuck at \d+/100000\); worker:1 is stopped '
                      r'\(SIGSTOP, or a debugger\) and does not answer on localhost:\d+; ps:0, worker:0 answer and '
@@ -144,7 +159,7 @@ def test_tasks_outlive_a_killed_launcher_by_seconds_only(tmp_path):
     spec = write_spec(tmp_path, steps=100000)
     proc = launch_bg('up', spec)
     try:
-        read_until(proc, 'step ')
+        read_until(proc, '  loss ')
         mine = set(project_processes()) - {proc.pid}
         assert len(mine) == 3, mine
         proc.kill()

@@ -105,11 +105,13 @@ def test_status_and_down_after_the_launcher_is_killed(tmp_path):
         assert status.returncode == 0
         rows = [line.split() for line in status.stdout.splitlines() if line.startswith(('ps:', 'worker:'))]
         assert len(rows) == 3 and all(r[-2:] == ['yes', 'yes'] for r in rows), status.stdout
-        proc.kill()                 # a crashed launcher leaves its tasks running...
-        proc.wait()
+        proc.kill()                 # a crashed launcher leaves its tasks running for a few seconds
+        proc.wait()                 # (until their lease runs out: tests/test_faults.py)...
         assert len(project_processes()) >= 3
-        down = launch('down', spec)  # ...and `down` finds and stops them
-        assert down.returncode == 0 and 'stopped 3 task(s)' in down.stdout, down.stdout + down.stderr
+        down = launch('down', spec)  # ...and `down` finds and stops whatever is left of them
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert re.search(r'stopped [1-3] task\(s\)|nothing left running', down.stdout), down.stdout
+        assert not project_processes()
         status = launch('status', spec)
         assert 'yes' not in status.stdout.split('LISTENING', 1)[1], status.stdout
         again = launch('down', spec)

@@ -6,6 +6,8 @@ port."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import re
 import signal
 import socket
@@ -338,3 +340,43 @@ def test_plan_shows_where_and_how_remote_tasks_run(ssh_hosts, tmp_path):
     assert f'cwd:  {workdir(tmp_path, "127.0.0.2")}' in plan.stdout
     assert 'cwd:  tfcluster' in plan.stdout and 'run:  python3 -m cluster.task' in plan.stdout
     assert "env:  TF_CONFIG='{" in plan.stdout
+
+
+def _sshd_connections(ssh_hosts) -> list[int]:
+    """The per-connection sshd processes (`sshd: root@notty`), not the tasks they started."""
+    out = []
+    for pid in ssh_hosts.session_processes():
+        try:
+            with open(f'/proc/{pid}/cmdline', 'rb') as f:
+                if f.read().startswith(b'sshd:'):
+                    out.append(pid)
+        except OSError:
+            pass
+    return out
+
+
+def test_remote_faults_a_dropped_connection_and_a_lost_worker(ssh_hosts, tmp_path):
+    """Every SSH connection of the launcher is cut mid-run (a transient fault: retried, not a
+    failure), then the remote non-chief worker is killed (async: tolerated); the run ends at the
+    requested step with exit 0 and nothing left on either host."""
+    spec = remote_spec(ssh_hosts, tmp_path, steps=80, sync=False, learning_rate=0.05)
+    proc = launch_bg('up', spec, '--ssh-config', str(ssh_hosts.ssh_config), cwd=str(tmp_path))
+    try:
+        lines = read_until(proc, '  loss ')
+        for pid in _sshd_connections(ssh_hosts):
+            os.kill(pid, signal.SIGKILL)
+        lines += read_until(proc, '  loss ')          # progress goes on over new connections
+        with open(tmp_path / 'run' / 'launch-state.json') as f:
+            worker = next(t for t in json.load(f)['tasks'] if t['name'] == 'worker:1')
+        assert worker['host'] == '127.0.0.3'
+        os.killpg(worker['pid'], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+        proc.wait()
+        run(ssh_hosts, tmp_path, 'down', spec, timeout=60)
+    out = ''.join(lines) + out
+    assert proc.returncode == 0, out
+    assert 'worker:1 was killed by SIGKILL; training goes on with 1 worker(s)' in out
+    assert re.search(r'done in .*global step (8\d|9\d).*\(lost worker:1\)', out), out
+    assert_nothing_left(ssh_hosts)
