@@ -89,6 +89,8 @@ def main(argv=None) -> int:
         if args.ssh_config is not None and not os.path.isfile(args.ssh_config):
             raise UsageError(f'--ssh-config {args.ssh_config}: file not found')
         spec = load_spec(args.spec, args.overrides)
+        if args.backend is None and args.command in ('status', 'down', 'logs'):
+            args.backend = _started_with(spec)
         return COMMANDS[args.command](spec, args)
     except (SpecError, UsageError) as e:
         print(f'launch: error: {e}', file=sys.stderr)
@@ -121,6 +123,13 @@ def make_backends(plans: list[TaskPlan], spec: ClusterSpec, args, state: LaunchS
         backends['ssh'] = SSHBackend(spec, ssh_config=args.ssh_config,
                                      check_host_keys=not args.insecure_accept_any_host_key)
     return backends
+
+
+def _started_with(spec: ClusterSpec) -> str | None:
+    """'compose' when the state file says the spec's cluster runs as a compose project: status, down
+    and logs then need no --backend."""
+    state = LaunchState.load(state_path(spec))
+    return 'compose' if state and any(r.backend == 'compose' for r in state.tasks) else None
 
 
 def _running_state(spec: ClusterSpec, backends) -> LaunchState | None:
