@@ -74,7 +74,9 @@ make_base() {   # $1: the base image name
 
 main() {
     WORK=$(mktemp -d "${TMPDIR:-/tmp}/tfcluster-build.XXXXXX")
-    trap 'rm -rf "$WORK"' EXIT
+    # --one-file-system: never reach through a mount a killed mmdebstrap may have left in the rootfs.
+    trap 'rm -rf --one-file-system "$WORK"' EXIT
+    trap 'say interrupted; exit 130' INT TERM
     local force=0
     case "${1:-}" in
         --tag) printf '%s:%s\n' "$REPO" "$(inputs_hash)"; return 0 ;;

@@ -125,11 +125,24 @@ def have_image(image: str) -> bool:
 
 def build_image() -> str:
     """Build the image with docker/build-offline.sh (its progress goes to stderr); returns its name."""
+    # In a session of its own, so an interrupt reaches all of it (mmdebstrap, docker build) at once,
+    # through the launcher; the script then cleans up after itself.
+    proc = subprocess.Popen(['bash', BUILD_SCRIPT], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
     try:
-        out = subprocess.run(['bash', BUILD_SCRIPT], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                             text=True, start_new_session=True)
+        stdout, _ = proc.communicate()
     except KeyboardInterrupt:
-        raise ComposeError('the image build was interrupted') from None
+        try:
+            os.killpg(proc.pid, signal.SIGINT)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        raise ComposeError('the image build was interrupted; nothing was started') from None
+    out = subprocess.CompletedProcess(proc.args, proc.returncode, stdout)
     if out.returncode != 0:
         raise ComposeError(f'building the image with {os.path.relpath(BUILD_SCRIPT)} failed (exit '
                            f'{out.returncode}; its messages are above): fix that, or build it elsewhere and '
