@@ -133,6 +133,13 @@ main() {
     local size
     size=$(docker image inspect -f '{{.Size}}' "$image")
     say "[3/3] image: $image built in $((SECONDS - start))s, $((size / 1000000)) MB; $((SECONDS - t0))s in all"
+    # Images of earlier inputs share all but their last layers; drop their tags so they do not pile up.
+    local old
+    old=$(docker images "$REPO" --format '{{.Repository}}:{{.Tag}}' | grep -v -x -e "$image" -e "$REPO:latest" || true)
+    if [ -n "$old" ]; then
+        say "removing the images of earlier inputs: $(echo $old)"
+        docker rmi $old >/dev/null 2>&1 || true
+    fi
     printf '%s\n' "$image"
 }
 

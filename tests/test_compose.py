@@ -152,6 +152,10 @@ def compose_project(compose_image):
     assert not left, f'compose projects left behind: {left}'
 
 
+def _ports(spec_file: str) -> list[int]:
+    return [t.port for t in load_spec(spec_file).tasks]
+
+
 def _container(project: str, service: str) -> str:
     out = docker('ps', '-q', '--filter', f'label=com.docker.compose.project={project}',
                  '--filter', f'label=com.docker.compose.service={service}')
@@ -207,6 +211,10 @@ def test_a_worker_cut_off_the_network_does_not_hang_the_launcher(tmp_path, compo
     proc = launch_bg('up', spec, '--backend', 'compose')
     try:
         read_until(proc, 'step 1/')
+        status = launch('status', spec)       # no --backend: the state file says compose
+        rows = [line.split() for line in status.stdout.splitlines() if line.startswith(('ps:', 'worker:'))]
+        assert [r[1:3] + r[4:] for r in rows] == [[f'{n}:{p}', 'compose', 'yes', 'yes'] for n, p in
+                                                  zip(('ps-0', 'worker-0', 'worker-1'), _ports(spec))], status.stdout
         network = docker('network', 'ls', '-q', '--filter', f'label=com.docker.compose.project={project}').stdout
         cut = docker('network', 'disconnect', network.split()[0], _container(project, 'worker-1'))
         assert cut.returncode == 0, cut.stderr
