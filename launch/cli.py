@@ -1,4 +1,4 @@
-"""The `launch` command: up, status, down, logs, plan, check, eval, download."""
+"""The `launch` command: up, status, down, logs, plan, check, eval, compose, download."""
 from __future__ import annotations
 
 import argparse
@@ -14,13 +14,16 @@ import time
 from cluster.spec import ClusterSpec, SpecError, load_spec
 from launch.backend import stop_all
 from launch.local import LocalBackend, process_ident
-from launch.plan import TaskPlan, effective_spec_path, plan_cluster, state_path
+from launch.plan import TaskPlan, effective_spec_path, plan_cluster, service_name, state_path
 from launch.run import EXIT_USAGE, ClusterRun, Console
 from launch.state import LaunchState
 
 
 class UsageError(Exception):
     """A user error found before anything starts: one line, exit code 2."""
+
+
+BACKENDS = ('local', 'ssh', 'compose')
 
 
 def _spec_args(p: argparse.ArgumentParser) -> None:
@@ -32,7 +35,9 @@ def _spec_args(p: argparse.ArgumentParser) -> None:
                         'UserKnownHostsFile is where host keys are checked')
     p.add_argument('--insecure-accept-any-host-key', action='store_true',
                    help='DANGEROUS: do not check SSH host keys (accepts unknown and changed keys)')
-
+    p.add_argument('--backend', choices=BACKENDS, default=None,
+                   help='compose: every task in a container of one compose project on this machine; '
+                        'local or ssh (the default): chosen per host, local processes for localhost')
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog='launch', description='Launch and manage TensorFlow parameter-server clusters.')
@@ -61,6 +66,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     check = sub.add_parser('check', help='pre-flight every host: reachable, TensorFlow and tfcluster import, '
                                          'ports free')
     _spec_args(check)
+    comp = sub.add_parser('compose', help='write the compose file `up --backend compose` runs, starting nothing')
+    _spec_args(comp)
+    comp.add_argument('-o', '--output', metavar='FILE', help='where to write it (default: standard output)')
     dl = sub.add_parser('download', help='download and verify the real CIFAR-10 (binary version, 170 MB); '
                                          'the only command that uses the network')
     dl.add_argument('dest', nargs='?', default='data', help='where to put it (default: ./data); the files land '
@@ -81,6 +89,8 @@ def main(argv=None) -> int:
         if args.ssh_config is not None and not os.path.isfile(args.ssh_config):
             raise UsageError(f'--ssh-config {args.ssh_config}: file not found')
         spec = load_spec(args.spec, args.overrides)
+        if args.backend is None and args.command in ('status', 'down', 'logs'):
+            args.backend = _started_with(spec)
         return COMMANDS[args.command](spec, args)
     except (SpecError, UsageError) as e:
         print(f'launch: error: {e}', file=sys.stderr)
@@ -102,6 +112,9 @@ def make_backends(plans: list[TaskPlan], spec: ClusterSpec, args, state: LaunchS
     """The backends the plans need, and those of any task the state file remembers."""
     kinds = {p.backend for p in plans} | {r.backend for r in (state.tasks if state else [])}
     backends = Backends(local=LocalBackend())
+    if 'compose' in kinds:
+        from launch.compose import ComposeBackend
+        backends['compose'] = ComposeBackend(spec)
     if 'ssh' in kinds:
         from launch.ssh import SSHBackend
         if args.insecure_accept_any_host_key:
@@ -110,6 +123,13 @@ def make_backends(plans: list[TaskPlan], spec: ClusterSpec, args, state: LaunchS
         backends['ssh'] = SSHBackend(spec, ssh_config=args.ssh_config,
                                      check_host_keys=not args.insecure_accept_any_host_key)
     return backends
+
+
+def _started_with(spec: ClusterSpec) -> str | None:
+    """'compose' when the state file says the spec's cluster runs as a compose project: status, down
+    and logs then need no --backend."""
+    state = LaunchState.load(state_path(spec))
+    return 'compose' if state and any(r.backend == 'compose' for r in state.tasks) else None
 
 
 def _running_state(spec: ClusterSpec, backends) -> LaunchState | None:
@@ -153,7 +173,7 @@ def preflight(spec: ClusterSpec, plans: list[TaskPlan], backends) -> None:
 
 
 def cmd_up(spec: ClusterSpec, args) -> int:
-    plans = list(plan_cluster(spec))
+    plans = list(plan_cluster(spec, backend=args.backend))
     with make_backends(plans, spec, args) as backends:
         preflight(spec, plans, backends)
         for i in range(spec.num_workers):       # figures of an earlier run must not pass for this one's
@@ -180,7 +200,7 @@ def _no_state(spec: ClusterSpec) -> str:
 
 
 def cmd_status(spec: ClusterSpec, args) -> int:
-    plans = list(plan_cluster(spec))
+    plans = list(plan_cluster(spec, backend=args.backend))
     state = LaunchState.load(state_path(spec))
     records = {r.name: r for r in (state.tasks if state else [])}
     if state is None:
@@ -201,7 +221,7 @@ def cmd_status(spec: ClusterSpec, args) -> int:
         for plan in plans:
             r = records.get(plan.name)
             alive = r is not None and backends[r.backend].alive(r)
-            listening = _listening(plan.task.host, plan.task.port)
+            listening = _listening(r.host if r else plan.task.host, plan.task.port)   # compose: its address
             note = (backends[r.backend].describe(r) or '') if alive else ''
             print(f'{plan.name:<10} {plan.task.address:<22} {plan.backend:<7} {r.pid if r else "-":>7}  '
                   f'{"yes" if alive else "no":<5}  {"yes" if listening else "no":<9}  {note}'.rstrip())
@@ -209,7 +229,7 @@ def cmd_status(spec: ClusterSpec, args) -> int:
 
 
 def cmd_down(spec: ClusterSpec, args) -> int:
-    plans = list(plan_cluster(spec))
+    plans = list(plan_cluster(spec, backend=args.backend))
     state = LaunchState.load(state_path(spec))
     if state is None:
         print(f'nothing to stop: {_no_state(spec)}')
@@ -223,7 +243,8 @@ def cmd_down(spec: ClusterSpec, args) -> int:
         while launcher_alive(state) and time.monotonic() < deadline:
             time.sleep(0.1)
     with make_backends(plans, spec, args, state) as backends:
-        left = [r for r in state.tasks if backends[r.backend].alive(r)]
+        # A compose project's exited containers and network remain until removed: always stop it.
+        left = [r for r in state.tasks if r.backend == 'compose' or backends[r.backend].alive(r)]
         stop_all(left, backends)
         still = [r.name for r in state.tasks if backends[r.backend].alive(r)]
     if still:
@@ -236,7 +257,7 @@ def cmd_down(spec: ClusterSpec, args) -> int:
 
 
 def cmd_logs(spec: ClusterSpec, args) -> int:
-    plans = list(plan_cluster(spec))
+    plans = list(plan_cluster(spec, backend=args.backend))
     if args.task:
         chosen = [p for p in plans if p.name == args.task]
         if not chosen:
@@ -279,7 +300,7 @@ def cmd_eval(spec: ClusterSpec, args) -> int:
 
 
 def cmd_check(spec: ClusterSpec, args) -> int:
-    plans = list(plan_cluster(spec))
+    plans = list(plan_cluster(spec, backend=args.backend))
     with make_backends(plans, spec, args) as backends:
         checks = [c for name, b in backends.items()
                   for c in b.check([p for p in plans if p.backend == name], imports=True)]
@@ -291,8 +312,10 @@ def cmd_check(spec: ClusterSpec, args) -> int:
 def cmd_plan(spec: ClusterSpec, args) -> int:
     print(f'# {spec.path}: {spec.num_ps} ps, {spec.num_workers} workers, '
           f'{"sync" if spec.train.sync else "async"}; effective spec written to {effective_spec_path(spec)}')
-    for plan in plan_cluster(spec):
-        if plan.backend == 'local':
+    for task, plan in zip(spec.tasks, plan_cluster(spec, backend=args.backend)):
+        if plan.backend == 'compose':
+            where = f'compose service {service_name(task)}, was {task.address} in the spec'
+        elif plan.backend == 'local':
             where = 'local process'
         else:
             from launch.ssh import ssh_target
@@ -303,6 +326,23 @@ def cmd_plan(spec: ClusterSpec, args) -> int:
         for k, v in plan.env.items():
             print(f'  env:  {k}={shlex.quote(v)}')
         print(f'  log:  {plan.log_path}')
+    return 0
+
+
+def cmd_compose(spec: ClusterSpec, args) -> int:
+    from launch.compose_file import render
+    from launch.plan import compose_spec
+    text = render(compose_spec(spec), list(plan_cluster(spec, backend='compose')), spec.path)
+    if not args.output:
+        sys.stdout.write(text)
+        return 0
+    try:
+        with open(args.output, 'w') as f:
+            f.write(text)
+    except OSError as e:
+        raise UsageError(f'{args.output}: cannot write: {e.strerror}') from None
+    print(f'wrote {args.output}: {spec.num_ps + spec.num_workers} services; run it with '
+          f'`launch up {spec.path} --backend compose`')
     return 0
 
 
@@ -331,4 +371,4 @@ def cmd_download(args) -> int:
 
 
 COMMANDS = {'up': cmd_up, 'status': cmd_status, 'down': cmd_down, 'logs': cmd_logs, 'plan': cmd_plan,
-            'check': cmd_check, 'eval': cmd_eval}
+            'check': cmd_check, 'eval': cmd_eval, 'compose': cmd_compose}

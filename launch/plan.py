@@ -3,6 +3,7 @@ no files, so it is tested with tables and printed as-is by `launch plan`.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -16,12 +17,14 @@ DEFAULT_REMOTE_WORKDIR = 'tfcluster'     # relative to the remote user's home
 # How long a task outlives a launcher that stopped renewing its lease (cluster/task.py): short for
 # local processes; longer over SSH, where one slow round of commands must not end a healthy run.
 LEASE_SECS = {'local': 5, 'ssh': 45}
+COMPOSE_WORKDIR = '/tfcluster'           # a container's working directory (the image's WORKDIR)
+COMPOSE_PYTHON = 'python'                # the image's virtual environment comes first on PATH
 
 
 @dataclass(frozen=True)
 class TaskPlan:
     task: TaskSpec
-    backend: str                     # 'local' or 'ssh'
+    backend: str                     # 'local', 'ssh' or 'compose'
     argv: tuple[str, ...]
     env: Mapping[str, str]           # added to the environment the task inherits
     cwd: str                         # where argv runs; relative paths below are relative to it
@@ -94,6 +97,32 @@ def plan_task(spec: ClusterSpec, task: TaskSpec, python: str | None = None, cwd:
                     cwd=cwd, spec_path=spec_file, log_path=log_path(spec, task), host=host)
 
 
-def plan_cluster(spec: ClusterSpec, python: str | None = None, cwd: str = '.') -> tuple[TaskPlan, ...]:
-    """Every task of the spec, ps tasks first (they hold the variables everyone waits for)."""
+def service_name(task: TaskSpec) -> str:
+    """A task's compose service, which is also its host name on the project's network: ps-0, worker-1."""
+    return f'{task.job}-{task.index}'
+
+
+def compose_spec(spec: ClusterSpec) -> ClusterSpec:
+    """The spec as the containers see it: each task is its own host, named for its service, on the
+    port the spec gives it (whatever host the spec names: localhost, node1, ...). SSH settings mean
+    nothing there and are dropped."""
+    tasks = tuple(dataclasses.replace(t, host=service_name(t)) for t in spec.tasks)
+    return dataclasses.replace(spec, tasks=tasks, hosts=type(spec.hosts)({}))
+
+
+def plan_compose_task(spec: ClusterSpec, task: TaskSpec) -> TaskPlan:
+    """One container's task; `spec` is already mapped by compose_spec. Relative paths (spec, log,
+    train_dir) are below COMPOSE_WORKDIR, where the compose backend mounts the train_dir."""
+    # Inside its container a task is a local process: the same argv, environment and paths.
+    plan = plan_task(spec, dataclasses.replace(task, host='localhost'), COMPOSE_PYTHON, COMPOSE_WORKDIR)
+    return dataclasses.replace(plan, task=task, backend='compose')
+
+
+def plan_cluster(spec: ClusterSpec, python: str | None = None, cwd: str = '.',
+                 backend: str | None = None) -> tuple[TaskPlan, ...]:
+    """Every task of the spec, ps tasks first (they hold the variables everyone waits for).
+    backend 'compose' plans containers (see compose_spec); else local or SSH is chosen per host."""
+    if backend == 'compose':
+        mapped = compose_spec(spec)
+        return tuple(plan_compose_task(mapped, t) for t in mapped.tasks)
     return tuple(plan_task(spec, t, python, cwd) for t in spec.tasks)
