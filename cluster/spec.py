@@ -270,6 +270,11 @@ def _build(raw: dict, origins: _Origins) -> ClusterSpec:
     hosts = _parse_hosts(raw.get('hosts') or {}, origins)
     spec = ClusterSpec(path=origins.path, tasks=tasks, train=train, hosts=types.MappingProxyType(hosts),
                        supervise=supervise)
+    if supervise.stall_secs < 3 * train.log_every_secs:
+        key = 'supervise.stall_secs' if 'stall_secs' in (raw.get('supervise') or {}) else 'train.log_every_secs'
+        raise origins.error(key, f'the stall limit ({supervise.stall_secs:g}s) must be at least 3 times '
+                                 f'train.log_every_secs ({train.log_every_secs:g}s): progress is read from '
+                                 'the chief\'s progress lines')
     r = train.replicas_to_aggregate
     if r is not None and not 1 <= r <= spec.num_workers:
         raise origins.error('train.replicas_to_aggregate',

@@ -25,6 +25,7 @@ log = logging.getLogger('cluster.task')
 # LEASE_SECS_ENV seconds has lost its launcher (killed, or cut off from this host) and stops
 # itself, so nothing outlives a launcher that cannot reach it. Tasks started by hand have none.
 LEASE_ENV, LEASE_SECS_ENV = 'TFCLUSTER_LEASE', 'TFCLUSTER_LEASE_SECS'
+EXIT_NO_RESTART = 3     # the task failed in a way a restart cannot mend (no checkpoint restores)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -112,7 +113,7 @@ def main(argv=None) -> int:
         return 1
     except train.CheckpointError as e:
         log.error('%s', e)
-        return 1
+        return EXIT_NO_RESTART
     log.info('%s finished', task.name)
     return 0
 

@@ -239,7 +239,7 @@ def cmd_down(spec: ClusterSpec, args) -> int:
             os.kill(state.launcher_pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 45       # the chief's checkpoint (25 s), then the rest (5 + 5 s)
         while launcher_alive(state) and time.monotonic() < deadline:
             time.sleep(0.1)
     with make_backends(plans, spec, args, state) as backends:

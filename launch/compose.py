@@ -281,6 +281,9 @@ class ComposeBackend(Backend):
         except ComposeError:        # removed by a stop of the whole cluster: a restart creates it anew
             self._create()
             container = self._container(service)
+        with self._lock:                # `docker start` keeps the id: forget its last (dead) state
+            self._last[container] = ('running', 0)
+            self._snapshot_at = 0.0
         log_file = os.path.join(self.project_dir, plan.log_path)
         if not plan.restart:        # the container appends (a restarted task keeps its earlier output)
             open(log_file, 'w').close()

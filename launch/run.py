@@ -144,8 +144,7 @@ class ClusterRun:
         self.restarts = 0
         self.tolerated: set[str] = set()
         self._unknown_since: dict[str, float] = {}
-        self._followers: list[threading.Thread] = []
-        self._follow_stop = threading.Event()
+        self._followers: dict[str, tuple[threading.Thread, threading.Event]] = {}
         self._done = threading.Event()
         self._progress_lock = threading.Lock()
         self._step: int | None = None                 # the newest global step seen in this start
@@ -167,12 +166,12 @@ class ClusterRun:
     def up(self) -> int:
         restore = self._install_signals()
         t0 = time.monotonic()
-        lease = threading.Thread(target=self._renew_leases, name='lease', daemon=True)
         try:
             for name, backend in self.backends.items():
                 backend.prepare([p for p in self.plans if p.backend == name], self.spec_yaml)
-            self._renew_once()
-            lease.start()
+            for name in self.backends:      # one thread each: a slow SSH host never delays local leases
+                self._renew(name)
+                threading.Thread(target=self._renew_leases, args=(name,), name=f'lease-{name}', daemon=True).start()
             self._start(self.plans)
             self.console.say(f'started {len(self.records)} tasks; waiting for their servers')
             wait_for_servers(self.records, self.backends, t0 + self.start_timeout, self.interrupted)
@@ -191,7 +190,10 @@ class ClusterRun:
                 self.console.say(f'    {line}')
             return EXIT_FAILED
         finally:
-            self._teardown(self.records)
+            try:
+                self._teardown(self.records)
+            except BackendError as e:
+                self.console.say(f'error: stopping the tasks failed: {e}; run `launch down {self.spec.path}`')
             self._done.set()
             if all(not self.backends[r.backend].alive(r) for r in self.records):
                 try:
@@ -205,6 +207,7 @@ class ClusterRun:
         for plan in plans:
             if self.interrupted.is_set():
                 break
+            self._unfollow([plan.name])     # the earlier start's lines are all read before this one writes
             record = self.backends[plan.backend].start(plan)
             self.records = [r for r in self.records if r.name != record.name] + [record]
             self.records.sort(key=lambda r: [p.name for p in self.plans].index(r.name))
@@ -220,27 +223,38 @@ class ClusterRun:
         self._state.restarts = self.restarts
         self._state.save(state_path(self.spec))
 
-    def _renew_once(self) -> None:
-        for name, backend in self.backends.items():
-            backend.renew([p for p in self.plans if p.backend == name])
+    def _renew(self, name: str) -> None:
+        plans = [p for p in self.plans if p.backend == name]
+        if plans:
+            self.backends[name].renew(plans)
 
-    def _renew_leases(self) -> None:
+    def _renew_leases(self, name: str) -> None:
         while not self._done.wait(LEASE_RENEW_SECS):
             try:
-                self._renew_once()
+                self._renew(name)
             except Exception as e:      # a host that cannot be reached now: the poll reports it
                 log.debug('lease renewal failed: %s', e)
 
     def _follow(self, record: TaskRecord) -> None:
+        stop = threading.Event()
+
         def pump():
             backend = self.backends[record.backend]
-            for line in backend.read_log(record, follow=True, stop=self._follow_stop, offset=record.log_offset):
+            for line in backend.read_log(record, follow=True, stop=stop, offset=record.log_offset):
                 self.console.line(record.name, line)
                 if record.job == 'worker':
                     self._saw_line(line)
         t = threading.Thread(target=pump, name=f'follow-{record.name}', daemon=True)
         t.start()
-        self._followers.append(t)
+        self._followers[record.name] = (t, stop)
+
+    def _unfollow(self, names) -> None:
+        """Stop following these tasks' logs, once what is there has been read."""
+        stopping = [self._followers.pop(n) for n in names if n in self._followers]
+        for _, stop in stopping:
+            stop.set()
+        for t, _ in stopping:
+            t.join(timeout=5)
 
     def _saw_line(self, line: str) -> None:
         found = supervise.step_of(line)
@@ -302,8 +316,13 @@ class ClusterRun:
                 self.restarts += 1
                 self.console.say(f'restart {self.restarts}/{self.policy.max_restarts}: {decision.reason}; '
                                  f'starting {", ".join(decision.tasks)} again, it rejoins the training')
-                self._start([dataclasses.replace(p, restart=self.restarts) for p in self.plans
-                             if p.name in decision.tasks])
+                try:
+                    self._start([dataclasses.replace(p, restart=self.restarts) for p in self.plans
+                                 if p.name in decision.tasks])
+                except BackendError as e:
+                    self.tolerated.update(decision.tasks)
+                    self.console.say(f'could not start {", ".join(decision.tasks)} again ({e}); training '
+                                     'goes on without it')
             elif decision.action is Action.RESTART:
                 self._restart_cluster(decision, statuses)
                 tail_deadline = None
@@ -311,7 +330,8 @@ class ClusterRun:
                 tail_deadline = self._check_tail(statuses, tail_deadline)
                 if tail_deadline == -1:
                     return
-            if time.monotonic() - last_saved > 1:       # `launch status` shows the step
+            first_step = self._state.progress is None and self._step is not None
+            if first_step or time.monotonic() - last_saved > 1:     # `launch status` shows the step
                 self._save_state()
                 last_saved = time.monotonic()
             time.sleep(0.2)
@@ -370,10 +390,7 @@ class ClusterRun:
         self._unknown_since.clear()
         with self._progress_lock:
             self._step, self._step_at = None, time.monotonic()
-        self._follow_stop.set()
-        for t in self._followers:
-            t.join(timeout=5)
-        self._followers, self._follow_stop = [], threading.Event()
+        self._state.progress = None
         t0 = time.monotonic()
         self._start([dataclasses.replace(p, restart=self.restarts) for p in self.plans])
         wait_for_servers(self.records, self.backends, t0 + self.start_timeout, self.interrupted)
@@ -417,9 +434,7 @@ class ClusterRun:
             self.backends[chief[0].backend].stop(chief, grace=CHECKPOINT_GRACE_SECS)
         stop_all([r for r in live if r not in chief or not ps_alive], self.backends)
         if records is self.records:
-            self._follow_stop.set()
-            for t in self._followers:
-                t.join(timeout=5)
+            self._unfollow(list(self._followers))
 
     def _report(self, seconds: float) -> None:
         """One closing line, from the figures each worker left in its train_dir on its host."""

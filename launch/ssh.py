@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 
 SNAPSHOT_TTL = 0.3            # seconds a host's status snapshot answers poll/alive
 LEASE_RENEW_SECS = 5.0        # how often the tasks' lease files on a host are touched
+POLL_TIMEOUT = 10             # seconds a status command may take before the host counts as unreachable
 LOG_POLL_SECS = 0.25          # how often a followed log is read again
 LOG_CHUNK = 1 << 20
 CONNECT_TIMEOUT = 10          # seconds, unless the ssh config says ConnectTimeout
@@ -117,6 +118,7 @@ class _Host:
     records: dict[str, TaskRecord] = field(default_factory=dict)
     snapshot: dict[str, tuple[str, int | None]] = field(default_factory=dict)
     snapshot_at: float = 0.0
+    snapshot_error: SSHError | None = None
     states: dict[str, str] = field(default_factory=dict)        # task -> /proc state letter
     renewed_at: float = 0.0
     warned: bool = False
@@ -228,6 +230,7 @@ class SSHBackend(Backend):
         try:
             return conn.run('sh -c ' + _q(script), hide=True, warn=True, in_stream=False, timeout=timeout)
         except invoke.CommandTimedOut:
+            self._drop(name)        # a half-open connection would make the next command wait as long
             raise SSHError(name, f'a remote command did not finish within {timeout:.0f}s') from None
         except (paramiko.SSHException, OSError, EOFError) as e:
             self._drop(name)
@@ -411,16 +414,24 @@ class SSHBackend(Backend):
         with h.snapshot_lock:
             h.records.setdefault(record.name, record)
             fresh = time.monotonic() - h.snapshot_at < SNAPSHOT_TTL
+            if fresh and h.snapshot_error is not None:
+                raise h.snapshot_error
             if not fresh or record.name not in h.snapshot:
-                h.snapshot = self._take_snapshot(h.name, list(h.records.values()))
-                h.snapshot_at = time.monotonic()
+                try:
+                    h.snapshot = self._take_snapshot(h.name, list(h.records.values()))
+                    h.snapshot_error = None
+                except SSHError as e:
+                    h.snapshot_error = e
+                    raise
+                finally:
+                    h.snapshot_at = time.monotonic()
             return h.snapshot[record.name]
 
     def _take_snapshot(self, name: str, records: list[TaskRecord]) -> dict[str, tuple[str, int | None]]:
         # /proc first, then the rc file: a task seen gone has written its rc file already.
         lines = [f's=$(cat /proc/{int(r.pid)}/stat 2>/dev/null); r=$(cat {_q(r.extra.get("rcfile", "/dev/null"))} '
                  f'2>/dev/null); printf "%s|%s|%s\\n" {_q(r.name)} "$r" "$s"' for r in records]
-        result = self._run(name, '\n'.join(lines))
+        result = self._run(name, '\n'.join(lines), timeout=POLL_TIMEOUT)
         out = {}
         for line in result.stdout.splitlines():
             task, rc, stat = (line.split('|', 2) + ['', ''])[:3]
@@ -454,11 +465,11 @@ class SSHBackend(Backend):
             h = self._host(name)
             if time.monotonic() - h.renewed_at < LEASE_RENEW_SECS:
                 return
-            paths = {posixpath.join(self._workdir(name, p.cwd), p.env['TFCLUSTER_LEASE'])
-                     for p in mine if 'TFCLUSTER_LEASE' in p.env}
-            script = '; '.join(f'mkdir -p {_q(posixpath.dirname(x))}; touch {_q(x)}' for x in sorted(paths))
             try:
-                self._run(name, script or 'true', timeout=CONNECT_TIMEOUT + 10)
+                paths = {posixpath.join(self._workdir(name, p.cwd), p.env['TFCLUSTER_LEASE'])
+                         for p in mine if 'TFCLUSTER_LEASE' in p.env}
+                script = '; '.join(f'mkdir -p {_q(posixpath.dirname(x))}; touch {_q(x)}' for x in sorted(paths))
+                self._run(name, script or 'true', timeout=POLL_TIMEOUT)
                 h.renewed_at = time.monotonic()
             except SSHError as e:
                 log.debug('lease renewal on %s failed: %s', name, e)

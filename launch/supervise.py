@@ -24,6 +24,7 @@ import re
 from dataclasses import dataclass
 
 from cluster.spec import ClusterSpec
+from cluster.task import EXIT_NO_RESTART
 
 
 class TaskState(enum.Enum):
@@ -132,11 +133,21 @@ def decide(policy: Policy, tasks: list[TaskStatus], tolerated: frozenset[str] | 
                 why = ''
         else:
             why = ''
+        # Several lost at once: the likely cause first (a ps, then a task killed by a signal);
+        # the others most often only lost their peer.
+        newly_lost.sort(key=lambda t: (t.job != 'ps', not (t.exit_code or 0) < 0, not t.is_chief))
         names = tuple(t.name for t in newly_lost)
-        reason = ', '.join(how_lost(t) for t in newly_lost)
+        reason = how_lost(newly_lost[0])
+        if len(newly_lost) > 1:
+            reason += f' (then {", ".join(how_lost(t) for t in newly_lost[1:])})'
+        # A task that said a restart cannot help (no checkpoint restores), or a worker whose host
+        # cannot be reached (a new start there would fail too), is not started again.
+        if any(t.exit_code == EXIT_NO_RESTART for t in newly_lost):
+            can_restart = False
         if fatal:
             return Decision(Action.RESTART if can_restart else Action.GIVE_UP, names, reason + why)
-        return Decision(Action.RESTART_TASKS if can_restart else Action.TOLERATE, names, reason)
+        reachable = all(t.state is TaskState.FAILED for t in newly_lost)
+        return Decision(Action.RESTART_TASKS if can_restart and reachable else Action.TOLERATE, names, reason)
 
     workers = [t for t in tasks if t.job == 'worker']
     done = all(t.state is TaskState.SUCCEEDED or t.name in tolerated for t in workers)

@@ -72,6 +72,16 @@ def policy(sync=True, workers=2, r=None, restart='never', max_restarts=3, stall=
      Action.CONTINUE, ()),
     ('a loss is named before a stall', policy(stall=30), cluster(R, R, F), (), 0, Progress(10, 100, 99.0),
      Action.GIVE_UP, ('worker:1',)),
+    ('no checkpoint restores: a restart cannot help', policy(restart='on-failure'),
+     cluster(R, F, R, codes={'worker:0': 3}), (), 0, QUIET, Action.GIVE_UP, ('worker:0',)),
+    ('an unreachable worker is not started again', policy(sync=False, restart='on-failure'),
+     cluster(R, R, U, since=31), (), 0, QUIET, Action.TOLERATE, ('worker:1',)),
+    ('several lost at once: the ps first, then by signal', policy(),
+     cluster(F, F, F, codes={'ps:0': -9, 'worker:0': 1, 'worker:1': 1}), (), 0, QUIET, Action.GIVE_UP,
+     ('ps:0', 'worker:0', 'worker:1')),
+    ('a worker killed by a signal before one that followed it', policy(sync=False),
+     cluster(R, R, F, F, codes={'worker:1': 1, 'worker:2': -9}), (), 0, QUIET, Action.TOLERATE,
+     ('worker:2', 'worker:1')),
 ])
 def test_decide(name, pol, tasks, tolerated, restarts, progress, action, about):
     decision = decide(pol, tasks, frozenset(tolerated), restarts, progress)
@@ -85,6 +95,8 @@ def test_reasons_say_how_a_task_was_lost():
     assert 'worker:1 was killed by SIGKILL' in d.reason
     d = decide(policy(), cluster(U, R, R, since=40), frozenset(), 0, QUIET)
     assert d.reason == 'ps:0 could not be reached for 40s'
+    d = decide(policy(), cluster(F, F, R, codes={'ps:0': -9, 'worker:0': 1}), frozenset(), 0, QUIET)
+    assert d.reason == 'ps:0 was killed by SIGKILL (then worker:0 exited with code 1)'
     d = decide(policy(stall=5), cluster(R, R, R), frozenset(), 0, Progress(7, 50, 6.2))
     assert d.stalled and d.reason == 'no new global step for 6s (stuck at 7/50)'
 
@@ -160,3 +172,14 @@ def test_observing_over_a_fake_backend_turns_polls_into_states(tmp_path):
     assert (decision.action, decision.tasks) == (Action.TOLERATE, ('worker:1',))
     backend.script['worker:2'] = None
     assert [t.state for t in run._observe()] == [R, R, F, R]
+
+
+def test_a_stall_limit_the_progress_lines_cannot_meet_is_refused(tmp_path):
+    from cluster.spec import SpecError, load_spec
+    from tests.conftest import write_spec
+    spec = write_spec(tmp_path, supervise={'stall_secs': 2})
+    with pytest.raises(SpecError, match=r'spec.yaml:\d+: supervise.stall_secs: the stall limit \(2s\) must be at '
+                                        r'least 3 times train.log_every_secs \(1s\)'):
+        load_spec(spec)
+    with pytest.raises(SpecError, match=r'--set train.log_every_secs=30: train.log_every_secs: the stall limit'):
+        load_spec(write_spec(tmp_path), ['train.log_every_secs=30'])
