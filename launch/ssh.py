@@ -248,7 +248,11 @@ class SSHBackend(Backend):
             except (paramiko.SSHException, EOFError, ConnectionError) as e:
                 h.sftp = None
                 raise SSHError(name, f'SFTP failed: {e}') from None
-            except OSError as e:       # a file the remote side refused: permissions, a full disk
+            except OSError as e:       # a file the remote side refused, or the channel is gone
+                h.sftp = None          # reopening a session is cheap; a dead one never answers again
+                transport = conn.client.get_transport()
+                if transport is None or not transport.is_active():
+                    self._drop(name)   # the next call connects anew
                 raise SSHError(name, f'SFTP failed: {e}') from None
 
     def _drop(self, name: str) -> None:

@@ -194,7 +194,7 @@ def test_killing_the_non_chief_worker_of_an_async_cluster(tmp_path, compose_proj
     project = compose_project(spec)
     proc = launch_bg('up', spec, '--backend', 'compose')
     try:
-        read_until(proc, 'step 1/')
+        read_until(proc, '  loss ')
         assert docker('kill', _container(project, 'worker-1')).returncode == 0
         out, _ = proc.communicate(timeout=300)
     finally:
@@ -212,7 +212,7 @@ def test_a_worker_cut_off_the_network_does_not_hang_the_launcher(tmp_path, compo
     project = compose_project(spec)
     proc = launch_bg('up', spec, '--backend', 'compose')
     try:
-        read_until(proc, 'step 1/')
+        read_until(proc, '  loss ')
         status = launch('status', spec)       # no --backend: the state file says compose
         rows = [line.split() for line in status.stdout.splitlines() if line.startswith(('ps:', 'worker:'))]
         assert [r[1:3] + r[4:] for r in rows] == [[f'{n}:{p}', 'compose', 'yes', 'yes'] for n, p in
