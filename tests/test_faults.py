@@ -11,8 +11,6 @@ import signal
 import subprocess
 import time
 
-import pytest
-
 from tests.conftest import launch, launch_bg, project_processes, read_until, write_spec
 from tests.test_local import checkpoint_step, worker_results
 
@@ -131,7 +129,7 @@ def test_sigterm_saves_and_up_resumes_at_the_step_reached(tmp_path):
     assert f'checkpoint(s) that do not restore were skipped: {run}/model.ckpt-{newest}.data' in result.stdout
     previous = re.search(r'restoring \S+model\.ckpt-(\d+)', result.stdout)
     assert previous and int(previous.group(1)) < newest, result.stdout
-    assert f'session ready after' in result.stdout and f'at global step {previous.group(1)}' in result.stdout
+    assert 'session ready after' in result.stdout and f'at global step {previous.group(1)}' in result.stdout
     assert checkpoint_step(run) == newest + 3
 
 
