@@ -109,18 +109,13 @@ def main(argv=None) -> int:
     except tf.errors.OpError as e:
         # A peer that went away (Unavailable, Aborted, a closed stream): one line, not 40 frames of
         # TensorFlow internals; the launcher names the task that was lost first.
-        log.error('%s: %s: %s', task.name, type(e).__name__, _first_line(e.message))
+        log.error('%s: %s: %s', task.name, type(e).__name__, train.first_line(e.message, '(no message)'))
         return 1
     except train.CheckpointError as e:
         log.error('%s', e)
         return EXIT_NO_RESTART
     log.info('%s finished', task.name)
     return 0
-
-
-def _first_line(text: str) -> str:
-    lines = [line.strip() for line in (text or '').splitlines() if line.strip()]
-    return lines[0] if lines else '(no message)'
 
 
 if __name__ == '__main__':

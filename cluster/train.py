@@ -38,6 +38,11 @@ class CheckpointError(Exception):
     """No checkpoint in train_dir can be restored: one line naming the files."""
 
 
+def first_line(text: str, default: str = '') -> str:
+    """The first non-empty line of an error message (TensorFlow's run to dozens of lines)."""
+    return next((line.strip() for line in (text or '').splitlines() if line.strip()), default)
+
+
 def tower_devices(spec: ClusterSpec, task: TaskSpec) -> list[str]:
     """The devices a worker builds its towers on, as TF device names of that worker."""
     devices = spec.train.devices
@@ -208,7 +213,7 @@ class _Aggregator(threading.Thread):
             # Only this thread hands out tokens: without it the training loop would wait for one
             # for ever. End the task instead, so the launcher sees a lost chief and acts.
             log.error('the sync aggregator failed, so this chief cannot go on: %s: %s', type(e).__name__,
-                      str(e).splitlines()[0] if str(e) else '')
+                      first_line(str(e)))
             logging.shutdown()
             os._exit(1)
 
@@ -280,7 +285,7 @@ def restorable_checkpoint(train_dir: str) -> str | None:
                 reader.get_tensor(name)
         except Exception as e:     # OpError, or IndexError "Read less bytes than requested", ...
             files = ', '.join(sorted(glob.glob(glob.escape(prefix) + '.*'))) or f'{prefix}.* (missing)'
-            why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            why = first_line(str(e), type(e).__name__)
             bad.append(f'{files} ({why})')
             continue
         if bad:
@@ -331,7 +336,7 @@ class GracefulStop:
                 step = self._save()
         except Exception as e:
             _exit_now(code, logging.WARNING, f'{name} received, and the checkpoint failed: {type(e).__name__}: '
-                                             f'{str(e).splitlines()[0] if str(e) else ""}')
+                                             f'{first_line(str(e))}')
         _exit_now(code, logging.INFO, f'{name} received: saved a checkpoint at global step {step}, exiting')
 
 

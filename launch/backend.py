@@ -7,11 +7,13 @@ over SSH) to stream it with a `[job:index]` prefix. So output survives the launc
 from __future__ import annotations
 
 import abc
+import os
 import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable, Iterator
 
+from cluster.task import LEASE_ENV
 from launch.plan import TaskPlan
 
 STOP_GRACE_SECS = 5.0     # SIGTERM, then SIGKILL after this long (one deadline shared by all tasks)
@@ -87,8 +89,12 @@ class TaskRecord:
 
     @classmethod
     def from_dict(cls, d: dict) -> 'TaskRecord':
-        known = {f for f in cls.__dataclass_fields__}
+        known = set(cls.__dataclass_fields__)      # a state file may come from another version
         return cls(**{k: v for k, v in d.items() if k in known})
+
+    @property
+    def is_chief(self) -> bool:
+        return self.job == 'worker' and self.index == 0
 
 
 class BackendError(Exception):
@@ -128,7 +134,7 @@ class Backend(abc.ABC):
         to when plan.restart, with record.log_offset where this start's output begins)."""
 
     def renew(self, plans: list[TaskPlan]) -> None:
-        """Touch the lease file of these tasks (TFCLUSTER_LEASE in their environment): a task
+        """Touch the lease file of these tasks (LEASE_ENV in their environment): a task
         whose lease goes stale stops itself, so none outlives a launcher that is gone."""
 
     def describe(self, record: TaskRecord) -> str | None:
@@ -203,6 +209,30 @@ def follow_file(path: str, stop: threading.Event | None, poll: float = 0.1, offs
     finally:
         if f is not None:
             f.close()
+
+
+def lease_files(plans: list[TaskPlan], root: str | None = None) -> set[str]:
+    """The lease files these tasks watch, relative to `root` (default: each plan's cwd)."""
+    return {os.path.join(root or p.cwd, p.env[LEASE_ENV]) for p in plans if LEASE_ENV in p.env}
+
+
+def touch_leases(plans: list[TaskPlan], root: str | None = None) -> None:
+    """Renew the lease files of tasks whose files are on this machine."""
+    for path in lease_files(plans, root):
+        try:
+            os.utime(path)
+        except FileNotFoundError:
+            os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
+            open(path, 'a').close()
+
+
+def read_text(path: str) -> str | None:
+    """A small file on this machine, or None if it cannot be read."""
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
 
 
 def tail(lines: Iterable[str], n: int = 15) -> list[str]:

@@ -28,7 +28,8 @@ import time
 
 from cluster.spec import ClusterSpec
 from launch import compose_file
-from launch.backend import STOP_GRACE_SECS, Backend, BackendError, HostCheck, TaskRecord, follow_file
+from launch.backend import (STOP_GRACE_SECS, Backend, BackendError, HostCheck, TaskRecord, follow_file, read_text,
+                            touch_leases)
 from launch.plan import TaskPlan, compose_spec, effective_spec_path, service_name
 
 log = logging.getLogger(__name__)
@@ -361,13 +362,7 @@ class ComposeBackend(Backend):
         self._down(grace)
 
     def renew(self, plans):
-        for path in {os.path.join(self.project_dir, p.env['TFCLUSTER_LEASE']) for p in plans
-                     if 'TFCLUSTER_LEASE' in p.env}:
-            try:
-                os.utime(path)
-            except FileNotFoundError:
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                open(path, 'a').close()
+        touch_leases(plans, self.project_dir)      # the bind-mounted train_dir, seen from the host
 
     def describe(self, record):
         found = self._state(record)
@@ -411,9 +406,5 @@ class ComposeBackend(Backend):
         return follow_file(path, stop if follow else None, offset=offset)
 
     def read_file(self, record, path):
-        try:
-            with open(os.path.join(record.cwd, path)) as f:
-                return f.read()
-        except OSError:
-            return None
+        return read_text(os.path.join(record.cwd, path))
 

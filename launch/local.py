@@ -9,30 +9,33 @@ import subprocess
 import time
 
 from cluster.task import port_in_use
-from launch.backend import HOST_PROBE, STOP_GRACE_SECS, Backend, HostCheck, TaskRecord, follow_file, wait_all
+from launch.backend import (HOST_PROBE, STOP_GRACE_SECS, Backend, HostCheck, TaskRecord, follow_file, read_text,
+                            touch_leases, wait_all)
 from launch.plan import TaskPlan
 
 IMPORT_TIMEOUT = 60    # seconds `launch check` gives the tasks' Python to import TensorFlow
 
 
-def process_ident(pid: int) -> str | None:
-    """The kernel's start time of `pid` (field 22 of /proc/PID/stat); None if it is gone or a zombie."""
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state first), or None if it is gone."""
     try:
         with open(f'/proc/{pid}/stat') as f:
             stat = f.read()
-    except (FileNotFoundError, ProcessLookupError):
+    except OSError:
         return None
-    fields = stat[stat.rindex(')') + 2:].split()
-    return None if fields[0] in 'ZX' else fields[19]
+    return stat[stat.rindex(')') + 2:].split()
+
+
+def process_ident(pid: int) -> str | None:
+    """The kernel's start time of `pid` (field 22 of /proc/PID/stat); None if it is gone or a zombie."""
+    fields = _stat_fields(pid)
+    return None if fields is None or fields[0] in 'ZX' else fields[19]
 
 
 def process_state(pid: int) -> str | None:
     """The one-letter state of `pid` (R, S, D, T, Z, ...), or None if it is gone."""
-    try:
-        with open(f'/proc/{pid}/stat') as f:
-            return f.read().rsplit(')', 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
+    fields = _stat_fields(pid)
+    return fields[0] if fields else None
 
 
 def _cmdline(pid: int) -> str:
@@ -103,12 +106,7 @@ class LocalBackend(Backend):
                           cwd=os.path.abspath(plan.cwd), log_offset=offset)
 
     def renew(self, plans):
-        for path in {os.path.join(p.cwd, p.env['TFCLUSTER_LEASE']) for p in plans if 'TFCLUSTER_LEASE' in p.env}:
-            try:
-                os.utime(path)
-            except FileNotFoundError:
-                os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
-                open(path, 'a').close()
+        touch_leases(plans)
 
     def describe(self, record):
         state = process_state(record.pid)
@@ -149,11 +147,7 @@ class LocalBackend(Backend):
                 break
 
     def read_file(self, record, path):
-        try:
-            with open(os.path.join(record.cwd, path)) as f:
-                return f.read()
-        except OSError:
-            return None
+        return read_text(os.path.join(record.cwd, path))
 
     def read_log(self, record_or_plan, follow=False, stop=None, offset=0):
         path = getattr(record_or_plan, 'log', None) or os.path.join(record_or_plan.cwd, record_or_plan.log_path)

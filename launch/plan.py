@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from cluster.spec import LOOPBACK_NAMES, ClusterSpec, HostConfig, TaskSpec
+from cluster.task import LEASE_ENV, LEASE_SECS_ENV
 
 DEFAULT_REMOTE_PYTHON = 'python3'
 DEFAULT_REMOTE_WORKDIR = 'tfcluster'     # relative to the remote user's home
@@ -72,7 +73,7 @@ def tf_config(spec: ClusterSpec, task: TaskSpec) -> str:
 
 def task_env(spec: ClusterSpec, task: TaskSpec, backend: str = 'local') -> dict[str, str]:
     env = {'TF_CONFIG': tf_config(spec, task), 'PYTHONUNBUFFERED': '1', 'TF_CPP_MIN_LOG_LEVEL': '2',
-           'TFCLUSTER_LEASE': lease_path(spec), 'TFCLUSTER_LEASE_SECS': str(LEASE_SECS.get(backend, 20))}
+           LEASE_ENV: lease_path(spec), LEASE_SECS_ENV: str(LEASE_SECS.get(backend, 20))}
     devices = spec.train.devices
     if task.job == 'ps' or devices != 'auto':
         # ps tasks keep variables in host memory; workers see only the GPUs their towers name

@@ -7,6 +7,7 @@ the chief for a checkpoint first, while the ps tasks still hold the variables.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -15,12 +16,10 @@ import signal
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Mapping
 
 import grpc
-
-import dataclasses
-from concurrent.futures import ThreadPoolExecutor
 
 from cluster.spec import ClusterSpec, address
 from launch import supervise
@@ -28,7 +27,7 @@ from launch.backend import Backend, BackendError, TaskRecord, stop_all, tail
 from launch.local import process_ident
 from launch.plan import TaskPlan, checkpoint_state_path, state_path
 from launch.state import LaunchState
-from launch.supervise import Action, Decision, Policy, Progress, TaskState, TaskStatus
+from launch.supervise import Action, Decision, Policy, Progress, TaskState, TaskStatus, describe_exit
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +75,6 @@ class TaskFailed(Exception):
     def __init__(self, message: str, log_tail: list[str] = ()):
         super().__init__(message)
         self.log_tail = list(log_tail)
-
-
-describe_exit = supervise.describe_exit
 
 
 def wait_for_servers(records: list[TaskRecord], backends: Mapping[str, Backend], deadline: float,
@@ -191,7 +187,7 @@ class ClusterRun:
             return EXIT_FAILED
         finally:
             try:
-                self._teardown(self.records)
+                self._teardown()
             except BackendError as e:
                 self.console.say(f'error: stopping the tasks failed: {e}; run `launch down {self.spec.path}`')
             self._done.set()
@@ -209,8 +205,11 @@ class ClusterRun:
                 break
             self._unfollow([plan.name])     # the earlier start's lines are all read before this one writes
             record = self.backends[plan.backend].start(plan)
-            self.records = [r for r in self.records if r.name != record.name] + [record]
-            self.records.sort(key=lambda r: [p.name for p in self.plans].index(r.name))
+            same = [i for i, r in enumerate(self.records) if r.name == record.name]
+            if same:
+                self.records[same[0]] = record
+            else:
+                self.records.append(record)
             self._save_state()
             self._follow(record)
 
@@ -303,15 +302,14 @@ class ClusterRun:
                 if decision.tasks:
                     self.console.say(f'every worker is done; stopping {", ".join(decision.tasks)}, which '
                                      'would wait for the lost workers\' reports')
-                    self._teardown([r for r in self.records if r.name in decision.tasks])
+                    self._stop([r for r in self.records if r.name in decision.tasks])
                 return
             if decision.action is Action.GIVE_UP:
-                raise self._give_up(decision, statuses)
+                raise self._give_up(decision)
             if decision.action is Action.TOLERATE:
                 self.tolerated.update(decision.tasks)
-                left = self.spec.num_workers - len([n for n in self.tolerated if n.startswith('worker:')])
-                self.console.say(f'{decision.reason}; training goes on with {left} worker(s) '
-                                 '(restart: never)')
+                left = self.spec.num_workers - len(self.tolerated)      # only workers are tolerated
+                self.console.say(f'{decision.reason}; training goes on with {left} worker(s)')
             elif decision.action is Action.RESTART_TASKS:
                 self.restarts += 1
                 self.console.say(f'restart {self.restarts}/{self.policy.max_restarts}: {decision.reason}; '
@@ -324,7 +322,7 @@ class ClusterRun:
                     self.console.say(f'could not start {", ".join(decision.tasks)} again ({e}); training '
                                      'goes on without it')
             elif decision.action is Action.RESTART:
-                self._restart_cluster(decision, statuses)
+                self._restart_cluster(decision)
                 tail_deadline = None
             else:
                 tail_deadline = self._check_tail(statuses, tail_deadline)
@@ -373,15 +371,16 @@ class ClusterRun:
                          f'wait{"s" if len(waiting) == 1 else ""} for {"it" if len(silent) == 1 else "them"}')
         return '; '.join(parts)
 
-    def _restart_cluster(self, decision: Decision, statuses: list[TaskStatus]) -> None:
+    def _cause(self, decision: Decision) -> str:
+        return f'stall: {decision.reason}; {self._explain_stall(decision)}' if decision.stalled else decision.reason
+
+    def _restart_cluster(self, decision: Decision) -> None:
         """Stop every task (the chief checkpoints first if it can), then start them all again: the
         chief restores the newest checkpoint and training goes on to the requested step."""
         self.restarts += 1
-        cause = decision.reason
-        if decision.stalled:
-            cause = f'stall: {cause}; {self._explain_stall(decision)}'
-        self.console.say(f'restart {self.restarts}/{self.policy.max_restarts}: {cause}; stopping every task')
-        self._teardown(self.records)
+        self.console.say(f'restart {self.restarts}/{self.policy.max_restarts}: {self._cause(decision)}; '
+                         'stopping every task')
+        self._teardown()
         step = self._checkpoint_step()
         self.console.say(f'restart {self.restarts}/{self.policy.max_restarts}: resuming from '
                          + (f'the checkpoint at global step {step}' if step is not None else
@@ -396,45 +395,45 @@ class ClusterRun:
         wait_for_servers(self.records, self.backends, t0 + self.start_timeout, self.interrupted)
 
     def _checkpoint_step(self) -> int | None:
-        chief = next((r for r in self.records if r.job == 'worker' and r.index == 0), None)
+        chief = next((r for r in self.records if r.is_chief), None)
         if chief is None:
             return None
         text = self.backends[chief.backend].read_file(chief, checkpoint_state_path(self.spec))
         return supervise.checkpoint_step(text)
 
-    def _give_up(self, decision: Decision, statuses: list[TaskStatus]) -> TaskFailed:
+    def _give_up(self, decision: Decision) -> TaskFailed:
         """The one line a lost run ends with: which task, how, its last Python error, and where
         a new `launch up` would resume."""
-        if decision.stalled:
-            message = f'stall: {decision.reason}; {self._explain_stall(decision)}'
-        else:
-            lost = [r for r in self.records if r.name in decision.tasks]
-            first = lost[0]
-            where = f'pid {first.pid} on {first.host}'
-            message = f'{decision.reason.replace(first.name, f"{first.name} ({where})", 1)}'
+        message = self._cause(decision)
+        if not decision.stalled:
+            first = next(r for r in self.records if r.name == decision.tasks[0])
+            message = message.replace(first.name, f'{first.name} (pid {first.pid} on {first.host})', 1)
             error = supervise.last_error_line(_log_tail(first, self.backends, 200))
             if error:
                 message += f'; its last error: {error}'
         if self.restarts >= self.policy.max_restarts and self.policy.restart == 'on-failure':
             message += f'; {self.restarts} restart(s) made, the most supervise.max_restarts allows'
-        self._teardown(self.records)        # the chief's checkpoint first, so the step below is current
+        self._teardown()        # the chief's checkpoint first, so the step below is current
         step = self._checkpoint_step()
         message += ('; a new `launch up` resumes from the checkpoint at global step '
                     f'{step}' if step is not None else '; no checkpoint was written: a new `launch up` '
                                                        'starts from step 0')
         return TaskFailed(message)
 
-    def _teardown(self, records: list[TaskRecord]) -> None:
+    def _stop(self, records: list[TaskRecord]) -> None:
         """Stop these tasks: the chief first, with time to write its checkpoint while the ps tasks
         still run (only then can it save), then everything else at once."""
         live = [r for r in records if self.backends[r.backend].alive(r)]
-        chief = [r for r in live if r.job == 'worker' and r.index == 0]
         ps_alive = all(self.backends[r.backend].alive(r) for r in self.records if r.job == 'ps')
-        if chief and ps_alive:
-            self.backends[chief[0].backend].stop(chief, grace=CHECKPOINT_GRACE_SECS)
-        stop_all([r for r in live if r not in chief or not ps_alive], self.backends)
-        if records is self.records:
-            self._unfollow(list(self._followers))
+        first = [r for r in live if r.is_chief] if ps_alive else []
+        if first:
+            self.backends[first[0].backend].stop(first, grace=CHECKPOINT_GRACE_SECS)
+        stop_all([r for r in live if r not in first], self.backends)
+
+    def _teardown(self) -> None:
+        """Stop every task and stop following their logs once all is read."""
+        self._stop(self.records)
+        self._unfollow(list(self._followers))
 
     def _report(self, seconds: float) -> None:
         """One closing line, from the figures each worker left in its train_dir on its host."""

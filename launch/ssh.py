@@ -40,6 +40,7 @@ import paramiko
 from paramiko.ssh_exception import NoValidConnectionsError
 
 from cluster.spec import ClusterSpec, HostConfig
+from cluster.task import LEASE_ENV
 from launch.backend import HOST_PROBE, STOP_GRACE_SECS, Backend, BackendError, HostCheck, TaskRecord
 from launch.plan import TaskPlan
 
@@ -470,8 +471,8 @@ class SSHBackend(Backend):
             if time.monotonic() - h.renewed_at < LEASE_RENEW_SECS:
                 return
             try:
-                paths = {posixpath.join(self._workdir(name, p.cwd), p.env['TFCLUSTER_LEASE'])
-                         for p in mine if 'TFCLUSTER_LEASE' in p.env}
+                paths = {posixpath.join(self._workdir(name, p.cwd), p.env[LEASE_ENV])
+                         for p in mine if LEASE_ENV in p.env}
                 script = '; '.join(f'mkdir -p {_q(posixpath.dirname(x))}; touch {_q(x)}' for x in sorted(paths))
                 self._run(name, script or 'true', timeout=POLL_TIMEOUT)
                 h.renewed_at = time.monotonic()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import enum
 import re
+import signal
 from dataclasses import dataclass
 
 from cluster.spec import ClusterSpec
@@ -100,7 +101,6 @@ def describe_exit(code: int | None) -> str:
     if code is None:
         return 'could not be reached'
     if code < 0:
-        import signal
         try:
             return f'was killed by {signal.Signals(-code).name}'
         except ValueError:

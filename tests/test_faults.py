@@ -44,13 +44,19 @@ def kill_when(proc, train_dir, step: int, name: str, sig=signal.SIGKILL) -> list
     return lines
 
 
+def run_and_kill(spec: str, run: str, step: int, name: str) -> tuple[int, str]:
+    """`launch up` to the end, with task `name` killed -9 at global step `step`: (exit code, output)."""
+    proc = launch_bg('up', spec)
+    lines = kill_when(proc, run, step, name)
+    out = ''.join(lines) + finish(proc)
+    return proc.returncode, out
+
+
 def test_async_run_survives_a_lost_worker(tmp_path):
     spec = write_spec(tmp_path, steps=60, sync=False, learning_rate=0.05)
     run = str(tmp_path / 'run')
-    proc = launch_bg('up', spec)
-    lines = kill_when(proc, run, 1, 'worker:1')
-    out = ''.join(lines) + finish(proc)
-    assert proc.returncode == 0, out
+    code, out = run_and_kill(spec, run, 1, 'worker:1')
+    assert code == 0, out
     assert 'worker:1 was killed by SIGKILL; training goes on with 1 worker(s)' in out
     assert re.search(r'done in .*global step 6\d.*\(lost worker:1\)', out), out
     assert checkpoint_step(run) >= 60
@@ -59,10 +65,8 @@ def test_async_run_survives_a_lost_worker(tmp_path):
 def test_sync_run_survives_a_lost_backup_worker(tmp_path):
     spec = write_spec(tmp_path, workers=3, replicas_to_aggregate=2, steps=40)
     run = str(tmp_path / 'run')
-    proc = launch_bg('up', spec)
-    lines = kill_when(proc, run, 5, 'worker:2')
-    out = ''.join(lines) + finish(proc)
-    assert proc.returncode == 0, out
+    code, out = run_and_kill(spec, run, 5, 'worker:2')
+    assert code == 0, out
     assert 'worker:2 was killed by SIGKILL; training goes on with 2 worker(s)' in out
     assert checkpoint_step(run) == 40
 
