@@ -58,6 +58,7 @@ DEFAULT_GLOBAL_KNOWN_HOSTS = ('/etc/ssh/ssh_known_hosts', '/etc/ssh/ssh_known_ho
 
 # `starttime` of a pid (field 22 of /proc/PID/stat): a pid is ours only while it matches.
 _STARTTIME = "sed 's/.*) //' /proc/{pid}/stat 2>/dev/null | cut -d' ' -f20"
+_SNAPSHOT_END = 'tfcluster-status-end'   # last line of a status answer: a cut-short one lacks it
 
 
 class SSHError(BackendError):
@@ -229,13 +230,17 @@ class SSHBackend(Backend):
         """Run a POSIX sh script on the host; the result never raises for a non-zero exit."""
         conn = self._connect(name)
         try:
-            return conn.run('sh -c ' + _q(script), hide=True, warn=True, in_stream=False, timeout=timeout)
+            result = conn.run('sh -c ' + _q(script), hide=True, warn=True, in_stream=False, timeout=timeout)
         except invoke.CommandTimedOut:
             self._drop(name)        # a half-open connection would make the next command wait as long
             raise SSHError(name, f'a remote command did not finish within {timeout:.0f}s') from None
         except (paramiko.SSHException, OSError, EOFError) as e:
             self._drop(name)
             raise SSHError(name, f'lost the SSH connection: {e}') from None
+        if result.exited == -1:     # paramiko's "no exit status": the channel closed under the command
+            self._drop(name)
+            raise SSHError(name, 'lost the SSH connection: the remote command ended without an exit status')
+        return result
 
     def _sftp_call(self, name: str, fn):
         """fn(sftp) with the host's one SFTP client, serialised: paramiko's client is not thread-safe."""
@@ -436,7 +441,11 @@ class SSHBackend(Backend):
         # /proc first, then the rc file: a task seen gone has written its rc file already.
         lines = [f's=$(cat /proc/{int(r.pid)}/stat 2>/dev/null); r=$(cat {_q(r.extra.get("rcfile", "/dev/null"))} '
                  f'2>/dev/null); printf "%s|%s|%s\\n" {_q(r.name)} "$r" "$s"' for r in records]
-        result = self._run(name, '\n'.join(lines), timeout=POLL_TIMEOUT)
+        result = self._run(name, '\n'.join(lines + [f'echo {_SNAPSHOT_END}']), timeout=POLL_TIMEOUT)
+        if not result.stdout.rstrip().endswith(_SNAPSHOT_END):
+            # A cut-short answer must not read as "every task gone" (which means killed hard).
+            self._drop(name)
+            raise SSHError(name, 'lost the SSH connection: a status query was answered only in part')
         out = {}
         for line in result.stdout.splitlines():
             task, rc, stat = (line.split('|', 2) + ['', ''])[:3]

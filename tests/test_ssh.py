@@ -191,6 +191,40 @@ def test_backend_polls_once_per_host_quotes_values_and_stops_process_groups(ssh_
     assert_nothing_left(ssh_hosts)
 
 
+# The remote command's own sshd session, found by walking up from the shell: killing it cuts the
+# connection exactly while a command runs.
+_CUT_MY_CONNECTION = ("p=$$; while [ \"$p\" -gt 1 ]; do case \"$(tr '\\0' ' ' < /proc/$p/cmdline)\" in "
+                      "sshd:*) kill -KILL $p; sleep 5;; esac; p=$(sed 's/.*) //' /proc/$p/stat | cut -d' ' -f2); done\n")
+
+
+def test_a_status_query_cut_short_is_a_lost_connection_not_dead_tasks(ssh_hosts, tmp_path):
+    """The connection dies while a status query runs: that is an SSH error (retried by the
+    supervisor), never "the tasks are gone" (which would read as killed hard); the next query
+    connects anew and finds the tasks still running."""
+    from cluster.spec import load_spec
+    from launch.plan import plan_cluster
+    from launch.ssh import SSHBackend, SSHError
+
+    spec = load_spec(remote_spec(ssh_hosts, tmp_path))
+    plans = [dataclasses.replace(p, argv=('sleep', '300'), env={}) for p in plan_cluster(spec)]
+    backend = SSHBackend(spec, ssh_config=str(ssh_hosts.ssh_config))
+    records = []
+    try:
+        backend.prepare(plans, spec.to_yaml())
+        records = [backend.start(p) for p in plans]
+        real_run = backend._run
+        backend._run = lambda host, script, **kw: real_run(host, _CUT_MY_CONNECTION + script, **kw)
+        with pytest.raises(SSHError, match=r'127\.0\.0\.2: lost the SSH connection'):
+            backend.poll(records[0])
+        backend._run = real_run
+        backend._invalidate('127.0.0.2')
+        assert [backend.poll(r) for r in records] == [None, None, None]
+    finally:
+        backend.stop(records, grace=1)
+        backend.close()
+    assert_nothing_left(ssh_hosts)
+
+
 # -- errors: each produced for real, each naming the host and the cause ---------------------------
 
 def _case(name, ssh_hosts, tmp_path):
