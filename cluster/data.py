@@ -8,6 +8,7 @@ The file format is the CIFAR-10 binary one: fixed 3073-byte records, one label b
 32x32x3 image stored channel-major (1024 red bytes, 1024 green, 1024 blue, each row-major).
 """
 
+import json
 import logging
 import os
 import tempfile
@@ -23,6 +24,10 @@ RECORD_BYTES = 1 + RAW_SIZE * RAW_SIZE * 3
 TRAIN_FILES = ['data_batch_%d.bin' % i for i in range(1, 6)]
 TEST_FILE = 'test_batch.bin'
 SYNTHETIC_SUBDIR = 'synthetic-data'
+CIFAR10_RECORDS_PER_FILE = 10000     # every file of the real data set, train and test alike
+# Written by write_synthetic next to its files: how many records each holds. Without it a data
+# directory must have the real data set's sizes, so a copy cut to whole records is not trained on.
+SYNTHETIC_MANIFEST = 'tfcluster-synthetic.json'
 
 # Explicit small parallelism: AUTOTUNE would need tf.data autotuning, which we switch off because
 # it can make Session.close() hang for ~10 s.
@@ -76,7 +81,28 @@ def check_data_dir(directory, split='train'):
             raise DataError('CIFAR-10 file %s has %d bytes, not a multiple of the %d-byte record '
                             '(truncated, or not the binary version of CIFAR-10)'
                             % (path, size, RECORD_BYTES))
+        expected, source = _expected_records(directory, split)
+        if size // RECORD_BYTES != expected:
+            raise DataError('CIFAR-10 file %s has %d records where %s has %d (cut short, or a partial copy)'
+                            % (path, size // RECORD_BYTES, source, expected))
     return paths
+
+
+def _expected_records(directory, split):
+    """(records each file of `split` must hold, what says so)."""
+    manifest = os.path.join(directory, SYNTHETIC_MANIFEST)
+    try:
+        with open(manifest) as f:
+            counts = json.load(f)
+        key = 'records_per_file' if split == 'train' else 'test_records'
+        value = counts[key]
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(key)
+        return value, 'its %s' % SYNTHETIC_MANIFEST
+    except FileNotFoundError:
+        return CIFAR10_RECORDS_PER_FILE, 'the real CIFAR-10'
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DataError('%s is unreadable (%s): write the data again' % (manifest, e)) from None
 
 
 def check_data_set(directory):
@@ -156,6 +182,8 @@ def write_synthetic(directory, records_per_file=1000, test_records=1000, seed=0)
     for index, (name, num) in enumerate(sizes):
         rng = np.random.default_rng([seed, index + 1])
         _write_atomic(os.path.join(directory, name), _synthetic_records(num, templates, rng))
+    manifest = {'records_per_file': records_per_file, 'test_records': test_records, 'seed': seed}
+    _write_atomic(os.path.join(directory, SYNTHETIC_MANIFEST), json.dumps(manifest).encode())
     log.info('wrote synthetic CIFAR-10 data to %s (%d train, %d test records, seed %d)',
              directory, records_per_file * len(TRAIN_FILES), test_records, seed)
     return directory

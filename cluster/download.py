@@ -17,13 +17,13 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from cluster.data import TEST_FILE, TRAIN_FILES, DataError, check_data_set
+from cluster.data import SYNTHETIC_MANIFEST, TEST_FILE, TRAIN_FILES, DataError, check_data_set
 
 CIFAR10_URL = 'https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz'
 CIFAR10_MD5 = 'c32a1d4ab5d03f1284b67883e8d87530'
 ARCHIVE_DIR = 'cifar-10-batches-bin'         # the one folder inside the archive
 WANTED = TRAIN_FILES + [TEST_FILE]
-OPTIONAL = ['batches.meta.txt']              # class names; copied when present
+OPTIONAL = ['batches.meta.txt', SYNTHETIC_MANIFEST]   # class names; a mirror's synthetic set; copied when present
 CHUNK = 1 << 20
 PROGRESS_SECS = 2.0
 TIMEOUT_SECS = 60

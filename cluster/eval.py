@@ -23,10 +23,11 @@ class EvalError(ValueError):
 def evaluate(spec: ClusterSpec, checkpoint: str | None = None) -> dict:
     """Run the whole test split once through the averaged model; returns the figures."""
     train_dir = spec.train.train_dir
+    if checkpoint is None and not os.path.exists(os.path.join(train_dir, 'checkpoint')):
+        # Before the data: synthetic data would be written for nothing.
+        raise EvalError(f'{train_dir}: no checkpoint to evaluate; train first with `launch up {spec.path}`')
     data_dir = data.resolve_data(spec.train.data, train_dir)
     data.check_data_dir(data_dir, 'test')
-    if checkpoint is None and not os.path.exists(os.path.join(train_dir, 'checkpoint')):
-        raise EvalError(f'{train_dir}: no checkpoint to evaluate; train first with `launch up {spec.path}`')
     import tensorflow as tf
     from cluster import model
     v1 = tf.compat.v1

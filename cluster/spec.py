@@ -100,6 +100,14 @@ class ClusterSpec:
     train: TrainConfig
     hosts: Mapping[str, HostConfig] = field(default_factory=lambda: types.MappingProxyType({}))
     supervise: SuperviseConfig = SuperviseConfig()
+    origins: Any = field(default=None, compare=False, repr=False)   # _Origins: where each key was given
+
+    def error(self, key: str, message: str) -> 'SpecError':
+        """A SpecError about `key` that names where it was given (file:line or --set), found only
+        now that the spec is used (a train_dir that is a file, a data set of the wrong size)."""
+        if self.origins is None:
+            return SpecError(f'{self.path}: {key}: {message}')
+        return self.origins.error(key, message)
 
     def job_tasks(self, job: str) -> tuple[TaskSpec, ...]:
         return tuple(t for t in self.tasks if t.job == job)
@@ -202,6 +210,10 @@ def load_spec(path: str, overrides: list[str] | tuple[str, ...] = ()) -> Cluster
             text = f.read()
     except FileNotFoundError:
         raise SpecError(f'{path}: spec file not found') from None
+    except UnicodeDecodeError as e:
+        raise SpecError(f'{path}: not a YAML spec: byte {e.start} is not UTF-8 text') from None
+    except IsADirectoryError:
+        raise SpecError(f'{path}: is a directory, not a spec file') from None
     except OSError as e:
         raise SpecError(f'{path}: cannot read spec file: {e.strerror}') from None
     origins = _Origins(path)
@@ -269,7 +281,7 @@ def _build(raw: dict, origins: _Origins) -> ClusterSpec:
     supervise = _parse_supervise(raw.get('supervise') or {}, origins)
     hosts = _parse_hosts(raw.get('hosts') or {}, origins)
     spec = ClusterSpec(path=origins.path, tasks=tasks, train=train, hosts=types.MappingProxyType(hosts),
-                       supervise=supervise)
+                       supervise=supervise, origins=origins)
     if supervise.stall_secs < 3 * train.log_every_secs:
         key = 'supervise.stall_secs' if 'stall_secs' in (raw.get('supervise') or {}) else 'train.log_every_secs'
         raise origins.error(key, f'the stall limit ({supervise.stall_secs:g}s) must be at least 3 times '

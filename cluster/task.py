@@ -40,7 +40,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def port_in_use(port: int) -> bool:
     """True when something already listens on `port` (TF's server binds every interface)."""
-    with socket.socket(socket.AF_INET6 if socket.has_ipv6 else socket.AF_INET) as s:
+    try:
+        s = socket.socket(socket.AF_INET6)      # dual-stack: sees a listener on either family
+    except OSError:                             # IPv6 disabled on this host (EAFNOSUPPORT)
+        s = socket.socket(socket.AF_INET)
+    with s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(('', port))
@@ -83,8 +87,13 @@ def main(argv=None) -> int:
         spec = load_spec(path, args.overrides)
         task = spec.task(args.job, args.index)
         from cluster import data   # no TensorFlow at import time
-        data_dir = data.resolve_data(spec.train.data, spec.train.train_dir) if task.job == 'worker' else None
-    except ValueError as e:       # SpecError, DataError
+        try:
+            data_dir = data.resolve_data(spec.train.data, spec.train.train_dir) if task.job == 'worker' else None
+        except data.DataError as e:
+            raise spec.error('train.data', str(e)) from None
+        except OSError as e:
+            raise spec.error('train.train_dir', f'cannot write {e.filename}: {e.strerror}') from None
+    except ValueError as e:       # SpecError
         print(f'cluster.task: error: {e}', file=sys.stderr)
         return 2
     if port_in_use(task.port):
@@ -99,7 +108,12 @@ def main(argv=None) -> int:
     from cluster import train
     tf.get_logger().setLevel(logging.ERROR)     # TF1 deprecation notices drown the progress lines
     tf.compat.v1.disable_eager_execution()
-    server = train.make_server(spec, task)
+    try:
+        server = train.make_server(spec, task)
+    except tf.errors.OpError as e:      # lost a race for the port after the check above
+        print(f'cluster.task: error: {task.name}: cannot serve on port {task.port}: '
+              f'{train.first_line(e.message, "(no message)")} (another process took the port?)', file=sys.stderr)
+        return 2
     log.info('%s serving on %s (pid %d)', task.name, task.address, os.getpid())
     try:
         if task.job == 'ps':
@@ -121,6 +135,10 @@ def main(argv=None) -> int:
 if __name__ == '__main__':
     try:
         code = main()
+    except SystemExit as e:     # argparse's usage error (2) or --help (0): its message is printed
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    except KeyboardInterrupt:
+        code = 130
     except BaseException:       # a bug or a lost peer: show it, and still end through os._exit
         traceback.print_exc()
         code = 1

@@ -55,7 +55,10 @@ try:
 except Exception as e:
     out["missing"].append("module check failed: %s" % e)
 for port in args[deep:]:
-    s = socket.socket(socket.AF_INET6 if socket.has_ipv6 else socket.AF_INET)
+    try:
+        s = socket.socket(socket.AF_INET6)
+    except OSError:         # IPv6 disabled on the host
+        s = socket.socket(socket.AF_INET)
     try:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("", int(port)))

@@ -16,7 +16,7 @@ from launch.backend import stop_all
 from launch.local import LocalBackend, process_ident
 from launch.plan import TaskPlan, effective_spec_path, plan_cluster, service_name, state_path
 from launch.run import EXIT_USAGE, ClusterRun, Console
-from launch.state import LaunchState
+from launch.state import LaunchState, LockBusy, StateError, TrainDirLock
 
 
 class UsageError(Exception):
@@ -92,7 +92,7 @@ def main(argv=None) -> int:
         if args.backend is None and args.command in ('status', 'down', 'logs'):
             args.backend = _started_with(spec)
         return COMMANDS[args.command](spec, args)
-    except (SpecError, UsageError) as e:
+    except (SpecError, UsageError, StateError) as e:
         print(f'launch: error: {e}', file=sys.stderr)
         return EXIT_USAGE
 
@@ -146,12 +146,27 @@ def launcher_alive(state: LaunchState) -> bool:
     return ident is not None and ident == state.launcher_ident and state.launcher_pid != os.getpid()
 
 
+def check_train_dir(spec: ClusterSpec) -> None:
+    """The launcher's train_dir (state, logs, lock) must be a directory or not exist yet."""
+    path = spec.train.train_dir
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise spec.error('train.train_dir', f'{path} exists and is not a directory')
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise spec.error('train.train_dir', f'{path}: {parent} is not a directory')
+
+
 def preflight(spec: ClusterSpec, plans: list[TaskPlan], backends) -> None:
     """Everything that can be wrong before anything starts; raises UsageError (exit 2)."""
     running = _running_state(spec, backends)
     if running is not None:
         raise UsageError(f'{spec.path}: a cluster of this spec is already running (launcher pid '
                          f'{running.launcher_pid}, state in {state_path(spec)}); stop it with `launch down {spec.path}`')
+    missing = LocalBackend.missing_gpus([p for p in plans if p.backend == 'local'])
+    if missing:
+        raise spec.error('train.devices', missing)
     busy = LocalBackend.busy(plans)
     if busy:        # named by task, where `launch check` says it per host
         task = busy[0].task
@@ -161,29 +176,68 @@ def preflight(spec: ClusterSpec, plans: list[TaskPlan], backends) -> None:
               for c in b.check([p for p in remote if p.backend == name]) if not c.ok]
     if failed:
         raise UsageError(f'{spec.path}: pre-flight failed: ' + '; '.join(c.line() for c in failed))
+
+
+def prepare_data(spec: ClusterSpec, plans: list[TaskPlan]) -> None:
+    """Check the data set (and write the synthetic one) once, before local workers would race for it."""
     if any(p.backend == 'local' and p.task.job == 'worker' for p in plans):
-        # Last, as it may write synthetic data: once, before the local workers would race for it.
         from cluster import data
         try:
             data.resolve_data(spec.train.data, spec.train.train_dir)
         except data.DataError as e:
-            raise UsageError(f'{spec.path}: train.data: {e}') from None
+            raise spec.error('train.data', str(e)) from None
         except OSError as e:
-            raise UsageError(f'{spec.path}: train.train_dir: cannot write {e.filename}: {e.strerror}') from None
+            raise spec.error('train.train_dir', f'cannot write {e.filename}: {e.strerror}') from None
+
+
+def lock_train_dir(spec: ClusterSpec) -> tuple[TrainDirLock, list[str]]:
+    """Take the train_dir's lock (creating the directory); (lock, the directories created, deepest first)."""
+    path = spec.train.train_dir
+    created, probe = [], os.path.abspath(path)
+    while not os.path.exists(probe):
+        created.append(probe)
+        probe = os.path.dirname(probe)
+    try:
+        os.makedirs(path, exist_ok=True)
+        lock = TrainDirLock(path)
+        lock.acquire(f'launcher pid {os.getpid()}, `launch up {spec.path}` since {time.strftime("%H:%M:%S")}')
+    except LockBusy as e:
+        raise UsageError(f'{spec.path}: train_dir {path} is in use by {e}; one launcher per train_dir '
+                         f'(`launch status {spec.path}` shows that run)') from None
+    except OSError as e:
+        raise spec.error('train.train_dir', f'cannot write {e.filename or path}: {e.strerror}') from None
+    return lock, created
 
 
 def cmd_up(spec: ClusterSpec, args) -> int:
     plans = list(plan_cluster(spec, backend=args.backend))
-    with make_backends(plans, spec, args) as backends:
-        preflight(spec, plans, backends)
-        for i in range(spec.num_workers):       # figures of an earlier run must not pass for this one's
+    check_train_dir(spec)
+    lock, created = lock_train_dir(spec)     # first: a second launcher is told who runs, nothing more
+    try:
+        with make_backends(plans, spec, args) as backends:
             try:
-                os.remove(os.path.join(spec.train.train_dir, f'worker-{i}.json'))
-            except FileNotFoundError:
-                pass
-        run = ClusterRun(spec, spec.to_yaml(), plans, backends, Console(verbose=args.verbose),
-                         start_timeout=args.start_timeout, finish_timeout=args.finish_timeout)
-        return run.up()
+                preflight(spec, plans, backends)
+                prepare_data(spec, plans)
+            except (SpecError, UsageError):
+                if created:       # leave no trace of a launch that never started
+                    lock.release(remove=True)
+                    for directory in created:
+                        try:
+                            os.rmdir(directory)     # only if empty: nothing of anyone else's goes
+                        except OSError:
+                            break
+                raise
+            for i in range(spec.num_workers):       # figures of an earlier run must not pass for this one's
+                try:
+                    os.remove(os.path.join(spec.train.train_dir, f'worker-{i}.json'))
+                except FileNotFoundError:
+                    pass
+            run = ClusterRun(spec, spec.to_yaml(), plans, backends, Console(verbose=args.verbose),
+                             start_timeout=args.start_timeout, finish_timeout=args.finish_timeout)
+            return run.up()
+    finally:
+        lock.release()
+
 
 
 def _listening(host: str, port: int) -> bool:
@@ -265,6 +319,10 @@ def cmd_logs(spec: ClusterSpec, args) -> int:
         plans = chosen
     state = LaunchState.load(state_path(spec))
     records = {r.name: r for r in (state.tasks if state else [])}
+    logs_dir = os.path.join(spec.train.train_dir, 'logs')
+    if state is None and all(p.backend != 'ssh' for p in plans) and not os.path.isdir(logs_dir):
+        raise UsageError(f'{spec.path}: no logs in {os.path.abspath(logs_dir)}: this spec was never started '
+                         'here (a relative train_dir is relative to the directory `launch up` ran in)')
     console = Console()
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *a: stop.set())
@@ -311,7 +369,8 @@ def cmd_check(spec: ClusterSpec, args) -> int:
 
 def cmd_plan(spec: ClusterSpec, args) -> int:
     print(f'# {spec.path}: {spec.num_ps} ps, {spec.num_workers} workers, '
-          f'{"sync" if spec.train.sync else "async"}; effective spec written to {effective_spec_path(spec)}')
+          f'{"sync" if spec.train.sync else "async"}; `launch up` writes the effective spec to '
+          f'{effective_spec_path(spec)} (nothing is written now)')
     for task, plan in zip(spec.tasks, plan_cluster(spec, backend=args.backend)):
         if plan.backend == 'compose':
             where = f'compose service {service_name(task)}, was {task.address} in the spec'

@@ -16,6 +16,28 @@ from launch.plan import TaskPlan
 IMPORT_TIMEOUT = 60    # seconds `launch check` gives the tasks' Python to import TensorFlow
 
 
+def gpu_count() -> int:
+    """The NVIDIA GPUs this machine has: one entry each in the driver's /proc directory (no
+    driver, no GPU), else what `nvidia-smi -L` lists."""
+    try:
+        return len(os.listdir('/proc/driver/nvidia/gpus'))
+    except OSError:
+        pass
+    try:
+        out = subprocess.run(['nvidia-smi', '-L'], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith('GPU '))
+
+
+def gpus_wanted(plans) -> list[int]:
+    """The GPU indices the plans' tasks are given (CUDA_VISIBLE_DEVICES), sorted."""
+    wanted = set()
+    for p in plans:
+        wanted.update(int(i) for i in p.env.get('CUDA_VISIBLE_DEVICES', '').split(',') if i.strip().isdigit())
+    return sorted(wanted)
+
+
 def _stat_fields(pid: int) -> list[str] | None:
     """The fields of /proc/PID/stat after the command name (state first), or None if it is gone."""
     try:
@@ -70,6 +92,9 @@ class LocalBackend(Backend):
         if not plans:
             return []
         problems = [f'port {p.task.port} ({p.name}) already in use' for p in self.busy(plans)]
+        missing = self.missing_gpus(plans)
+        if missing:
+            problems.append(f'train.devices {missing}')
         version = ''
         if imports:
             python = plans[0].argv[0]
@@ -91,6 +116,18 @@ class LocalBackend(Backend):
             return [HostCheck('localhost', False, '; '.join(problems))]
         return [HostCheck('localhost', True, f'{len(plans)} task(s){version}, ports '
                                              f'{", ".join(str(p.task.port) for p in plans)} free')]
+
+    @staticmethod
+    def missing_gpus(plans) -> str | None:
+        """What is wrong when train.devices names GPUs this machine does not have, else None."""
+        wanted = gpus_wanted(plans)
+        if not wanted:
+            return None
+        have = gpu_count()
+        if wanted[-1] < have:
+            return None
+        return f'names gpu:{wanted[-1]} but this machine has {have} GPU(s)' + \
+            ('' if have else ' (no NVIDIA driver found)')
 
     def start(self, plan: TaskPlan) -> TaskRecord:
         log_file = os.path.join(plan.cwd, plan.log_path)

@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Mapping
+from typing import Callable, Mapping
 
 import grpc
 
@@ -62,8 +62,8 @@ class Console:
             try:
                 self.stream.write(f'{"[" + source + "]":<{self.width}} {text}\n')
                 self.stream.flush()
-            except (BrokenPipeError, ValueError):   # the reader went away (`| head`, a closed tee):
-                pass                                  # keep running so the tear-down still happens
+            except (OSError, ValueError):   # the reader went away (`| head`, a closed tee or terminal:
+                pass                          # EPIPE, EIO): keep running so the tear-down still happens
 
     def say(self, text: str) -> None:
         self.line('launch', text)
@@ -78,9 +78,11 @@ class TaskFailed(Exception):
 
 
 def wait_for_servers(records: list[TaskRecord], backends: Mapping[str, Backend], deadline: float,
-                     stop: threading.Event) -> None:
-    """Return once every task's gRPC server accepts connections; raise TaskFailed naming the first
-    task that died on the way or did not come up before the deadline."""
+                     stop: threading.Event, reported: Callable[[str], bool] = lambda name: True) -> None:
+    """Return once every task's gRPC server accepts connections and the task itself has reported
+    serving (`reported(name)`: a port answered by some other process, say another cluster's task on
+    the same port, proves nothing); raise TaskFailed naming the first task that died on the way or
+    did not come up before the deadline."""
     # Retry connecting every 100-500 ms: gRPC's default backoff grows towards two minutes, so a
     # server that came up during a backoff would be noticed long after it was serving.
     options = [('grpc.enable_http_proxy', 0), ('grpc.initial_reconnect_backoff_ms', 100),
@@ -93,10 +95,14 @@ def wait_for_servers(records: list[TaskRecord], backends: Mapping[str, Backend],
                 code = backends[record.backend].poll(record)
                 if code is not None and code != 0:
                     raise TaskFailed(f'{record.name} {describe_exit(code)} during start-up', _log_tail(record, backends))
-                if code == 0 or futures[name].done():     # a task that finished already was up
+                if code == 0 or (futures[name].done() and reported(name)):   # one that finished was up
                     del pending[name]
             if pending and time.monotonic() > deadline:
-                record = next(iter(pending.values()))[0]
+                name, (record, _) = next(iter(pending.items()))
+                if futures[name].done():
+                    raise TaskFailed(f'{record.name}: {record.host}:{record.port} answers, but not from this task '
+                                     '(it never reported serving): another process holds that port?',
+                                     _log_tail(record, backends))
                 raise TaskFailed(f'{record.name} ({record.host}:{record.port}) did not accept gRPC connections '
                                  f'in time; raise the limit with --start-timeout', _log_tail(record, backends))
             time.sleep(0.1)
@@ -136,11 +142,13 @@ class ClusterRun:
         self.policy = Policy.of(spec, UNREACHABLE_SECS)
         self.records: list[TaskRecord] = []          # the current start of every task, in plan order
         self.interrupted = threading.Event()
+        self._hurry = threading.Event()              # a second signal: SIGKILL, no more grace
         self.signum = 0
         self.restarts = 0
         self.tolerated: set[str] = set()
         self._unknown_since: dict[str, float] = {}
         self._followers: dict[str, tuple[threading.Thread, threading.Event]] = {}
+        self._serving: dict[str, threading.Event] = {}   # set once a task's own log says it serves
         self._done = threading.Event()
         self._progress_lock = threading.Lock()
         self._step: int | None = None                 # the newest global step seen in this start
@@ -152,6 +160,23 @@ class ClusterRun:
         if not self.interrupted.is_set():
             self.signum = signum
             self.interrupted.set()
+        elif signum != signal.SIGHUP and not self._hurry.is_set():
+            # A second Ctrl-C (or SIGTERM): the user will not wait for the checkpoint and the
+            # graceful stop. SIGHUP is not a request: a closed terminal sends it once more at exit.
+            self._hurry.set()
+            threading.Thread(target=self._kill_all, name='hurry', daemon=True).start()
+
+    def _kill_all(self) -> None:
+        self.console.say(f'{signal.Signals(self.signum).name} again: killing every task now (SIGKILL, '
+                         'no checkpoint)')
+        by_backend: dict[str, list[TaskRecord]] = {}
+        for r in list(self.records):
+            by_backend.setdefault(r.backend, []).append(r)
+        for name, group in by_backend.items():
+            try:
+                self.backends[name].stop(group, grace=0)
+            except BackendError as e:
+                self.console.say(f'error: {e}')
 
     def _install_signals(self):
         signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)    # SIGHUP: the terminal went away
@@ -170,7 +195,7 @@ class ClusterRun:
                 threading.Thread(target=self._renew_leases, args=(name,), name=f'lease-{name}', daemon=True).start()
             self._start(self.plans)
             self.console.say(f'started {len(self.records)} tasks; waiting for their servers')
-            wait_for_servers(self.records, self.backends, t0 + self.start_timeout, self.interrupted)
+            self._wait_ready(t0)
             if not self.interrupted.is_set():
                 self.console.say(f'all {len(self.records)} servers are up after {time.monotonic() - t0:.1f}s')
                 self._supervise()
@@ -236,10 +261,14 @@ class ClusterRun:
 
     def _follow(self, record: TaskRecord) -> None:
         stop = threading.Event()
+        serving = self._serving[record.name] = threading.Event()
+        mark = f' {record.name} serving on '      # cluster.task's line once its server is bound
 
         def pump():
             backend = self.backends[record.backend]
             for line in backend.read_log(record, follow=True, stop=stop, offset=record.log_offset):
+                if not serving.is_set() and mark in line:
+                    serving.set()
                 self.console.line(record.name, line)
                 if record.job == 'worker':
                     self._saw_line(line)
@@ -392,7 +421,11 @@ class ClusterRun:
         self._state.progress = None
         t0 = time.monotonic()
         self._start([dataclasses.replace(p, restart=self.restarts) for p in self.plans])
-        wait_for_servers(self.records, self.backends, t0 + self.start_timeout, self.interrupted)
+        self._wait_ready(t0)
+
+    def _wait_ready(self, t0: float) -> None:
+        wait_for_servers(self.records, self.backends, t0 + self.start_timeout, self.interrupted,
+                         reported=lambda name: self._serving[name].is_set())
 
     def _checkpoint_step(self) -> int | None:
         chief = next((r for r in self.records if r.is_chief), None)

@@ -2,12 +2,24 @@
 spec started, so `launch status`, `launch logs` and `launch down` can find them from another shell."""
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import time
 from dataclasses import dataclass, field
 
 from launch.backend import TaskRecord
+
+
+FORMAT = 2      # of the state file; one without it (or another) is refused, never half-read
+
+
+class StateError(Exception):
+    """A state file this version cannot read: one line naming it and what to do."""
+
+
+class LockBusy(Exception):
+    """Another launcher holds the train_dir: the message says which."""
 
 
 @dataclass
@@ -22,7 +34,7 @@ class LaunchState:
 
     def save(self, path: str) -> None:
         os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
-        data = {'spec': self.spec, 'launcher_pid': self.launcher_pid, 'launcher_ident': self.launcher_ident,
+        data = {'format': FORMAT, 'spec': self.spec, 'launcher_pid': self.launcher_pid, 'launcher_ident': self.launcher_ident,
                 'started': self.started, 'tasks': [t.to_dict() for t in self.tasks],
                 'progress': self.progress, 'restarts': self.restarts}
         with open(path + '.tmp', 'w') as f:
@@ -36,11 +48,72 @@ class LaunchState:
                 data = json.load(f)
         except FileNotFoundError:
             return None
-        tasks = [TaskRecord.from_dict(t) for t in data.pop('tasks', [])]
-        known = set(cls.__dataclass_fields__)
-        return cls(tasks=tasks, **{k: v for k, v in data.items() if k in known})
+        except (ValueError, UnicodeDecodeError) as e:
+            raise StateError(f'{path}: not a state file tfcluster can read ({e}); if tasks of that run still '
+                             'live, stop them by hand, then remove the file') from None
+        except OSError as e:
+            raise StateError(f'{path}: cannot read the state file: {e.strerror}') from None
+        if not isinstance(data, dict) or data.get('format') != FORMAT:
+            found = data.get('format', 'none') if isinstance(data, dict) else 'none'
+            pids = sorted({t.get('pid') for t in (data.get('tasks') or []) if isinstance(t, dict) and t.get('pid')}
+                          if isinstance(data, dict) and isinstance(data.get('tasks'), list) else [])
+            hint = f' (it names pids {", ".join(map(str, pids))})' if pids else ''
+            raise StateError(f'{path}: state file of another tfcluster version (format {found}, this one reads '
+                             f'{FORMAT}); if tasks of that run still live{hint}, stop them with the version that '
+                             'started them or by hand, then remove the file')
+        try:
+            tasks = [TaskRecord.from_dict(t) for t in data.pop('tasks', [])]
+            known = set(cls.__dataclass_fields__)
+            return cls(tasks=tasks, **{k: v for k, v in data.items() if k in known})
+        except (TypeError, KeyError, AttributeError) as e:
+            raise StateError(f'{path}: damaged state file ({type(e).__name__}: {e}); if tasks of that run '
+                             'still live, stop them by hand, then remove the file') from None
 
     @staticmethod
     def new(spec_path: str, launcher_ident: str) -> 'LaunchState':
         return LaunchState(spec=spec_path, launcher_pid=os.getpid(), launcher_ident=launcher_ident,
                            started=time.time())
+
+
+class TrainDirLock:
+    """One launcher per train_dir: an exclusive flock on `<train_dir>/launch.lock`, held for the
+    launcher's life (the kernel drops it when the process ends, however it ends). The file says
+    who holds it, for the launcher that is refused."""
+
+    def __init__(self, train_dir: str):
+        self.path = os.path.join(train_dir, 'launch.lock')
+        self._fd: int | None = None
+
+    def acquire(self, holder: str) -> None:
+        """Take the lock or raise LockBusy naming the holder. `holder` says who we are."""
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                text = os.pread(fd, 4096, 0).decode('utf-8', 'replace').strip() or 'another launcher'
+                os.close(fd)
+                raise LockBusy(text) from None
+            try:    # the file we locked must still be the one at the path (a cleanup may unlink it)
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f'{holder}\n'.encode(), 0)
+        self._fd = fd
+
+    def release(self, remove: bool = False) -> None:
+        if self._fd is None:
+            return
+        if remove:      # only while holding it, so no one can have it
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+        else:
+            os.ftruncate(self._fd, 0)
+        os.close(self._fd)
+        self._fd = None

@@ -1,5 +1,6 @@
 """Tests for cluster/data.py: real files, real tf.data graphs, small sizes."""
 
+import json
 import os
 import subprocess
 import sys
@@ -50,6 +51,8 @@ def write_labelled(directory, labels_per_file):
         pixels = rng.integers(0, 256, size=(len(labels), 3072), dtype=np.uint8)
         records = np.concatenate([np.asarray(labels, np.uint8)[:, None], pixels], axis=1)
         records.tofile(os.path.join(directory, name))
+    with open(os.path.join(directory, data.SYNTHETIC_MANIFEST), 'w') as f:    # sizes other than CIFAR-10's
+        json.dump({'records_per_file': len(labels_per_file[0]), 'test_records': 1}, f)
     return directory
 
 
@@ -67,7 +70,7 @@ def test_import_does_not_load_tensorflow():
 
 
 def test_synthetic_files_are_cifar_binary(synth_dir):
-    assert sorted(os.listdir(synth_dir)) == sorted(data.TRAIN_FILES + [data.TEST_FILE])
+    assert sorted(os.listdir(synth_dir)) == sorted(data.TRAIN_FILES + [data.TEST_FILE, data.SYNTHETIC_MANIFEST])
     for name in data.TRAIN_FILES:
         path = os.path.join(synth_dir, name)
         assert os.path.getsize(path) == RECORDS_PER_FILE * 3073
@@ -291,3 +294,19 @@ def test_deterministic_inputs_two_workers_match_one(tmp_path):
         joined_y = np.concatenate([workers[0][k][1], workers[1][k][1]])
         np.testing.assert_array_equal(joined_y, single[k][1])
         np.testing.assert_array_equal(joined_x, single[k][0])
+
+
+def test_check_data_dir_file_cut_to_whole_records(small_dir):
+    path = os.path.join(small_dir, 'data_batch_3.bin')
+    with open(path, 'r+b') as handle:
+        handle.truncate(4 * 3073)
+    with pytest.raises(DataError, match='has 4 records where its tfcluster-synthetic.json has 5') as info:
+        data.check_data_dir(small_dir)
+    assert path in str(info.value)
+
+
+def test_check_data_dir_without_manifest_wants_the_real_sizes(small_dir):
+    """A directory that is not tfcluster's synthetic set must hold CIFAR-10's 10,000 records per file."""
+    os.remove(os.path.join(small_dir, data.SYNTHETIC_MANIFEST))
+    with pytest.raises(DataError, match='data_batch_1.bin has 5 records where the real CIFAR-10 has 10000'):
+        data.check_data_dir(small_dir)

@@ -22,7 +22,7 @@ def make_archive(tmp_path, leave_out: str | None = None, truncate: str | None = 
     (source / 'batches.meta.txt').write_text('airplane\nautomobile\n')
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode='w:gz') as tar:
-        for name in WANTED + ['batches.meta.txt']:
+        for name in WANTED + ['batches.meta.txt', data.SYNTHETIC_MANIFEST]:
             if name == leave_out:
                 continue
             payload = (source / name).read_bytes()

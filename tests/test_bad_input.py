@@ -1,0 +1,236 @@
+"""Every bad input a new user can give, through the real command lines: exit code 2 (bad input),
+exactly one line on stderr naming the file and line, the key, the task or the host, and nothing
+started or written (no task process, no train_dir)."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from tests.conftest import REPO, free_ports, launch, project_processes, write_spec
+
+
+def _spec(tmp_path, cluster=None, train=None, top=None, raw=None) -> str:
+    """A spec file: `raw` text as is, else a valid 1 ps + 1 worker spec with the given changes."""
+    file = tmp_path / 'spec.yaml'
+    if raw is not None:
+        file.write_bytes(raw if isinstance(raw, bytes) else raw.encode())
+        return str(file)
+    ps, worker = free_ports(2)
+    spec = {'cluster': cluster or {'ps': [f'localhost:{ps}'], 'worker': [f'localhost:{worker}']},
+            'train': {'steps': 5, 'batch_size': 8, 'train_dir': str(tmp_path / 'run'), **(train or {})}}
+    spec.update(top or {})
+    file.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return str(file)
+
+
+def _state(tmp_path, text: str) -> str:
+    spec = _spec(tmp_path)
+    os.makedirs(tmp_path / 'run')
+    (tmp_path / 'run' / 'launch-state.json').write_text(text)
+    return spec
+
+
+def _cut_data(tmp_path) -> str:
+    from cluster import data
+    directory = tmp_path / 'cifar'
+    data.write_synthetic(str(directory), records_per_file=4, test_records=4)
+    os.remove(directory / data.SYNTHETIC_MANIFEST)        # as a copy of the real data set would be
+    return _spec(tmp_path, train={'data': str(directory)})
+
+
+def _port_busy(tmp_path, holder):
+    spec = _spec(tmp_path)
+    port = int(yaml.safe_load(open(spec))['cluster']['worker'][0].split(':')[1])
+    holder.bind(('', port))
+    holder.listen()
+    return spec, port
+
+
+# name -> (setup(tmp_path) -> argv after `launch` (or ['task', ...]), text the one line must hold)
+# Every spec-file error names `spec.yaml:<line>`; the exit code is 2 unless given as a third item.
+CASES = {
+    # -- the spec file itself
+    'missing spec file': (lambda t: ['up', str(t / 'nope.yaml')], 'nope.yaml: spec file not found'),
+    'spec is a directory': (lambda t: ['up', str(t)], 'is a directory, not a spec file'),
+    'binary garbage': (lambda t: ['up', _spec(t, raw=b'\x00\xff\xfe\x80garbage')], 'not a YAML spec: byte 1'),
+    'yaml syntax': (lambda t: ['up', _spec(t, raw='cluster:\n  ps: [localhost:2222\n')], 'YAML syntax error'),
+    'not a mapping': (lambda t: ['up', _spec(t, raw='- a\n- b\n')], 'spec.yaml:1: the spec must be a mapping'),
+    'duplicate key': (lambda t: ['up', _spec(t, raw='cluster:\n  ps: [localhost:1]\ncluster:\n  ps: [a:2]\n')],
+                      'spec.yaml:3: cluster: duplicate key (first given on line 1)'),
+    'unknown top key': (lambda t: ['up', _spec(t, top={'trian': {}})], 'trian: unknown key'),
+    'unknown train key': (lambda t: ['up', _spec(t, train={'stesp': 5})], 'train.stesp: unknown key'),
+    # -- cluster
+    'no cluster': (lambda t: ['up', _spec(t, raw='train:\n  steps: 5\n')], 'cluster: missing section'),
+    'no worker job': (lambda t: ['up', _spec(t, raw='cluster:\n  ps: [localhost:1]\n')],
+                      "cluster.worker: missing job 'worker'"),
+    'unknown job': (lambda t: ['up', _spec(t, cluster={'ps': ['a:1'], 'worker': ['a:2'], 'chief': ['a:3']})],
+                    'cluster.chief: unknown key'),
+    'malformed address': (lambda t: ['up', _spec(t, cluster={'ps': ['localhost:1'], 'worker': ['localhost']})],
+                          'spec.yaml:5: cluster.worker[0]: expected "host:port"'),
+    'port out of range': (lambda t: ['up', _spec(t, cluster={'ps': ['a:1'], 'worker': ['a:70000']})],
+                          'port must be between 1 and 65535'),
+    'port zero': (lambda t: ['up', _spec(t, cluster={'ps': ['a:0'], 'worker': ['a:2']})],
+                  'port must be between 1 and 65535'),
+    'same address twice': (lambda t: ['up', _spec(t, cluster={'ps': ['a:2001'], 'worker': ['a:2001']})],
+                           'is used twice'),
+    # -- train
+    'steps zero': (lambda t: ['up', _spec(t, train={'steps': 0})], 'train.steps: expected a positive whole number'),
+    'steps text': (lambda t: ['up', _spec(t, train={'steps': 'many'})], 'train.steps: expected a positive'),
+    'sync not a bool': (lambda t: ['up', _spec(t, train={'sync': 'maybe'})], 'train.sync: expected true or false'),
+    'negative learning rate': (lambda t: ['up', _spec(t, train={'learning_rate': -0.1})],
+                               'train.learning_rate: expected a positive number'),
+    'unknown device': (lambda t: ['up', _spec(t, train={'devices': ['tpu:0']})],
+                       'train.devices[0]: expected a device like gpu:0'),
+    'device twice': (lambda t: ['up', _spec(t, train={'devices': ['cpu:0', 'cpu:0']})], 'train.devices'),
+    'gpu the machine lacks': (lambda t: ['up', _spec(t, train={'devices': ['gpu:0']})],
+                              'train.devices: names gpu:0 but this machine has 0 GPU(s)'),
+    'too many replicas': (lambda t: ['up', _spec(t, train={'replicas_to_aggregate': 3})],
+                          'train.replicas_to_aggregate: must be between 1 and the number of workers'),
+    'train_dir with ~': (lambda t: ['up', _spec(t, train={'train_dir': '~/run'})], 'train.train_dir:'),
+    'train_dir is a file': (lambda t: ((t / 'afile').write_text('x'),
+                                       ['up', _spec(t, train={'train_dir': str(t / 'afile')})])[1],
+                            'train.train_dir: ' ),
+    'train_dir under a file': (lambda t: ((t / 'afile').write_text('x'),
+                                          ['up', _spec(t, train={'train_dir': str(t / 'afile' / 'run')})])[1],
+                               'is not a directory'),
+    'data dir missing': (lambda t: ['up', _spec(t, train={'data': str(t / 'no-such-data')})],
+                         'train.data: data directory'),
+    'data file cut to whole records': (lambda t: ['up', _cut_data(t)],
+                                       'data_batch_1.bin has 4 records where the real CIFAR-10 has 10000'),
+    # -- supervise and hosts
+    'bad restart policy': (lambda t: ['up', _spec(t, top={'supervise': {'restart': 'always'}})],
+                           'supervise.restart: expected one of never, on-failure'),
+    'stall limit too short': (lambda t: ['up', _spec(t, top={'supervise': {'stall_secs': 1}})],
+                              'supervise.stall_secs: the stall limit'),
+    'negative max_restarts': (lambda t: ['up', _spec(t, top={'supervise': {'max_restarts': -1}})],
+                              'supervise.max_restarts: expected a whole number >= 0'),
+    'unknown host key': (lambda t: ['up', _spec(t, top={'hosts': {'localhost': {'usr': 'me'}}})],
+                         'hosts.localhost.usr: unknown key'),
+    # -- the command line
+    '--set without =': (lambda t: ['up', _spec(t), '--set', 'train.steps'], 'expected dotted.key=value'),
+    '--set without value': (lambda t: ['up', _spec(t), '--set', 'train.steps='], 'missing value'),
+    '--set bad value': (lambda t: ['up', _spec(t), '--set', 'train.steps=abc'],
+                        '--set train.steps=abc: train.steps: expected a positive whole number'),
+    '--set unknown key': (lambda t: ['up', _spec(t), '--set', 'train.stpes=5'], 'train.stpes: unknown key'),
+    '--ssh-config missing': (lambda t: ['up', _spec(t), '--ssh-config', str(t / 'none')], 'file not found'),
+    'logs of an unknown task': (lambda t: ['logs', _spec(t), 'worker:7'], "no task 'worker:7'"),
+    'logs of a spec never started': (lambda t: ['logs', _spec(t)], 'this spec was never started here'),
+    'logs -f of a spec never started': (lambda t: ['logs', '-f', _spec(t)], 'this spec was never started here'),
+    'eval before any training': (lambda t: ['eval', _spec(t)], 'no checkpoint to evaluate'),
+    'corrupt state file': (lambda t: ['status', _state(t, '{"tasks": [')], 'not a state file tfcluster can read'),
+    'older state file': (lambda t: ['down', _state(t, json.dumps({'spec': 's', 'launcher_pid': 1, 'tasks': [
+        {'pid': 4242}]}))], 'state file of another tfcluster version (format none'),
+    # -- a task started by hand
+    'task of an unknown job': (lambda t: ['task', '--spec', _spec(t), '--job', 'chief', '--index', '0'],
+                               "argument --job: invalid choice: 'chief'"),
+    'task index out of range': (lambda t: ['task', '--spec', _spec(t), '--job', 'ps', '--index', '1'],
+                                'task ps:1 does not exist'),
+    'task with a binary spec': (lambda t: ['task', '--spec', _spec(t, raw=b'\xff\xfe'), '--job', 'ps',
+                                           '--index', '0'], 'not a YAML spec'),
+    'task without its data': (lambda t: ['task', '--spec', _spec(t, train={'data': str(t / 'gone')}), '--job',
+                                         'worker', '--index', '0'], 'train.data: data directory'),
+}
+
+
+def _run(argv, cwd):
+    if argv[0] == 'task':
+        return subprocess.run([sys.executable, '-m', 'cluster.task', *argv[1:]], cwd=cwd, capture_output=True,
+                              text=True, timeout=120)
+    return launch(*argv, cwd=cwd, timeout=120)
+
+
+@pytest.mark.parametrize('case', sorted(CASES))
+def test_bad_input_is_one_line_exit_2_and_nothing_started(tmp_path, case):
+    setup, expected = CASES[case][:2]
+    argv = setup(tmp_path)
+    before = set(os.listdir(tmp_path))
+    result = _run(argv, cwd=str(tmp_path))
+    lines = result.stderr.splitlines()
+    assert result.returncode == 2, result.stdout + result.stderr
+    if argv[0] == 'task' and 'invalid choice' in expected:      # argparse: usage, then the error
+        assert lines[-1].endswith(expected + " (choose from 'ps', 'worker')") and 'Traceback' not in result.stderr
+    else:
+        assert len(lines) == 1 and expected in lines[0], result.stderr
+        assert any(where in lines[0] for where in ('spec.yaml', '--set', str(tmp_path))), lines[0]   # names it
+    assert set(os.listdir(tmp_path)) == before, 'a failed command wrote files'
+    assert not project_processes()
+
+
+def test_the_table_is_long_enough():
+    assert len(CASES) >= 40
+
+
+def test_spec_file_errors_point_at_their_line(tmp_path):
+    """train_dir and data errors found only when the spec is used still name the line they are on."""
+    (tmp_path / 'afile').write_text('x')
+    spec = _spec(tmp_path, train={'train_dir': str(tmp_path / 'afile')})
+    line = next(i for i, text in enumerate(open(spec), 1) if 'train_dir' in text)
+    result = launch('up', spec, cwd=str(tmp_path), timeout=120)
+    assert result.returncode == 2 and f'spec.yaml:{line}: train.train_dir: ' in result.stderr, result.stderr
+
+
+def test_local_port_in_use_names_the_task(tmp_path):
+    with socket.socket() as s:
+        spec, port = _port_busy(tmp_path, s)
+        result = launch('up', spec, timeout=60)
+    assert result.returncode == 2
+    assert f'worker:0: port {port} on localhost is already in use' in result.stderr
+    assert not os.path.exists(tmp_path / 'run')
+
+
+def test_plan_prints_every_task_and_writes_nothing(tmp_path):
+    spec = write_spec(tmp_path)
+    result = launch('plan', spec, timeout=60)
+    assert result.returncode == 0
+    for name in ('ps:0', 'worker:0', 'worker:1'):
+        assert name in result.stdout
+    assert 'TF_CONFIG=' in result.stdout and '-m cluster.task' in result.stdout
+    assert 'nothing is written now' in result.stdout
+    assert not os.path.exists(tmp_path / 'run')
+
+
+def test_a_held_train_dir_names_its_launcher(tmp_path):
+    """A second launcher of the same train_dir is refused at once, saying who holds it, and
+    neither touches the holder's files."""
+    from launch.state import TrainDirLock
+    spec = _spec(tmp_path)
+    os.makedirs(tmp_path / 'run')
+    lock = TrainDirLock(str(tmp_path / 'run'))
+    lock.acquire('launcher pid 4242, `launch up other.yaml` since 10:00:00')
+    try:
+        result = launch('up', spec, cwd=str(tmp_path), timeout=120)
+    finally:
+        lock.release()
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count('\n') == 1
+    assert 'train_dir' in result.stderr and 'launcher pid 4242, `launch up other.yaml`' in result.stderr
+    assert os.listdir(tmp_path / 'run') == ['launch.lock']
+
+
+def test_port_probe_survives_a_host_without_ipv6(monkeypatch):
+    """A host with IPv6 disabled refuses AF_INET6 sockets; the port check falls back to IPv4."""
+    from cluster import task
+    real = socket.socket
+
+    def no_ipv6(family=socket.AF_INET, *a, **kw):
+        if family == socket.AF_INET6:
+            raise OSError(97, 'Address family not supported by protocol')
+        return real(family, *a, **kw)
+    monkeypatch.setattr(socket, 'socket', no_ipv6)
+    with real() as s:
+        s.bind(('', 0))
+        s.listen()
+        assert task.port_in_use(s.getsockname()[1])
+    assert not task.port_in_use(free_ports(1)[0])
+
+
+def test_task_help_is_not_a_traceback():
+    result = subprocess.run([sys.executable, '-m', 'cluster.task', '--help'], cwd=REPO, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0 and 'usage:' in result.stdout and not result.stderr
