@@ -13,6 +13,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable, Iterator
 
+from cluster.spec import address as host_port
 from cluster.task import LEASE_ENV
 from launch.plan import TaskPlan
 
@@ -83,6 +84,7 @@ class TaskRecord:
     cwd: str = '.'
     extra: dict = field(default_factory=dict)
     log_offset: int = 0      # where this start's output begins in the log (a restart appends)
+    address: str = ''        # where other tasks reach it, when not at `host` (an ssh config alias's HostName)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -95,6 +97,11 @@ class TaskRecord:
     @property
     def is_chief(self) -> bool:
         return self.job == 'worker' and self.index == 0
+
+    @property
+    def endpoint(self) -> str:
+        """'address:port' the task's gRPC server is reached at."""
+        return host_port(self.address or self.host, self.port)
 
 
 class BackendError(Exception):

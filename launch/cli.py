@@ -14,7 +14,7 @@ import time
 from cluster.spec import ClusterSpec, SpecError, load_spec
 from launch.backend import stop_all
 from launch.local import LocalBackend, process_ident
-from launch.plan import TaskPlan, effective_spec_path, plan_cluster, service_name, state_path
+from launch.plan import TaskPlan, effective_spec_path, is_local, plan_cluster, service_name, state_path, task_spec
 from launch.run import EXIT_USAGE, ClusterRun, Console
 from launch.state import LaunchState
 
@@ -108,6 +108,18 @@ class Backends(dict):
             backend.close()
 
 
+def addresses(spec: ClusterSpec, args) -> dict[str, str]:
+    """Where tasks reach each SSH host (hosts.X.address, else the ssh config's HostName)."""
+    if args.backend == 'compose' or all(is_local(spec, t.host) for t in spec.tasks):
+        return {}
+    from launch.ssh import host_addresses
+    return host_addresses(spec, args.ssh_config)
+
+
+def plans_of(spec: ClusterSpec, args) -> list[TaskPlan]:
+    return list(plan_cluster(spec, backend=args.backend, addresses=addresses(spec, args)))
+
+
 def make_backends(plans: list[TaskPlan], spec: ClusterSpec, args, state: LaunchState | None = None) -> Backends:
     """The backends the plans need, and those of any task the state file remembers."""
     kinds = {p.backend for p in plans} | {r.backend for r in (state.tasks if state else [])}
@@ -173,7 +185,7 @@ def preflight(spec: ClusterSpec, plans: list[TaskPlan], backends) -> None:
 
 
 def cmd_up(spec: ClusterSpec, args) -> int:
-    plans = list(plan_cluster(spec, backend=args.backend))
+    plans = plans_of(spec, args)
     with make_backends(plans, spec, args) as backends:
         preflight(spec, plans, backends)
         for i in range(spec.num_workers):       # figures of an earlier run must not pass for this one's
@@ -181,7 +193,8 @@ def cmd_up(spec: ClusterSpec, args) -> int:
                 os.remove(os.path.join(spec.train.train_dir, f'worker-{i}.json'))
             except FileNotFoundError:
                 pass
-        run = ClusterRun(spec, spec.to_yaml(), plans, backends, Console(verbose=args.verbose),
+        tasks_read = task_spec(spec, addresses(spec, args)).to_yaml()     # no `hosts`: no user, key, port
+        run = ClusterRun(spec, tasks_read, plans, backends, Console(verbose=args.verbose),
                          start_timeout=args.start_timeout, finish_timeout=args.finish_timeout)
         return run.up()
 
@@ -200,7 +213,7 @@ def _no_state(spec: ClusterSpec) -> str:
 
 
 def cmd_status(spec: ClusterSpec, args) -> int:
-    plans = list(plan_cluster(spec, backend=args.backend))
+    plans = plans_of(spec, args)
     state = LaunchState.load(state_path(spec))
     records = {r.name: r for r in (state.tasks if state else [])}
     if state is None:
@@ -229,7 +242,7 @@ def cmd_status(spec: ClusterSpec, args) -> int:
 
 
 def cmd_down(spec: ClusterSpec, args) -> int:
-    plans = list(plan_cluster(spec, backend=args.backend))
+    plans = plans_of(spec, args)
     state = LaunchState.load(state_path(spec))
     if state is None:
         print(f'nothing to stop: {_no_state(spec)}')
@@ -257,7 +270,7 @@ def cmd_down(spec: ClusterSpec, args) -> int:
 
 
 def cmd_logs(spec: ClusterSpec, args) -> int:
-    plans = list(plan_cluster(spec, backend=args.backend))
+    plans = plans_of(spec, args)
     if args.task:
         chosen = [p for p in plans if p.name == args.task]
         if not chosen:
@@ -300,7 +313,7 @@ def cmd_eval(spec: ClusterSpec, args) -> int:
 
 
 def cmd_check(spec: ClusterSpec, args) -> int:
-    plans = list(plan_cluster(spec, backend=args.backend))
+    plans = plans_of(spec, args)
     with make_backends(plans, spec, args) as backends:
         checks = [c for name, b in backends.items()
                   for c in b.check([p for p in plans if p.backend == name], imports=True)]
@@ -312,7 +325,7 @@ def cmd_check(spec: ClusterSpec, args) -> int:
 def cmd_plan(spec: ClusterSpec, args) -> int:
     print(f'# {spec.path}: {spec.num_ps} ps, {spec.num_workers} workers, '
           f'{"sync" if spec.train.sync else "async"}; effective spec written to {effective_spec_path(spec)}')
-    for task, plan in zip(spec.tasks, plan_cluster(spec, backend=args.backend)):
+    for task, plan in zip(spec.tasks, plans_of(spec, args)):
         if plan.backend == 'compose':
             where = f'compose service {service_name(task)}, was {task.address} in the spec'
         elif plan.backend == 'local':
@@ -320,7 +333,8 @@ def cmd_plan(spec: ClusterSpec, args) -> int:
         else:
             from launch.ssh import ssh_target
             where = f'ssh {ssh_target(plan, args.ssh_config)}'
-        print(f'{plan.name}  {plan.task.address}  ({where})')
+        reach = f' -> {plan.endpoint}' if plan.endpoint != plan.task.address else ''
+        print(f'{plan.name}  {plan.task.address}{reach}  ({where})')
         print(f'  cwd:  {plan.cwd}')
         print(f'  run:  {shlex.join(plan.argv)}')
         for k, v in plan.env.items():

@@ -42,7 +42,7 @@ from paramiko.ssh_exception import NoValidConnectionsError
 from cluster.spec import ClusterSpec, HostConfig
 from cluster.task import LEASE_ENV
 from launch.backend import HOST_PROBE, STOP_GRACE_SECS, Backend, BackendError, HostCheck, TaskRecord
-from launch.plan import TaskPlan
+from launch.plan import TaskPlan, is_local
 
 log = logging.getLogger(__name__)
 
@@ -100,13 +100,29 @@ def load_ssh_config(path: str | None) -> paramiko.SSHConfig:
 
 
 def ssh_target(plan: TaskPlan, ssh_config: str | None = None) -> str:
-    """`user@host:port` a plan's task is reached at: the spec's `hosts` entry first, then the ssh
-    config, then the defaults (as Fabric resolves them)."""
+    """`user@host:port` a plan's task is reached at over SSH, `host` as the spec names it (an ssh
+    config alias stays the alias): the spec's `hosts` entry first, then the ssh config, then the
+    defaults (as Fabric resolves them)."""
     host = plan.host or HostConfig(name=plan.task.host)
     found = load_ssh_config(ssh_config).lookup(host.name)
     user = host.user or found.get('user') or getpass.getuser()
     port = host.port or int(found.get('port', 22))
-    return f'{user}@{found.get("hostname", host.name)}:{port}'
+    return f'{user}@{host.name}:{port}'
+
+
+def host_addresses(spec: ClusterSpec, ssh_config: str | None = None) -> dict[str, str]:
+    """Spec host -> the address its tasks are reached at, for every host reached over SSH: the
+    spec's `hosts.X.address`, else the ssh config's HostName for X, else X itself. The spec names
+    the host one ssh's to; TF_CONFIG and the launcher's gRPC probes need what that name means."""
+    remote = sorted({t.host for t in spec.tasks if not is_local(spec, t.host)})
+    if not remote:
+        return {}
+    config = load_ssh_config(ssh_config)
+    out = {}
+    for name in remote:
+        settings = spec.hosts.get(name)
+        out[name] = (settings and settings.address) or config.lookup(name).get('hostname') or name
+    return out
 
 
 @dataclass
@@ -411,6 +427,7 @@ class SSHBackend(Backend):
         t = plan.task
         record = TaskRecord(name=t.name, job=t.job, index=t.index, host=t.host, port=t.port, backend=self.name,
                             pid=pid, log=log_file, ident=ident, cwd=workdir, log_offset=offset,
+                            address='' if plan.address in ('', t.host) else plan.address,
                             extra={'pidfile': pidfile, 'rcfile': rcfile, 'target': ssh_target(plan, self.ssh_config)})
         h = self._host(name)
         with h.snapshot_lock:
