@@ -1,0 +1,74 @@
+"""Hardening of the SSH backend, against the real OpenSSH server of tests/sshd.py (no mocks):
+ssh config aliases and `hosts.X.address`, what the uploaded spec carries, a start that fails half
+way, a server without SFTP, a host that cannot be reached in `launch status`, and GPUs a host
+does not have."""
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+import re
+import subprocess
+import sys
+
+import yaml
+
+from cluster.spec import load_spec
+from launch.plan import plan_cluster, state_path
+from tests.conftest import free_ports, write_spec
+from tests.sshd import SSHHosts
+from tests.test_ssh import assert_nothing_left, host_settings, remote_spec, run, spec_ports, task_rows, workdir
+
+
+def alias_ssh_config(ssh_hosts, tmp_path, aliases: dict[str, str]) -> str:
+    """An ssh config that knows the fixture's addresses only by alias: `Host nodeA` with
+    `HostName 127.0.0.2` (and the fixture's port, user, key and known_hosts)."""
+    blocks = {block.splitlines()[0].split()[1]: block
+              for block in ssh_hosts.ssh_config.read_text().strip().split('\n\n')}
+    text = '\n\n'.join(blocks[address].replace(f'Host {address}\n', f'Host {alias}\n', 1)
+                       for alias, address in aliases.items())
+    path = tmp_path / 'alias_ssh_config'
+    path.write_text(text + '\n')
+    return str(path)
+
+
+def test_ssh_config_aliases_train_and_the_uploaded_spec_holds_only_addresses(ssh_hosts, tmp_path):
+    """The spec names nodeA and nodeB, which only the ssh config resolves (HostName); nodeB also
+    has an explicit `address:` (127.0.0.4: TF's servers listen on every interface), which wins.
+    TF_CONFIG, the tasks' ClusterSpec and the launcher's readiness probe use those addresses, and
+    the spec uploaded to each host has no user, key, port or workdir of any host."""
+    config = alias_ssh_config(ssh_hosts, tmp_path, {'nodeA': '127.0.0.2', 'nodeB': '127.0.0.3'})
+    hosts = {'nodeA': {'python': sys.executable, 'workdir': str(workdir(tmp_path, 'nodeA')), 'user': 'root',
+                       'port': ssh_hosts.port},
+             'nodeB': {'python': sys.executable, 'workdir': str(workdir(tmp_path, 'nodeB')), 'address': '127.0.0.4',
+                       'key': str(ssh_hosts.key_path)}}
+    spec = write_spec(tmp_path, task_hosts=['nodeA', 'nodeA', 'nodeB'], hosts=hosts, train_dir='run', steps=20)
+    ports = spec_ports(spec)
+
+    plan = run(ssh_hosts, tmp_path, 'plan', spec, ssh_config=config, timeout=60)
+    assert plan.returncode == 0, plan.stderr
+    assert f'ps:0  nodeA:{ports["ps:0"]} -> 127.0.0.2:{ports["ps:0"]}  (ssh root@nodeA:{ssh_hosts.port})' \
+        in plan.stdout, plan.stdout
+    assert f'worker:1  nodeB:{ports["worker:1"]} -> 127.0.0.4:{ports["worker:1"]}  ' \
+           f'(ssh root@nodeB:{ssh_hosts.port})' in plan.stdout, plan.stdout
+    assert f'"worker": ["127.0.0.2:{ports["worker:0"]}", "127.0.0.4:{ports["worker:1"]}"]' in plan.stdout
+
+    check = run(ssh_hosts, tmp_path, 'check', spec, ssh_config=config, timeout=180)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert check.stdout.startswith('nodeA: ok: root@127.0.0.2:'), check.stdout
+
+    up = run(ssh_hosts, tmp_path, 'up', spec, ssh_config=config)
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert re.search(r'^\[worker:0\] .*step 20/20', up.stdout, re.M), up.stdout
+    assert f'worker:1 serving on 127.0.0.4:{ports["worker:1"]}' in up.stdout, up.stdout
+
+    for name in ('nodeA', 'nodeB'):
+        text = (workdir(tmp_path, name) / 'run' / 'spec.yaml').read_text()
+        uploaded = yaml.safe_load(text)
+        assert set(uploaded) == {'cluster', 'train', 'supervise'}, text
+        assert uploaded['cluster'] == {'ps': [f'127.0.0.2:{ports["ps:0"]}'],
+                                       'worker': [f'127.0.0.2:{ports["worker:0"]}', f'127.0.0.4:{ports["worker:1"]}']}
+        for secret in (str(ssh_hosts.key_path), str(tmp_path), 'nodeA', 'nodeB', 'user', 'key:',
+                       f': {ssh_hosts.port}'):
+            assert secret not in text, (secret, text)
+    assert_nothing_left(ssh_hosts)
