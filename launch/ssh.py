@@ -42,7 +42,7 @@ from paramiko.ssh_exception import NoValidConnectionsError
 from cluster.spec import ClusterSpec, HostConfig
 from cluster.task import LEASE_ENV
 from launch.backend import HOST_PROBE, STOP_GRACE_SECS, Backend, BackendError, HostCheck, TaskRecord
-from launch.plan import TaskPlan, is_local
+from launch.plan import LEASE_SECS, TaskPlan, is_local
 
 log = logging.getLogger(__name__)
 
@@ -417,13 +417,19 @@ class SSHBackend(Backend):
             f'echo $p > {_q(pidfile)}',
             f'echo "$o $p $({_STARTTIME.format(pid="$p")})"',
         ])
-        result = self._run(name, script)
+        self._connect(name)         # an unreachable host fails here, before anything can start
         try:
-            offset_text, pid_text, ident = result.stdout.split()[-3:]
-            pid, offset = int(pid_text), int(offset_text)
-        except ValueError:
-            last = (result.stderr.strip().splitlines() or ['no output'])[-1]
-            raise SSHError(name, f'could not start {plan.name} (exit {result.exited}): {last}') from None
+            result = self._run(name, script)
+            try:
+                offset_text, pid_text, ident = result.stdout.split()[-3:]
+                pid, offset = int(pid_text), int(offset_text)
+            except ValueError:
+                last = (result.stderr.strip().splitlines() or ['no output'])[-1]
+                raise SSHError(name, f'could not start {plan.name} (exit {result.exited}): {last}') from None
+        except SSHError as e:
+            # The task may have started before the answer was lost: stop it, or the launcher would
+            # leave behind a task it has no record of (not in the state file, never stopped).
+            raise SSHError(name, f'{e.cause}; {self._undo_start(name, plan.name, pidfile, rcfile)}') from None
         t = plan.task
         record = TaskRecord(name=t.name, job=t.job, index=t.index, host=t.host, port=t.port, backend=self.name,
                             pid=pid, log=log_file, ident=ident, cwd=workdir, log_offset=offset,
@@ -433,6 +439,22 @@ class SSHBackend(Backend):
         with h.snapshot_lock:
             h.records[record.name] = record
         return record
+
+    def _undo_start(self, name: str, task: str, pidfile: str, rcfile: str) -> str:
+        """Stop whatever a start that failed half way launched: the process group the pidfile names,
+        if its leader is this task's wrapper (its command line names the task's rc file); says
+        what came of it."""
+        script = (f'p=$(cat {_q(pidfile)} 2>/dev/null) || exit 0; [ -n "$p" ] || exit 0; '
+                  f'tr "\\0" " " < /proc/$p/cmdline 2>/dev/null | grep -qF {_q(rcfile)} || exit 0; '
+                  'kill -TERM -$p 2>/dev/null || exit 0; echo stopped; i=0; '
+                  'while kill -0 -$p 2>/dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done; '
+                  'kill -KILL -$p 2>/dev/null; exit 0')
+        try:
+            result = self._run(name, script, timeout=POLL_TIMEOUT + STOP_GRACE_SECS)
+        except SSHError as e:
+            return (f'{task} may be running there ({e.cause}); it stops itself within '
+                    f'{LEASE_SECS["ssh"]}s, once its lease is no longer renewed')
+        return f'stopped {task}, which had started' if 'stopped' in result.stdout else f'{task} did not start'
 
     # -- status ---------------------------------------------------------------------------
     def _status(self, record: TaskRecord) -> tuple[str, int | None]:

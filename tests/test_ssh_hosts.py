@@ -72,3 +72,41 @@ def test_ssh_config_aliases_train_and_the_uploaded_spec_holds_only_addresses(ssh
                        f': {ssh_hosts.port}'):
             assert secret not in text, (secret, text)
     assert_nothing_left(ssh_hosts)
+
+
+def test_a_start_that_fails_half_way_stops_what_it_started(ssh_hosts, tmp_path):
+    """worker:1's start command launches it, then its SSH connection dies before the answer comes
+    back (for real: the command kills its own sshd session). The launcher cannot know its pid from
+    that answer, so the backend stops it through its pidfile, and the run stops the two tasks it
+    had started on the other host: nothing is left, and no state file claims otherwise."""
+    from launch.run import ClusterRun, Console
+    from launch.ssh import SSHBackend
+    from tests.test_ssh import _CUT_MY_CONNECTION
+
+    spec = load_spec(remote_spec(ssh_hosts, tmp_path))
+    plans = [dataclasses.replace(p, argv=('sleep', '300'), env={}) for p in plan_cluster(spec)]
+    backend = SSHBackend(spec, ssh_config=str(ssh_hosts.ssh_config))
+    real_run = backend._run
+
+    def cut_after_start(host, script, **kw):
+        if host == '127.0.0.3' and 'setsid nohup' in script:
+            script += '\n' + _CUT_MY_CONNECTION
+        return real_run(host, script, **kw)
+
+    backend._run = cut_after_start
+    out = io.StringIO()
+    cwd = os.getcwd()
+    os.chdir(tmp_path)          # the state file lands in tmp_path/run, as for `launch up` run there
+    try:
+        code = ClusterRun(spec, spec.to_yaml(), plans, {'ssh': backend}, Console(stream=out)).up()
+    finally:
+        os.chdir(cwd)
+        backend.close()
+    assert code == 1, out.getvalue()
+    assert re.search(r'error: 127\.0\.0\.3: lost the SSH connection: .*; stopped worker:1, which had started',
+                     out.getvalue()), out.getvalue()
+    assert (workdir(tmp_path, '127.0.0.3') / 'run' / 'logs' / 'worker-1.rc').read_text().strip() == '143'
+    for name in ('ps-0', 'worker-0'):
+        assert (workdir(tmp_path, '127.0.0.2') / 'run' / 'logs' / f'{name}.rc').read_text().strip() == '143'
+    assert not (tmp_path / state_path(spec)).exists()
+    assert_nothing_left(ssh_hosts)
