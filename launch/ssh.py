@@ -265,7 +265,7 @@ class SSHBackend(Backend):
         with h.sftp_lock:
             try:
                 if h.sftp is None:
-                    h.sftp = conn.client.open_sftp()
+                    h.sftp = self._open_sftp(name, conn)
                 return fn(h.sftp)
             except (paramiko.SSHException, EOFError, ConnectionError) as e:
                 h.sftp = None
@@ -276,6 +276,19 @@ class SSHBackend(Backend):
                 if transport is None or not transport.is_active():
                     self._drop(name)   # the next call connects anew
                 raise SSHError(name, f'SFTP failed: {e}') from None
+
+    def _open_sftp(self, name: str, conn: fabric.Connection) -> paramiko.SFTPClient:
+        try:
+            return conn.client.open_sftp()
+        except (paramiko.SSHException, EOFError):
+            transport = conn.client.get_transport()
+            if transport is None or not transport.is_active():
+                raise      # the connection itself died: reported (and dropped) as any SFTP failure
+            # The session opened, then closed at once: sshd has no `Subsystem sftp` (its log says
+            # "subsystem request for sftp failed, subsystem not found").
+            raise SSHError(name, f'the SSH server at {conn.user}@{conn.host}:{conn.port} offers no SFTP '
+                                 f'subsystem; tfcluster needs it to upload the spec and read logs: '
+                                 'add `Subsystem sftp` to its sshd_config') from None
 
     def _drop(self, name: str) -> None:
         h = self._host(name)
@@ -346,6 +359,10 @@ class SSHBackend(Backend):
                             f'install tensorflow and tfcluster there, or set hosts.{name}.python')
         names = {p.task.port: p.name for p in plans}
         problems += [f'port {port} ({names.get(port, "?")}) already in use' for port in found['busy']]
+        try:
+            self._sftp_call(name, lambda sftp: sftp.normalize('.'))
+        except SSHError as e:
+            problems.append(e.cause)
         if problems:
             return HostCheck(name, False, '; '.join(problems))
         return HostCheck(name, True, f'{where}, Python {found["python"]}, tensorflow {found.get("tensorflow")}, '

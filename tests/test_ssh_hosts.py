@@ -110,3 +110,20 @@ def test_a_start_that_fails_half_way_stops_what_it_started(ssh_hosts, tmp_path):
         assert (workdir(tmp_path, '127.0.0.2') / 'run' / 'logs' / f'{name}.rc').read_text().strip() == '143'
     assert not (tmp_path / state_path(spec)).exists()
     assert_nothing_left(ssh_hosts)
+
+
+def test_a_server_without_sftp_is_named_in_one_line(tmp_path):
+    with SSHHosts(tmp_path / 'sshd', sftp=False) as nosftp:
+        spec = remote_spec(nosftp, tmp_path)
+        check = run(nosftp, tmp_path, 'check', spec, timeout=180)
+        up = run(nosftp, tmp_path, 'up', spec, timeout=180)
+        assert check.returncode == 1, check.stdout + check.stderr
+        for host in nosftp.addresses:
+            assert (f'{host}: error: the SSH server at root@{host}:{nosftp.port} offers no SFTP subsystem; '
+                    'tfcluster needs it to upload the spec and read logs: add `Subsystem sftp` to its '
+                    'sshd_config') in check.stdout.splitlines(), check.stdout
+        assert up.returncode == 2, up.stdout + up.stderr
+        assert up.stderr.count('\n') == 1 and 'offers no SFTP subsystem' in up.stderr, up.stderr
+        assert 'Channel closed' not in check.stdout + up.stderr
+        assert not any(workdir(tmp_path, h).exists() for h in nosftp.addresses)     # nothing started
+        assert_nothing_left(nosftp)
