@@ -157,6 +157,11 @@ class Backend(abc.ABC):
     def alive(self, record: TaskRecord) -> bool:
         """Whether the process the record names is still running (and is still ours)."""
 
+    def liveness(self, record: TaskRecord) -> tuple[bool | None, str]:
+        """(alive, note) for `launch status`: None when the backend cannot tell (a host it cannot
+        reach), with the note saying why; `alive` itself answers True then, to keep the state file."""
+        return self.alive(record), ''
+
     @abc.abstractmethod
     def stop(self, records: list[TaskRecord], grace: float = STOP_GRACE_SECS) -> None:
         """SIGTERM every task's process group, wait up to `grace` seconds in all, then SIGKILL."""

@@ -233,11 +233,14 @@ def cmd_status(spec: ClusterSpec, args) -> int:
     with make_backends(plans, spec, args, state) as backends:
         for plan in plans:
             r = records.get(plan.name)
-            alive = r is not None and backends[r.backend].alive(r)
-            listening = _listening(r.host if r else plan.task.host, plan.task.port)   # compose: its address
-            note = (backends[r.backend].describe(r) or '') if alive else ''
+            alive, note = backends[r.backend].liveness(r) if r is not None else (False, '')
+            # compose: the record has its container's address; SSH: the address tasks reach it at
+            listening = _listening(r.address or r.host if r else plan.address or plan.task.host, plan.task.port)
+            if alive:
+                note = backends[r.backend].describe(r) or ''
+            shown = {True: 'yes', False: 'no', None: '?'}[alive]
             print(f'{plan.name:<10} {plan.task.address:<22} {plan.backend:<7} {r.pid if r else "-":>7}  '
-                  f'{"yes" if alive else "no":<5}  {"yes" if listening else "no":<9}  {note}'.rstrip())
+                  f'{shown:<5}  {"yes" if listening else "no":<9}  {note}'.rstrip())
     return 0
 
 

@@ -564,6 +564,12 @@ class SSHBackend(Backend):
                 h.warned = True
             return True     # unknown: keep the state file, so `launch down` can try again later
 
+    def liveness(self, record):
+        try:
+            return self._status(record)[0] == 'running', ''
+        except SSHError as e:
+            return None, f'unknown: {e}'
+
     # -- stop -----------------------------------------------------------------------------
     def stop(self, records: list[TaskRecord], grace: float = STOP_GRACE_SECS) -> None:
         groups = self._by_host(records, lambda r: r.host)

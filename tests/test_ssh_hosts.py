@@ -127,3 +127,42 @@ def test_a_server_without_sftp_is_named_in_one_line(tmp_path):
         assert 'Channel closed' not in check.stdout + up.stderr
         assert not any(workdir(tmp_path, h).exists() for h in nosftp.addresses)     # nothing started
         assert_nothing_left(nosftp)
+
+
+def test_status_shows_tasks_of_an_unreachable_host_as_unknown_and_down_keeps_them(ssh_hosts, tmp_path):
+    """Tasks (stand-ins: `sleep`) run on both hosts, as a launcher that died left them; then the
+    spec points 127.0.0.3 at a port nothing listens on. `status` says `?` and why, not "yes";
+    `down` cannot stop worker:1, says so and keeps the state file for a later `down`."""
+    from launch.ssh import SSHBackend
+    from launch.state import LaunchState
+
+    spec_file = remote_spec(ssh_hosts, tmp_path)
+    spec = load_spec(spec_file)
+    plans = [dataclasses.replace(p, argv=('sleep', '300'), env={}) for p in plan_cluster(spec)]
+    backend = SSHBackend(spec, ssh_config=str(ssh_hosts.ssh_config))
+    gone = subprocess.run(['sh', '-c', 'echo $$'], capture_output=True, text=True).stdout.strip()
+    try:
+        backend.prepare(plans, spec.to_yaml())
+        state = LaunchState(spec=spec_file, launcher_pid=int(gone), launcher_ident='gone', started=0.0,
+                            tasks=[backend.start(p) for p in plans])
+    finally:
+        backend.close()
+    state.save(str(tmp_path / state_path(spec)))
+    closed = f'hosts.127.0.0.3.port={free_ports(1)[0]}'
+    try:
+        status = run(ssh_hosts, tmp_path, 'status', spec_file, '--set', closed, timeout=60)
+        assert status.returncode == 0, status.stdout + status.stderr
+        rows = {r[0]: r for r in task_rows(status.stdout)}
+        assert rows['ps:0'][4:6] == ['yes', 'no'] and rows['worker:0'][4:6] == ['yes', 'no'], status.stdout
+        line = next(x for x in status.stdout.splitlines() if x.startswith('worker:1'))
+        assert rows['worker:1'][4] == '?', status.stdout
+        assert re.search(r'unknown: 127\.0\.0\.3: unreachable: connection refused at root@127\.0\.0\.3:\d+$',
+                         line), status.stdout
+        down = run(ssh_hosts, tmp_path, 'down', spec_file, '--set', closed, timeout=60)
+        assert down.returncode == 1 and 'could not stop worker:1' in down.stderr, down.stdout + down.stderr
+        assert (tmp_path / state_path(spec)).exists()
+    finally:
+        down = run(ssh_hosts, tmp_path, 'down', spec_file, timeout=60)
+    assert down.returncode == 0 and 'stopped' in down.stdout, down.stdout + down.stderr
+    assert not (tmp_path / state_path(spec)).exists()
+    assert_nothing_left(ssh_hosts)
