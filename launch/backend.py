@@ -68,6 +68,41 @@ for port in args[deep:]:
 print(json.dumps(out))
 '''
 
+# How many NVIDIA GPUs a host has, as one line `tfcluster-gpus N` (read back with parse_gpu_count):
+# the driver's /proc entries first (no process started), else `nvidia-smi -L`; 0 without either.
+# POSIX sh, cheap: it runs in every pre-flight, before anything starts.
+GPU_COUNT_SH = ('n=$(ls /proc/driver/nvidia/gpus 2>/dev/null | wc -l); '
+                'if [ "$n" -eq 0 ] && command -v nvidia-smi >/dev/null 2>&1; then '
+                'n=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU "); fi; '
+                'echo "tfcluster-gpus ${n:-0}"')
+
+
+def parse_gpu_count(output: str) -> int | None:
+    """The count GPU_COUNT_SH printed somewhere in `output`, or None if it is not there."""
+    for line in output.splitlines():
+        word, _, count = line.strip().partition(' ')
+        if word == 'tfcluster-gpus' and count.strip().isdigit():
+            return int(count)
+    return None
+
+
+def gpus_needed(devices) -> int:
+    """How many GPUs a worker's host must have for train.devices: gpu:N needs N+1 (each worker sees
+    the GPUs its towers name by their index on the host)."""
+    if not isinstance(devices, tuple):
+        return 0
+    return max((int(d.split(':')[1]) + 1 for d in devices if d.startswith('gpu:')), default=0)
+
+
+def gpu_shortage(devices, count: int) -> str | None:
+    """One line when a host with `count` GPUs cannot run workers with these train.devices, else None."""
+    need = gpus_needed(devices)
+    if count >= need:
+        return None
+    gpus = [d for d in devices if d.startswith('gpu:')]
+    has = 'no GPU' if count == 0 else f'{count} GPU{"s" if count > 1 else ""} (gpu:0..gpu:{count - 1})'
+    return f'train.devices names {", ".join(gpus)} but the host has {has}'
+
 
 @dataclass
 class TaskRecord:

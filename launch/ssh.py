@@ -41,7 +41,8 @@ from paramiko.ssh_exception import NoValidConnectionsError
 
 from cluster.spec import ClusterSpec, HostConfig
 from cluster.task import LEASE_ENV
-from launch.backend import HOST_PROBE, STOP_GRACE_SECS, Backend, BackendError, HostCheck, TaskRecord
+from launch.backend import (GPU_COUNT_SH, HOST_PROBE, STOP_GRACE_SECS, Backend, BackendError, HostCheck, TaskRecord,
+                            gpu_shortage, gpus_needed, parse_gpu_count)
 from launch.plan import LEASE_SECS, TaskPlan, is_local
 
 log = logging.getLogger(__name__)
@@ -336,7 +337,7 @@ class SSHBackend(Backend):
     def _check_host(self, name: str, plans: list[TaskPlan], imports: bool) -> HostCheck:
         python = plans[0].argv[0]
         args = ' '.join(['--import'] * imports + [str(p.task.port) for p in plans])
-        script = (f'cd {_q(_remote_dir(plans[0].cwd))} 2>/dev/null; '
+        script = (f'{GPU_COUNT_SH}; cd {_q(_remote_dir(plans[0].cwd))} 2>/dev/null; '
                   f'exec {_shell_path(python)} -c {_q(HOST_PROBE)} {args}')
         try:
             conn = self._connect(name)
@@ -359,6 +360,11 @@ class SSHBackend(Backend):
                             f'install tensorflow and tfcluster there, or set hosts.{name}.python')
         names = {p.task.port: p.name for p in plans}
         problems += [f'port {port} ({names.get(port, "?")}) already in use' for port in found['busy']]
+        devices = self.spec.train.devices
+        if gpus_needed(devices) and any(p.task.job == 'worker' for p in plans):
+            shortage = gpu_shortage(devices, parse_gpu_count(result.stdout) or 0)
+            if shortage:
+                problems.append(shortage)
         try:
             self._sftp_call(name, lambda sftp: sftp.normalize('.'))
         except SSHError as e:

@@ -166,3 +166,25 @@ def test_status_shows_tasks_of_an_unreachable_host_as_unknown_and_down_keeps_the
     assert down.returncode == 0 and 'stopped' in down.stdout, down.stdout + down.stderr
     assert not (tmp_path / state_path(spec)).exists()
     assert_nothing_left(ssh_hosts)
+
+
+def test_gpus_a_host_does_not_have_are_refused(ssh_hosts, tmp_path):
+    """These machines have no GPU: `devices: [gpu:0]` is refused by check and up, per host with
+    workers (both here), before anything starts; the ps-only side needs none."""
+    spec = remote_spec(ssh_hosts, tmp_path, devices=['gpu:0'])
+    check = run(ssh_hosts, tmp_path, 'check', spec, timeout=180)
+    assert check.returncode == 1, check.stdout + check.stderr
+    for host in ('127.0.0.2', '127.0.0.3'):
+        assert f'{host}: error: train.devices names gpu:0 but the host has no GPU' in check.stdout.splitlines(), \
+            check.stdout
+    up = run(ssh_hosts, tmp_path, 'up', spec, timeout=180)
+    assert up.returncode == 2, up.stdout + up.stderr
+    assert up.stderr.count('\n') == 1, up.stderr
+    assert '127.0.0.3: error: train.devices names gpu:0 but the host has no GPU' in up.stderr, up.stderr
+    assert not any(workdir(tmp_path, h).exists() for h in ('127.0.0.2', '127.0.0.3'))
+    # a host with only ps tasks needs no GPU
+    ps_only = write_spec(tmp_path, task_hosts=['127.0.0.3', '127.0.0.2', '127.0.0.2'],
+                         hosts=host_settings(ssh_hosts, tmp_path), train_dir='run', devices=['gpu:0'])
+    check = run(ssh_hosts, tmp_path, 'check', ps_only, timeout=180)
+    assert any(x.startswith('127.0.0.3: ok: ') for x in check.stdout.splitlines()), check.stdout
+    assert_nothing_left(ssh_hosts)
