@@ -60,9 +60,10 @@ class HostConfig:
     key: str | None = None
     python: str | None = None
     workdir: str | None = None
+    address: str | None = None       # what tasks reach the host at (None: the ssh config's HostName)
 
 
-HOST_SETTINGS = ('user', 'port', 'key', 'python', 'workdir')
+HOST_SETTINGS = ('user', 'port', 'key', 'python', 'workdir', 'address')
 
 
 @dataclass(frozen=True)
@@ -481,6 +482,10 @@ def _parse_hosts(hosts, origins: _Origins) -> dict[str, HostConfig]:
                 v = _positive_int(v, f'{prefix}.port', origins)
                 if v > 65535:
                     raise origins.error(f'{prefix}.port', f'port must be between 1 and 65535, got {v}')
+            elif k == 'address':
+                v = _expect(v, (str,), f'{prefix}.address', origins, 'a host name or IP address')
+                if not _valid_host(v):
+                    raise origins.error(f'{prefix}.address', f'invalid host name or IP address {v!r}')
             else:
                 v = _expect(v, (str,), f'{prefix}.{k}', origins, 'a string')
             values[k] = v

@@ -13,6 +13,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable, Iterator
 
+from cluster.spec import address as host_port
 from cluster.task import LEASE_ENV
 from launch.plan import TaskPlan
 
@@ -70,6 +71,41 @@ for port in args[deep:]:
 print(json.dumps(out))
 '''
 
+# How many NVIDIA GPUs a host has, as one line `tfcluster-gpus N` (read back with parse_gpu_count):
+# the driver's /proc entries first (no process started), else `nvidia-smi -L`; 0 without either.
+# POSIX sh, cheap: it runs in every pre-flight, before anything starts.
+GPU_COUNT_SH = ('n=$(ls /proc/driver/nvidia/gpus 2>/dev/null | wc -l); '
+                'if [ "$n" -eq 0 ] && command -v nvidia-smi >/dev/null 2>&1; then '
+                'n=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU "); fi; '
+                'echo "tfcluster-gpus ${n:-0}"')
+
+
+def parse_gpu_count(output: str) -> int | None:
+    """The count GPU_COUNT_SH printed somewhere in `output`, or None if it is not there."""
+    for line in output.splitlines():
+        word, _, count = line.strip().partition(' ')
+        if word == 'tfcluster-gpus' and count.strip().isdigit():
+            return int(count)
+    return None
+
+
+def gpus_needed(devices) -> int:
+    """How many GPUs a worker's host must have for train.devices: gpu:N needs N+1 (each worker sees
+    the GPUs its towers name by their index on the host)."""
+    if not isinstance(devices, tuple):
+        return 0
+    return max((int(d.split(':')[1]) + 1 for d in devices if d.startswith('gpu:')), default=0)
+
+
+def gpu_shortage(devices, count: int, host: str = 'the host') -> str | None:
+    """One line when a host with `count` GPUs cannot run workers with these train.devices, else None."""
+    need = gpus_needed(devices)
+    if count >= need:
+        return None
+    gpus = [d for d in devices if d.startswith('gpu:')]
+    has = 'no GPU' if count == 0 else f'{count} GPU{"s" if count > 1 else ""} (gpu:0..gpu:{count - 1})'
+    return f'train.devices names {", ".join(gpus)} but {host} has {has}'
+
 
 @dataclass
 class TaskRecord:
@@ -86,6 +122,7 @@ class TaskRecord:
     cwd: str = '.'
     extra: dict = field(default_factory=dict)
     log_offset: int = 0      # where this start's output begins in the log (a restart appends)
+    address: str = ''        # where other tasks reach it, when not at `host` (an ssh config alias's HostName)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -98,6 +135,11 @@ class TaskRecord:
     @property
     def is_chief(self) -> bool:
         return self.job == 'worker' and self.index == 0
+
+    @property
+    def endpoint(self) -> str:
+        """'address:port' the task's gRPC server is reached at."""
+        return host_port(self.address or self.host, self.port)
 
 
 class BackendError(Exception):
@@ -152,6 +194,11 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def alive(self, record: TaskRecord) -> bool:
         """Whether the process the record names is still running (and is still ours)."""
+
+    def liveness(self, record: TaskRecord) -> tuple[bool | None, str]:
+        """(alive, note) for `launch status`: None when the backend cannot tell (a host it cannot
+        reach), with the note saying why; `alive` itself answers True then, to keep the state file."""
+        return self.alive(record), ''
 
     @abc.abstractmethod
     def stop(self, records: list[TaskRecord], grace: float = STOP_GRACE_SECS) -> None:

@@ -14,7 +14,7 @@ import time
 from cluster.spec import ClusterSpec, SpecError, load_spec
 from launch.backend import stop_all
 from launch.local import LocalBackend, process_ident
-from launch.plan import TaskPlan, effective_spec_path, plan_cluster, service_name, state_path
+from launch.plan import TaskPlan, effective_spec_path, is_local, plan_cluster, service_name, state_path, task_spec
 from launch.run import EXIT_USAGE, ClusterRun, Console
 from launch.state import LaunchState, LockBusy, StateError, TrainDirLock
 
@@ -108,6 +108,18 @@ class Backends(dict):
             backend.close()
 
 
+def addresses(spec: ClusterSpec, args) -> dict[str, str]:
+    """Where tasks reach each SSH host (hosts.X.address, else the ssh config's HostName)."""
+    if args.backend == 'compose' or all(is_local(spec, t.host) for t in spec.tasks):
+        return {}
+    from launch.ssh import host_addresses
+    return host_addresses(spec, args.ssh_config)
+
+
+def plans_of(spec: ClusterSpec, args) -> list[TaskPlan]:
+    return list(plan_cluster(spec, backend=args.backend, addresses=addresses(spec, args)))
+
+
 def make_backends(plans: list[TaskPlan], spec: ClusterSpec, args, state: LaunchState | None = None) -> Backends:
     """The backends the plans need, and those of any task the state file remembers."""
     kinds = {p.backend for p in plans} | {r.backend for r in (state.tasks if state else [])}
@@ -166,7 +178,7 @@ def preflight(spec: ClusterSpec, plans: list[TaskPlan], backends) -> None:
                          f'{running.launcher_pid}, state in {state_path(spec)}); stop it with `launch down {spec.path}`')
     missing = LocalBackend.missing_gpus([p for p in plans if p.backend == 'local'])
     if missing:
-        raise spec.error('train.devices', missing)
+        raise spec.error('train.devices', missing.removeprefix('train.devices '))
     busy = LocalBackend.busy(plans)
     if busy:        # named by task, where `launch check` says it per host
         task = busy[0].task
@@ -210,7 +222,7 @@ def lock_train_dir(spec: ClusterSpec) -> tuple[TrainDirLock, list[str]]:
 
 
 def cmd_up(spec: ClusterSpec, args) -> int:
-    plans = list(plan_cluster(spec, backend=args.backend))
+    plans = plans_of(spec, args)
     check_train_dir(spec)
     lock, created = lock_train_dir(spec)     # first: a second launcher is told who runs, nothing more
     try:
@@ -232,12 +244,12 @@ def cmd_up(spec: ClusterSpec, args) -> int:
                     os.remove(os.path.join(spec.train.train_dir, f'worker-{i}.json'))
                 except FileNotFoundError:
                     pass
-            run = ClusterRun(spec, spec.to_yaml(), plans, backends, Console(verbose=args.verbose),
+            tasks_read = task_spec(spec, addresses(spec, args)).to_yaml()     # no `hosts`: no user, key, port
+            run = ClusterRun(spec, tasks_read, plans, backends, Console(verbose=args.verbose),
                              start_timeout=args.start_timeout, finish_timeout=args.finish_timeout)
             return run.up()
     finally:
         lock.release()
-
 
 
 def _listening(host: str, port: int) -> bool:
@@ -254,7 +266,7 @@ def _no_state(spec: ClusterSpec) -> str:
 
 
 def cmd_status(spec: ClusterSpec, args) -> int:
-    plans = list(plan_cluster(spec, backend=args.backend))
+    plans = plans_of(spec, args)
     state = LaunchState.load(state_path(spec))
     records = {r.name: r for r in (state.tasks if state else [])}
     if state is None:
@@ -274,16 +286,19 @@ def cmd_status(spec: ClusterSpec, args) -> int:
     with make_backends(plans, spec, args, state) as backends:
         for plan in plans:
             r = records.get(plan.name)
-            alive = r is not None and backends[r.backend].alive(r)
-            listening = _listening(r.host if r else plan.task.host, plan.task.port)   # compose: its address
-            note = (backends[r.backend].describe(r) or '') if alive else ''
+            alive, note = backends[r.backend].liveness(r) if r is not None else (False, '')
+            # compose: the record has its container's address; SSH: the address tasks reach it at
+            listening = _listening(r.address or r.host if r else plan.address or plan.task.host, plan.task.port)
+            if alive:
+                note = backends[r.backend].describe(r) or ''
+            shown = {True: 'yes', False: 'no', None: '?'}[alive]
             print(f'{plan.name:<10} {plan.task.address:<22} {plan.backend:<7} {r.pid if r else "-":>7}  '
-                  f'{"yes" if alive else "no":<5}  {"yes" if listening else "no":<9}  {note}'.rstrip())
+                  f'{shown:<5}  {"yes" if listening else "no":<9}  {note}'.rstrip())
     return 0
 
 
 def cmd_down(spec: ClusterSpec, args) -> int:
-    plans = list(plan_cluster(spec, backend=args.backend))
+    plans = plans_of(spec, args)
     state = LaunchState.load(state_path(spec))
     if state is None:
         print(f'nothing to stop: {_no_state(spec)}')
@@ -311,7 +326,7 @@ def cmd_down(spec: ClusterSpec, args) -> int:
 
 
 def cmd_logs(spec: ClusterSpec, args) -> int:
-    plans = list(plan_cluster(spec, backend=args.backend))
+    plans = plans_of(spec, args)
     if args.task:
         chosen = [p for p in plans if p.name == args.task]
         if not chosen:
@@ -358,7 +373,7 @@ def cmd_eval(spec: ClusterSpec, args) -> int:
 
 
 def cmd_check(spec: ClusterSpec, args) -> int:
-    plans = list(plan_cluster(spec, backend=args.backend))
+    plans = plans_of(spec, args)
     with make_backends(plans, spec, args) as backends:
         checks = [c for name, b in backends.items()
                   for c in b.check([p for p in plans if p.backend == name], imports=True)]
@@ -371,7 +386,7 @@ def cmd_plan(spec: ClusterSpec, args) -> int:
     print(f'# {spec.path}: {spec.num_ps} ps, {spec.num_workers} workers, '
           f'{"sync" if spec.train.sync else "async"}; `launch up` writes the effective spec to '
           f'{effective_spec_path(spec)} (nothing is written now)')
-    for task, plan in zip(spec.tasks, plan_cluster(spec, backend=args.backend)):
+    for task, plan in zip(spec.tasks, plans_of(spec, args)):
         if plan.backend == 'compose':
             where = f'compose service {service_name(task)}, was {task.address} in the spec'
         elif plan.backend == 'local':
@@ -379,7 +394,8 @@ def cmd_plan(spec: ClusterSpec, args) -> int:
         else:
             from launch.ssh import ssh_target
             where = f'ssh {ssh_target(plan, args.ssh_config)}'
-        print(f'{plan.name}  {plan.task.address}  ({where})')
+        reach = f' -> {plan.endpoint}' if plan.endpoint != plan.task.address else ''
+        print(f'{plan.name}  {plan.task.address}{reach}  ({where})')
         print(f'  cwd:  {plan.cwd}')
         print(f'  run:  {shlex.join(plan.argv)}')
         for k, v in plan.env.items():

@@ -9,33 +9,20 @@ import subprocess
 import time
 
 from cluster.task import port_in_use
-from launch.backend import (HOST_PROBE, STOP_GRACE_SECS, Backend, HostCheck, TaskRecord, follow_file, read_text,
-                            touch_leases, wait_all)
+from launch.backend import (GPU_COUNT_SH, HOST_PROBE, STOP_GRACE_SECS, Backend, HostCheck, TaskRecord, follow_file,
+                            gpu_shortage, parse_gpu_count, read_text, touch_leases, wait_all)
 from launch.plan import TaskPlan
 
 IMPORT_TIMEOUT = 60    # seconds `launch check` gives the tasks' Python to import TensorFlow
 
 
 def gpu_count() -> int:
-    """The NVIDIA GPUs this machine has: one entry each in the driver's /proc directory (no
-    driver, no GPU), else what `nvidia-smi -L` lists."""
+    """The NVIDIA GPUs this machine has, read as on a remote host (GPU_COUNT_SH)."""
     try:
-        return len(os.listdir('/proc/driver/nvidia/gpus'))
-    except OSError:
-        pass
-    try:
-        out = subprocess.run(['nvidia-smi', '-L'], capture_output=True, text=True, timeout=20).stdout
+        out = subprocess.run(['sh', '-c', GPU_COUNT_SH], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         return 0
-    return sum(1 for line in out.splitlines() if line.startswith('GPU '))
-
-
-def gpus_wanted(plans) -> list[int]:
-    """The GPU indices the plans' tasks are given (CUDA_VISIBLE_DEVICES), sorted."""
-    wanted = set()
-    for p in plans:
-        wanted.update(int(i) for i in p.env.get('CUDA_VISIBLE_DEVICES', '').split(',') if i.strip().isdigit())
-    return sorted(wanted)
+    return parse_gpu_count(out) or 0
 
 
 def _stat_fields(pid: int) -> list[str] | None:
@@ -94,7 +81,7 @@ class LocalBackend(Backend):
         problems = [f'port {p.task.port} ({p.name}) already in use' for p in self.busy(plans)]
         missing = self.missing_gpus(plans)
         if missing:
-            problems.append(f'train.devices {missing}')
+            problems.append(missing)
         version = ''
         if imports:
             python = plans[0].argv[0]
@@ -119,15 +106,12 @@ class LocalBackend(Backend):
 
     @staticmethod
     def missing_gpus(plans) -> str | None:
-        """What is wrong when train.devices names GPUs this machine does not have, else None."""
-        wanted = gpus_wanted(plans)
-        if not wanted:
+        """One line when train.devices names GPUs this machine does not have (and it runs a
+        worker), else None."""
+        devices = tuple(f'gpu:{i}' for i in gpus_wanted(plans))     # as the tasks are given them
+        if not devices:
             return None
-        have = gpu_count()
-        if wanted[-1] < have:
-            return None
-        return f'names gpu:{wanted[-1]} but this machine has {have} GPU(s)' + \
-            ('' if have else ' (no NVIDIA driver found)')
+        return gpu_shortage(devices, gpu_count(), 'this machine')
 
     def start(self, plan: TaskPlan) -> TaskRecord:
         log_file = os.path.join(plan.cwd, plan.log_path)

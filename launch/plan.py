@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass
 from typing import Mapping
 
-from cluster.spec import LOOPBACK_NAMES, ClusterSpec, HostConfig, TaskSpec
+from cluster.spec import LOOPBACK_NAMES, ClusterSpec, HostConfig, SpecError, TaskSpec, address
 from cluster.task import LEASE_ENV, LEASE_SECS_ENV
 
 DEFAULT_REMOTE_PYTHON = 'python3'
@@ -33,10 +33,16 @@ class TaskPlan:
     log_path: str
     host: HostConfig | None = None   # SSH settings (None: local, or ~/.ssh/config and defaults)
     restart: int = 0                 # 0: the first start; n: the n-th restart (its log is appended to)
+    address: str = ''                # the host other tasks reach this one at ('': task.host)
 
     @property
     def name(self) -> str:
         return self.task.name
+
+    @property
+    def endpoint(self) -> str:
+        """'address:port' as TF_CONFIG names this task and the launcher probes it."""
+        return address(self.address or self.task.host, self.task.port)
 
 
 def is_local(spec: ClusterSpec, host: str) -> bool:
@@ -83,7 +89,28 @@ def task_env(spec: ClusterSpec, task: TaskSpec, backend: str = 'local') -> dict[
     return env
 
 
-def plan_task(spec: ClusterSpec, task: TaskSpec, python: str | None = None, cwd: str = '.') -> TaskPlan:
+def task_spec(spec: ClusterSpec, addresses: Mapping[str, str] | None = None) -> ClusterSpec:
+    """The spec as the tasks read it (the effective spec uploaded to every host, and TF_CONFIG):
+    each host replaced by the address tasks reach it at (`addresses`: spec host -> address, e.g.
+    an ssh config alias -> its HostName), and no `hosts` section: users, keys and SSH ports are the
+    launcher's business, not every host's. Raises SpecError when two tasks end up at one address."""
+    addresses = addresses or {}
+    tasks = tuple(dataclasses.replace(t, host=addresses.get(t.host, t.host)) for t in spec.tasks)
+    seen: dict[tuple[str, int], TaskSpec] = {}
+    for before, after in zip(spec.tasks, tasks):
+        other = seen.setdefault((after.host, after.port), before)
+        if other is not before:
+            raise SpecError(f'{spec.path}: cluster: {before.name} ({before.address}) and {other.name} '
+                            f'({other.address}) both resolve to {after.address}: every task needs its own '
+                            'address:port (check HostName in the ssh config and hosts.*.address)')
+    return dataclasses.replace(spec, tasks=tasks, hosts=type(spec.hosts)({}))
+
+
+def plan_task(spec: ClusterSpec, task: TaskSpec, python: str | None = None, cwd: str = '.',
+              net: ClusterSpec | None = None) -> TaskPlan:
+    """One task's plan; `net` is task_spec(spec, addresses) (default: no address differs)."""
+    net = net or task_spec(spec)
+    reach = net.task(task.job, task.index)
     local = is_local(spec, task.host)
     host = None if local else spec.hosts.get(task.host, HostConfig(name=task.host))
     if local:
@@ -94,8 +121,8 @@ def plan_task(spec: ClusterSpec, task: TaskSpec, python: str | None = None, cwd:
     spec_file = effective_spec_path(spec)
     argv = (python, '-m', 'cluster.task', '--spec', spec_file, '--job', task.job, '--index', str(task.index))
     backend = 'local' if local else 'ssh'
-    return TaskPlan(task=task, backend=backend, argv=argv, env=task_env(spec, task, backend),
-                    cwd=cwd, spec_path=spec_file, log_path=log_path(spec, task), host=host)
+    return TaskPlan(task=task, backend=backend, argv=argv, env=task_env(net, reach, backend),
+                    cwd=cwd, spec_path=spec_file, log_path=log_path(spec, task), host=host, address=reach.host)
 
 
 def service_name(task: TaskSpec) -> str:
@@ -120,10 +147,13 @@ def plan_compose_task(spec: ClusterSpec, task: TaskSpec) -> TaskPlan:
 
 
 def plan_cluster(spec: ClusterSpec, python: str | None = None, cwd: str = '.',
-                 backend: str | None = None) -> tuple[TaskPlan, ...]:
+                 backend: str | None = None, addresses: Mapping[str, str] | None = None) -> tuple[TaskPlan, ...]:
     """Every task of the spec, ps tasks first (they hold the variables everyone waits for).
-    backend 'compose' plans containers (see compose_spec); else local or SSH is chosen per host."""
+    backend 'compose' plans containers (see compose_spec); else local or SSH is chosen per host.
+    `addresses` maps a spec host to the address tasks reach it at (see task_spec); the caller
+    resolves them (the ssh config), so planning reads no files."""
     if backend == 'compose':
         mapped = compose_spec(spec)
         return tuple(plan_compose_task(mapped, t) for t in mapped.tasks)
-    return tuple(plan_task(spec, t, python, cwd) for t in spec.tasks)
+    net = task_spec(spec, addresses)
+    return tuple(plan_task(spec, t, python, cwd, net) for t in spec.tasks)

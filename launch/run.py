@@ -87,7 +87,7 @@ def wait_for_servers(records: list[TaskRecord], backends: Mapping[str, Backend],
     # server that came up during a backoff would be noticed long after it was serving.
     options = [('grpc.enable_http_proxy', 0), ('grpc.initial_reconnect_backoff_ms', 100),
                ('grpc.min_reconnect_backoff_ms', 100), ('grpc.max_reconnect_backoff_ms', 500)]
-    pending = {r.name: (r, grpc.insecure_channel(address(r.host, r.port), options=options)) for r in records}
+    pending = {r.name: (r, grpc.insecure_channel(r.endpoint, options=options)) for r in records}
     futures = {name: grpc.channel_ready_future(ch) for name, (_, ch) in pending.items()}
     try:
         while pending and not stop.is_set():
@@ -100,10 +100,10 @@ def wait_for_servers(records: list[TaskRecord], backends: Mapping[str, Backend],
             if pending and time.monotonic() > deadline:
                 name, (record, _) = next(iter(pending.items()))
                 if futures[name].done():
-                    raise TaskFailed(f'{record.name}: {record.host}:{record.port} answers, but not from this task '
+                    raise TaskFailed(f'{record.name}: {record.endpoint} answers, but not from this task '
                                      '(it never reported serving): another process holds that port?',
                                      _log_tail(record, backends))
-                raise TaskFailed(f'{record.name} ({record.host}:{record.port}) did not accept gRPC connections '
+                raise TaskFailed(f'{record.name} ({record.endpoint}) did not accept gRPC connections '
                                  f'in time; raise the limit with --start-timeout', _log_tail(record, backends))
             time.sleep(0.1)
     finally:
@@ -386,11 +386,11 @@ class ClusterRun:
         running = [r for r in self.records if r.name in decision.tasks]
 
         def probe(r: TaskRecord) -> tuple[TaskRecord, bool, str | None]:
-            return r, grpc_answers(r.host, r.port, PROBE_SECS), self.backends[r.backend].describe(r)
+            return r, grpc_answers(r.address or r.host, r.port, PROBE_SECS), self.backends[r.backend].describe(r)
 
         with ThreadPoolExecutor(max_workers=max(1, len(running))) as pool:
             found = list(pool.map(probe, running))
-        silent = [f'{r.name} {how + " and " if how else ""}does not answer on {address(r.host, r.port)}'
+        silent = [f'{r.name} {how + " and " if how else ""}does not answer on {r.endpoint}'
                   for r, answers, how in found if not answers or how]
         waiting = [r.name for r, answers, how in found if answers and not how]
         parts = silent or ['every task answers on its port, so none is frozen; the cause is inside the '

@@ -41,8 +41,9 @@ from paramiko.ssh_exception import NoValidConnectionsError
 
 from cluster.spec import ClusterSpec, HostConfig
 from cluster.task import LEASE_ENV
-from launch.backend import HOST_PROBE, STOP_GRACE_SECS, Backend, BackendError, HostCheck, TaskRecord
-from launch.plan import TaskPlan
+from launch.backend import (GPU_COUNT_SH, HOST_PROBE, STOP_GRACE_SECS, Backend, BackendError, HostCheck, TaskRecord,
+                            gpu_shortage, gpus_needed, parse_gpu_count)
+from launch.plan import LEASE_SECS, TaskPlan, is_local
 
 log = logging.getLogger(__name__)
 
@@ -100,13 +101,29 @@ def load_ssh_config(path: str | None) -> paramiko.SSHConfig:
 
 
 def ssh_target(plan: TaskPlan, ssh_config: str | None = None) -> str:
-    """`user@host:port` a plan's task is reached at: the spec's `hosts` entry first, then the ssh
-    config, then the defaults (as Fabric resolves them)."""
+    """`user@host:port` a plan's task is reached at over SSH, `host` as the spec names it (an ssh
+    config alias stays the alias): the spec's `hosts` entry first, then the ssh config, then the
+    defaults (as Fabric resolves them)."""
     host = plan.host or HostConfig(name=plan.task.host)
     found = load_ssh_config(ssh_config).lookup(host.name)
     user = host.user or found.get('user') or getpass.getuser()
     port = host.port or int(found.get('port', 22))
-    return f'{user}@{found.get("hostname", host.name)}:{port}'
+    return f'{user}@{host.name}:{port}'
+
+
+def host_addresses(spec: ClusterSpec, ssh_config: str | None = None) -> dict[str, str]:
+    """Spec host -> the address its tasks are reached at, for every host reached over SSH: the
+    spec's `hosts.X.address`, else the ssh config's HostName for X, else X itself. The spec names
+    the host one ssh's to; TF_CONFIG and the launcher's gRPC probes need what that name means."""
+    remote = sorted({t.host for t in spec.tasks if not is_local(spec, t.host)})
+    if not remote:
+        return {}
+    config = load_ssh_config(ssh_config)
+    out = {}
+    for name in remote:
+        settings = spec.hosts.get(name)
+        out[name] = (settings and settings.address) or config.lookup(name).get('hostname') or name
+    return out
 
 
 @dataclass
@@ -249,7 +266,7 @@ class SSHBackend(Backend):
         with h.sftp_lock:
             try:
                 if h.sftp is None:
-                    h.sftp = conn.client.open_sftp()
+                    h.sftp = self._open_sftp(name, conn)
                 return fn(h.sftp)
             except (paramiko.SSHException, EOFError, ConnectionError) as e:
                 h.sftp = None
@@ -260,6 +277,19 @@ class SSHBackend(Backend):
                 if transport is None or not transport.is_active():
                     self._drop(name)   # the next call connects anew
                 raise SSHError(name, f'SFTP failed: {e}') from None
+
+    def _open_sftp(self, name: str, conn: fabric.Connection) -> paramiko.SFTPClient:
+        try:
+            return conn.client.open_sftp()
+        except (paramiko.SSHException, EOFError):
+            transport = conn.client.get_transport()
+            if transport is None or not transport.is_active():
+                raise      # the connection itself died: reported (and dropped) as any SFTP failure
+            # The session opened, then closed at once: sshd has no `Subsystem sftp` (its log says
+            # "subsystem request for sftp failed, subsystem not found").
+            raise SSHError(name, f'the SSH server at {conn.user}@{conn.host}:{conn.port} offers no SFTP '
+                                 f'subsystem; tfcluster needs it to upload the spec and read logs: '
+                                 'add `Subsystem sftp` to its sshd_config') from None
 
     def _drop(self, name: str) -> None:
         h = self._host(name)
@@ -307,7 +337,7 @@ class SSHBackend(Backend):
     def _check_host(self, name: str, plans: list[TaskPlan], imports: bool) -> HostCheck:
         python = plans[0].argv[0]
         args = ' '.join(['--import'] * imports + [str(p.task.port) for p in plans])
-        script = (f'cd {_q(_remote_dir(plans[0].cwd))} 2>/dev/null; '
+        script = (f'{GPU_COUNT_SH}; cd {_q(_remote_dir(plans[0].cwd))} 2>/dev/null; '
                   f'exec {_shell_path(python)} -c {_q(HOST_PROBE)} {args}')
         try:
             conn = self._connect(name)
@@ -330,6 +360,15 @@ class SSHBackend(Backend):
                             f'install tensorflow and tfcluster there, or set hosts.{name}.python')
         names = {p.task.port: p.name for p in plans}
         problems += [f'port {port} ({names.get(port, "?")}) already in use' for port in found['busy']]
+        devices = self.spec.train.devices
+        if gpus_needed(devices) and any(p.task.job == 'worker' for p in plans):
+            shortage = gpu_shortage(devices, parse_gpu_count(result.stdout) or 0)
+            if shortage:
+                problems.append(shortage)
+        try:
+            self._sftp_call(name, lambda sftp: sftp.normalize('.'))
+        except SSHError as e:
+            problems.append(e.cause)
         if problems:
             return HostCheck(name, False, '; '.join(problems))
         return HostCheck(name, True, f'{where}, Python {found["python"]}, tensorflow {found.get("tensorflow")}, '
@@ -401,21 +440,44 @@ class SSHBackend(Backend):
             f'echo $p > {_q(pidfile)}',
             f'echo "$o $p $({_STARTTIME.format(pid="$p")})"',
         ])
-        result = self._run(name, script)
+        self._connect(name)         # an unreachable host fails here, before anything can start
         try:
-            offset_text, pid_text, ident = result.stdout.split()[-3:]
-            pid, offset = int(pid_text), int(offset_text)
-        except ValueError:
-            last = (result.stderr.strip().splitlines() or ['no output'])[-1]
-            raise SSHError(name, f'could not start {plan.name} (exit {result.exited}): {last}') from None
+            result = self._run(name, script)
+            try:
+                offset_text, pid_text, ident = result.stdout.split()[-3:]
+                pid, offset = int(pid_text), int(offset_text)
+            except ValueError:
+                last = (result.stderr.strip().splitlines() or ['no output'])[-1]
+                raise SSHError(name, f'could not start {plan.name} (exit {result.exited}): {last}') from None
+        except SSHError as e:
+            # The task may have started before the answer was lost: stop it, or the launcher would
+            # leave behind a task it has no record of (not in the state file, never stopped).
+            raise SSHError(name, f'{e.cause}; {self._undo_start(name, plan.name, pidfile, rcfile)}') from None
         t = plan.task
         record = TaskRecord(name=t.name, job=t.job, index=t.index, host=t.host, port=t.port, backend=self.name,
                             pid=pid, log=log_file, ident=ident, cwd=workdir, log_offset=offset,
+                            address='' if plan.address in ('', t.host) else plan.address,
                             extra={'pidfile': pidfile, 'rcfile': rcfile, 'target': ssh_target(plan, self.ssh_config)})
         h = self._host(name)
         with h.snapshot_lock:
             h.records[record.name] = record
         return record
+
+    def _undo_start(self, name: str, task: str, pidfile: str, rcfile: str) -> str:
+        """Stop whatever a start that failed half way launched: the process group the pidfile names,
+        if its leader is this task's wrapper (its command line names the task's rc file); says
+        what came of it."""
+        script = (f'p=$(cat {_q(pidfile)} 2>/dev/null) || exit 0; [ -n "$p" ] || exit 0; '
+                  f'tr "\\0" " " < /proc/$p/cmdline 2>/dev/null | grep -qF {_q(rcfile)} || exit 0; '
+                  'kill -TERM -$p 2>/dev/null || exit 0; echo stopped; i=0; '
+                  'while kill -0 -$p 2>/dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done; '
+                  'kill -KILL -$p 2>/dev/null; exit 0')
+        try:
+            result = self._run(name, script, timeout=POLL_TIMEOUT + STOP_GRACE_SECS)
+        except SSHError as e:
+            return (f'{task} may be running there ({e.cause}); it stops itself within '
+                    f'{LEASE_SECS["ssh"]}s, once its lease is no longer renewed')
+        return f'stopped {task}, which had started' if 'stopped' in result.stdout else f'{task} did not start'
 
     # -- status ---------------------------------------------------------------------------
     def _status(self, record: TaskRecord) -> tuple[str, int | None]:
@@ -507,6 +569,12 @@ class SSHBackend(Backend):
                 log.error('%s; cannot tell whether its tasks still run', e)
                 h.warned = True
             return True     # unknown: keep the state file, so `launch down` can try again later
+
+    def liveness(self, record):
+        try:
+            return self._status(record)[0] == 'running', ''
+        except SSHError as e:
+            return None, f'unknown: {e}'
 
     # -- stop -----------------------------------------------------------------------------
     def stop(self, records: list[TaskRecord], grace: float = STOP_GRACE_SECS) -> None:

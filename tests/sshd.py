@@ -186,7 +186,8 @@ class SSHHosts:
     Use as a context manager, or call ``start()`` and ``stop()``.  Remote
     commands do not source ``~/.bashrc`` unless ``source_bashrc`` (see
     ``_write_sshd_config``), as on hosts whose .bashrc returns early when not
-    interactive: the SSH backend must not depend on it.  Files in
+    interactive: the SSH backend must not depend on it.  ``sftp=False`` leaves
+    out the ``Subsystem sftp`` line, as on hosts that offer no SFTP.  Files in
     ``dir``: ``host_key``, ``client_key`` (``key_path``), ``authorized_keys``,
     ``sshd_config``, ``sshd.log`` (``log_path``), ``sshd.pid``,
     ``known_hosts``, ``ssh_config`` (for ``ssh -F``).
@@ -195,9 +196,10 @@ class SSHHosts:
     user = "root"
 
     def __init__(self, tmp_path, addresses=DEFAULT_ADDRESSES, start_timeout: float = 10.0,
-                 source_bashrc: bool = False):
+                 source_bashrc: bool = False, sftp: bool = True):
         self.dir = Path(tmp_path).resolve()
         self.source_bashrc = source_bashrc
+        self.sftp = sftp
         self.addresses = tuple(addresses)
         if not self.addresses:
             raise ValueError("at least one address is needed")
@@ -293,8 +295,9 @@ class SSHHosts:
             "MaxStartups 100:30:200",
             "MaxSessions 50",
             "MaxAuthTries 10",
-            "Subsystem sftp internal-sftp",
         ]
+        if self.sftp:     # without: a server that runs commands but refuses SFTP sessions
+            lines.append("Subsystem sftp internal-sftp")
         if not self.source_bashrc:
             # Debian's bash sources ~/.bashrc when started by sshd (SSH_CLIENT set)
             # as a top-level shell (SHLVL < 2).  Here root's .bashrc runs pyenv init,

@@ -6,8 +6,9 @@ import sys
 import pytest
 import yaml
 
-from cluster.spec import HostConfig, load_spec
-from launch.plan import is_local, plan_cluster
+from cluster.spec import HostConfig, SpecError, load_spec
+from launch.backend import GPU_COUNT_SH, gpu_shortage, gpus_needed, parse_gpu_count
+from launch.plan import is_local, plan_cluster, task_spec
 
 PYTHON = '/opt/venv/bin/python3.11'
 
@@ -202,3 +203,66 @@ def test_overrides_reach_the_plan(tmp_path):
     assert [p.task.port for p in plans] == [2222, 3000]
     assert plans[1].log_path == os.path.join('runs/over', 'logs', 'worker-0.log')
     assert json.loads(plans[0].env['TF_CONFIG'])['cluster']['worker'] == ['localhost:3000']
+
+
+# -- the address tasks reach a host at (an ssh config alias's HostName, or hosts.X.address) ---------
+
+ALIASED = {'ps': ['node1:2222'], 'worker': ['node1:2223', 'node2:2223']}
+
+
+def test_addresses_are_what_tasks_and_tf_config_use(tmp_path):
+    spec = make_spec(tmp_path, ALIASED, hosts={'node1': {'user': 'ubuntu', 'key': '~/.ssh/k', 'port': 2022},
+                                                'node2': {'user': 'root'}})
+    plans = plan_cluster(spec, addresses={'node1': '10.0.0.5', 'node2': '10.0.0.6'})
+    assert [p.task.host for p in plans] == ['node1', 'node1', 'node2']      # the name one ssh's to
+    assert [p.endpoint for p in plans] == ['10.0.0.5:2222', '10.0.0.5:2223', '10.0.0.6:2223']
+    assert [p.address for p in plans] == ['10.0.0.5', '10.0.0.5', '10.0.0.6']
+    for plan in plans:
+        assert json.loads(plan.env['TF_CONFIG'])['cluster'] == {'ps': ['10.0.0.5:2222'],
+                                                                'worker': ['10.0.0.5:2223', '10.0.0.6:2223']}
+    # without addresses, every task is reached at the host the spec names
+    assert [p.endpoint for p in plan_cluster(spec)] == ['node1:2222', 'node1:2223', 'node2:2223']
+
+
+def test_the_spec_tasks_read_has_addresses_and_no_ssh_settings(tmp_path):
+    spec = make_spec(tmp_path, ALIASED, hosts={'node1': {'user': 'ubuntu', 'key': '~/.ssh/k', 'port': 2022,
+                                                         'address': '10.0.0.5'}})
+    uploaded = yaml.safe_load(task_spec(spec, {'node1': '10.0.0.5'}).to_yaml())
+    assert 'hosts' not in uploaded
+    assert uploaded['cluster'] == {'ps': ['10.0.0.5:2222'], 'worker': ['10.0.0.5:2223', 'node2:2223']}
+    assert uploaded['train'] == yaml.safe_load(spec.to_yaml())['train']
+    assert 'hosts' in spec.to_dict()                       # the launcher's own spec keeps them
+
+
+def test_two_tasks_resolving_to_one_address_are_refused(tmp_path):
+    spec = make_spec(tmp_path, {'ps': ['node1:2222'], 'worker': ['node2:2222']})
+    with pytest.raises(SpecError) as e:
+        plan_cluster(spec, addresses={'node1': '10.0.0.5', 'node2': '10.0.0.5'})
+    assert str(e.value) == (f'{spec.path}: cluster: worker:0 (node2:2222) and ps:0 (node1:2222) both resolve '
+                            'to 10.0.0.5:2222: every task needs its own address:port (check HostName in the '
+                            'ssh config and hosts.*.address)')
+
+
+# -- GPUs a host must have (the shared pre-flight helpers) -------------------------------------------
+
+@pytest.mark.parametrize('devices, need', [('auto', 0), (2, 0), (('cpu:0', 'cpu:1'), 0), (('gpu:0',), 1),
+                                           (('gpu:1',), 2), (('gpu:0', 'gpu:3', 'cpu:0'), 4)])
+def test_gpus_needed(devices, need):
+    assert gpus_needed(devices) == need
+
+
+def test_gpu_shortage_names_what_the_host_has():
+    assert gpu_shortage(('gpu:0',), 1) is None and gpu_shortage('auto', 0) is None
+    assert gpu_shortage(('gpu:0',), 0) == 'train.devices names gpu:0 but the host has no GPU'
+    assert gpu_shortage(('gpu:0', 'gpu:2'), 2) == \
+        'train.devices names gpu:0, gpu:2 but the host has 2 GPUs (gpu:0..gpu:1)'
+
+
+def test_gpu_count_shell_snippet_runs_and_parses():
+    import subprocess
+    out = subprocess.run(['sh', '-c', GPU_COUNT_SH], capture_output=True, text=True, check=True).stdout
+    count = parse_gpu_count(out)
+    expected = len(os.listdir('/proc/driver/nvidia/gpus')) if os.path.isdir('/proc/driver/nvidia/gpus') else None
+    assert count is not None and (expected is None or count == expected), out
+    assert parse_gpu_count('noise\ntfcluster-gpus 3\n{"json": 1}') == 3
+    assert parse_gpu_count('tfcluster-gpus x') is None and parse_gpu_count('') is None

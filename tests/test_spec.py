@@ -361,6 +361,9 @@ BAD_SPECS = [
     ('host-port-too-big', HOSTS + '  node1:\n    port: 65536  # <-\n', 'hosts.node1.port', ['65536']),
     ('host-port-0', HOSTS + '  node1: {port: 0}  # <-\n', 'hosts.node1.port', ['got 0']),
     ('host-port-string', HOSTS + '  node1: {port: ssh}  # <-\n', 'hosts.node1.port', ["'ssh'"]),
+    ('host-address-bad', HOSTS + '  node1:\n    address: "10.0.0.5:22"  # <-\n', 'hosts.node1.address',
+     ["'10.0.0.5:22'", 'host name or IP address']),
+    ('host-address-number', HOSTS + '  node1: {address: 5}  # <-\n', 'hosts.node1.address', ['5']),
     ('duplicate-train-key', TRAIN + '  batch_size: 8\n  steps: 6  # <-\n', 'train.steps',
      ['duplicate key', 'line 5']),
     ('duplicate-section', TRAIN + 'train:  # <-\n  steps: 6\n', 'train', ['duplicate key', 'line 4']),
@@ -453,9 +456,11 @@ def test_unknown_key_with_newline_gives_one_line(tmp_path):
      lambda s: s.hosts == {'10.0.0.5': HostConfig('10.0.0.5', user='ubuntu', port=2022)}),
     (['hosts.gpu1.example.com={user: ml, python: /opt/py/bin/python}'],
      lambda s: s.hosts['gpu1.example.com'] == HostConfig('gpu1.example.com', user='ml', python='/opt/py/bin/python')),
+    (['hosts.10.0.0.5.address=192.168.1.5'],
+     lambda s: s.hosts == {'10.0.0.5': HostConfig('10.0.0.5', address='192.168.1.5')}),
 ], ids=['steps', 'sync', 'last-wins', 'float', 'devices-list', 'devices-int', 'string', 'worker-list',
         'workers-and-replicas', 'new-host', 'host-two-keys', 'whole-section', 'dotted-host-setting',
-        'dotted-host-whole'])
+        'dotted-host-whole', 'dotted-host-address'])
 def test_overrides(tmp_path, overrides, check):
     path = write(tmp_path, VALID)
     spec = load_spec(path, overrides)
