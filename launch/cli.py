@@ -12,7 +12,8 @@ import threading
 import time
 
 from cluster.spec import ClusterSpec, SpecError, load_spec
-from launch.backend import stop_all
+from launch import netns
+from launch.backend import BackendError, stop_all
 from launch.local import LocalBackend, process_ident
 from launch.plan import TaskPlan, effective_spec_path, plan_cluster, service_name, state_path
 from launch.run import EXIT_USAGE, ClusterRun, Console
@@ -89,6 +90,7 @@ def main(argv=None) -> int:
         if args.ssh_config is not None and not os.path.isfile(args.ssh_config):
             raise UsageError(f'--ssh-config {args.ssh_config}: file not found')
         spec = load_spec(args.spec, args.overrides)
+        check_isolation(spec, args)
         if args.backend is None and args.command in ('status', 'down', 'logs'):
             args.backend = _started_with(spec)
         return COMMANDS[args.command](spec, args)
@@ -144,6 +146,20 @@ def _running_state(spec: ClusterSpec, backends) -> LaunchState | None:
 def launcher_alive(state: LaunchState) -> bool:
     ident = process_ident(state.launcher_pid)
     return ident is not None and ident == state.launcher_ident and state.launcher_pid != os.getpid()
+
+
+def check_isolation(spec: ClusterSpec, args) -> None:
+    """`isolation: netns` needs local processes and the right to make network namespaces; raises
+    UsageError (exit 2) for the commands that would start or plan tasks otherwise."""
+    if spec.isolation != 'netns' or args.command not in ('up', 'check', 'plan', 'compose'):
+        return
+    if args.command == 'compose' or args.backend == 'compose':
+        raise UsageError(f'{spec.path}: isolation: netns is for local processes; the compose backend runs the '
+                         'tasks on its own internal network already, which nothing outside reaches: drop '
+                         'isolation (--set isolation=none) to use it')
+    why = netns.unavailable() if args.command in ('up', 'check') else None
+    if why:
+        raise UsageError(f'{spec.path}: isolation: netns {why}')
 
 
 def preflight(spec: ClusterSpec, plans: list[TaskPlan], backends) -> None:
@@ -221,7 +237,8 @@ def cmd_status(spec: ClusterSpec, args) -> int:
         for plan in plans:
             r = records.get(plan.name)
             alive = r is not None and backends[r.backend].alive(r)
-            listening = _listening(r.host if r else plan.task.host, plan.task.port)   # compose: its address
+            # compose: the record's address; a private network namespace: asked from inside
+            listening = backends[r.backend].listening(r) if r else _listening(plan.task.host, plan.task.port)
             note = (backends[r.backend].describe(r) or '') if alive else ''
             print(f'{plan.name:<10} {plan.task.address:<22} {plan.backend:<7} {r.pid if r else "-":>7}  '
                   f'{"yes" if alive else "no":<5}  {"yes" if listening else "no":<9}  {note}'.rstrip())
@@ -232,6 +249,8 @@ def cmd_down(spec: ClusterSpec, args) -> int:
     plans = list(plan_cluster(spec, backend=args.backend))
     state = LaunchState.load(state_path(spec))
     if state is None:
+        if not _release(LocalBackend(), plans):     # a namespace a launcher killed early may have left
+            return 1
         print(f'nothing to stop: {_no_state(spec)}')
         return 0
     if launcher_alive(state):       # the launcher tears its own cluster down on SIGTERM
@@ -247,6 +266,8 @@ def cmd_down(spec: ClusterSpec, args) -> int:
         left = [r for r in state.tasks if r.backend == 'compose' or backends[r.backend].alive(r)]
         stop_all(left, backends)
         still = [r.name for r in state.tasks if backends[r.backend].alive(r)]
+        if not still and not _release(backends['local'], plans):
+            return 1
     if still:
         print(f'launch: error: could not stop {", ".join(still)}', file=sys.stderr)
         return 1
@@ -254,6 +275,17 @@ def cmd_down(spec: ClusterSpec, args) -> int:
         os.remove(state_path(spec))
     print(f'stopped {len(left)} task(s) of {spec.path}' if left else f'nothing left running of {spec.path}')
     return 0
+
+
+def _release(backend, plans: list[TaskPlan]) -> bool:
+    """Remove the run's network namespace (isolation: netns) once its tasks are gone; False, after
+    one error line, if it cannot be."""
+    try:
+        backend.release(plans)
+        return True
+    except BackendError as e:
+        print(f'launch: error: {e}', file=sys.stderr)
+        return False
 
 
 def cmd_logs(spec: ClusterSpec, args) -> int:
@@ -322,7 +354,7 @@ def cmd_plan(spec: ClusterSpec, args) -> int:
             where = f'ssh {ssh_target(plan, args.ssh_config)}'
         print(f'{plan.name}  {plan.task.address}  ({where})')
         print(f'  cwd:  {plan.cwd}')
-        print(f'  run:  {shlex.join(plan.argv)}')
+        print(f'  run:  {shlex.join(netns.wrap(plan.netns, plan.argv) if plan.netns else plan.argv)}')
         for k, v in plan.env.items():
             print(f'  env:  {k}={shlex.quote(v)}')
         print(f'  log:  {plan.log_path}')
