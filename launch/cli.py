@@ -12,7 +12,7 @@ import threading
 import time
 
 from cluster.spec import ClusterSpec, SpecError, load_spec
-from launch import netns
+from launch import exposure, netns
 from launch.backend import BackendError, stop_all
 from launch.local import LocalBackend, process_ident
 from launch.plan import TaskPlan, effective_spec_path, plan_cluster, service_name, state_path
@@ -162,6 +162,13 @@ def check_isolation(spec: ClusterSpec, args) -> None:
         raise UsageError(f'{spec.path}: isolation: netns {why}')
 
 
+def warn_exposure(plans: list[TaskPlan]) -> None:
+    """One warning line when a task port can be reached from another machine (README: Security)."""
+    text = exposure.warning(plans, exposure.machine_addresses())
+    if text:
+        print(f'launch: WARNING: {text}', file=sys.stderr, flush=True)
+
+
 def preflight(spec: ClusterSpec, plans: list[TaskPlan], backends) -> None:
     """Everything that can be wrong before anything starts; raises UsageError (exit 2)."""
     running = _running_state(spec, backends)
@@ -192,6 +199,7 @@ def cmd_up(spec: ClusterSpec, args) -> int:
     plans = list(plan_cluster(spec, backend=args.backend))
     with make_backends(plans, spec, args) as backends:
         preflight(spec, plans, backends)
+        warn_exposure(plans)
         for i in range(spec.num_workers):       # figures of an earlier run must not pass for this one's
             try:
                 os.remove(os.path.join(spec.train.train_dir, f'worker-{i}.json'))
@@ -338,6 +346,7 @@ def cmd_check(spec: ClusterSpec, args) -> int:
                   for c in b.check([p for p in plans if p.backend == name], imports=True)]
     for c in checks:
         print(c.line())
+    warn_exposure(plans)
     return 0 if all(c.ok for c in checks) else 1
 
 
