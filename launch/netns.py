@@ -21,6 +21,7 @@ import shutil
 import socket
 import subprocess
 import threading
+import time
 
 from launch.backend import BackendError
 
@@ -100,12 +101,15 @@ def pids(ns: str) -> list[int]:
     return [int(p) for p in _ip('netns', 'pids', ns).split()]
 
 
-def delete(ns: str) -> None:
-    """Remove the namespace. One that still holds processes is kept (their ports would live on,
-    unreachable and unnamed) and named in the error."""
+def delete(ns: str, wait: float = 5.0) -> None:
+    """Remove the namespace once the processes in it are gone (a stopped task may still be exiting
+    for a moment after it stopped looking alive). One that still holds processes after `wait`
+    seconds is kept (their ports would live on, unreachable and unnamed) and named in the error."""
     if not exists(ns):
         return
-    left = pids(ns)
+    deadline = time.monotonic() + wait
+    while (left := pids(ns)) and time.monotonic() < deadline:
+        time.sleep(0.1)
     if left:
         raise BackendError(f'network namespace {ns} still holds process(es) {", ".join(map(str, left))}; '
                            'it is kept')
