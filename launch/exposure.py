@@ -74,7 +74,8 @@ def warning(plans: Iterable[TaskPlan], addresses: list[str] | None) -> str | Non
         reachable.append(f'port(s) {_ports(tasks)} at {host}')
     if not reachable:
         return None
-    fix = ('run a local cluster with `isolation: netns` (as root), or ' if here else '') + \
+    local = any(p.backend == 'local' for p in here)        # only those can be isolated by the launcher
+    fix = ('run a local cluster with `isolation: netns` (as root), or ' if local else '') + \
         'keep the hosts on a private network or behind a firewall that admits only the cluster\'s hosts'
     return ("TensorFlow's gRPC servers have no authentication and listen on every interface: "
             f'{"; ".join(reachable)} can be reached from the network, and anyone who can reach them can run '
