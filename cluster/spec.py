@@ -84,6 +84,9 @@ class TrainConfig:
 
 
 RESTART_POLICIES = ('never', 'on-failure')
+# none: tasks are plain local processes (their ports reachable from the network); netns: every
+# task of a local cluster runs in one private network namespace nothing outside can reach.
+ISOLATION_MODES = ('none', 'netns')
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,7 @@ class ClusterSpec:
     train: TrainConfig
     hosts: Mapping[str, HostConfig] = field(default_factory=lambda: types.MappingProxyType({}))
     supervise: SuperviseConfig = SuperviseConfig()
+    isolation: str = 'none'          # one of ISOLATION_MODES
     origins: Any = field(default=None, compare=False, repr=False)   # _Origins: where each key was given
 
     def error(self, key: str, message: str) -> 'SpecError':
@@ -148,6 +152,8 @@ class ClusterSpec:
         out = {'cluster': self.cluster_def(), 'train': train, 'supervise': dataclasses.asdict(self.supervise)}
         if hosts:
             out['hosts'] = hosts
+        if self.isolation != 'none':
+            out['isolation'] = self.isolation
         return out
 
     def to_yaml(self) -> str:
@@ -276,13 +282,14 @@ def _apply_override(raw: dict, text: str, origins: _Origins) -> None:
 
 
 def _build(raw: dict, origins: _Origins) -> ClusterSpec:
-    _no_unknown(raw, ('cluster', 'train', 'supervise', 'hosts'), '', origins)
+    _no_unknown(raw, ('cluster', 'train', 'supervise', 'hosts', 'isolation'), '', origins)
     tasks = _parse_cluster(raw.get('cluster'), origins)
     train = _parse_train(raw.get('train') or {}, origins)
     supervise = _parse_supervise(raw.get('supervise') or {}, origins)
     hosts = _parse_hosts(raw.get('hosts') or {}, origins)
+    isolation = _parse_isolation(raw.get('isolation', 'none'), tasks, hosts, origins)
     spec = ClusterSpec(path=origins.path, tasks=tasks, train=train, hosts=types.MappingProxyType(hosts),
-                       supervise=supervise, origins=origins)
+                       supervise=supervise, isolation=isolation, origins=origins)
     if supervise.stall_secs < 3 * train.log_every_secs:
         key = 'supervise.stall_secs' if 'stall_secs' in (raw.get('supervise') or {}) else 'train.log_every_secs'
         raise origins.error(key, f'the stall limit ({supervise.stall_secs:g}s) must be at least 3 times '
@@ -434,6 +441,22 @@ def _parse_supervise(supervise, origins: _Origins) -> SuperviseConfig:
                 raise origins.error(key, f'expected a positive number of seconds, got {v}')
             values[name] = float(v)
     return SuperviseConfig(**values)
+
+
+def _parse_isolation(value, tasks, hosts, origins: _Origins) -> str:
+    if value is None:
+        value = 'none'
+    if value not in ISOLATION_MODES:
+        hint = ' (YAML reads a bare no or off as false: write none)' if value is False else ''
+        raise origins.error('isolation', f'expected one of {", ".join(ISOLATION_MODES)}, got {value!r}{hint}')
+    remote = [t for t in tasks if t.host not in LOOPBACK_NAMES or t.host in hosts]
+    if value == 'netns' and remote:
+        t = remote[0]
+        raise origins.error('isolation', f'netns runs a local cluster in a private network namespace of this '
+                                         f'machine, but {t.name} is on {t.host} (SSH): remote tasks cannot be '
+                                         'isolated that way; put their hosts on a private network or behind a '
+                                         'firewall, and drop isolation')
+    return value
 
 
 def _positive_int(value, key, origins) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import abc
 import os
+import socket
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -186,6 +187,30 @@ class Backend(abc.ABC):
         """What the backend can tell of a running task that makes no progress (e.g. 'stopped by
         SIGSTOP'), or None."""
         return None
+
+    def probe(self, record: TaskRecord, timeout: float) -> bool:
+        """Whether the task's gRPC server answers within `timeout` (the stall watchdog's question:
+        a stopped process still accepts TCP connections, but never answers)."""
+        from launch.run import grpc_answers        # run.py imports this module
+        return grpc_answers(record.address or record.host, record.port, timeout)
+
+    def ready(self, record: TaskRecord, channel_ready) -> bool:
+        """Whether the task's server is up, given the launcher's own gRPC channel-ready future for
+        the task's address. A backend whose tasks that channel cannot reach (a private network
+        namespace) answers with its own probe instead."""
+        return channel_ready.done()
+
+    def listening(self, record: TaskRecord, timeout: float = 0.5) -> bool:
+        """Whether something accepts TCP connections on the task's port (`launch status`)."""
+        try:
+            with socket.create_connection((record.address or record.host, record.port), timeout=timeout):
+                return True
+        except OSError:
+            return False
+
+    def release(self, plans: list[TaskPlan]) -> None:
+        """Remove what the backend put in place for these tasks besides their processes (a network
+        namespace), once they are stopped: `launch down` after a launcher that was killed."""
 
     @abc.abstractmethod
     def poll(self, record: TaskRecord) -> int | None:

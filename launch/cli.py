@@ -12,7 +12,8 @@ import threading
 import time
 
 from cluster.spec import ClusterSpec, SpecError, load_spec
-from launch.backend import stop_all
+from launch import exposure, netns
+from launch.backend import BackendError, stop_all
 from launch.local import LocalBackend, process_ident
 from launch.plan import TaskPlan, effective_spec_path, is_local, plan_cluster, service_name, state_path, task_spec
 from launch.run import EXIT_USAGE, ClusterRun, Console
@@ -89,6 +90,7 @@ def main(argv=None) -> int:
         if args.ssh_config is not None and not os.path.isfile(args.ssh_config):
             raise UsageError(f'--ssh-config {args.ssh_config}: file not found')
         spec = load_spec(args.spec, args.overrides)
+        check_isolation(spec, args)
         if args.backend is None and args.command in ('status', 'down', 'logs'):
             args.backend = _started_with(spec)
         return COMMANDS[args.command](spec, args)
@@ -170,6 +172,27 @@ def check_train_dir(spec: ClusterSpec) -> None:
         raise spec.error('train.train_dir', f'{path}: {parent} is not a directory')
 
 
+def check_isolation(spec: ClusterSpec, args) -> None:
+    """`isolation: netns` needs local processes and the right to make network namespaces; raises
+    UsageError (exit 2) for the commands that would start or plan tasks otherwise."""
+    if spec.isolation != 'netns' or args.command not in ('up', 'check', 'plan', 'compose'):
+        return
+    if args.command == 'compose' or args.backend == 'compose':
+        raise UsageError(f'{spec.path}: isolation: netns is for local processes; the compose backend runs the '
+                         'tasks on its own internal network already, which nothing outside reaches: drop '
+                         'isolation (--set isolation=none) to use it')
+    why = netns.unavailable() if args.command in ('up', 'check') else None
+    if why:
+        raise UsageError(f'{spec.path}: isolation: netns {why}')
+
+
+def warn_exposure(plans: list[TaskPlan]) -> None:
+    """One warning line when a task port can be reached from another machine (README: Security)."""
+    text = exposure.warning(plans, exposure.machine_addresses())
+    if text:
+        print(f'launch: WARNING: {text}', file=sys.stderr, flush=True)
+
+
 def preflight(spec: ClusterSpec, plans: list[TaskPlan], backends) -> None:
     """Everything that can be wrong before anything starts; raises UsageError (exit 2)."""
     running = _running_state(spec, backends)
@@ -230,7 +253,7 @@ def cmd_up(spec: ClusterSpec, args) -> int:
             try:
                 preflight(spec, plans, backends)
                 prepare_data(spec, plans)
-            except (SpecError, UsageError):
+            except (SpecError, UsageError, StateError):
                 if created:       # leave no trace of a launch that never started
                     lock.release(remove=True)
                     for directory in created:
@@ -239,6 +262,7 @@ def cmd_up(spec: ClusterSpec, args) -> int:
                         except OSError:
                             break
                 raise
+            warn_exposure(plans)
             for i in range(spec.num_workers):       # figures of an earlier run must not pass for this one's
                 try:
                     os.remove(os.path.join(spec.train.train_dir, f'worker-{i}.json'))
@@ -287,8 +311,10 @@ def cmd_status(spec: ClusterSpec, args) -> int:
         for plan in plans:
             r = records.get(plan.name)
             alive, note = backends[r.backend].liveness(r) if r is not None else (False, '')
-            # compose: the record has its container's address; SSH: the address tasks reach it at
-            listening = _listening(r.address or r.host if r else plan.address or plan.task.host, plan.task.port)
+            # compose: the record has its container's address; SSH: the address tasks reach it at; a
+            # private network namespace: asked from inside
+            listening = backends[r.backend].listening(r) if r else _listening(plan.address or plan.task.host,
+                                                                               plan.task.port)
             if alive:
                 note = backends[r.backend].describe(r) or ''
             shown = {True: 'yes', False: 'no', None: '?'}[alive]
@@ -301,6 +327,8 @@ def cmd_down(spec: ClusterSpec, args) -> int:
     plans = plans_of(spec, args)
     state = LaunchState.load(state_path(spec))
     if state is None:
+        if not _release(LocalBackend(), plans):     # a namespace a launcher killed early may have left
+            return 1
         print(f'nothing to stop: {_no_state(spec)}')
         return 0
     if launcher_alive(state):       # the launcher tears its own cluster down on SIGTERM
@@ -316,6 +344,8 @@ def cmd_down(spec: ClusterSpec, args) -> int:
         left = [r for r in state.tasks if r.backend == 'compose' or backends[r.backend].alive(r)]
         stop_all(left, backends)
         still = [r.name for r in state.tasks if backends[r.backend].alive(r)]
+        if not still and not _release(backends['local'], plans):
+            return 1
     if still:
         print(f'launch: error: could not stop {", ".join(still)}', file=sys.stderr)
         return 1
@@ -323,6 +353,17 @@ def cmd_down(spec: ClusterSpec, args) -> int:
         os.remove(state_path(spec))
     print(f'stopped {len(left)} task(s) of {spec.path}' if left else f'nothing left running of {spec.path}')
     return 0
+
+
+def _release(backend, plans: list[TaskPlan]) -> bool:
+    """Remove the run's network namespace (isolation: netns) once its tasks are gone; False, after
+    one error line, if it cannot be."""
+    try:
+        backend.release(plans)
+        return True
+    except BackendError as e:
+        print(f'launch: error: {e}', file=sys.stderr)
+        return False
 
 
 def cmd_logs(spec: ClusterSpec, args) -> int:
@@ -379,6 +420,7 @@ def cmd_check(spec: ClusterSpec, args) -> int:
                   for c in b.check([p for p in plans if p.backend == name], imports=True)]
     for c in checks:
         print(c.line())
+    warn_exposure(plans)
     return 0 if all(c.ok for c in checks) else 1
 
 
@@ -397,7 +439,7 @@ def cmd_plan(spec: ClusterSpec, args) -> int:
         reach = f' -> {plan.endpoint}' if plan.endpoint != plan.task.address else ''
         print(f'{plan.name}  {plan.task.address}{reach}  ({where})')
         print(f'  cwd:  {plan.cwd}')
-        print(f'  run:  {shlex.join(plan.argv)}')
+        print(f'  run:  {shlex.join(netns.wrap(plan.netns, plan.argv) if plan.netns else plan.argv)}')
         for k, v in plan.env.items():
             print(f'  env:  {k}={shlex.quote(v)}')
         print(f'  log:  {plan.log_path}')

@@ -1,17 +1,22 @@
 """Local backend: each task is a child process in its own session (so its process group can be
-signalled as a whole and a terminal's Ctrl-C reaches only the launcher), output to its log file."""
+signalled as a whole and a terminal's Ctrl-C reaches only the launcher), output to its log file.
+With `isolation: netns` every task runs in the run's private network namespace (launch/netns.py)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
 import time
 
 from cluster.task import port_in_use
-from launch.backend import (GPU_COUNT_SH, HOST_PROBE, STOP_GRACE_SECS, Backend, HostCheck, TaskRecord, follow_file,
-                            gpu_shortage, parse_gpu_count, read_text, touch_leases, wait_all)
+from launch import netns
+from launch.backend import (GPU_COUNT_SH, HOST_PROBE, STOP_GRACE_SECS, Backend, BackendError, HostCheck, TaskRecord,
+                            follow_file, gpu_shortage, parse_gpu_count, read_text, touch_leases, wait_all)
 from launch.plan import TaskPlan
+
+log = logging.getLogger(__name__)
 
 IMPORT_TIMEOUT = 60    # seconds `launch check` gives the tasks' Python to import TensorFlow
 
@@ -60,8 +65,12 @@ class LocalBackend(Backend):
 
     def __init__(self):
         self._children: dict[int, subprocess.Popen] = {}
+        self._namespaces: set[str] = set()      # made (or taken over) by this launcher: deleted by close()
 
     def prepare(self, plans, spec_yaml):
+        for ns in sorted({p.netns for p in plans if p.netns}):
+            netns.create(ns)
+            self._namespaces.add(ns)
         for plan in plans:
             os.makedirs(os.path.dirname(os.path.join(plan.cwd, plan.log_path)) or '.', exist_ok=True)
             spec_file = os.path.join(plan.cwd, plan.spec_path)
@@ -72,8 +81,9 @@ class LocalBackend(Backend):
 
     @staticmethod
     def busy(plans: list[TaskPlan]) -> list[TaskPlan]:
-        """The local tasks whose port something on this machine already listens on."""
-        return [p for p in plans if p.backend == 'local' and port_in_use(p.task.port)]
+        """The local tasks whose port something on this machine already listens on (a task in a
+        private network namespace has the namespace's ports to itself)."""
+        return [p for p in plans if p.backend == 'local' and not p.netns and port_in_use(p.task.port)]
 
     def check(self, plans, imports: bool = False):
         if not plans:
@@ -101,8 +111,10 @@ class LocalBackend(Backend):
                 version = f', tensorflow {found["tensorflow"]}'
         if problems:
             return [HostCheck('localhost', False, '; '.join(problems))]
+        where = sorted({p.netns for p in plans if p.netns})    # a fresh namespace has every port free
         return [HostCheck('localhost', True, f'{len(plans)} task(s){version}, ports '
-                                             f'{", ".join(str(p.task.port) for p in plans)} free')]
+                                             f'{", ".join(str(p.task.port) for p in plans)} free'
+                                             + (f' (in network namespace {where[0]})' if where else ''))]
 
     @staticmethod
     def missing_gpus(plans) -> str | None:
@@ -117,17 +129,47 @@ class LocalBackend(Backend):
         log_file = os.path.join(plan.cwd, plan.log_path)
         with open(log_file, 'ab' if plan.restart else 'wb') as out:
             offset = out.tell()
-            proc = subprocess.Popen(plan.argv, cwd=plan.cwd, env={**os.environ, **plan.env},
+            argv = netns.wrap(plan.netns, plan.argv) if plan.netns else plan.argv
+            proc = subprocess.Popen(argv, cwd=plan.cwd, env={**os.environ, **plan.env},
                                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True)
         self._children[proc.pid] = proc
         t = plan.task
         return TaskRecord(name=t.name, job=t.job, index=t.index, host=t.host, port=t.port, backend=self.name,
                           pid=proc.pid, log=os.path.abspath(log_file), ident=process_ident(proc.pid) or '',
-                          cwd=os.path.abspath(plan.cwd), log_offset=offset)
+                          cwd=os.path.abspath(plan.cwd), log_offset=offset,
+                          extra={'netns': plan.netns} if plan.netns else {})
 
     def renew(self, plans):
         touch_leases(plans)
+
+    # A task in a namespace is out of the launcher's own reach: ask from inside (launch/netns.py).
+    def probe(self, record, timeout):
+        ns = record.extra.get('netns')
+        return netns.answers(ns, record.host, record.port, timeout) if ns else super().probe(record, timeout)
+
+    def ready(self, record, channel_ready):
+        ns = record.extra.get('netns')
+        return netns.answers(ns, record.host, record.port, 0.5) if ns else channel_ready.done()
+
+    def listening(self, record, timeout=0.5):
+        ns = record.extra.get('netns')
+        return netns.listening(ns, record.host, record.port, timeout) if ns else super().listening(record, timeout)
+
+    def release(self, plans):
+        for ns in sorted({p.netns for p in plans if p.netns}):
+            netns.delete(ns)
+            self._namespaces.discard(ns)
+
+    def close(self):
+        """Delete the namespaces this launcher made, once every task in them is stopped (one whose
+        tasks could not be stopped stays, for `launch down`)."""
+        for ns in sorted(self._namespaces):
+            try:
+                netns.delete(ns)
+            except BackendError as e:
+                log.warning('%s; `launch down` removes it once they are stopped', e)
+        self._namespaces.clear()
 
     def describe(self, record):
         state = process_state(record.pid)

@@ -4,6 +4,7 @@ no files, so it is tested with tables and printed as-is by `launch plan`.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import sys
@@ -34,6 +35,7 @@ class TaskPlan:
     host: HostConfig | None = None   # SSH settings (None: local, or ~/.ssh/config and defaults)
     restart: int = 0                 # 0: the first start; n: the n-th restart (its log is appended to)
     address: str = ''                # the host other tasks reach this one at ('': task.host)
+    netns: str | None = None         # the private network namespace a local task runs in (isolation: netns)
 
     @property
     def name(self) -> str:
@@ -70,6 +72,13 @@ def lease_path(spec: ClusterSpec) -> str:
 def checkpoint_state_path(spec: ClusterSpec) -> str:
     """TensorFlow's `checkpoint` file: which checkpoint a restart resumes from."""
     return os.path.join(spec.train.train_dir, 'checkpoint')
+
+
+def netns_name(spec: ClusterSpec, cwd: str = '.') -> str:
+    """The network namespace of a run (isolation: netns), named after its train_dir as an absolute
+    path: one per run directory, the same for `up`, `status` and `down` started in the same place."""
+    where = os.path.abspath(os.path.join(cwd, spec.train.train_dir))
+    return 'tfcluster-' + hashlib.sha256(where.encode()).hexdigest()[:12]
 
 
 def tf_config(spec: ClusterSpec, task: TaskSpec) -> str:
@@ -121,8 +130,10 @@ def plan_task(spec: ClusterSpec, task: TaskSpec, python: str | None = None, cwd:
     spec_file = effective_spec_path(spec)
     argv = (python, '-m', 'cluster.task', '--spec', spec_file, '--job', task.job, '--index', str(task.index))
     backend = 'local' if local else 'ssh'
+    netns = netns_name(spec, cwd) if local and spec.isolation == 'netns' else None
     return TaskPlan(task=task, backend=backend, argv=argv, env=task_env(net, reach, backend),
-                    cwd=cwd, spec_path=spec_file, log_path=log_path(spec, task), host=host, address=reach.host)
+                    cwd=cwd, spec_path=spec_file, log_path=log_path(spec, task), host=host, address=reach.host,
+                    netns=netns)
 
 
 def service_name(task: TaskSpec) -> str:
@@ -132,10 +143,10 @@ def service_name(task: TaskSpec) -> str:
 
 def compose_spec(spec: ClusterSpec) -> ClusterSpec:
     """The spec as the containers see it: each task is its own host, named for its service, on the
-    port the spec gives it (whatever host the spec names: localhost, node1, ...). SSH settings mean
-    nothing there and are dropped."""
+    port the spec gives it (whatever host the spec names: localhost, node1, ...). SSH settings and
+    network namespaces mean nothing there (the project's network is internal) and are dropped."""
     tasks = tuple(dataclasses.replace(t, host=service_name(t)) for t in spec.tasks)
-    return dataclasses.replace(spec, tasks=tasks, hosts=type(spec.hosts)({}))
+    return dataclasses.replace(spec, tasks=tasks, hosts=type(spec.hosts)({}), isolation='none')
 
 
 def plan_compose_task(spec: ClusterSpec, task: TaskSpec) -> TaskPlan:

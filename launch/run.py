@@ -95,7 +95,7 @@ def wait_for_servers(records: list[TaskRecord], backends: Mapping[str, Backend],
                 code = backends[record.backend].poll(record)
                 if code is not None and code != 0:
                     raise TaskFailed(f'{record.name} {describe_exit(code)} during start-up', _log_tail(record, backends))
-                if code == 0 or (futures[name].done() and reported(name)):   # one that finished was up
+                if code == 0 or (backends[record.backend].ready(record, futures[name]) and reported(name)):
                     del pending[name]
             if pending and time.monotonic() > deadline:
                 name, (record, _) = next(iter(pending.items()))
@@ -386,7 +386,7 @@ class ClusterRun:
         running = [r for r in self.records if r.name in decision.tasks]
 
         def probe(r: TaskRecord) -> tuple[TaskRecord, bool, str | None]:
-            return r, grpc_answers(r.address or r.host, r.port, PROBE_SECS), self.backends[r.backend].describe(r)
+            return r, self.backends[r.backend].probe(r, PROBE_SECS), self.backends[r.backend].describe(r)
 
         with ThreadPoolExecutor(max_workers=max(1, len(running))) as pool:
             found = list(pool.map(probe, running))
