@@ -30,6 +30,14 @@ def gpu_count() -> int:
     return parse_gpu_count(out) or 0
 
 
+def gpus_wanted(plans) -> list[int]:
+    """The GPU indices the plans' tasks are given (CUDA_VISIBLE_DEVICES), sorted."""
+    wanted = set()
+    for p in plans:
+        wanted.update(int(i) for i in p.env.get('CUDA_VISIBLE_DEVICES', '').split(',') if i.strip().isdigit())
+    return sorted(wanted)
+
+
 def _stat_fields(pid: int) -> list[str] | None:
     """The fields of /proc/PID/stat after the command name (state first), or None if it is gone."""
     try:

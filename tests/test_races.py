@@ -20,7 +20,7 @@ import grpc
 import pytest
 import yaml
 
-from tests.conftest import REPO, launch, launch_bg, read_until, write_spec
+from tests.conftest import launch_bg, read_until, write_spec
 
 
 def test_two_launchers_of_one_spec_started_together(tmp_path):
