@@ -202,11 +202,7 @@ class Backend(abc.ABC):
 
     def listening(self, record: TaskRecord, timeout: float = 0.5) -> bool:
         """Whether something accepts TCP connections on the task's port (`launch status`)."""
-        try:
-            with socket.create_connection((record.address or record.host, record.port), timeout=timeout):
-                return True
-        except OSError:
-            return False
+        return tcp_listening(record.address or record.host, record.port, timeout)
 
     def release(self, plans: list[TaskPlan]) -> None:
         """Remove what the backend put in place for these tasks besides their processes (a network
@@ -244,13 +240,22 @@ class Backend(abc.ABC):
         """Release connections."""
 
 
-def stop_all(records: list[TaskRecord], backends: dict) -> None:
+def stop_all(records: list[TaskRecord], backends: dict, grace: float = STOP_GRACE_SECS) -> None:
     """Stop every record's task, each backend taking all of its own at once (one shared deadline)."""
     by_backend: dict[str, list[TaskRecord]] = {}
     for r in records:
         by_backend.setdefault(r.backend, []).append(r)
     for name, group in by_backend.items():
-        backends[name].stop(group)
+        backends[name].stop(group, grace=grace)
+
+
+def tcp_listening(host: str, port: int, timeout: float = 0.5) -> bool:
+    """Whether something accepts TCP connections at host:port within `timeout`."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
 
 
 def follow_file(path: str, stop: threading.Event | None, poll: float = 0.1, offset: int = 0) -> Iterator[str]:

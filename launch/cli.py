@@ -6,14 +6,13 @@ import logging
 import os
 import shlex
 import signal
-import socket
 import sys
 import threading
 import time
 
 from cluster.spec import ClusterSpec, SpecError, load_spec
 from launch import exposure, netns
-from launch.backend import BackendError, stop_all
+from launch.backend import BackendError, stop_all, tcp_listening
 from launch.local import LocalBackend, process_ident
 from launch.plan import TaskPlan, effective_spec_path, is_local, plan_cluster, service_name, state_path, task_spec
 from launch.run import EXIT_USAGE, ClusterRun, Console
@@ -276,14 +275,6 @@ def cmd_up(spec: ClusterSpec, args) -> int:
         lock.release()
 
 
-def _listening(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=0.5):
-            return True
-    except OSError:
-        return False
-
-
 def _no_state(spec: ClusterSpec) -> str:
     return (f'no cluster of {spec.path} is known here (no {os.path.abspath(state_path(spec))}; a relative '
             'train_dir is relative to the directory `launch up` ran in)')
@@ -313,7 +304,7 @@ def cmd_status(spec: ClusterSpec, args) -> int:
             alive, note = backends[r.backend].liveness(r) if r is not None else (False, '')
             # compose: the record has its container's address; SSH: the address tasks reach it at; a
             # private network namespace: asked from inside
-            listening = backends[r.backend].listening(r) if r else _listening(plan.address or plan.task.host,
+            listening = backends[r.backend].listening(r) if r else tcp_listening(plan.address or plan.task.host,
                                                                                plan.task.port)
             if alive:
                 note = backends[r.backend].describe(r) or ''

@@ -169,14 +169,10 @@ class ClusterRun:
     def _kill_all(self) -> None:
         self.console.say(f'{signal.Signals(self.signum).name} again: killing every task now (SIGKILL, '
                          'no checkpoint)')
-        by_backend: dict[str, list[TaskRecord]] = {}
-        for r in list(self.records):
-            by_backend.setdefault(r.backend, []).append(r)
-        for name, group in by_backend.items():
-            try:
-                self.backends[name].stop(group, grace=0)
-            except BackendError as e:
-                self.console.say(f'error: {e}')
+        try:
+            stop_all(list(self.records), self.backends, grace=0)
+        except BackendError as e:
+            self.console.say(f'error: {e}')
 
     def _install_signals(self):
         signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)    # SIGHUP: the terminal went away

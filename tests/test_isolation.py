@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import sys
 
@@ -14,6 +13,7 @@ import yaml
 
 from cluster.spec import SpecError, load_spec
 from launch import exposure, netns
+from launch.backend import tcp_listening
 from launch.plan import netns_name, plan_cluster
 from tests.conftest import REPO, launch, launch_bg, project_processes, read_until, write_spec
 
@@ -50,11 +50,7 @@ def ports_of(spec: str) -> list[int]:
 
 
 def connects(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=2):
-            return True
-    except OSError:
-        return False
+    return tcp_listening(host, port, timeout=2)
 
 
 @contextlib.contextmanager
