@@ -22,9 +22,13 @@ WEIGHT_DECAY = 0.004
 
 
 def _weight(name, shape, stddev, seed, partitions=1):
-    return v1.get_variable(name, shape, dtype=tf.float32,
-                           initializer=v1.truncated_normal_initializer(stddev=stddev, seed=seed),
-                           partitioner=v1.fixed_size_partitioner(partitions) if partitions > 1 else None)
+    """The weights' value, read once: every use of a variable reads it anew, and where the
+    variable lives on a ps task every read is one more transfer of it (the weight decay's
+    L2 loss would pull the local3 weights a second time each step)."""
+    var = v1.get_variable(name, shape, dtype=tf.float32,
+                          initializer=v1.truncated_normal_initializer(stddev=stddev, seed=seed),
+                          partitioner=v1.fixed_size_partitioner(partitions) if partitions > 1 else None)
+    return tf.identity(var, name=f'{name}_value')
 
 
 def _bias(name, size, value):
