@@ -124,6 +124,24 @@ def check_user_code(spec: ClusterSpec, task: TaskSpec, cwd: str = '.') -> None:
         raise spec.error('train.program' if spec.train.program else 'train.command', str(e)) from None
 
 
+def import_tensorflow(keras: bool):
+    """`import tensorflow`, without the Keras import it makes for Keras' own sake unless `keras`.
+
+    TensorFlow's __init__ imports Keras' optimizers eagerly (so that they register themselves) and
+    skips that if Keras cannot be imported. The ps tasks and the built-in trainer never use Keras,
+    and it is about a sixth of the import, which every task pays at start-up, three or more of them
+    at once on a shared host. A user's program may use Keras: its workers import it as usual."""
+    blocked = [] if keras else [m for m in ('keras', 'tf_keras') if m not in sys.modules]
+    for name in blocked:
+        sys.modules[name] = None    # import of it raises ImportError, which TensorFlow skips
+    try:
+        import tensorflow
+    finally:
+        for name in blocked:
+            del sys.modules[name]   # a later `import keras` works as usual
+    return tensorflow
+
+
 def main(argv=None) -> int:
     # A task started in the background by a shell (the SSH backend's wrapper) inherits SIGINT and
     # SIGQUIT ignored; give them back their usual meaning, so `kill -INT` stops a task anywhere.
@@ -156,7 +174,7 @@ def main(argv=None) -> int:
     if spec.train.command:        # the user's process is the task: no TensorFlow in this one
         # With no launcher (Slurm, TFJob, by hand), a command's ps ends once its workers have.
         return run_command(spec, task, port_in_use, CHILDREN, stop_with_workers=not os.environ.get(LEASE_ENV))
-    import tensorflow as tf
+    tf = import_tensorflow(keras=bool(spec.train.program) and task.job == 'worker')
     from cluster import train
     tf.get_logger().setLevel(logging.ERROR)     # TF1 deprecation notices drown the progress lines
     tf.compat.v1.disable_eager_execution()

@@ -27,7 +27,7 @@ v1 = tf.compat.v1
 log = logging.getLogger(__name__)
 
 DONE_QUEUE = 'tfcluster_done_%d'     # one per ps task: workers report "finished" there
-READY_POLL_SECS = 0.5                # how often a non-chief checks that the chief has initialised
+READY_POLL_SECS = 0.1                # how often a non-chief checks that the chief has initialised
 PS_LINGER_SECS = 0.5                 # a ps stays this long after the last "done", so that reply arrives
 DONE_TIMEOUT_MS = 30_000             # a worker waits this long for the ps tasks to take its "done"
 STOP_SAVE_SECS = 20.0                # a stopped chief gives its last checkpoint this long, then exits

@@ -64,6 +64,17 @@ def test_every_tower_reads_each_weight_once_per_step(ps):
             assert sorted(reads) == handles, tower
 
 
+def test_tasks_import_tensorflow_without_keras_and_keras_still_imports():
+    """TensorFlow imports Keras at import time for Keras' sake only; the ps tasks and the
+    built-in trainer skip that (about a sixth of every task's start-up), and a later
+    `import keras` still works."""
+    code = ('import sys; from cluster.task import import_tensorflow; tf = import_tensorflow(keras=False); '
+            'assert "keras" not in sys.modules and "tf_keras" not in sys.modules, "keras imported"; '
+            'tf.compat.v1.train.Server; import keras; print("ok", keras.__name__)')
+    out = subprocess.run([sys.executable, '-c', code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.split() == ['ok', 'keras'], out.stderr[-2000:]
+
+
 def test_the_default_learning_rate_scales_with_the_examples_per_update(tmp_path):
     from cluster import model
     assert model.default_learning_rate(128) == pytest.approx(0.1)      # sync, 2 workers of 64: the tutorial's
