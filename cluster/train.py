@@ -182,7 +182,14 @@ def build_graph(spec: ClusterSpec, task: TaskSpec, data_dir: str | None) -> _Gra
         else:
             apply = opt.apply_gradients(grads, global_step=global_step)
             with tf.control_dependencies([apply]):
-                averages = ema.apply(v1.trainable_variables())
+                # Each average is computed where its variable lives: under the worker's device
+                # function, (v - average) * decay would pull both to the worker and push the result
+                # back, three times the model's bytes on every update of the chief.
+                averages = []
+                for var in v1.trainable_variables():
+                    with v1.device(var.device):
+                        averages.append(ema.apply([var]))
+                averages = tf.group(*averages)
             # The moving averages move with the chief's updates only: every worker applying them on
             # every update did W times the work for averages that move no better (each apply is one
             # more read-modify-write of every variable on the ps). Every worker builds them, so all

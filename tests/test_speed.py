@@ -64,6 +64,19 @@ def test_every_tower_reads_each_weight_once_per_step(ps):
             assert sorted(reads) == handles, tower
 
 
+def test_the_async_moving_averages_are_computed_on_the_ps_tasks():
+    """Under the worker's device function each average's update pulled the variable and its
+    average to the worker and pushed the change back: three times the model's bytes on every
+    update of the chief. Each is now computed where its variable lives."""
+    import tensorflow as tf
+    from cluster import train
+    spec = load_spec(os.path.join(REPO, 'specs/local2.yaml'), _ps(2) + ['train.sync=false'])
+    with tf.Graph().as_default() as graph:
+        train.build_graph(spec, spec.task('worker', 0), data_dir=None)
+        placed = {op.device for op in graph.get_operations() if '/AssignMovingAvg' in op.name} - {''}
+    assert placed == {'/job:ps/task:0', '/job:ps/task:1'}
+
+
 def test_tasks_import_tensorflow_without_keras_and_keras_still_imports():
     """TensorFlow imports Keras at import time for Keras' sake only; the ps tasks and the
     built-in trainer skip that (about a sixth of every task's start-up), and a later
