@@ -53,10 +53,11 @@ def tf_import_seconds() -> float:
     return time.monotonic() - t0
 
 
-def single_process_images_per_sec(batch_size: int, steps: int) -> float:
-    """The model and input pipeline of a worker, trained in one process with a local session."""
+def single_process(batch_size: int, steps: int) -> dict:
+    """The model and input pipeline of a worker, trained in one process with a local session:
+    its images/s, and the CPU time (every thread, user + system) one batch costs."""
     code = f'''
-import time, tempfile, tensorflow as tf
+import os, time, tempfile, tensorflow as tf
 from cluster import data, model
 v1 = tf.compat.v1
 v1.disable_eager_execution()
@@ -70,13 +71,14 @@ train = v1.train.GradientDescentOptimizer(0.1).minimize(loss, global_step=step)
 with v1.Session() as s:
     s.run(v1.global_variables_initializer())
     for _ in range(max(5, {steps} // 10)): s.run(train)
-    t0 = time.monotonic()
+    t0, c0 = time.monotonic(), sum(os.times()[:2])
     for _ in range({steps}): s.run(train)
-    print({batch_size} * {steps} / (time.monotonic() - t0))
+    print({batch_size} * {steps} / (time.monotonic() - t0), (sum(os.times()[:2]) - c0) / {steps})
 '''
     out = subprocess.run([sys.executable, '-c', code], cwd=REPO, check=True, capture_output=True, text=True,
                          env=QUIET)
-    return float(out.stdout.split()[-1])
+    rate, cpu = out.stdout.split()[-2:]
+    return {'images_per_sec': float(rate), 'cpu_s_per_batch': float(cpu)}
 
 
 def loopback_bytes_per_sec(total: int = 256 << 20, chunk: int = 4 << 20) -> float:
@@ -107,9 +109,10 @@ def loopback_bytes_per_sec(total: int = 256 << 20, chunk: int = 4 << 20) -> floa
 _STEP = re.compile(r'^\[worker:0\].* step (\d+)/(\d+)')
 
 
-def launch_up(spec: str, overrides: list[str], images_per_step: int) -> dict:
+def launch_up(spec: str, overrides: list[str], images_per_step: int, on_step=None) -> dict:
     """Run `launch up` and read, as lines arrive: the first global step, the steady-state rate,
-    the last step and the clean exit (every task gone: the launcher waits for them)."""
+    the last step and the clean exit (every task gone: the launcher waits for them).
+    on_step(launcher_pid, step, total), if given, is called at each of the chief's progress lines."""
     args = [sys.executable, '-m', 'launch', 'up', spec]
     for o in overrides:
         args += ['--set', o]
@@ -124,6 +127,8 @@ def launch_up(spec: str, overrides: list[str], images_per_step: int) -> dict:
             step, total = int(m.group(1)), int(m.group(2))
             first_step = first_step if first_step is not None else now
             steps.append((now, step))
+            if on_step:
+                on_step(proc.pid, step, total)
             if step >= total:
                 last_step_at = now
     code = proc.wait()
@@ -166,7 +171,7 @@ def bench_cluster(args, tmp: str) -> dict:
     runs = {'tf_import_s': [], 'single_images_per_sec': [], 'sync': [], 'async': []}
     for rep in range(args.reps):
         runs['tf_import_s'].append(tf_import_seconds())
-        runs['single_images_per_sec'].append(single_process_images_per_sec(args.batch, args.single_steps))
+        runs['single_images_per_sec'].append(single_process(args.batch, args.single_steps)['images_per_sec'])
         for mode in ('sync', 'async'):
             sets = cluster_overrides(tmp, f'{mode}{rep}', args.steps, args.batch, extra=(f'train.sync={mode == "sync"}',))
             per_step = args.batch * (2 if mode == 'sync' else 1)

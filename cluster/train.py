@@ -13,6 +13,7 @@ import glob
 import json
 import logging
 import os
+import re
 import signal
 import threading
 import time
@@ -528,21 +529,26 @@ PROFILE_ENV = 'TFCLUSTER_PROFILE'     # 'FIRST:COUNT': trace COUNT local steps f
 
 
 class StepProfiler:
-    """Where a worker's step goes: TensorFlow's step stats (RunMetadata, full trace) of a few steps,
-    summed per device and kind of op, next to the step's wall time as the training loop sees it.
-    Written to <train_dir>/profile-worker-N.json; benchmarks/profile.py prints it."""
+    """Where a worker's step goes, for benchmarks/profile.py. First TensorFlow's step stats
+    (RunMetadata, full trace) of COUNT steps, summed per task and kind of op, with the bytes each
+    transfer carried; then a Python profile of the next COUNT steps: how much of the loop's time is
+    Python rather than TensorFlow's C++ session run. Written to <train_dir>/profile-worker-N.json."""
 
-    KINDS = (('transfer', ('_Recv', '_Send', '_HostRecv', '_HostSend')),
-             ('input', ('IteratorGetNext', 'IteratorV2', 'MakeIterator')),
+    KINDS = (('input', ('IteratorGetNext', 'IteratorV2', 'MakeIterator')),
              ('sync token', ('QueueDequeue', 'QueueEnqueue', 'AccumulatorApplyGradient', 'AccumulatorTakeGradient',
-                             'AccumulatorNumAccumulated', 'AccumulatorSetGlobalStep', 'TakeGradient')),
+                             'AccumulatorNumAccumulated', 'AccumulatorSetGlobalStep', 'TakeGradient',
+                             'ResourceAccumulator')),
              ('update', ('ApplyGradientDescent', 'ResourceApplyGradientDescent', 'Assign', 'AssignSub', 'AssignAdd',
                          'AssignVariableOp', 'AssignSubVariableOp', 'AssignAddVariableOp', 'ScatterSub')))
+    UNITS = {'B': 1, 'KB': 1e3, 'KiB': 1 << 10, 'MB': 1e6, 'MiB': 1 << 20, 'GB': 1e9, 'GiB': 1 << 30}
 
     def __init__(self, path: str, first: int, count: int):
         self.path, self.first, self.count = path, first, count
         self.walls: list[float] = []
         self.by: dict[str, float] = {}
+        self.bytes: dict[str, float] = {}
+        self.python = None              # the cProfile of the second COUNT steps, while it runs
+        self.python_steps, self.python_t0, self.python_report = 0, 0.0, None
 
     @classmethod
     def of_env(cls, train_dir: str, task: TaskSpec) -> 'StepProfiler | None':
@@ -553,9 +559,23 @@ class StepProfiler:
         return cls(os.path.join(train_dir, f'profile-worker-{task.index}.json'), int(first), int(count or 10))
 
     def wants(self, local_step: int) -> bool:
-        return self.first <= local_step < self.first + self.count
+        return self.first <= local_step < self.first + 2 * self.count
 
     def run(self, sess, fetches):
+        if len(self.walls) < self.count:
+            return self._traced(sess, fetches)
+        if self.python is None:
+            import cProfile
+            self.python, self.python_t0 = cProfile.Profile(), time.monotonic()
+            self.python.enable()
+        out = sess.run(fetches)
+        self.python_steps += 1
+        if self.python_steps == self.count:
+            self.python.disable()
+            self._python_figures(time.monotonic() - self.python_t0)
+        return out
+
+    def _traced(self, sess, fetches):
         meta = v1.RunMetadata()
         t0 = time.monotonic()
         out = sess.run(fetches, options=v1.RunOptions(trace_level=v1.RunOptions.FULL_TRACE), run_metadata=meta)
@@ -563,19 +583,38 @@ class StepProfiler:
         for dev in meta.step_stats.dev_stats:
             job = 'ps' if '/job:ps' in dev.device else 'worker'
             for node in dev.node_stats:
-                op = node.timeline_label.split('(')[0].split(' = ')[-1].strip() or node.node_name
-                name = node.node_name
-                kind = next((k for k, ops in self.KINDS if any(op.startswith(o) for o in ops)), None)
-                if 'ExponentialMovingAverage' in name:
-                    kind = 'moving averages'
-                key = f'{job} {kind or "compute"}'
+                label = node.timeline_label
+                if node.node_name == 'RecvTensor':     # '[3.4MB] [9.3Gb/s] edge_28_... from A to B'
+                    kind = 'transfer in'
+                    m = re.match(r'\[([\d.]+)([KMG]?i?B)\]', label)
+                    size, unit = m.groups() if m else ('0', 'B')
+                    self.bytes[job] = self.bytes.get(job, 0.0) + float(size) * self.UNITS.get(unit, 1)
+                else:                                   # '[mklcpu 2.2MB 2.2MB] name = Op(inputs)'
+                    op = label.split('(')[0].split(' = ')[-1].strip()
+                    kind = next((k for k, ops in self.KINDS if any(o in op for o in ops)), 'compute')
+                    if 'ExponentialMovingAverage' in node.node_name:
+                        kind = 'moving averages'
+                key = f'{job} {kind}'
                 self.by[key] = self.by.get(key, 0.0) + node.all_end_rel_micros / 1e6
         return out
 
+    def _python_figures(self, elapsed: float) -> None:
+        import pstats
+        in_tf = sum(row[2] for (_, _, name), row in pstats.Stats(self.python).stats.items()
+                    if 'TF_SessionRun_wrapper' in name)
+        n = self.python_steps
+        self.python_report = {'steps': n, 'loop_s_per_step': elapsed / n, 'in_tf_run_s_per_step': in_tf / n,
+                              'python_s_per_step': (elapsed - in_tf) / n}
+
     def write(self) -> None:
+        if self.python is not None and self.python_report is None:      # the run ended first
+            self.python.disable()
+            self._python_figures(time.monotonic() - self.python_t0)
         n = max(1, len(self.walls))
         report = {'steps': len(self.walls), 'wall_s_per_step': sum(self.walls) / n,
-                  'op_s_per_step': {k: v / n for k, v in sorted(self.by.items(), key=lambda kv: -kv[1])}}
+                  'op_s_per_step': {k: v / n for k, v in sorted(self.by.items(), key=lambda kv: -kv[1])},
+                  'bytes_in_per_step': {k: v / n for k, v in self.bytes.items()},
+                  'python': self.python_report}
         with open(self.path, 'w') as f:
             json.dump(report, f, indent=1)
 
