@@ -25,8 +25,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench import QUIET, REPO, cluster_overrides, fmt_run, launch_up, single_process  # noqa: E402
-
-HZ = os.sysconf('SC_CLK_TCK')
+from launch.local import process_cmdline, process_cpu_seconds  # noqa: E402
 
 
 def children(pid: int) -> list[int]:
@@ -40,23 +39,8 @@ def children(pid: int) -> list[int]:
     return out
 
 
-def cpu_seconds(pid: int) -> float | None:
-    """User + system time of every thread of `pid` so far (None once it is gone)."""
-    try:
-        with open(f'/proc/{pid}/stat') as f:
-            stat = f.read()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(')') + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / HZ
-
-
 def task_name(pid: int) -> str:
-    try:
-        with open(f'/proc/{pid}/cmdline', 'rb') as f:
-            argv = f.read().decode(errors='replace').split('\0')
-    except OSError:
-        return '?'
+    argv = process_cmdline(pid).split()
     return f'{argv[argv.index("--job") + 1]}:{argv[argv.index("--index") + 1]}' if '--job' in argv else '?'
 
 
@@ -68,7 +52,7 @@ class CoreSampler:
 
     def __call__(self, launcher: int, step: int, total: int) -> None:
         if len(self.snaps) < 2 and step >= total * (0.2, 0.9)[len(self.snaps)]:
-            tasks = {task_name(p): cpu_seconds(p) for p in children(launcher)}
+            tasks = {task_name(p): process_cpu_seconds(p) for p in children(launcher)}
             self.snaps.append((time.monotonic(), step, {k: v for k, v in tasks.items() if v is not None}))
 
     def per_step(self) -> tuple[float, dict[str, float]] | None:

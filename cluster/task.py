@@ -174,12 +174,13 @@ def main(argv=None) -> int:
     if spec.train.command:        # the user's process is the task: no TensorFlow in this one
         # With no launcher (Slurm, TFJob, by hand), a command's ps ends once its workers have.
         return run_command(spec, task, port_in_use, CHILDREN, stop_with_workers=not os.environ.get(LEASE_ENV))
-    tf = import_tensorflow(keras=bool(spec.train.program) and task.job == 'worker')
+    runs_program = bool(spec.train.program) and task.job == 'worker'
+    tf = import_tensorflow(keras=runs_program)
     from cluster import train
     tf.get_logger().setLevel(logging.ERROR)     # TF1 deprecation notices drown the progress lines
     tf.compat.v1.disable_eager_execution()
     program = None
-    if spec.train.program and task.job == 'worker':
+    if runs_program:
         try:
             program = load_program(spec.train.program)
         except ProgramError as e:

@@ -134,7 +134,7 @@ def build_graph(spec: ClusterSpec, task: TaskSpec, data_dir: str | None) -> _Gra
     # One placement for the whole graph, by bytes: every variable (and so its accumulator, its
     # moving average) goes to the ps task holding the fewest bytes so far. Every worker builds the
     # same variables in the same order, so all of them agree where each one lives.
-    strategy = placement_strategy(spec)
+    strategy = ByteBalance(spec.num_ps)
 
     def setter(device):
         return v1.train.replica_device_setter(cluster=cluster, worker_device=device, ps_strategy=strategy)
@@ -165,7 +165,8 @@ def build_graph(spec: ClusterSpec, task: TaskSpec, data_dir: str | None) -> _Gra
     tower_grads, tower_losses = [], []
     for k, device in enumerate(devices):
         with v1.device(setter(device)), tf.name_scope(f'tower_{k}'):
-            logits, decay = model.inference(image_parts[k], seed=train.seed, partitions=partitions(spec))
+            # The largest weights come in one block per ps task, for the placement to spread.
+            logits, decay = model.inference(image_parts[k], seed=train.seed, partitions=spec.num_ps)
             tower_loss = model.loss(logits, label_parts[k], decay)
             tower_losses.append(tower_loss)
             tower_grads.append(opt.compute_gradients(tower_loss))
@@ -211,11 +212,6 @@ def build_graph(spec: ClusterSpec, task: TaskSpec, data_dir: str | None) -> _Gra
                   resync, sync_op, summary, saver, done_ops, examples_per_run)
 
 
-def partitions(spec: ClusterSpec) -> int:
-    """How many blocks the model's largest weights are split into: one per ps task."""
-    return spec.num_ps
-
-
 class ByteBalance:
     """A replica_device_setter ps strategy: each variable to the ps task holding the fewest bytes
     so far (greedy), instead of round-robin, which puts the model's few large weights wherever
@@ -237,8 +233,7 @@ def _ps_index(op) -> int | None:
     """The ps task of the op `op` is colocated with (a moving average with its variable), if any."""
     mine = b'loc:@' + op.name.encode()
     other = [g[5:].decode() for g in op.colocation_groups() if g != mine]
-    device = op.graph.get_operation_by_name(other[0]).device if other else ''
-    return int(device.split('/task:')[1].split('/')[0]) if '/task:' in device else None
+    return tf.DeviceSpec.from_string(op.graph.get_operation_by_name(other[0]).device).task if other else None
 
 
 def _variable_bytes(op) -> int:
@@ -247,10 +242,6 @@ def _variable_bytes(op) -> int:
     except ValueError:      # a hash table or another stateful op without a static shape
         return 0
     return (shape.num_elements() or 0) * dtype.size
-
-
-def placement_strategy(spec: ClusterSpec) -> ByteBalance:
-    return ByteBalance(spec.num_ps)
 
 
 def ps_bytes(spec: ClusterSpec) -> list[int]:
@@ -262,7 +253,7 @@ def ps_bytes(spec: ClusterSpec) -> list[int]:
         for var in graph.get_collection(v1.GraphKeys.GLOBAL_VARIABLES):
             index = _ps_index(var.op)       # a moving average lives where its variable does
             if index is None:
-                index = int(var.device.split('/task:')[1].split('/')[0])
+                index = tf.DeviceSpec.from_string(var.device).task
             out[index] += var.dtype.size * var.shape.num_elements()
     return out
 
@@ -571,8 +562,7 @@ class StepProfiler:
         out = sess.run(fetches)
         self.python_steps += 1
         if self.python_steps == self.count:
-            self.python.disable()
-            self._python_figures(time.monotonic() - self.python_t0)
+            self._end_python()
         return out
 
     def _traced(self, sess, fetches):
@@ -598,7 +588,12 @@ class StepProfiler:
                 self.by[key] = self.by.get(key, 0.0) + node.all_end_rel_micros / 1e6
         return out
 
-    def _python_figures(self, elapsed: float) -> None:
+    def _end_python(self) -> None:
+        """Stop the Python profile, if it runs, and sum it up."""
+        if self.python is None or self.python_report is not None:
+            return
+        self.python.disable()
+        elapsed = time.monotonic() - self.python_t0
         import pstats
         in_tf = sum(row[2] for (_, _, name), row in pstats.Stats(self.python).stats.items()
                     if 'TF_SessionRun_wrapper' in name)
@@ -607,9 +602,7 @@ class StepProfiler:
                               'python_s_per_step': (elapsed - in_tf) / n}
 
     def write(self) -> None:
-        if self.python is not None and self.python_report is None:      # the run ended first
-            self.python.disable()
-            self._python_figures(time.monotonic() - self.python_t0)
+        self._end_python()      # the run may end before its COUNT steps
         n = max(1, len(self.walls))
         report = {'steps': len(self.walls), 'wall_s_per_step': sum(self.walls) / n,
                   'op_s_per_step': {k: v / n for k, v in sorted(self.by.items(), key=lambda kv: -kv[1])},

@@ -60,7 +60,14 @@ def process_state(pid: int) -> str | None:
     return fields[0] if fields else None
 
 
-def _cmdline(pid: int) -> str:
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system time of every thread of `pid` so far, or None if it is gone."""
+    fields = _stat_fields(pid)
+    return None if fields is None else (int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK')
+
+
+def process_cmdline(pid: int) -> str:
+    """The command line of `pid`, its arguments joined by spaces ('' if it is gone)."""
     try:
         with open(f'/proc/{pid}/cmdline', 'rb') as f:
             return f.read().replace(b'\0', b' ').decode(errors='replace')
@@ -200,7 +207,7 @@ class LocalBackend(Backend):
         ident = process_ident(record.pid)
         if ident is None or (record.ident and ident != record.ident):
             return False
-        return 'cluster.task' in _cmdline(record.pid)
+        return 'cluster.task' in process_cmdline(record.pid)
 
     def stop(self, records, grace: float = STOP_GRACE_SECS) -> None:
         live = [r for r in records if self.alive(r)]
