@@ -91,7 +91,7 @@ class TrainDirLock:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                text = os.pread(fd, 4096, 0).decode('utf-8', 'replace').strip() or 'another launcher'
+                text = self._holder(fd)
                 os.close(fd)
                 raise LockBusy(text) from None
             try:    # the file we locked must still be the one at the path (a cleanup may unlink it)
@@ -104,6 +104,18 @@ class TrainDirLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f'{holder}\n'.encode(), 0)
         self._fd = fd
+
+    @staticmethod
+    def _holder(fd: int, wait: float = 2.0) -> str:
+        """Who holds the lock, as the holder wrote it. The holder writes its name just after it
+        takes the lock, so a launcher refused in between finds the file still empty: it waits
+        for the name (briefly) rather than report 'another launcher'."""
+        deadline = time.monotonic() + wait
+        while True:
+            text = os.pread(fd, 4096, 0).decode('utf-8', 'replace').strip()
+            if text or time.monotonic() > deadline:
+                return text or 'another launcher'
+            time.sleep(0.01)
 
     def release(self, remove: bool = False) -> None:
         if self._fd is None:

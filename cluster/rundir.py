@@ -1,0 +1,143 @@
+"""The run directory's layout and the protocol between a task and its launcher.
+
+The one module both sides import: a task writes these files and lines, the launcher (any backend,
+or a scheduler's logs read afterwards) reads them. Nothing here imports TensorFlow or the launcher,
+so a change to a name or a line's format is made in one place and both sides follow.
+
+A run directory (`train.train_dir`) holds:
+
+    spec.yaml              the effective spec the tasks read (overrides applied, no SSH settings)
+    logs/<job>-<index>.log each task's output
+    worker-<index>.json    a worker's closing figures (global step, loss, images/s)
+    checkpoint, model.ckpt-<step>.*   TensorFlow's checkpoints (the chief writes them)
+    launch-state.json      which tasks a running launcher started (`launch status|logs|down`)
+    launch.lock            one launcher per run directory (an flock, with its holder's name)
+    launcher.lease         touched by the launcher; a task whose lease goes stale stops itself
+    compose.yaml           the compose backend's project file
+    job.sbatch             the Slurm backend's batch script; logs/slurm-<job id>.out its output
+"""
+from __future__ import annotations
+
+import os
+import re
+
+SPEC_FILE = 'spec.yaml'
+LOGS_DIR = 'logs'
+STATE_FILE = 'launch-state.json'
+LOCK_FILE = 'launch.lock'
+LEASE_FILE = 'launcher.lease'
+CHECKPOINT_INDEX = 'checkpoint'          # TensorFlow's file naming the newest checkpoints
+CHECKPOINT_PREFIX = 'model.ckpt'
+COMPOSE_FILE = 'compose.yaml'
+BATCH_SCRIPT = 'job.sbatch'
+
+# Set by the launcher in each task's environment: a file it touches every second or so. A task
+# whose lease is older than LEASE_SECS_ENV seconds has lost its launcher (killed, or cut off from
+# its host) and stops itself. Tasks started by hand, by Slurm or by a TFJob have none.
+LEASE_ENV, LEASE_SECS_ENV = 'TFCLUSTER_LEASE', 'TFCLUSTER_LEASE_SECS'
+
+# Exit codes, of a task and of the launcher alike.
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_NO_RESTART = 3     # a task failed in a way a restart cannot mend (no checkpoint restores)
+
+# How a task's log lines look (logging's format): the launcher reads a task's own error lines back.
+LOG_FORMAT, LOG_DATEFMT = '%(asctime)s %(levelname).1s %(message)s', '%H:%M:%S'
+_LOGGED_ERROR = re.compile(r'^\d\d:\d\d:\d\d E (.+)$')
+_PY_ERROR = re.compile(r'^([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)|KeyboardInterrupt)(:\s.*)?$')
+_STEP = re.compile(r'\bstep (\d+)/(\d+)\b')
+_CHECKPOINT = re.compile(r'^model_checkpoint_path:\s*"(?:.*?)-(\d+)"\s*$', re.M)
+
+
+# -- paths ----------------------------------------------------------------------------------
+def spec_path(train_dir: str) -> str:
+    return os.path.join(train_dir, SPEC_FILE)
+
+
+def logs_dir(train_dir: str) -> str:
+    return os.path.join(train_dir, LOGS_DIR)
+
+
+def log_path(train_dir: str, job: str, index: int) -> str:
+    return os.path.join(train_dir, LOGS_DIR, f'{job}-{index}.log')
+
+
+def slurm_log_path(train_dir: str, job_id: str) -> str:
+    return os.path.join(train_dir, LOGS_DIR, f'slurm-{job_id}.out')
+
+
+def result_path(train_dir: str, worker_index: int) -> str:
+    """A worker's closing figures (written by the worker, read by the launcher's summary)."""
+    return os.path.join(train_dir, f'worker-{worker_index}.json')
+
+
+def profile_path(train_dir: str, worker_index: int) -> str:
+    return os.path.join(train_dir, f'profile-worker-{worker_index}.json')
+
+
+def state_path(train_dir: str) -> str:
+    return os.path.join(train_dir, STATE_FILE)
+
+
+def lock_path(train_dir: str) -> str:
+    return os.path.join(train_dir, LOCK_FILE)
+
+
+def lease_path(train_dir: str) -> str:
+    return os.path.join(train_dir, LEASE_FILE)
+
+
+def checkpoint_index_path(train_dir: str) -> str:
+    return os.path.join(train_dir, CHECKPOINT_INDEX)
+
+
+def checkpoint_prefix(train_dir: str) -> str:
+    return os.path.join(train_dir, CHECKPOINT_PREFIX)
+
+
+def compose_path(train_dir: str) -> str:
+    return os.path.join(train_dir, COMPOSE_FILE)
+
+
+def batch_script_path(train_dir: str) -> str:
+    return os.path.join(train_dir, BATCH_SCRIPT)
+
+
+# -- lines a task writes and the launcher reads ---------------------------------------------
+def serving_line(name: str, address: str, pid: int) -> str:
+    """What a task logs once its gRPC server is bound: the launcher's proof that the port it
+    probes is this task's, not a stranger's."""
+    return f'{name} serving on {address} (pid {pid})'
+
+
+def says_serving(line: str, name: str) -> bool:
+    return f' {name} serving on ' in line
+
+
+def progress_line(step: int, total: int, loss: float, rate: str = '') -> str:
+    """The chief's progress line `step G/TOTAL  loss L<rate>`; the supervisor reads G from it."""
+    return f'step {step}/{total}  loss {loss:.3f}{rate}'
+
+
+def step_of(line: str) -> tuple[int, int] | None:
+    """(global step, total) from a progress line."""
+    m = _STEP.search(line)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def last_error_line(lines: list[str]) -> str | None:
+    """The last Python error of a task's output: an exception line of a traceback, or an error the
+    task logged itself. TensorFlow's C++ chatter (absl `E1122 ...` lines) is not an explanation."""
+    for line in reversed(lines):
+        text = line.strip()
+        m = _LOGGED_ERROR.match(text)
+        if m:
+            return m.group(1)
+        if _PY_ERROR.match(text):
+            return text
+    return None
+
+
+def checkpoint_step(checkpoint_index_text: str | None) -> int | None:
+    """The global step of the newest checkpoint named in TensorFlow's `checkpoint` file."""
+    m = _CHECKPOINT.search(checkpoint_index_text or '')
+    return int(m.group(1)) if m else None
