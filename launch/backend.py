@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable, Iterator
 
 from cluster.spec import address as host_port
-from cluster.task import LEASE_ENV
+from cluster.rundir import LEASE_ENV
 from launch.plan import TaskPlan
 
 STOP_GRACE_SECS = 5.0     # SIGTERM, then SIGKILL after this long (one deadline shared by all tasks)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from cluster.spec import LOOPBACK_NAMES, ClusterSpec, HostConfig, SpecError, TaskSpec, address
-from cluster.task import LEASE_ENV, LEASE_SECS_ENV
+from cluster.rundir import LEASE_ENV, LEASE_SECS_ENV
 
 DEFAULT_REMOTE_PYTHON = 'python3'
 DEFAULT_REMOTE_WORKDIR = 'tfcluster'     # relative to the remote user's home

@@ -40,7 +40,7 @@ import paramiko
 from paramiko.ssh_exception import NoValidConnectionsError
 
 from cluster.spec import ClusterSpec, HostConfig
-from cluster.task import LEASE_ENV
+from cluster.rundir import LEASE_ENV
 from launch.backend import (GPU_COUNT_SH, HOST_PROBE, STOP_GRACE_SECS, Backend, BackendError, HostCheck, TaskRecord,
                             gpu_shortage, gpus_needed, parse_gpu_count)
 from launch.plan import LEASE_SECS, TaskPlan, is_local

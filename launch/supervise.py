@@ -27,7 +27,7 @@ import signal
 from dataclasses import dataclass
 
 from cluster.spec import ClusterSpec
-from cluster.task import EXIT_NO_RESTART
+from cluster.rundir import EXIT_NO_RESTART
 
 
 class TaskState(enum.Enum):
