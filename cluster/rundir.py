@@ -102,6 +102,13 @@ def batch_script_path(train_dir: str) -> str:
     return os.path.join(train_dir, BATCH_SCRIPT)
 
 
+def write_atomically(path: str, text: str) -> None:
+    """Write a file of the run so that a reader sees the old text or the new, never half of it."""
+    with open(path + '.tmp', 'w') as f:
+        f.write(text)
+    os.replace(path + '.tmp', path)
+
+
 # -- lines a task writes and the launcher reads ---------------------------------------------
 def serving_line(name: str, address: str, pid: int) -> str:
     """What a task logs once its gRPC server is bound: the launcher's proof that the port it

@@ -33,6 +33,11 @@ class SpecError(ValueError):
     """A user error in a spec or an override; the message is one line."""
 
 
+def is_chief(job: str, index: int) -> bool:
+    """Worker 0 is the chief (it initialises, restores and saves), wherever a task is named."""
+    return job == 'worker' and index == 0
+
+
 @dataclass(frozen=True)
 class TaskSpec:
     job: str
@@ -50,7 +55,7 @@ class TaskSpec:
 
     @property
     def is_chief(self) -> bool:
-        return self.job == 'worker' and self.index == 0
+        return is_chief(self.job, self.index)
 
 
 @dataclass(frozen=True)

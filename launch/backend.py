@@ -11,11 +11,14 @@ import os
 import socket
 import threading
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass, fields, is_dataclass
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
-from cluster.spec import address as host_port
+import grpc
+
+from cluster.spec import address as host_port, is_chief
 from cluster.rundir import LEASE_ENV
+from launch.errors import UsageError
 from launch.plan import TaskPlan
 
 STOP_GRACE_SECS = 5.0     # SIGTERM, then SIGKILL after this long (one deadline shared by all tasks)
@@ -121,26 +124,59 @@ class TaskRecord:
     log: str
     ident: str = ''          # the process start time, so a reused pid is never mistaken for ours
     cwd: str = '.'
-    extra: dict = field(default_factory=dict)
+    handle: Any = None       # the backend's own typed record of the task (see handle_of)
     log_offset: int = 0      # where this start's output begins in the log (a restart appends)
     address: str = ''        # where other tasks reach it, when not at `host` (an ssh config alias's HostName)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != 'handle'}
+        d['extra'] = asdict(self.handle) if is_dataclass(self.handle) else dict(self.handle or {})
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> 'TaskRecord':
-        known = set(cls.__dataclass_fields__)      # a state file may come from another version
-        return cls(**{k: v for k, v in d.items() if k in known})
+        known = {f.name for f in fields(cls)} - {'handle'}     # a state file may come from another version
+        return cls(handle=dict(d.get('extra') or {}), **{k: v for k, v in d.items() if k in known})
 
     @property
     def is_chief(self) -> bool:
-        return self.job == 'worker' and self.index == 0
+        return is_chief(self.job, self.index)
 
     @property
     def endpoint(self) -> str:
         """'address:port' the task's gRPC server is reached at."""
         return host_port(self.address or self.host, self.port)
+
+
+H = TypeVar('H')
+
+
+def handle_of(record: TaskRecord, cls: type[H]) -> H:
+    """The record's handle as the backend's own type: a record read back from the state file
+    holds it as a dict until its backend first looks at it."""
+    if not isinstance(record.handle, cls):
+        known = {f.name for f in fields(cls)}
+        record.handle = cls(**{k: v for k, v in (record.handle or {}).items() if k in known})
+    return record.handle
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What a backend can tell of one task now: running, ended (with its exit code, negative for
+    a signal), or unknown (its host cannot be asked; `error` says why). A running task that makes
+    no progress says how in `stopped` (e.g. 'is stopped (SIGSTOP, or a debugger)')."""
+    state: str                      # 'running' | 'ended' | 'unknown'
+    exit_code: int | None = None
+    stopped: str | None = None
+    error: str = ''
+
+    @property
+    def alive(self) -> bool:
+        """Running, or unknown: what keeps a state file (so `launch down` can try again later)."""
+        return self.state != ENDED
+
+
+RUNNING, ENDED, UNKNOWN = 'running', 'ended', 'unknown'
 
 
 class BackendError(Exception):
@@ -160,7 +196,8 @@ class HostCheck:
 
 class Backend(abc.ABC):
     """Starts, watches and stops tasks of one kind. Methods take many tasks at once where a
-    backend can do better than one at a time (one deadline for all, one SSH connection per host)."""
+    backend can do better than one at a time (one deadline for all, one SSH connection per host);
+    one that talks to many hosts reports every host's outcome, never only the first failure."""
 
     name = ''
 
@@ -174,6 +211,13 @@ class Backend(abc.ABC):
         tasks' Python imports TensorFlow and this package for real (seconds per host); without,
         it only finds them."""
 
+    def preflight(self, spec, plans: list[TaskPlan]) -> None:
+        """What stops `launch up` before anything starts (`check` without imports, every host's
+        verdict in one line): raises UsageError."""
+        failed = [c for c in self.check(plans) if not c.ok] if plans else []
+        if failed:
+            raise UsageError(f'{spec.path}: pre-flight failed: ' + '; '.join(c.line() for c in failed))
+
     @abc.abstractmethod
     def start(self, plan: TaskPlan) -> TaskRecord:
         """Start the task detached (its own session), its output going to plan.log_path (appended
@@ -183,50 +227,37 @@ class Backend(abc.ABC):
         """Touch the lease file of these tasks (LEASE_ENV in their environment): a task
         whose lease goes stale stops itself, so none outlives a launcher that is gone."""
 
-    def describe(self, record: TaskRecord) -> str | None:
-        """What the backend can tell of a running task that makes no progress (e.g. 'stopped by
-        SIGSTOP'), or None."""
-        return None
+    @abc.abstractmethod
+    def status(self, record: TaskRecord) -> Observation:
+        """One observation of the task; never raises for a host it cannot ask (UNKNOWN)."""
 
-    def probe(self, record: TaskRecord, timeout: float) -> bool:
-        """Whether the task's gRPC server answers within `timeout` (the stall watchdog's question:
-        a stopped process still accepts TCP connections, but never answers)."""
-        from launch.run import grpc_answers        # run.py imports this module
-        return grpc_answers(record.address or record.host, record.port, timeout)
-
-    def ready(self, record: TaskRecord, channel_ready) -> bool:
-        """Whether the task's server is up, given the launcher's own gRPC channel-ready future for
-        the task's address. A backend whose tasks that channel cannot reach (a private network
-        namespace) answers with its own probe instead."""
-        return channel_ready.done()
-
-    def listening(self, record: TaskRecord, timeout: float = 0.5) -> bool:
-        """Whether something accepts TCP connections on the task's port (`launch status`)."""
-        return tcp_listening(record.address or record.host, record.port, timeout)
+    def probe(self, record: TaskRecord, timeout: float, handshake: bool = True, channel_ready=None) -> bool:
+        """Whether the task's server can be reached: with `handshake`, its gRPC server answers
+        within `timeout` (a stopped process still accepts TCP connections in the kernel, but
+        never answers); without, something accepts TCP connections on its port. `channel_ready`,
+        the launcher's own gRPC channel-ready future for the task's address, answers at once
+        where the launcher can reach the task; a backend whose tasks it cannot reach (a private
+        network namespace) probes in its own way."""
+        if channel_ready is not None:
+            return channel_ready.done()
+        host = record.address or record.host
+        return grpc_answers(host, record.port, timeout) if handshake else tcp_listening(host, record.port, timeout)
 
     def release(self, plans: list[TaskPlan]) -> None:
         """Remove what the backend put in place for these tasks besides their processes (a network
         namespace), once they are stopped: `launch down` after a launcher that was killed."""
 
     @abc.abstractmethod
-    def poll(self, record: TaskRecord) -> int | None:
-        """The task's exit code once it has ended (negative: killed by that signal), else None."""
-
-    @abc.abstractmethod
-    def alive(self, record: TaskRecord) -> bool:
-        """Whether the process the record names is still running (and is still ours)."""
-
-    def liveness(self, record: TaskRecord) -> tuple[bool | None, str]:
-        """(alive, note) for `launch status`: None when the backend cannot tell (a host it cannot
-        reach), with the note saying why; `alive` itself answers True then, to keep the state file."""
-        return self.alive(record), ''
-
-    @abc.abstractmethod
     def stop(self, records: list[TaskRecord], grace: float = STOP_GRACE_SECS) -> None:
         """SIGTERM every task's process group, wait up to `grace` seconds in all, then SIGKILL."""
 
     @abc.abstractmethod
-    def read_log(self, record_or_plan, follow: bool = False,
+    def log_record(self, plan: TaskPlan) -> TaskRecord:
+        """A record that says where the plan's task logs, for reading the log of a task this
+        launcher did not start (`launch logs` after the run)."""
+
+    @abc.abstractmethod
+    def read_log(self, record: TaskRecord, follow: bool = False,
                  stop: threading.Event | None = None, offset: int = 0) -> Iterator[str]:
         """The lines of a task's log from byte `offset`; with follow, keep yielding new lines
         until `stop` is set and the file has no more."""
@@ -238,6 +269,31 @@ class Backend(abc.ABC):
 
     def close(self) -> None:
         """Release connections."""
+
+
+def planned_record(plan: TaskPlan, log: str, cwd: str, backend: str) -> TaskRecord:
+    """A record of a task not started (pid 0): where it would log."""
+    t = plan.task
+    return TaskRecord(name=t.name, job=t.job, index=t.index, host=t.host, port=t.port, backend=backend,
+                      pid=0, log=log, cwd=cwd, address=plan.address if plan.address != t.host else '')
+
+
+def grpc_answers(host: str, port: int, timeout: float) -> bool:
+    """Whether a gRPC server answers the HTTP/2 handshake at host:port within `timeout`."""
+    channel = grpc.insecure_channel(host_port(host, port), options=[('grpc.enable_http_proxy', 0)])
+    try:
+        grpc.channel_ready_future(channel).result(timeout=timeout)
+        return True
+    except grpc.FutureTimeoutError:
+        return False
+    finally:
+        channel.close()
+
+
+def decode_exit(code: int) -> int:
+    """A shell (or docker-init) reports a task killed by signal N as 128+N; the launcher's
+    convention is -N, as subprocess reports it."""
+    return -(code - 128) if 128 < code < 128 + 65 else code
 
 
 def stop_all(records: list[TaskRecord], backends: dict, grace: float = STOP_GRACE_SECS) -> None:

@@ -25,11 +25,14 @@ import signal
 import subprocess
 import threading
 import time
+from dataclasses import dataclass
 
+from cluster import rundir
+from cluster.rundir import write_atomically
 from cluster.spec import ClusterSpec
 from launch import compose_file
-from launch.backend import (STOP_GRACE_SECS, Backend, BackendError, HostCheck, TaskRecord, follow_file, read_text,
-                            touch_leases)
+from launch.backend import (ENDED, RUNNING, STOP_GRACE_SECS, Backend, BackendError, HostCheck, Observation, TaskRecord,
+                            decode_exit, follow_file, handle_of, planned_record, read_text, touch_leases)
 from launch.plan import TaskPlan, compose_spec, effective_spec_path, service_name
 
 log = logging.getLogger(__name__)
@@ -38,7 +41,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD_SCRIPT = os.path.join(REPO, 'docker', 'build-offline.sh')
 PROJECT_LABEL = 'com.docker.compose.project'      # set by Compose v1 and v2 alike
 SERVICE_LABEL = 'com.docker.compose.service'
-SNAPSHOT_TTL = 0.5         # seconds one `docker inspect` of the project answers poll/alive
+SNAPSHOT_TTL = 0.5         # seconds one `docker inspect` of the project answers status()
 COMMAND_TIMEOUT = 120      # seconds for any one docker or compose command (a stop adds its grace)
 INSTALL_DOCKER = 'install it (Debian: apt-get install docker.io) and start dockerd'
 INSTALL_COMPOSE = ('install Compose (Debian: apt-get install docker-compose; or the Compose v2 plugin, '
@@ -58,12 +61,7 @@ def project_name(spec: ClusterSpec) -> str:
 
 
 def compose_path(spec: ClusterSpec) -> str:
-    return os.path.join(spec.train.train_dir, 'compose.yaml')
-
-
-def decode_exit(code: int) -> int:
-    """docker-init reports a task killed by signal N as 128+N, as does `docker kill` (137: SIGKILL)."""
-    return -(code - 128) if 128 < code < 128 + 65 else code
+    return rundir.compose_path(spec.train.train_dir)
 
 
 def _run(argv: list[str], timeout: float = COMMAND_TIMEOUT, env: dict | None = None,
@@ -149,6 +147,15 @@ def build_image() -> str:
                            f'{out.returncode}; its messages are above): fix that, or build it elsewhere and '
                            f'set {compose_file.IMAGE_VARIABLE}')
     return out.stdout.strip().splitlines()[-1]
+
+
+@dataclass
+class ComposeHandle:
+    """A task's container: its project, service, container id and compose file."""
+    project: str = ''
+    service: str = ''
+    container: str = ''
+    compose_file: str = ''
 
 
 class ComposeBackend(Backend):
@@ -250,14 +257,10 @@ class ComposeBackend(Backend):
         if self._image is None:
             self._image = image_name()[0]
         train_dir = os.path.join(self.project_dir, self.spec.train.train_dir)
-        os.makedirs(os.path.join(train_dir, 'logs'), exist_ok=True)
-        spec_file = os.path.join(self.project_dir, effective_spec_path(self.spec))
-        with open(spec_file + '.tmp', 'w') as f:
-            f.write(self.mapped.to_yaml())     # what the containers write too (their hosts are services)
-        os.replace(spec_file + '.tmp', spec_file)
-        with open(self.file + '.tmp', 'w') as f:
-            f.write(compose_file.render(self.mapped, plans, self.spec.path))
-        os.replace(self.file + '.tmp', self.file)
+        os.makedirs(rundir.logs_dir(train_dir), exist_ok=True)
+        # The containers read the spec with their hosts as services.
+        write_atomically(os.path.join(self.project_dir, effective_spec_path(self.spec)), self.mapped.to_yaml())
+        write_atomically(self.file, compose_file.render(self.mapped, plans, self.spec.path))
         self._create()
 
     def _create(self) -> None:
@@ -299,8 +302,7 @@ class ComposeBackend(Backend):
         return TaskRecord(name=t.name, job=t.job, index=t.index, host=address or service, port=t.port,
                           backend=self.name, pid=int((info.get('State') or {}).get('Pid') or 0),
                           log=log_file, ident=container, cwd=self.project_dir, log_offset=offset,
-                          extra={'project': self.project, 'service': service, 'container': container,
-                                 'compose_file': self.file})
+                          handle=ComposeHandle(self.project, service, container, self.file))
 
     # -- watch ----------------------------------------------------------------------------
     @staticmethod
@@ -317,7 +319,7 @@ class ComposeBackend(Backend):
     def _state(self, record: TaskRecord) -> tuple[str, int] | None:
         """(status, exit code) of the record's container from a snapshot of all containers this
         backend knows, refreshed at most every SNAPSHOT_TTL seconds; None once it is removed."""
-        container = record.extra.get('container') or record.ident
+        container = handle_of(record, ComposeHandle).container or record.ident
         with self._lock:
             self._last.setdefault(container, ('running', 0))
             if time.monotonic() - self._snapshot_at > SNAPSHOT_TTL or container not in self._snapshot:
@@ -331,17 +333,15 @@ class ComposeBackend(Backend):
             self._last[container] = seen
             return seen
 
-    def poll(self, record: TaskRecord) -> int | None:
+    def status(self, record: TaskRecord) -> Observation:
         found = self._state(record)
         if found is None:       # removed behind our back (docker rm -f kills with SIGKILL)
-            status, code = self._last.get(record.extra.get('container') or record.ident, ('running', 0))
-            return decode_exit(code) if status == 'exited' else -signal.SIGKILL
+            status, code = self._last.get(handle_of(record, ComposeHandle).container or record.ident, ('running', 0))
+            return Observation(ENDED, decode_exit(code) if status == 'exited' else -signal.SIGKILL)
         status, code = found
-        return decode_exit(code) if status in ('exited', 'dead') else None
-
-    def alive(self, record: TaskRecord) -> bool:
-        found = self._state(record)
-        return found is not None and found[0] in ('running', 'restarting', 'paused')
+        if status in ('exited', 'dead'):
+            return Observation(ENDED, decode_exit(code))
+        return Observation(RUNNING, stopped='is paused (docker pause)' if status == 'paused' else None)
 
     # -- stop -----------------------------------------------------------------------------
     def stop(self, records: list[TaskRecord], grace: float = STOP_GRACE_SECS) -> None:
@@ -350,7 +350,7 @@ class ComposeBackend(Backend):
         checkpoints while the ps holds the variables; ps tasks left waiting for a lost worker),
         only these stop and stay, to be started again; else every container and the network of
         the project are removed."""
-        mine = {r.extra.get('container') or r.ident for r in records}
+        mine = {handle_of(r, ComposeHandle).container or r.ident for r in records}
         out = _run(['docker', 'ps', '-q', '--no-trunc', '--filter', f'label={PROJECT_LABEL}={self.project}'])
         running = set(out.stdout.split()) if out.returncode == 0 else set()
         if running - mine:
@@ -363,10 +363,6 @@ class ComposeBackend(Backend):
 
     def renew(self, plans):
         touch_leases(plans, self.project_dir)      # the bind-mounted train_dir, seen from the host
-
-    def describe(self, record):
-        found = self._state(record)
-        return 'is paused (docker pause)' if found and found[0] == 'paused' else None
 
     def _down(self, grace: float = STOP_GRACE_SECS) -> None:
         problems = []
@@ -401,9 +397,11 @@ class ComposeBackend(Backend):
                 log.warning('%s', e)
 
     # -- files ----------------------------------------------------------------------------
-    def read_log(self, record_or_plan, follow=False, stop=None, offset=0):
-        path = getattr(record_or_plan, 'log', None) or os.path.join(self.project_dir, record_or_plan.log_path)
-        return follow_file(path, stop if follow else None, offset=offset)
+    def log_record(self, plan):
+        return planned_record(plan, os.path.join(self.project_dir, plan.log_path), self.project_dir, self.name)
+
+    def read_log(self, record, follow=False, stop=None, offset=0):
+        return follow_file(record.log, stop if follow else None, offset=offset)
 
     def read_file(self, record, path):
         return read_text(os.path.join(record.cwd, path))

@@ -11,6 +11,7 @@ import ipaddress
 import subprocess
 from typing import Iterable
 
+from launch import registry
 from launch.plan import TaskPlan
 
 SECURITY = 'README: Security'
@@ -59,9 +60,10 @@ def warning(plans: Iterable[TaskPlan], addresses: list[str] | None) -> str | Non
     unknown), or None when no task port is reachable from another machine. Pure."""
     here, remote = [], {}
     for p in plans:
-        if p.backend == 'compose' or p.netns:
+        k = registry.kind(p.backend)
+        if k.isolates_ports or p.netns:
             continue
-        if p.backend == 'local' or is_loopback(p.task.host):    # an SSH "host" at 127.0.0.2 is this machine
+        if k.on_this_machine or is_loopback(p.task.host):    # an SSH "host" at 127.0.0.2 is this machine
             here.append(p)
         else:
             remote.setdefault(p.task.host, []).append(p)
@@ -74,7 +76,7 @@ def warning(plans: Iterable[TaskPlan], addresses: list[str] | None) -> str | Non
         reachable.append(f'port(s) {_ports(tasks)} at {host}')
     if not reachable:
         return None
-    local = any(p.backend == 'local' for p in here)        # only those can be isolated by the launcher
+    local = any(registry.kind(p.backend).on_this_machine for p in here)    # only those can be isolated here
     fix = ('run a local cluster with `isolation: netns` (as root), or ' if local else '') + \
         'keep the hosts on a private network or behind a firewall that admits only the cluster\'s hosts'
     return ("TensorFlow's gRPC servers have no authentication and listen on every interface: "

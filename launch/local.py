@@ -9,11 +9,15 @@ import os
 import signal
 import subprocess
 import time
+from dataclasses import dataclass
 
 from cluster.task import port_in_use
 from launch import netns
-from launch.backend import (GPU_COUNT_SH, HOST_PROBE, STOP_GRACE_SECS, Backend, BackendError, HostCheck, TaskRecord,
-                            follow_file, gpu_shortage, parse_gpu_count, read_text, touch_leases, wait_all)
+from launch.errors import UsageError
+from cluster.rundir import write_atomically
+from launch.backend import (ENDED, GPU_COUNT_SH, HOST_PROBE, RUNNING, STOP_GRACE_SECS, Backend, BackendError, HostCheck,
+                            Observation, TaskRecord, follow_file, gpu_shortage, handle_of, parse_gpu_count,
+                            planned_record, read_text, touch_leases, wait_all)
 from launch.plan import TaskPlan
 
 log = logging.getLogger(__name__)
@@ -75,6 +79,12 @@ def process_cmdline(pid: int) -> str:
         return ''
 
 
+@dataclass
+class LocalHandle:
+    """A local task's own facts: the network namespace it runs in, if any (isolation: netns)."""
+    netns: str | None = None
+
+
 class LocalBackend(Backend):
     name = 'local'
 
@@ -90,15 +100,23 @@ class LocalBackend(Backend):
             os.makedirs(os.path.dirname(os.path.join(plan.cwd, plan.log_path)) or '.', exist_ok=True)
             spec_file = os.path.join(plan.cwd, plan.spec_path)
             os.makedirs(os.path.dirname(spec_file) or '.', exist_ok=True)
-            with open(spec_file + '.tmp', 'w') as f:
-                f.write(spec_yaml)
-            os.replace(spec_file + '.tmp', spec_file)
+            write_atomically(spec_file, spec_yaml)
 
     @staticmethod
     def busy(plans: list[TaskPlan]) -> list[TaskPlan]:
         """The local tasks whose port something on this machine already listens on (a task in a
         private network namespace has the namespace's ports to itself)."""
-        return [p for p in plans if p.backend == 'local' and not p.netns and port_in_use(p.task.port)]
+        return [p for p in plans if not p.netns and port_in_use(p.task.port)]
+
+    def preflight(self, spec, plans):
+        """Named by task, where `launch check` says it per host."""
+        missing = self.missing_gpus(plans)
+        if missing:
+            raise spec.error('train.devices', missing.removeprefix('train.devices '))
+        busy = self.busy(plans)
+        if busy:
+            task = busy[0].task
+            raise UsageError(f'{spec.path}: {task.name}: port {task.port} on {task.host} is already in use')
 
     def check(self, plans, imports: bool = False):
         if not plans:
@@ -153,23 +171,18 @@ class LocalBackend(Backend):
         return TaskRecord(name=t.name, job=t.job, index=t.index, host=t.host, port=t.port, backend=self.name,
                           pid=proc.pid, log=os.path.abspath(log_file), ident=process_ident(proc.pid) or '',
                           cwd=os.path.abspath(plan.cwd), log_offset=offset,
-                          extra={'netns': plan.netns} if plan.netns else {})
+                          handle=LocalHandle(plan.netns))
 
     def renew(self, plans):
         touch_leases(plans)
 
-    # A task in a namespace is out of the launcher's own reach: ask from inside (launch/netns.py).
-    def probe(self, record, timeout):
-        ns = record.extra.get('netns')
-        return netns.answers(ns, record.host, record.port, timeout) if ns else super().probe(record, timeout)
-
-    def ready(self, record, channel_ready):
-        ns = record.extra.get('netns')
-        return netns.answers(ns, record.host, record.port, 0.5) if ns else channel_ready.done()
-
-    def listening(self, record, timeout=0.5):
-        ns = record.extra.get('netns')
-        return netns.listening(ns, record.host, record.port, timeout) if ns else super().listening(record, timeout)
+    def probe(self, record, timeout, handshake=True, channel_ready=None):
+        # A task in a namespace is out of the launcher's own reach: ask from inside (launch/netns.py).
+        ns = handle_of(record, LocalHandle).netns
+        if not ns:
+            return super().probe(record, timeout, handshake, channel_ready)
+        ask = netns.answers if handshake else netns.listening
+        return ask(ns, record.host, record.port, 0.5 if channel_ready is not None else timeout)
 
     def release(self, plans):
         for ns in sorted({p.netns for p in plans if p.netns}):
@@ -186,21 +199,18 @@ class LocalBackend(Backend):
                 log.warning('%s; `launch down` removes it once they are stopped', e)
         self._namespaces.clear()
 
-    def describe(self, record):
-        state = process_state(record.pid)
-        if state in ('T', 't'):
-            return 'is stopped (SIGSTOP, or a debugger)'
-        if state == 'D':
-            return 'is in uninterruptible sleep (disk or network I/O)'
-        return None
-
-    def poll(self, record: TaskRecord) -> int | None:
+    def status(self, record: TaskRecord) -> Observation:
         proc = self._children.get(record.pid)
-        if proc is not None:
-            return proc.poll()
-        return None if self.alive(record) else 0
+        code = proc.poll() if proc is not None else (None if self._ours(record) else 0)
+        if code is not None:
+            return Observation(ENDED, code)
+        state = process_state(record.pid)
+        stopped = {'T': 'is stopped (SIGSTOP, or a debugger)', 't': 'is stopped (SIGSTOP, or a debugger)',
+                   'D': 'is in uninterruptible sleep (disk or network I/O)'}.get(state)
+        return Observation(RUNNING, stopped=stopped)
 
-    def alive(self, record: TaskRecord) -> bool:
+    def _ours(self, record: TaskRecord) -> bool:
+        """Whether the record's pid still runs the task this launcher (or an earlier one) started."""
         proc = self._children.get(record.pid)
         if proc is not None:
             return proc.poll() is None
@@ -210,7 +220,7 @@ class LocalBackend(Backend):
         return 'cluster.task' in process_cmdline(record.pid)
 
     def stop(self, records, grace: float = STOP_GRACE_SECS) -> None:
-        live = [r for r in records if self.alive(r)]
+        live = [r for r in records if self._ours(r)]
         for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
             for r in live:
                 try:
@@ -219,14 +229,17 @@ class LocalBackend(Backend):
                         os.killpg(r.pid, signal.SIGCONT)
                 except ProcessLookupError:
                     pass
-            wait_all(lambda: not any(self.alive(r) for r in live), time.monotonic() + wait)
-            live = [r for r in live if self.alive(r)]
+            wait_all(lambda: not any(self._ours(r) for r in live), time.monotonic() + wait)
+            live = [r for r in live if self._ours(r)]
             if not live:
                 break
 
     def read_file(self, record, path):
         return read_text(os.path.join(record.cwd, path))
 
-    def read_log(self, record_or_plan, follow=False, stop=None, offset=0):
-        path = getattr(record_or_plan, 'log', None) or os.path.join(record_or_plan.cwd, record_or_plan.log_path)
-        return follow_file(path, stop if follow else None, offset=offset)
+    def log_record(self, plan):
+        return planned_record(plan, os.path.abspath(os.path.join(plan.cwd, plan.log_path)),
+                              os.path.abspath(plan.cwd), self.name)
+
+    def read_log(self, record, follow=False, stop=None, offset=0):
+        return follow_file(record.log, stop if follow else None, offset=offset)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from cluster.spec import LOOPBACK_NAMES, ClusterSpec, HostConfig, SpecError, TaskSpec, address
+from cluster import rundir
 from cluster.rundir import LEASE_ENV, LEASE_SECS_ENV
 
 DEFAULT_REMOTE_PYTHON = 'python3'
@@ -53,24 +54,15 @@ def is_local(spec: ClusterSpec, host: str) -> bool:
 
 
 def effective_spec_path(spec: ClusterSpec) -> str:
-    return os.path.join(spec.train.train_dir, 'spec.yaml')
+    return rundir.spec_path(spec.train.train_dir)
 
 
 def log_path(spec: ClusterSpec, task: TaskSpec) -> str:
-    return os.path.join(spec.train.train_dir, 'logs', f'{task.job}-{task.index}.log')
+    return rundir.log_path(spec.train.train_dir, task.job, task.index)
 
 
 def state_path(spec: ClusterSpec) -> str:
-    return os.path.join(spec.train.train_dir, 'launch-state.json')
-
-
-def lease_path(spec: ClusterSpec) -> str:
-    return os.path.join(spec.train.train_dir, 'launcher.lease')
-
-
-def checkpoint_state_path(spec: ClusterSpec) -> str:
-    """TensorFlow's `checkpoint` file: which checkpoint a restart resumes from."""
-    return os.path.join(spec.train.train_dir, 'checkpoint')
+    return rundir.state_path(spec.train.train_dir)
 
 
 def netns_name(spec: ClusterSpec, cwd: str = '.') -> str:
@@ -82,7 +74,7 @@ def netns_name(spec: ClusterSpec, cwd: str = '.') -> str:
 
 def task_env(spec: ClusterSpec, task: TaskSpec, backend: str = 'local') -> dict[str, str]:
     env = {'TF_CONFIG': spec.tf_config(task), 'PYTHONUNBUFFERED': '1', 'TF_CPP_MIN_LOG_LEVEL': '2',
-           LEASE_ENV: lease_path(spec), LEASE_SECS_ENV: str(LEASE_SECS.get(backend, 20))}
+           LEASE_ENV: rundir.lease_path(spec.train.train_dir), LEASE_SECS_ENV: str(LEASE_SECS.get(backend, 20))}
     devices = spec.train.devices
     if task.job == 'ps' or devices != 'auto':
         # ps tasks keep variables in host memory; workers see only the GPUs their towers name
@@ -151,14 +143,17 @@ def plan_compose_task(spec: ClusterSpec, task: TaskSpec) -> TaskPlan:
     return dataclasses.replace(plan, task=task, backend='compose')
 
 
+def plan_compose(spec: ClusterSpec) -> tuple[TaskPlan, ...]:
+    """Every task of the spec as a container of one compose project (see compose_spec)."""
+    mapped = compose_spec(spec)
+    return tuple(plan_compose_task(mapped, t) for t in mapped.tasks)
+
+
 def plan_cluster(spec: ClusterSpec, python: str | None = None, cwd: str = '.',
-                 backend: str | None = None, addresses: Mapping[str, str] | None = None) -> tuple[TaskPlan, ...]:
-    """Every task of the spec, ps tasks first (they hold the variables everyone waits for).
-    backend 'compose' plans containers (see compose_spec); else local or SSH is chosen per host.
-    `addresses` maps a spec host to the address tasks reach it at (see task_spec); the caller
-    resolves them (the ssh config), so planning reads no files."""
-    if backend == 'compose':
-        mapped = compose_spec(spec)
-        return tuple(plan_compose_task(mapped, t) for t in mapped.tasks)
+                 addresses: Mapping[str, str] | None = None) -> tuple[TaskPlan, ...]:
+    """Every task of the spec, ps tasks first (they hold the variables everyone waits for), each
+    a local process or an SSH task as its host says (is_local). `addresses` maps a spec host to the
+    address tasks reach it at (see task_spec); the caller resolves them (the ssh config), so
+    planning reads no files."""
     net = task_spec(spec, addresses)
     return tuple(plan_task(spec, t, python, cwd, net) for t in spec.tasks)

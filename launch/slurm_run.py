@@ -9,7 +9,6 @@ multi-node cluster). Whichever way it ends, it returns only once the job has lef
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -19,12 +18,12 @@ import subprocess
 import threading
 import time
 
+from cluster import rundir
+from cluster.rundir import EXIT_FAILED, EXIT_OK, EXIT_USAGE, write_atomically
 from cluster.slurm_env import job_of
 from cluster.spec import ClusterSpec
-from launch import supervise
 from launch.backend import follow_file
-from launch.plan import checkpoint_state_path
-from launch.run import CHECKPOINT_GRACE_SECS, EXIT_FAILED, EXIT_OK, EXIT_USAGE, Console
+from launch.lifecycle import CHECKPOINT_GRACE_SECS, Failure, Lifecycle, Outcome, Strategy, resume_hint
 
 log = logging.getLogger(__name__)
 
@@ -155,79 +154,79 @@ def first_failure(lines, spec: ClusterSpec) -> str | None:
     return None
 
 
-class SlurmRun:
-    def __init__(self, spec: ClusterSpec, script_path: str, console: Console):
-        self.spec, self.script_path, self.console = spec, script_path, console
-        self.logs = os.path.join(spec.train.train_dir, 'logs')
+class SlurmRun(Strategy):
+    """The delegated strategy: Slurm owns the tasks; the launcher submits, watches and cancels."""
+
+    def __init__(self, spec: ClusterSpec, script: str, effective_spec: str):
+        self.spec, self.script, self.effective_spec = spec, script, effective_spec
+        self.train_dir = spec.train.train_dir
+        self.script_path = rundir.batch_script_path(self.train_dir)
+        self.logs = rundir.logs_dir(self.train_dir)
         self.job: str | None = None
         self.state = 'PENDING'      # the job's state when last seen
-        self.signum = 0
-        self.interrupted = threading.Event()
+        self.life: Lifecycle | None = None
         self._hurry = threading.Event()
-        self._followers: list[tuple[threading.Thread, threading.Event]] = []
 
-    def _on_signal(self, signum, frame):
-        if not self.interrupted.is_set():
-            self.signum = signum
-            self.interrupted.set()
-        elif signum != signal.SIGHUP:
-            self._hurry.set()       # a second Ctrl-C: cancel now, no checkpoint
+    def prepare(self) -> None:
+        """The batch script and the effective spec in the train_dir, seen from here: the tasks
+        write their logs there (a shared filesystem on a multi-node cluster)."""
+        try:
+            os.makedirs(self.logs, exist_ok=True)
+            write_atomically(rundir.spec_path(self.train_dir), self.effective_spec)
+            write_atomically(self.script_path, self.script)
+        except OSError as e:
+            raise self.spec.error('train.train_dir', f'cannot write {e.filename}: {e.strerror}') from None
 
-    def up(self) -> int:
-        signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-        previous = {s: signal.signal(s, self._on_signal) for s in signals}
+    def stale_files(self) -> list[str]:
+        """This run's lines and figures only: the tasks' logs are written anew by the job."""
+        return super().stale_files() + [rundir.log_path(self.train_dir, t.job, t.index) for t in self.spec.tasks]
+
+    def read_file(self, path: str) -> str | None:
+        try:
+            with open(path, encoding='utf-8', errors='replace') as f:
+                return f.read()
+        except OSError:
+            return None
+
+    def hurry(self) -> None:
+        self._hurry.set()       # a second Ctrl-C: cancel now, no checkpoint
+
+    def run(self, life: Lifecycle) -> Outcome:
+        self.life = life
         t0 = time.monotonic()
         try:
             try:
                 self.job = submit(self.script_path)
             except SlurmError as e:
-                self.console.say(f'error: {e}')
-                return EXIT_USAGE
-            self.console.say(f'submitted job {self.job} ({self.spec.num_ps} ps + {self.spec.num_workers} '
+                life.console.say(f'error: {e}')
+                return Outcome(EXIT_USAGE)
+            life.console.say(f'submitted job {self.job} ({self.spec.num_ps} ps + {self.spec.num_workers} '
                              f'worker(s)); logs in {self.logs}; Ctrl-C cancels it')
             self._follow()
             info = self._watch()
-            if self.interrupted.is_set():
-                self._cancel(f'{signal.Signals(self.signum).name} received')
-                return 128 + self.signum
+            if life.interrupted.is_set():
+                self._cancel(f'{life.signal_name} received')
+                return Outcome(128 + life.signum)
             return self._report(info, time.monotonic() - t0)
         except SlurmError as e:
-            self.console.say(f'error: {e}')
+            life.console.say(f'error: {e}')
             if self.job is not None:
                 self._cancel('cannot follow it')
-            return EXIT_FAILED
-        finally:
-            self._unfollow()
-            for s, handler in previous.items():
-                signal.signal(s, handler)
+            return Outcome(EXIT_FAILED)
 
     # -- following ------------------------------------------------------------------------
     def _follow(self) -> None:
-        sources = [('slurm', f'slurm-{self.job}.out')]
-        sources += [(t.name, f'{t.job}-{t.index}.log') for t in self.spec.tasks]
-        for name, file in sources:
-            stop = threading.Event()
-            path = os.path.join(self.logs, file)
-
-            def pump(name=name, path=path, stop=stop):
-                for line in follow_file(path, stop):
-                    self.console.line(name, name_ranks(line, self.spec) if name == 'slurm' else line)
-            t = threading.Thread(target=pump, name=f'follow-{name}', daemon=True)
-            t.start()
-            self._followers.append((t, stop))
-
-    def _unfollow(self) -> None:
-        """Stop following, once every line written so far has been shown."""
-        for _, stop in self._followers:
-            stop.set()
-        for t, _ in self._followers:
-            t.join(timeout=5)
-        self._followers = []
+        path = rundir.slurm_log_path(self.train_dir, self.job)
+        self.life.follow('slurm', lambda stop: (name_ranks(line, self.spec) for line in follow_file(path, stop)))
+        for t in self.spec.tasks:
+            path = rundir.log_path(self.train_dir, t.job, t.index)
+            self.life.follow(t.name, lambda stop, path=path: follow_file(path, stop))
 
     def _watch(self) -> dict[str, str] | None:
         """Poll the job until it has ended and left the queue (or a signal came); its last fields."""
         said, info = '', None
-        while not self.interrupted.is_set():
+        interrupted = self.life.interrupted
+        while not interrupted.is_set():
             info = job_info(self.job)
             if info is None:        # purged: it ended before we saw how
                 return None
@@ -236,11 +235,11 @@ class SlurmRun:
             news = {'PENDING': f'job {self.job} is pending' + (f' ({reason})' if reason != 'None' else ''),
                     'RUNNING': f'job {self.job} is running on {info.get("NodeList", "?")}'}.get(state, '')
             if news and news != said:
-                self.console.say(news)
+                self.life.console.say(news)
                 said = news
             if state in ENDED and not in_queue(self.job):
                 return info
-            self.interrupted.wait(POLL_SECS)
+            interrupted.wait(POLL_SECS)
         return info
 
     # -- ending -----------------------------------------------------------------------------
@@ -248,7 +247,7 @@ class SlurmRun:
         """SIGTERM to every task first (the chief writes a checkpoint; the ps tasks ignore it, so
         they still hold the variables), the full cancel after a grace, then wait until the job has
         left the queue."""
-        say = self.console.say
+        say = self.life.console.say
         if self.state == 'PENDING':
             say(f'{why}: cancelling job {self.job}, which has not started')
         else:
@@ -270,8 +269,8 @@ class SlurmRun:
         except SlurmError as e:
             say(f'error: {e}; cancel the job with `scancel {self.job}`')
             return
-        step = supervise.checkpoint_step(self._read(checkpoint_state_path(self.spec)))
-        where = f'; a new `launch up` resumes from the checkpoint at global step {step}' if step is not None else ''
+        step = self.life.checkpoint_step()
+        where = f'; {resume_hint(step)}' if step is not None else ''
         say(f'job {self.job} cancelled; it has left the queue{where}')
 
     def _wait_gone(self, deadline: float, cut_short: threading.Event | None = None) -> bool:
@@ -281,48 +280,26 @@ class SlurmRun:
             time.sleep(POLL_SECS)
         return True
 
-    @staticmethod
-    def _read(path: str) -> str | None:
-        try:
-            with open(path, encoding='utf-8', errors='replace') as f:
-                return f.read()
-        except OSError:
-            return None
-
-    def _report(self, info: dict[str, str] | None, seconds: float) -> int:
-        self._unfollow()        # every line shown before the verdict
+    def _report(self, info: dict[str, str] | None, seconds: float) -> Outcome:
+        say = self.life.console.say
+        self.life.unfollow(['slurm'] + [t.name for t in self.spec.tasks])     # every line shown before the verdict
         if info is None:
-            self.console.say(f'error: job {self.job} left the queue before its end state was seen (Slurm '
-                             'forgets ended jobs after MinJobAge); see the logs above')
-            return EXIT_FAILED
+            say(f'error: job {self.job} left the queue before its end state was seen (Slurm '
+                'forgets ended jobs after MinJobAge); see the logs above')
+            return Outcome(EXIT_FAILED)
         state, code = info.get('JobState', '?'), exit_status(info)
         if code == EXIT_OK:
-            self.console.say(f'job {self.job} completed in {seconds:.1f}s' + self._summary())
-            return EXIT_OK
+            return Outcome(EXIT_OK, f'job {self.job} completed in {seconds:.1f}s')
         why = f'{state}, exit code {info.get("ExitCode", "?")}'
         if state == 'CANCELLED':
             why += ': cancelled outside this launcher (scancel, or an administrator)'
         elif state == 'TIMEOUT':
             why += ': it reached its time limit'
-        first = first_failure((self._read(os.path.join(self.logs, f'slurm-{self.job}.out')) or '').splitlines(),
+        first = first_failure((self.read_file(rundir.slurm_log_path(self.train_dir, self.job)) or '').splitlines(),
                               self.spec)
+        failures = []
         if first and state != 'CANCELLED':
             why += f'; the first task to fail: {first}'
-        step = supervise.checkpoint_step(self._read(checkpoint_state_path(self.spec)))
-        resume = (f'a new `launch up` resumes from the checkpoint at global step {step}' if step is not None
-                  else 'no checkpoint was written')
-        self.console.say(f'error: job {self.job} ended {why}; {resume}; task logs in {self.logs}')
-        return code
-
-    def _summary(self) -> str:
-        """The workers' closing figures, as the local backend reports them."""
-        results = []
-        for i in range(self.spec.num_workers):
-            try:
-                results.append(json.loads(self._read(os.path.join(self.spec.train.train_dir, f'worker-{i}.json'))))
-            except (TypeError, ValueError):     # missing or damaged: no figures from that worker
-                pass
-        if not results:
-            return ''
-        rate = sum(r.get('images_per_sec', 0) for r in results)
-        return f': global step {max(r.get("global_step", 0) for r in results)}, {rate:.0f} images/s in all'
+            failures.append(Failure(first.split(' ', 1)[0], first))
+        say(f'error: job {self.job} ended {why}; {resume_hint(self.life.checkpoint_step())}; task logs in {self.logs}')
+        return Outcome(code, failures=failures)

@@ -39,10 +39,11 @@ import invoke
 import paramiko
 from paramiko.ssh_exception import NoValidConnectionsError
 
-from cluster.spec import ClusterSpec, HostConfig
 from cluster.rundir import LEASE_ENV
-from launch.backend import (GPU_COUNT_SH, HOST_PROBE, STOP_GRACE_SECS, Backend, BackendError, HostCheck, TaskRecord,
-                            gpu_shortage, gpus_needed, parse_gpu_count)
+from cluster.spec import ClusterSpec, HostConfig
+from launch.backend import (ENDED, GPU_COUNT_SH, HOST_PROBE, RUNNING, STOP_GRACE_SECS, UNKNOWN, Backend, BackendError,
+                            HostCheck, Observation, TaskRecord, decode_exit, gpu_shortage, gpus_needed, handle_of,
+                            parse_gpu_count, planned_record)
 from launch.plan import LEASE_SECS, TaskPlan, is_local
 
 log = logging.getLogger(__name__)
@@ -88,11 +89,6 @@ def _shell_path(path: str) -> str:
     return f'"$HOME"/{_q(path[2:])}' if path.startswith('~/') else _q(path)
 
 
-def decode_exit(code: int) -> int:
-    """sh reports a task killed by signal N as 128+N; the launcher's convention is -N."""
-    return -(code - 128) if 128 < code < 128 + 65 else code
-
-
 def load_ssh_config(path: str | None) -> paramiko.SSHConfig:
     if path is not None:
         return paramiko.SSHConfig.from_path(path)
@@ -127,6 +123,15 @@ def host_addresses(spec: ClusterSpec, ssh_config: str | None = None) -> dict[str
 
 
 @dataclass
+class SSHHandle:
+    """A remote task's own files: its wrapper's pid file, the exit code file the wrapper writes,
+    and the `ssh` target a person would use to reach its host."""
+    pidfile: str = ''
+    rcfile: str = ''
+    target: str = ''
+
+
+@dataclass
 class _Host:
     """One remote host: its connection, SFTP client, resolved workdirs and status snapshot."""
     name: str
@@ -140,7 +145,6 @@ class _Host:
     snapshot_error: SSHError | None = None
     states: dict[str, str] = field(default_factory=dict)        # task -> /proc state letter
     renewed_at: float = 0.0
-    warned: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)           # connection
     sftp_lock: threading.Lock = field(default_factory=threading.Lock)      # SFTP is not thread-safe
     snapshot_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -457,7 +461,7 @@ class SSHBackend(Backend):
         record = TaskRecord(name=t.name, job=t.job, index=t.index, host=t.host, port=t.port, backend=self.name,
                             pid=pid, log=log_file, ident=ident, cwd=workdir, log_offset=offset,
                             address='' if plan.address in ('', t.host) else plan.address,
-                            extra={'pidfile': pidfile, 'rcfile': rcfile, 'target': ssh_target(plan, self.ssh_config)})
+                            handle=SSHHandle(pidfile, rcfile, ssh_target(plan, self.ssh_config)))
         h = self._host(name)
         with h.snapshot_lock:
             h.records[record.name] = record
@@ -501,7 +505,7 @@ class SSHBackend(Backend):
 
     def _take_snapshot(self, name: str, records: list[TaskRecord]) -> dict[str, tuple[str, int | None]]:
         # /proc first, then the rc file: a task seen gone has written its rc file already.
-        lines = [f's=$(cat /proc/{int(r.pid)}/stat 2>/dev/null); r=$(cat {_q(r.extra.get("rcfile", "/dev/null"))} '
+        lines = [f's=$(cat /proc/{int(r.pid)}/stat 2>/dev/null); r=$(cat {_q(handle_of(r, SSHHandle).rcfile or "/dev/null")} '
                  f'2>/dev/null); printf "%s|%s|%s\\n" {_q(r.name)} "$r" "$s"' for r in records]
         result = self._run(name, '\n'.join(lines + [f'echo {_SNAPSHOT_END}']), timeout=POLL_TIMEOUT)
         if not result.stdout.rstrip().endswith(_SNAPSHOT_END):
@@ -527,12 +531,6 @@ class SSHBackend(Backend):
             snapshot[r.name] = ('gone', None)
         return snapshot
 
-    def describe(self, record):
-        # The wrapper shell is the recorded pid; a stopped task shows in its process group, which
-        # `kill -STOP -PGID` (or the host's own tools) stop together with the wrapper.
-        state = self._host(record.host).states.get(record.name, '')
-        return 'is stopped (SIGSTOP, or a debugger)' if state in ('T', 't') else None
-
     def renew(self, plans):
         groups = self._by_host(plans, lambda p: p.task.host)
 
@@ -554,27 +552,19 @@ class SSHBackend(Backend):
     def _invalidate(self, name: str) -> None:
         self._host(name).snapshot_at = 0.0
 
-    def poll(self, record: TaskRecord) -> int | None:
-        state, code = self._status(record)
+    def status(self, record: TaskRecord) -> Observation:
+        try:
+            state, code = self._status(record)
+        except SSHError as e:
+            return Observation(UNKNOWN, error=str(e))
         if state == 'ended':
-            return code
-        return None if state == 'running' else -signal.SIGKILL   # gone without an exit code: killed hard
-
-    def alive(self, record: TaskRecord) -> bool:
-        try:
-            return self._status(record)[0] == 'running'
-        except SSHError as e:
-            h = self._host(record.host)
-            if not h.warned:
-                log.error('%s; cannot tell whether its tasks still run', e)
-                h.warned = True
-            return True     # unknown: keep the state file, so `launch down` can try again later
-
-    def liveness(self, record):
-        try:
-            return self._status(record)[0] == 'running', ''
-        except SSHError as e:
-            return None, f'unknown: {e}'
+            return Observation(ENDED, code)
+        if state != 'running':
+            return Observation(ENDED, -signal.SIGKILL)      # gone without an exit code: killed hard
+        # The wrapper shell is the recorded pid; a stopped task shows in its process group, which
+        # `kill -STOP -PGID` (or the host's own tools) stop together with the wrapper.
+        stopped = self._host(record.host).states.get(record.name, '') in ('T', 't')
+        return Observation(RUNNING, stopped='is stopped (SIGSTOP, or a debugger)' if stopped else None)
 
     # -- stop -----------------------------------------------------------------------------
     def stop(self, records: list[TaskRecord], grace: float = STOP_GRACE_SECS) -> None:
@@ -627,15 +617,12 @@ wait_gone 50
         except (SSHError, OSError):
             return None
 
-    def read_log(self, record_or_plan, follow=False, stop=None, offset=0):
-        if isinstance(record_or_plan, TaskRecord):
-            name, path = record_or_plan.host, record_or_plan.log
-        else:
-            plan = record_or_plan
-            name = plan.task.host
-            cwd = self._host(name).workdirs.get(plan.cwd, _remote_dir(plan.cwd))
-            path = posixpath.join(cwd, plan.log_path)
-        return self._read_log(name, path, stop if follow else None, offset)
+    def log_record(self, plan):
+        cwd = self._host(plan.task.host).workdirs.get(plan.cwd, _remote_dir(plan.cwd))
+        return planned_record(plan, posixpath.join(cwd, plan.log_path), cwd, self.name)
+
+    def read_log(self, record, follow=False, stop=None, offset=0):
+        return self._read_log(record.host, record.log, stop if follow else None, offset)
 
     def _read_log(self, name: str, path: str, stop: threading.Event | None, offset: int = 0):
         """Complete lines of a remote file read with SFTP from an offset; with `stop`, keep polling

@@ -1,6 +1,6 @@
 """The supervisor's decisions, as a pure function of task states and training progress.
 
-`launch/run.py` observes the tasks (through their backends) and the global step (from the workers'
+`launch/supervised.py` observes the tasks (through their backends) and the global step (from the workers'
 progress lines), and asks `decide` what to do; it never decides itself. So every rule here is
 tested in milliseconds with plain values (tests/test_supervise.py), and the real-cluster tests
 only check that the decisions are carried out.
@@ -22,12 +22,11 @@ The rules, in order:
 from __future__ import annotations
 
 import enum
-import re
 import signal
 from dataclasses import dataclass
 
-from cluster.spec import ClusterSpec
 from cluster.rundir import EXIT_NO_RESTART
+from cluster.spec import ClusterSpec, is_chief
 
 
 class TaskState(enum.Enum):
@@ -49,7 +48,7 @@ class TaskStatus:
 
     @property
     def is_chief(self) -> bool:
-        return self.job == 'worker' and self.index == 0
+        return is_chief(self.job, self.index)
 
 
 @dataclass(frozen=True)
@@ -171,37 +170,3 @@ def decide(policy: Policy, tasks: list[TaskStatus], tolerated: frozenset[str] | 
         reason = f'no new global step for {progress.quiet_secs:.0f}s (stuck at {progress.step}/{progress.total})'
         return Decision(Action.RESTART if can_restart else Action.GIVE_UP, stuck, reason, stalled=True)
     return Decision(Action.CONTINUE)
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading what tasks leave behind (pure: text in, facts out)
-
-_PY_ERROR = re.compile(r'^([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)|KeyboardInterrupt)(:\s.*)?$')
-_LOGGED_ERROR = re.compile(r'^\d\d:\d\d:\d\d E (.+)$')      # cluster.task's own error lines
-_STEP = re.compile(r'\bstep (\d+)/(\d+)\b')
-_CHECKPOINT = re.compile(r'^model_checkpoint_path:\s*"(?:.*?)-(\d+)"\s*$', re.M)
-
-
-def last_error_line(lines: list[str]) -> str | None:
-    """The last Python error of a task's output: an exception line of a traceback, or an error the
-    task logged itself. TensorFlow's C++ chatter (absl `E1122 ...` lines) is not an explanation."""
-    for line in reversed(lines):
-        text = line.strip()
-        m = _LOGGED_ERROR.match(text)
-        if m:
-            return m.group(1)
-        if _PY_ERROR.match(text):
-            return text
-    return None
-
-
-def step_of(line: str) -> tuple[int, int] | None:
-    """(global step, total) from a worker's progress line `step 57/200 ...`."""
-    m = _STEP.search(line)
-    return (int(m.group(1)), int(m.group(2))) if m else None
-
-
-def checkpoint_step(checkpoint_file_text: str | None) -> int | None:
-    """The global step of the newest checkpoint named in TensorFlow's `checkpoint` file."""
-    m = _CHECKPOINT.search(checkpoint_file_text or '')
-    return int(m.group(1)) if m else None

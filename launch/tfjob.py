@@ -33,6 +33,7 @@ import yaml
 
 from cluster.spec import ClusterSpec, TrainConfig
 from launch.compose_file import DEFAULT_IMAGE
+from launch.errors import UsageError
 from launch.plan import COMPOSE_WORKDIR
 
 API_VERSION = 'kubeflow.org/v1'
@@ -48,11 +49,6 @@ TRAIN_DIR_VOLUME = 'train-dir'
 MAX_LABEL = 63
 DNS1035 = re.compile(r'[a-z]([-a-z0-9]*[a-z0-9])?')
 DNS1123 = re.compile(r'[a-z0-9]([-a-z0-9]*[a-z0-9])?')
-
-
-def _usage_error(message: str) -> Exception:
-    from launch.cli import UsageError     # lazily: the CLI imports this module
-    return UsageError(message)
 
 
 def longest_name(spec: ClusterSpec) -> int:
@@ -76,7 +72,7 @@ def job_name(spec: ClusterSpec, name: str | None) -> str:
         return default_name(spec)
     limit = longest_name(spec)
     if not DNS1035.fullmatch(name) or len(name) > limit:
-        raise _usage_error(f'--name {name!r}: a TFJob name must be a DNS-1035 label: lower-case letters, digits '
+        raise UsageError(f'--name {name!r}: a TFJob name must be a DNS-1035 label: lower-case letters, digits '
                            f'and "-", starting with a letter and ending with a letter or digit, at most {limit} '
                            f'characters here (the operator names pods and services NAME-worker-{spec.num_workers - 1}, '
                            f'at most {MAX_LABEL})')
@@ -85,7 +81,7 @@ def job_name(spec: ClusterSpec, name: str | None) -> str:
 
 def check_namespace(namespace: str | None) -> str | None:
     if namespace is not None and (not DNS1123.fullmatch(namespace) or len(namespace) > MAX_LABEL):
-        raise _usage_error(f'--namespace {namespace!r}: a Kubernetes namespace is a DNS-1123 label: lower-case '
+        raise UsageError(f'--namespace {namespace!r}: a Kubernetes namespace is a DNS-1123 label: lower-case '
                            f'letters, digits and "-", starting and ending with a letter or digit, at most '
                            f'{MAX_LABEL} characters')
     return namespace
@@ -95,7 +91,7 @@ def check_image(image: str | None) -> str:
     if image is None:
         return DEFAULT_IMAGE
     if not image or any(c.isspace() for c in image):
-        raise _usage_error(f'--image {image!r}: expected an image reference like registry.example/tfcluster:1.0')
+        raise UsageError(f'--image {image!r}: expected an image reference like registry.example/tfcluster:1.0')
     return image
 
 

@@ -18,7 +18,7 @@ import yaml
 from cluster.spec import load_spec
 from launch.compose import project_name
 from launch.compose_file import render
-from launch.plan import compose_spec, plan_cluster
+from launch.plan import compose_spec, plan_cluster, plan_compose
 from tests.conftest import REPO, launch, launch_bg, read_until, write_spec
 from tests.dockerd import compose_image, docker, docker_engine, project_leftovers, remove_project  # noqa: F401
 from tests.test_local import checkpoint_step, worker_results
@@ -28,11 +28,12 @@ COMPOSE_LOCAL2 = os.path.join(REPO, 'docker', 'compose.local2.yaml')
 
 def rendered(spec_file: str) -> dict:
     spec = load_spec(spec_file)
-    return yaml.safe_load(render(compose_spec(spec), list(plan_cluster(spec, backend='compose'))))
+    return yaml.safe_load(render(compose_spec(spec), list(plan_compose(spec))))
 
 
 # -- the file: pure, no engine -------------------------------------------------------------
 
+@pytest.mark.slow
 def test_the_kept_compose_file_is_what_launch_compose_writes(tmp_path):
     out = launch('compose', 'specs/local2.yaml', '-o', str(tmp_path / 'c.yaml'))
     assert out.returncode == 0, out.stderr
@@ -63,6 +64,7 @@ def test_one_service_per_task_named_for_it_on_the_spec_ports_and_an_internal_net
     assert services['worker-1']['entrypoint'][3:] == ['runs/local2/logs/worker-1.log', 'runs/local2/spec.yaml']
 
 
+@pytest.mark.slow
 def test_any_spec_maps_to_services_and_absolute_dirs_mount_at_the_same_path(tmp_path):
     spec = write_spec(tmp_path, workers=3, task_hosts=['node1', 'node1', 'node2', 'node3'],
                       hosts={'node1': {'user': 'u'}}, data=str(tmp_path))
@@ -91,6 +93,7 @@ def _one_error_line(out: subprocess.CompletedProcess) -> str:
     return errors[0]
 
 
+@pytest.mark.slow
 def test_no_docker_client_is_one_line(tmp_path):
     spec = write_spec(tmp_path)
     out = launch('up', spec, '--backend', 'compose', env={**os.environ, 'PATH': str(tmp_path)})
@@ -99,6 +102,7 @@ def test_no_docker_client_is_one_line(tmp_path):
     assert not os.path.exists(tmp_path / 'run' / 'launch-state.json')
 
 
+@pytest.mark.slow
 def test_an_unreachable_engine_is_one_line(tmp_path):
     spec = write_spec(tmp_path)
     dead = f'unix://{tmp_path}/no-engine.sock'
@@ -108,6 +112,7 @@ def test_an_unreachable_engine_is_one_line(tmp_path):
     assert not os.path.exists(tmp_path / 'run')
 
 
+@pytest.mark.slow
 def test_no_compose_tool_is_one_line(tmp_path, docker_engine):
     spec = write_spec(tmp_path)
     bin_dir = tmp_path / 'bin'
@@ -119,6 +124,7 @@ def test_no_compose_tool_is_one_line(tmp_path, docker_engine):
     assert not os.path.exists(tmp_path / 'run')
 
 
+@pytest.mark.slow
 def test_an_image_build_failure_is_one_line_and_leaves_nothing(tmp_path, docker_engine):
     spec = write_spec(tmp_path)
     repo = f'tfc-test-broken-{os.getpid()}'
@@ -162,6 +168,7 @@ def _container(project: str, service: str) -> str:
     return out.stdout.split()[0]
 
 
+@pytest.mark.slow
 def test_a_sync_compose_cluster_trains_evaluates_and_resumes(tmp_path, compose_project):
     spec = write_spec(tmp_path, steps=20)
     project = compose_project(spec)
@@ -187,6 +194,7 @@ def test_a_sync_compose_cluster_trains_evaluates_and_resumes(tmp_path, compose_p
     assert checkpoint_step(train_dir) == 30
 
 
+@pytest.mark.slow
 def test_killing_the_non_chief_worker_of_an_async_cluster(tmp_path, compose_project):
     spec = write_spec(tmp_path, sync=False, steps=300, learning_rate=0.05)
     project = compose_project(spec)
@@ -203,6 +211,7 @@ def test_killing_the_non_chief_worker_of_an_async_cluster(tmp_path, compose_proj
     assert 'step 300/300' in out or checkpoint_step(str(tmp_path / 'run')) >= 300, out
 
 
+@pytest.mark.slow
 def test_a_worker_cut_off_the_network_does_not_hang_the_launcher(tmp_path, compose_project):
     """Sync training stops when worker 1 is cut off; the stall watchdog (or worker 1 giving up on
     its peers first) ends the run with one line naming it, the chief checkpoints, nothing is left."""

@@ -14,7 +14,7 @@ import yaml
 from cluster.spec import SpecError, load_spec
 from launch import exposure, netns
 from launch.backend import tcp_listening
-from launch.plan import netns_name, plan_cluster
+from launch.plan import netns_name, plan_cluster, plan_compose
 from tests.conftest import REPO, launch, launch_bg, project_processes, read_until, write_spec
 
 needs_netns = pytest.mark.skipif(netns.unavailable() is not None or shutil.which('setpriv') is None,
@@ -72,6 +72,7 @@ def own_namespace(name: str, address: str | None = None):
 
 # -- for real ------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @needs_netns
 def test_isolated_cluster_trains_and_nothing_outside_reaches_it(tmp_path):
     spec = isolated_spec(tmp_path, steps=100)
@@ -107,6 +108,7 @@ def test_isolated_cluster_trains_and_nothing_outside_reaches_it(tmp_path):
     assert not project_processes()
 
 
+@pytest.mark.slow
 @needs_netns
 def test_down_after_a_killed_launcher_stops_the_tasks_and_removes_the_namespace(tmp_path):
     spec = isolated_spec(tmp_path)
@@ -124,6 +126,7 @@ def test_down_after_a_killed_launcher_stops_the_tasks_and_removes_the_namespace(
     assert not project_processes()
 
 
+@pytest.mark.slow
 @needs_netns
 def test_isolation_is_refused_without_cap_sys_admin(tmp_path):
     """A process without CAP_SYS_ADMIN (any non-root user; here root with every capability dropped,
@@ -137,6 +140,7 @@ def test_isolation_is_refused_without_cap_sys_admin(tmp_path):
     assert os.listdir(tmp_path) == ['spec.yaml']
 
 
+@pytest.mark.slow
 @needs_netns
 def test_down_removes_a_namespace_a_killed_launcher_left(tmp_path):
     spec = isolated_spec(tmp_path)
@@ -147,6 +151,7 @@ def test_down_removes_a_namespace_a_killed_launcher_left(tmp_path):
     assert ns not in namespaces()
 
 
+@pytest.mark.slow
 @needs_netns
 def test_check_warns_once_about_reachable_ports_and_not_when_isolated(tmp_path):
     """In a namespace of the test's own with one non-loopback address, so the warning is the same
@@ -168,6 +173,7 @@ def test_check_warns_once_about_reachable_ports_and_not_when_isolated(tmp_path):
     assert 'in network namespace tfcluster-' in isolated.stdout
 
 
+@pytest.mark.slow
 def test_machine_addresses_lists_only_non_loopback_ones():
     if netns.unavailable():
         pytest.skip(netns.unavailable())
@@ -181,6 +187,7 @@ def test_machine_addresses_lists_only_non_loopback_ones():
 
 # -- refusals through the command line (nothing starts) -----------------------------------------
 
+@pytest.mark.slow
 def test_isolation_with_ssh_hosts_is_a_spec_error(tmp_path):
     spec = write_spec(tmp_path, task_hosts=['localhost', 'localhost', 'node2'], hosts={'node2': {'user': 'u'}})
     result = launch('plan', spec, '--set', 'isolation=netns', timeout=60)
@@ -189,6 +196,7 @@ def test_isolation_with_ssh_hosts_is_a_spec_error(tmp_path):
     assert 'worker:1 is on node2 (SSH)' in result.stderr
 
 
+@pytest.mark.slow
 def test_isolation_with_compose_says_its_network_is_internal(tmp_path):
     spec = isolated_spec(tmp_path)
     for args in (('plan', spec, '--backend', 'compose'), ('compose', spec)):
@@ -247,7 +255,7 @@ def test_plan_puts_local_tasks_in_one_namespace_named_after_the_train_dir(tmp_pa
     other = load_spec(write(tmp_path, LOCAL.replace('runs/x', 'runs/y') + 'isolation: netns\n'))
     assert netns_name(other) != ns
     assert netns_name(spec, cwd='/elsewhere') != ns                  # an absolute path decides
-    assert all(p.netns is None for p in plan_cluster(spec, backend='compose'))
+    assert all(p.netns is None for p in plan_compose(spec))
     assert all(p.netns is None for p in plan_cluster(load_spec(write(tmp_path, LOCAL))))
 
 
@@ -278,7 +286,8 @@ def test_parse_ip_addr_keeps_non_loopback_addresses_once():
 
 
 def plans_for(tmp_path, text: str, backend=None):
-    return plan_cluster(load_spec(write(tmp_path, text)), backend=backend)
+    spec = load_spec(write(tmp_path, text))
+    return plan_compose(spec) if backend == 'compose' else plan_cluster(spec)
 
 
 REMOTE = ('cluster:\n  ps: [node1:2222]\n  worker: [node1:2223, 127.0.0.2:2224]\n'

@@ -22,6 +22,8 @@ import yaml
 
 from tests.conftest import launch_bg, read_until, write_spec
 
+pytestmark = pytest.mark.slow     # real launchers and tasks
+
 
 def test_two_launchers_of_one_spec_started_together(tmp_path):
     """Exactly one trains; the other is refused at once, naming the launcher that holds the
@@ -62,7 +64,7 @@ def test_readiness_needs_the_tasks_own_report(tmp_path):
     from cluster.spec import load_spec
     from launch.local import LocalBackend
     from launch.plan import plan_cluster
-    from launch.run import TaskFailed, wait_for_servers
+    from launch.supervised import TaskFailed, wait_for_servers
 
     spec = load_spec(write_spec(tmp_path, workers=1))
     plan = dataclasses.replace(plan_cluster(spec)[1], argv=('sleep', '60'), env={})

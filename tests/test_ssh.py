@@ -20,6 +20,8 @@ import yaml
 
 from tests.conftest import free_ports, launch, launch_bg, project_processes, read_until, write_spec
 
+pytestmark = pytest.mark.slow     # a real sshd (the ssh_hosts fixture) and real launchers
+
 LAYOUT = ['127.0.0.2', '127.0.0.2', '127.0.0.3']      # ps:0, worker:0 (the chief), worker:1
 
 
@@ -171,20 +173,19 @@ def test_backend_polls_once_per_host_quotes_values_and_stops_process_groups(ssh_
         for r in records:
             leader = ssh_hosts.ssh(r.host, f'ps -o sid=,pgid= -p {r.pid}').stdout.split()
             assert leader == [str(r.pid)] * 2                  # its own session and process group
-            assert open(r.extra['pidfile']).read().strip() == str(r.pid)
+            assert open(r.handle.pidfile).read().strip() == str(r.pid)
         deadline = time.monotonic() + 10
         while len(list(backend.read_log(records[2]))) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert '\n'.join(backend.read_log(records[2])) == tricky
         commands.clear()
-        assert [backend.poll(r) for r in records] == [None, None, None]
-        assert [backend.alive(r) for r in records] == [True, True, True]
+        assert [backend.status(r).state for r in records] == ['running'] * 3
         assert sorted(commands) == ['127.0.0.2', '127.0.0.3']   # not one per task
         commands.clear()
         backend.stop(records, grace=5)
         assert sorted(commands) == ['127.0.0.2', '127.0.0.3']
-        assert [backend.poll(r) for r in records] == [-signal.SIGTERM] * 3
-        assert not any(backend.alive(r) for r in records)
+        assert [(backend.status(r).state, backend.status(r).exit_code) for r in records] == [('ended', -signal.SIGTERM)] * 3
+        assert not any(backend.status(r).alive for r in records)
     finally:
         backend.stop(records, grace=1)
         backend.close()
@@ -203,7 +204,7 @@ def test_a_status_query_cut_short_is_a_lost_connection_not_dead_tasks(ssh_hosts,
     connects anew and finds the tasks still running."""
     from cluster.spec import load_spec
     from launch.plan import plan_cluster
-    from launch.ssh import SSHBackend, SSHError
+    from launch.ssh import SSHBackend
 
     spec = load_spec(remote_spec(ssh_hosts, tmp_path))
     plans = [dataclasses.replace(p, argv=('sleep', '300'), env={}) for p in plan_cluster(spec)]
@@ -214,11 +215,11 @@ def test_a_status_query_cut_short_is_a_lost_connection_not_dead_tasks(ssh_hosts,
         records = [backend.start(p) for p in plans]
         real_run = backend._run
         backend._run = lambda host, script, **kw: real_run(host, _CUT_MY_CONNECTION + script, **kw)
-        with pytest.raises(SSHError, match=r'127\.0\.0\.2: lost the SSH connection'):
-            backend.poll(records[0])
+        seen = backend.status(records[0])
+        assert seen.state == 'unknown' and re.match(r'127\.0\.0\.2: lost the SSH connection', seen.error), seen
         backend._run = real_run
         backend._invalidate('127.0.0.2')
-        assert [backend.poll(r) for r in records] == [None, None, None]
+        assert [backend.status(r).state for r in records] == ['running'] * 3
     finally:
         backend.stop(records, grace=1)
         backend.close()

@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from cluster.spec import load_spec
@@ -18,6 +19,8 @@ from launch.plan import plan_cluster, state_path
 from tests.conftest import free_ports, write_spec
 from tests.sshd import SSHHosts
 from tests.test_ssh import assert_nothing_left, host_settings, remote_spec, run, spec_ports, task_rows, workdir
+
+pytestmark = pytest.mark.slow     # a real sshd and real launchers
 
 
 def alias_ssh_config(ssh_hosts, tmp_path, aliases: dict[str, str]) -> str:
@@ -79,7 +82,8 @@ def test_a_start_that_fails_half_way_stops_what_it_started(ssh_hosts, tmp_path):
     back (for real: the command kills its own sshd session). The launcher cannot know its pid from
     that answer, so the backend stops it through its pidfile, and the run stops the two tasks it
     had started on the other host: nothing is left, and no state file claims otherwise."""
-    from launch.run import ClusterRun, Console
+    from launch.lifecycle import Console, Lifecycle
+    from launch.supervised import SupervisedRun
     from launch.ssh import SSHBackend
     from tests.test_ssh import _CUT_MY_CONNECTION
 
@@ -98,7 +102,8 @@ def test_a_start_that_fails_half_way_stops_what_it_started(ssh_hosts, tmp_path):
     cwd = os.getcwd()
     os.chdir(tmp_path)          # the state file lands in tmp_path/run, as for `launch up` run there
     try:
-        code = ClusterRun(spec, spec.to_yaml(), plans, {'ssh': backend}, Console(stream=out)).up()
+        code = Lifecycle(spec, Console(stream=out)).up(SupervisedRun(spec, spec.to_yaml(), plans,
+                                                                     {'ssh': backend})).exit_code
     finally:
         os.chdir(cwd)
         backend.close()

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from cluster import rundir
 from launch import supervise
-from launch.backend import Backend, BackendError, TaskRecord
+from launch.backend import Backend, Observation, TaskRecord
 from launch.supervise import Action, Policy, Progress, TaskState, TaskStatus, decide
 
 R, S, F, U = TaskState.RUNNING, TaskState.SUCCEEDED, TaskState.FAILED, TaskState.UNKNOWN
@@ -112,19 +113,19 @@ def test_reasons_say_how_a_task_was_lost():
     ([], None),
 ])
 def test_last_error_line(lines, expected):
-    assert supervise.last_error_line(lines) == expected
+    assert rundir.last_error_line(lines) == expected
 
 
 def test_progress_and_checkpoint_parsing():
-    assert supervise.step_of('12:00:00 I step 57/200  loss 3.1  400 images/s') == (57, 200)
-    assert supervise.step_of('12:00:00 I session ready after 1.0s at global step 0') is None
+    assert rundir.step_of('12:00:00 I step 57/200  loss 3.1  400 images/s') == (57, 200)
+    assert rundir.step_of('12:00:00 I session ready after 1.0s at global step 0') is None
     text = 'model_checkpoint_path: "/runs/x/model.ckpt-120"\nall_model_checkpoint_paths: "model.ckpt-100"\n'
-    assert supervise.checkpoint_step(text) == 120
-    assert supervise.checkpoint_step(None) is None and supervise.checkpoint_step('garbage') is None
+    assert rundir.checkpoint_step(text) == 120
+    assert rundir.checkpoint_step(None) is None and rundir.checkpoint_step('garbage') is None
 
 
 class FakeBackend(Backend):
-    """Scripted poll results per task: None (running), an exit code, or 'down' (host unreachable)."""
+    """Scripted observations per task: None (running), an exit code, or 'down' (host unreachable)."""
     name = 'fake'
 
     def __init__(self, script: dict[str, object]):
@@ -136,33 +137,35 @@ class FakeBackend(Backend):
     def start(self, plan):
         raise NotImplementedError
 
-    def poll(self, record):
+    def status(self, record):
         value = self.script[record.name]
         if value == 'down':
-            raise BackendError(f'{record.host}: unreachable: connection refused')
-        return value
-
-    def alive(self, record):
-        return self.script[record.name] is None
+            return Observation('unknown', error=f'{record.host}: unreachable: connection refused')
+        return Observation('running') if value is None else Observation('ended', value)
 
     def stop(self, records, grace=0):
         for r in records:
             self.script[r.name] = -15
 
-    def read_log(self, record_or_plan, follow=False, stop=None, offset=0):
+    def log_record(self, plan):
+        raise NotImplementedError
+
+    def read_log(self, record, follow=False, stop=None, offset=0):
         return iter(())
 
     def read_file(self, record, path):
         return None
 
 
-def test_observing_over_a_fake_backend_turns_polls_into_states(tmp_path):
-    from launch.run import ClusterRun, Console
+def test_observing_over_a_fake_backend_turns_observations_into_states(tmp_path):
+    from launch.lifecycle import Console, Lifecycle
+    from launch.supervised import SupervisedRun
     from tests.conftest import write_spec
     from cluster.spec import load_spec
     spec = load_spec(write_spec(tmp_path, workers=3, replicas_to_aggregate=2))
     backend = FakeBackend({'ps:0': None, 'worker:0': None, 'worker:1': -9, 'worker:2': 'down'})
-    run = ClusterRun(spec, '', [], {'fake': backend}, Console(stream=open(tmp_path / 'out', 'w')))
+    run = SupervisedRun(spec, '', [], {'fake': backend})
+    run.life = Lifecycle(spec, Console(stream=open(tmp_path / 'out', 'w')))
     run.records = [TaskRecord(t.name, t.job, t.index, t.host, t.port, 'fake', 100 + i, 'log')
                    for i, t in enumerate(spec.tasks)]
     states = {t.name: (t.state, t.exit_code) for t in run._observe()}

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from cluster.spec import SpecError, TrainConfig, load_spec
-from launch.cli import UsageError
+from launch.errors import UsageError
 from launch.tfjob import render, tfjob
 from tests.conftest import REPO, free_ports, launch
 
@@ -166,6 +166,7 @@ def test_a_train_dir_that_is_the_pods_root_is_refused(train_dir):
         tfjob(load_spec(LOCAL2, [f'train.train_dir={train_dir}']))
 
 
+@pytest.mark.slow
 def test_bad_name_and_namespace_are_one_line_and_exit_2():
     for option, rule in (('--name=Bad_Name', 'DNS-1035 label'), ('--namespace=Team', 'DNS-1123 label'),
                          ('--image=', 'image reference')):
@@ -175,6 +176,7 @@ def test_bad_name_and_namespace_are_one_line_and_exit_2():
         assert rule in result.stderr and not result.stdout
 
 
+@pytest.mark.slow
 def test_output_file_holds_a_commented_tfjob(tmp_path):
     out = tmp_path / 'local2-tfjob.yaml'
     result = launch('render', LOCAL2, '--format', 'tfjob', '-o', str(out), timeout=60)
@@ -216,6 +218,7 @@ def test_cluster_task_reads_back_the_same_train_settings(monkeypatch, overrides)
     assert TrainConfig() == load_spec(None, [], cluster=cluster).train
 
 
+@pytest.mark.slow
 def test_rendered_pods_train_as_the_operator_would_start_them(tmp_path):
     """1 ps and 2 workers run each pod's command and arguments verbatim, with the TF_CONFIG the
     operator would set (localhost ports instead of services) and no spec: all end with 0, and the

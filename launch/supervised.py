@@ -1,4 +1,5 @@
-"""`launch up`: start every task, wait for every server, stream output, supervise, tear down.
+"""The supervised strategy of `launch up` (local processes, SSH, compose): start every task
+through its Backend, wait for every server, observe, supervise, tear down.
 
 What happens when a task is lost or the run stops making progress is decided by
 `launch/supervise.py` (tolerate, restart, give up); this module observes the tasks, carries the
@@ -8,12 +9,8 @@ the chief for a checkpoint first, while the ps tasks still hold the variables.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
-import re
-import signal
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -21,52 +18,23 @@ from typing import Callable, Mapping
 
 import grpc
 
-from cluster.spec import ClusterSpec, address
+from cluster import rundir
+from cluster.rundir import EXIT_FAILED, EXIT_OK
+from cluster.spec import ClusterSpec
 from launch import supervise
-from launch.backend import Backend, BackendError, TaskRecord, stop_all, tail
+from launch.backend import ENDED, UNKNOWN, Backend, BackendError, TaskRecord, stop_all, tail
+from launch.lifecycle import CHECKPOINT_GRACE_SECS, Failure, Lifecycle, Outcome, Strategy, resume_hint
 from launch.local import process_ident
-from launch.plan import TaskPlan, checkpoint_state_path, state_path
+from launch.plan import TaskPlan, state_path
 from launch.state import LaunchState
 from launch.supervise import Action, Decision, Policy, Progress, TaskState, TaskStatus, describe_exit
 
 log = logging.getLogger(__name__)
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-CHECKPOINT_GRACE_SECS = 25.0    # a stopping chief's time to write its checkpoint before the rest stop
 LEASE_RENEW_SECS = 1.0          # how often the launcher renews its tasks' lease
 PROBE_SECS = 3.0                # a stall probe's deadline for each task's gRPC server
 UNREACHABLE_SECS = 30.0         # a host that cannot be asked for this long has lost its tasks
-
-
-# TensorFlow's C++ start-up chatter, which TF_CPP_MIN_LOG_LEVEL does not reach (it is printed
-# before absl logging is initialised). Hidden from the console only: log files keep every line.
-_NOISE = re.compile(
-    r'^[IW]\d{4} [\d:.]+ +\d+ \S+\] '                      # absl INFO and WARNING lines
-    r'|^WARNING: All log messages before absl::InitializeLog'
-    r'|^E\d{4} .*(failed call to cuInit|oneDNN supports DT_UINT8 only)')
-
-
-class Console:
-    """Serialises output lines from many threads, each with its source as a prefix."""
-
-    def __init__(self, stream=None, width: int = 10, verbose: bool = False):
-        self.stream = stream or sys.stdout
-        self.width = width
-        self.verbose = verbose
-        self._lock = threading.Lock()
-
-    def line(self, source: str, text: str) -> None:
-        if not self.verbose and _NOISE.match(text):
-            return
-        with self._lock:
-            try:
-                self.stream.write(f'{"[" + source + "]":<{self.width}} {text}\n')
-                self.stream.flush()
-            except (OSError, ValueError):   # the reader went away (`| head`, a closed tee or terminal:
-                pass                          # EPIPE, EIO): keep running so the tear-down still happens
-
-    def say(self, text: str) -> None:
-        self.line('launch', text)
+SUPERVISE_SECS = 0.2            # how often the supervisor observes the tasks
 
 
 class TaskFailed(Exception):
@@ -93,10 +61,12 @@ def wait_for_servers(records: list[TaskRecord], backends: Mapping[str, Backend],
     try:
         while pending and not stop.is_set():
             for name, (record, _) in list(pending.items()):
-                code = backends[record.backend].poll(record)
+                backend = backends[record.backend]
+                seen = backend.status(record)
+                code = seen.exit_code if seen.state == ENDED else None
                 if code is not None and code != 0:
                     raise TaskFailed(f'{record.name} {describe_exit(code)} during start-up', _log_tail(record, backends))
-                if code == 0 or (backends[record.backend].ready(record, futures[name]) and reported(name)):
+                if code == 0 or (backend.probe(record, 0.5, channel_ready=futures[name]) and reported(name)):
                     del pending[name]
             if pending and time.monotonic() > deadline:
                 name, (record, _) = next(iter(pending.items()))
@@ -121,34 +91,21 @@ def _log_tail(record: TaskRecord, backends: Mapping[str, Backend], n: int = 15) 
         return [f'(could not read {record.log}: {e})']
 
 
-def grpc_answers(host: str, port: int, timeout: float) -> bool:
-    """Whether a gRPC server answers the HTTP/2 handshake at host:port within `timeout` (a stopped
-    process still accepts TCP connections in the kernel, but never answers)."""
-    channel = grpc.insecure_channel(address(host, port), options=[('grpc.enable_http_proxy', 0)])
-    try:
-        grpc.channel_ready_future(channel).result(timeout=timeout)
-        return True
-    except grpc.FutureTimeoutError:
-        return False
-    finally:
-        channel.close()
+class SupervisedRun(Strategy):
+    """The launcher runs every task itself, through the backends the plans name."""
 
-
-class ClusterRun:
     def __init__(self, spec: ClusterSpec, spec_yaml: str, plans: list[TaskPlan], backends: Mapping[str, Backend],
-                 console: Console, start_timeout: float = 120.0, finish_timeout: float = 60.0):
+                 start_timeout: float = 120.0, finish_timeout: float = 60.0,
+                 checks: Callable[[], None] | None = None):
         self.spec, self.spec_yaml, self.plans, self.backends = spec, spec_yaml, plans, backends
-        self.console = console
         self.start_timeout, self.finish_timeout = start_timeout, finish_timeout
+        self._checks = checks                        # the pre-flight, run by prepare()
         self.policy = Policy.of(spec, UNREACHABLE_SECS)
         self.records: list[TaskRecord] = []          # the current start of every task, in plan order
-        self.interrupted = threading.Event()
-        self._hurry = threading.Event()              # a second signal: SIGKILL, no more grace
-        self.signum = 0
         self.restarts = 0
         self.tolerated: set[str] = set()
+        self.life: Lifecycle | None = None
         self._unknown_since: dict[str, float] = {}
-        self._followers: dict[str, tuple[threading.Thread, threading.Event]] = {}
         self._serving: dict[str, threading.Event] = {}   # set once a task's own log says it serves
         self._done = threading.Event()
         self._progress_lock = threading.Lock()
@@ -156,33 +113,34 @@ class ClusterRun:
         self._step_at = time.monotonic()
         self._state = LaunchState.new(spec.path, process_ident(os.getpid()) or '')
 
-    # -- signals --------------------------------------------------------------------------
-    def _on_signal(self, signum, frame):
-        if not self.interrupted.is_set():
-            self.signum = signum
-            self.interrupted.set()
-        elif signum != signal.SIGHUP and not self._hurry.is_set():
-            # A second Ctrl-C (or SIGTERM): the user will not wait for the checkpoint and the
-            # graceful stop. SIGHUP is not a request: a closed terminal sends it once more at exit.
-            self._hurry.set()
-            threading.Thread(target=self._kill_all, name='hurry', daemon=True).start()
+    @property
+    def say(self) -> Callable[[str], None]:
+        return self.life.console.say
 
-    def _kill_all(self) -> None:
-        self.console.say(f'{signal.Signals(self.signum).name} again: killing every task now (SIGKILL, '
-                         'no checkpoint)')
+    @property
+    def interrupted(self) -> threading.Event:
+        return self.life.interrupted
+
+    def prepare(self) -> None:
+        if self._checks is not None:
+            self._checks()
+
+    def read_file(self, path: str) -> str | None:
+        chief = next((r for r in self.records if r.is_chief), None)
+        if chief is None:
+            return None
+        return self.backends[chief.backend].read_file(chief, path)
+
+    def hurry(self) -> None:
+        self.say(f'{self.life.signal_name} again: killing every task now (SIGKILL, no checkpoint)')
         try:
             stop_all(list(self.records), self.backends, grace=0)
         except BackendError as e:
-            self.console.say(f'error: {e}')
-
-    def _install_signals(self):
-        signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)    # SIGHUP: the terminal went away
-        previous = {s: signal.signal(s, self._on_signal) for s in signals}
-        return lambda: [signal.signal(s, h) for s, h in previous.items()]
+            self.say(f'error: {e}')
 
     # -- the run --------------------------------------------------------------------------
-    def up(self) -> int:
-        restore = self._install_signals()
+    def run(self, life: Lifecycle) -> Outcome:
+        self.life = life
         t0 = time.monotonic()
         try:
             for name, backend in self.backends.items():
@@ -191,41 +149,45 @@ class ClusterRun:
                 self._renew(name)
                 threading.Thread(target=self._renew_leases, args=(name,), name=f'lease-{name}', daemon=True).start()
             self._start(self.plans)
-            self.console.say(f'started {len(self.records)} tasks; waiting for their servers')
+            self.say(f'started {len(self.records)} tasks; waiting for their servers')
             self._wait_ready(t0)
             if not self.interrupted.is_set():
-                self.console.say(f'all {len(self.records)} servers are up after {time.monotonic() - t0:.1f}s')
+                self.say(f'all {len(self.records)} servers are up after {time.monotonic() - t0:.1f}s')
                 self._supervise()
             if self.interrupted.is_set():
-                self.console.say(f'{signal.Signals(self.signum).name} received: stopping every task '
-                                 '(the chief saves a checkpoint first)')
-                return 128 + self.signum
-            self._report(time.monotonic() - t0)
-            return EXIT_OK
+                self.say(f'{life.signal_name} received: stopping every task (the chief saves a checkpoint first)')
+                return self._outcome(128 + life.signum)
+            mode = 'command' if self.spec.train.command else 'sync' if self.spec.train.sync else 'async'
+            return self._outcome(EXIT_OK, f'done in {time.monotonic() - t0:.1f}s ({mode}, '
+                                          f'{self.spec.num_workers} workers)')
         except (TaskFailed, BackendError, OSError) as e:    # OSError: e.g. a train_dir we cannot write
-            self.console.say(f'error: {e}')
+            self.say(f'error: {e}')
             for line in getattr(e, 'log_tail', ()):
-                self.console.say(f'    {line}')
-            return getattr(e, 'code', EXIT_FAILED)
+                self.say(f'    {line}')
+            return self._outcome(getattr(e, 'code', EXIT_FAILED), failures=getattr(e, 'failures', ()))
         finally:
             try:
                 self._teardown()
             except BackendError as e:
-                self.console.say(f'error: stopping the tasks failed: {e}; run `launch down {self.spec.path}`')
+                self.say(f'error: stopping the tasks failed: {e}; run `launch down {self.spec.path}`')
             self._done.set()
-            if all(not self.backends[r.backend].alive(r) for r in self.records):
+            if all(not self.backends[r.backend].status(r).alive for r in self.records):
                 try:
                     os.remove(state_path(self.spec))
                 except FileNotFoundError:
                     pass
-            restore()
+
+    def _outcome(self, code: int, headline: str = '', failures=()) -> Outcome:
+        lost = tuple(sorted(self.tolerated))
+        every = [Failure(name, 'lost; the training went on without it') for name in lost] + list(failures)
+        return Outcome(code, headline, self.restarts, every, lost)
 
     def _start(self, plans: list[TaskPlan]) -> None:
         """Start these tasks (replacing their earlier records), follow their logs, save the state."""
         for plan in plans:
             if self.interrupted.is_set():
                 break
-            self._unfollow([plan.name])     # the earlier start's lines are all read before this one writes
+            self.life.unfollow([plan.name])     # the earlier start's lines are all read before this one writes
             record = self.backends[plan.backend].start(plan)
             same = [i for i, r in enumerate(self.records) if r.name == record.name]
             if same:
@@ -257,32 +219,20 @@ class ClusterRun:
                 log.debug('lease renewal failed: %s', e)
 
     def _follow(self, record: TaskRecord) -> None:
-        stop = threading.Event()
         serving = self._serving[record.name] = threading.Event()
-        mark = f' {record.name} serving on '      # cluster.task's line once its server is bound
+        backend = self.backends[record.backend]
 
-        def pump():
-            backend = self.backends[record.backend]
-            for line in backend.read_log(record, follow=True, stop=stop, offset=record.log_offset):
-                if not serving.is_set() and mark in line:
-                    serving.set()
-                self.console.line(record.name, line)
-                if record.job == 'worker':
-                    self._saw_line(line)
-        t = threading.Thread(target=pump, name=f'follow-{record.name}', daemon=True)
-        t.start()
-        self._followers[record.name] = (t, stop)
-
-    def _unfollow(self, names) -> None:
-        """Stop following these tasks' logs, once what is there has been read."""
-        stopping = [self._followers.pop(n) for n in names if n in self._followers]
-        for _, stop in stopping:
-            stop.set()
-        for t, _ in stopping:
-            t.join(timeout=5)
+        def seen(line: str) -> None:
+            if not serving.is_set() and rundir.says_serving(line, record.name):
+                serving.set()
+            if record.job == 'worker':
+                self._saw_line(line)
+        self.life.follow(record.name,
+                         lambda stop: backend.read_log(record, follow=True, stop=stop, offset=record.log_offset),
+                         seen)
 
     def _saw_line(self, line: str) -> None:
-        found = supervise.step_of(line)
+        found = rundir.step_of(line)
         if found is None:
             return
         with self._progress_lock:
@@ -299,21 +249,21 @@ class ClusterRun:
         out = []
         now = time.monotonic()
         for r in self.records:
-            try:
-                code = self.backends[r.backend].poll(r)
-            except BackendError as e:
+            seen = self.backends[r.backend].status(r)
+            if seen.state == UNKNOWN:
                 first = self._unknown_since.setdefault(r.name, now)
                 if now - first < 1:
-                    self.console.say(f'warning: cannot ask about {r.name} ({e}); retrying')
+                    self.say(f'warning: cannot ask about {r.name} ({seen.error}); retrying')
                 out.append(TaskStatus(r.name, r.job, r.index, TaskState.UNKNOWN, since=now - first))
                 continue
             if self._unknown_since.pop(r.name, None) is not None:
-                self.console.say(f'{r.name} can be reached again')
-            if code is None:
-                state = TaskState.RUNNING
+                self.say(f'{r.name} can be reached again')
+            if seen.state == ENDED:
+                state = TaskState.SUCCEEDED if seen.exit_code == 0 else TaskState.FAILED
             else:
-                state = TaskState.SUCCEEDED if code == 0 else TaskState.FAILED
-            out.append(TaskStatus(r.name, r.job, r.index, state, exit_code=code))
+                state = TaskState.RUNNING
+            out.append(TaskStatus(r.name, r.job, r.index, state,
+                                  exit_code=seen.exit_code if seen.state == ENDED else None))
         return out
 
     def _supervise(self) -> None:
@@ -326,7 +276,7 @@ class ClusterRun:
                                         self._progress())
             if decision.action is Action.FINISH:
                 if decision.tasks:
-                    self.console.say(f'every worker is done; stopping {", ".join(decision.tasks)}: {decision.reason}')
+                    self.say(f'every worker is done; stopping {", ".join(decision.tasks)}: {decision.reason}')
                     self._stop([r for r in self.records if r.name in decision.tasks])
                 return
             if decision.action is Action.GIVE_UP:
@@ -334,18 +284,18 @@ class ClusterRun:
             if decision.action is Action.TOLERATE:
                 self.tolerated.update(decision.tasks)
                 left = self.spec.num_workers - len(self.tolerated)      # only workers are tolerated
-                self.console.say(f'{decision.reason}; training goes on with {left} worker(s)')
+                self.say(f'{decision.reason}; training goes on with {left} worker(s)')
             elif decision.action is Action.RESTART_TASKS:
                 self.restarts += 1
-                self.console.say(f'restart {self.restarts}/{self.policy.max_restarts}: {decision.reason}; '
-                                 f'starting {", ".join(decision.tasks)} again, it rejoins the training')
+                self.say(f'restart {self.restarts}/{self.policy.max_restarts}: {decision.reason}; '
+                         f'starting {", ".join(decision.tasks)} again, it rejoins the training')
                 try:
                     self._start([dataclasses.replace(p, restart=self.restarts) for p in self.plans
                                  if p.name in decision.tasks])
                 except BackendError as e:
                     self.tolerated.update(decision.tasks)
-                    self.console.say(f'could not start {", ".join(decision.tasks)} again ({e}); training '
-                                     'goes on without it')
+                    self.say(f'could not start {", ".join(decision.tasks)} again ({e}); training goes on '
+                             'without it')
             elif decision.action is Action.RESTART:
                 self._restart_cluster(decision)
                 tail_deadline = None
@@ -357,7 +307,7 @@ class ClusterRun:
             if first_step or time.monotonic() - last_saved > 1:     # `launch status` shows the step
                 self._save_state()
                 last_saved = time.monotonic()
-            time.sleep(0.2)
+            time.sleep(SUPERVISE_SECS)
 
     def _check_tail(self, statuses: list[TaskStatus], deadline: float | None) -> float | None:
         """Once one side (all workers, or all ps tasks) has finished, the other gets --finish-timeout
@@ -371,9 +321,9 @@ class ClusterRun:
             return time.monotonic() + self.finish_timeout
         if time.monotonic() > deadline:
             left = ', '.join(t.name for t in statuses if t.name not in finished)
-            self.console.say(f'warning: {left} still running {self.finish_timeout:.0f}s after the '
-                             f'{"workers" if workers_done else "ps tasks"} finished; stopping them '
-                             '(raise --finish-timeout)')
+            self.say(f'warning: {left} still running {self.finish_timeout:.0f}s after the '
+                     f'{"workers" if workers_done else "ps tasks"} finished; stopping them '
+                     '(raise --finish-timeout)')
             return -1
         return deadline
 
@@ -382,7 +332,8 @@ class ClusterRun:
         running = [r for r in self.records if r.name in decision.tasks]
 
         def probe(r: TaskRecord) -> tuple[TaskRecord, bool, str | None]:
-            return r, self.backends[r.backend].probe(r, PROBE_SECS), self.backends[r.backend].describe(r)
+            backend = self.backends[r.backend]
+            return r, backend.probe(r, PROBE_SECS), backend.status(r).stopped
 
         with ThreadPoolExecutor(max_workers=max(1, len(running))) as pool:
             found = list(pool.map(probe, running))
@@ -403,13 +354,13 @@ class ClusterRun:
         """Stop every task (the chief checkpoints first if it can), then start them all again: the
         chief restores the newest checkpoint and training goes on to the requested step."""
         self.restarts += 1
-        self.console.say(f'restart {self.restarts}/{self.policy.max_restarts}: {self._cause(decision)}; '
-                         'stopping every task')
+        self.say(f'restart {self.restarts}/{self.policy.max_restarts}: {self._cause(decision)}; '
+                 'stopping every task')
         self._teardown()
-        step = self._checkpoint_step()
-        self.console.say(f'restart {self.restarts}/{self.policy.max_restarts}: resuming from '
-                         + (f'the checkpoint at global step {step}' if step is not None else
-                            'step 0 (no checkpoint was written yet)'))
+        step = self.life.checkpoint_step()
+        self.say(f'restart {self.restarts}/{self.policy.max_restarts}: resuming from '
+                 + (f'the checkpoint at global step {step}' if step is not None else
+                    'step 0 (no checkpoint was written yet)'))
         self.tolerated.clear()
         self._unknown_since.clear()
         with self._progress_lock:
@@ -423,44 +374,35 @@ class ClusterRun:
         wait_for_servers(self.records, self.backends, t0 + self.start_timeout, self.interrupted,
                          reported=lambda name: self._serving[name].is_set())
 
-    def _checkpoint_step(self) -> int | None:
-        chief = next((r for r in self.records if r.is_chief), None)
-        if chief is None:
-            return None
-        text = self.backends[chief.backend].read_file(chief, checkpoint_state_path(self.spec))
-        return supervise.checkpoint_step(text)
-
     def _give_up(self, decision: Decision) -> TaskFailed:
         """The one line a lost run ends with: which task, how, its last Python error, and where
         a new `launch up` would resume."""
         message = self._cause(decision)
         code = EXIT_FAILED
+        failures = [Failure(name, message) for name in decision.tasks]
         if not decision.stalled:
             first = next(r for r in self.records if r.name == decision.tasks[0])
-            try:
-                exit_code = self.backends[first.backend].poll(first)
-            except BackendError:
-                exit_code = None
+            seen = self.backends[first.backend].status(first)
+            exit_code = seen.exit_code if seen.state == ENDED else None
             if self.policy.user_command and first.job == 'worker' and (exit_code or 0) > 0:
                 code = exit_code        # a user command's run ends with its workers' exit code
             message = message.replace(first.name, f'{first.name} (pid {first.pid} on {first.host})', 1)
-            error = supervise.last_error_line(_log_tail(first, self.backends, 200))
+            error = rundir.last_error_line(_log_tail(first, self.backends, 200))
             if error:
                 message += f'; its last error: {error}'
+            failures = [Failure(first.name, message, first.host, first.pid)]
         if self.restarts >= self.policy.max_restarts and self.policy.restart == 'on-failure':
             message += f'; {self.restarts} restart(s) made, the most supervise.max_restarts allows'
         self._teardown()        # the chief's checkpoint first, so the step below is current
-        step = self._checkpoint_step()
-        message += ('; a new `launch up` resumes from the checkpoint at global step '
-                    f'{step}' if step is not None else '; no checkpoint was written: a new `launch up` '
-                                                       'starts from step 0')
-        return TaskFailed(message, code=code)
+        failed = TaskFailed(f'{message}; {resume_hint(self.life.checkpoint_step())}', code=code)
+        failed.failures = failures
+        return failed
 
     def _stop(self, records: list[TaskRecord]) -> None:
         """Stop these tasks: the chief first, with time to write its checkpoint while the ps tasks
         still run (only then can it save), then everything else at once."""
-        live = [r for r in records if self.backends[r.backend].alive(r)]
-        ps_alive = all(self.backends[r.backend].alive(r) for r in self.records if r.job == 'ps')
+        live = [r for r in records if self.backends[r.backend].status(r).alive]
+        ps_alive = all(self.backends[r.backend].status(r).alive for r in self.records if r.job == 'ps')
         first = [r for r in live if r.is_chief] if ps_alive else []
         if first:
             self.backends[first[0].backend].stop(first, grace=CHECKPOINT_GRACE_SECS)
@@ -469,36 +411,4 @@ class ClusterRun:
     def _teardown(self) -> None:
         """Stop every task and stop following their logs once all is read."""
         self._stop(self.records)
-        self._unfollow(list(self._followers))
-
-    def _report(self, seconds: float) -> None:
-        """One closing line, from the figures each worker left in its train_dir on its host."""
-        results = []
-        for r in self.records:
-            if r.job != 'worker' or r.name in self.tolerated:
-                continue
-            text = self.backends[r.backend].read_file(r, os.path.join(self.spec.train.train_dir,
-                                                                    f'worker-{r.index}.json'))
-            if not text:
-                continue
-            try:
-                results.append(json.loads(text))
-            except ValueError:
-                pass
-        mode = 'command' if self.spec.train.command else 'sync' if self.spec.train.sync else 'async'
-        summary = f'done in {seconds:.1f}s ({mode}, {self.spec.num_workers} workers)'
-        if results:
-            summary += f': global step {max(r["global_step"] for r in results)}'
-            if all('images_per_sec' in r for r in results):     # a user program may not count examples
-                summary += f', {sum(r["images_per_sec"] for r in results):.0f} images/s in all'
-            chief = [r for r in results if r['task'] == 'worker:0']
-            if chief:
-                summary += f', final loss {chief[0]["loss"]:.3f}'
-        notes = []
-        if self.restarts:
-            notes.append(f'{self.restarts} restart(s)')
-        if self.tolerated:
-            notes.append(f'lost {", ".join(sorted(self.tolerated))}')
-        if notes:
-            summary += f' ({"; ".join(notes)})'
-        self.console.say(summary)
+        self.life.unfollow([r.name for r in self.records])

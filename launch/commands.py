@@ -1,0 +1,328 @@
+"""The bodies of the `launch` commands. launch/cli.py parses the command line and calls one of
+these with the loaded spec; the backends they need come from launch/registry.py."""
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+from cluster.rundir import EXIT_USAGE
+from cluster.spec import ClusterSpec, SpecError
+from launch import netns, registry
+from launch.backend import BackendError, stop_all
+from launch.errors import UsageError
+from launch.lifecycle import Console, Lifecycle
+from launch.plan import TaskPlan, effective_spec_path, log_path, state_path
+from launch.preflight import (check_isolation, launcher_alive, prepare_data, preflight, resolve_data,
+                              warn_exposure)
+from launch.state import LaunchState, StateError
+
+
+@dataclass(frozen=True)
+class Request:
+    """One command as the command line gave it, parsed: what the bodies below take."""
+    command: str
+    backend: str | None
+    options: registry.Options
+    args: object        # the command's own flags (argparse's namespace), read by its body only
+
+
+def plans_of(spec: ClusterSpec, req: Request) -> list[TaskPlan]:
+    return registry.plans(spec, req.backend, req.options)
+
+
+def backends_for(spec: ClusterSpec, req: Request, plans: list[TaskPlan], state: LaunchState | None = None):
+    """The backends the plans need, and those of any task the state file remembers."""
+    names = {p.backend for p in plans} | {r.backend for r in (state.tasks if state else [])}
+    return registry.make_backends(spec, req.options, names)
+
+
+def check_request(spec: ClusterSpec, req: Request) -> Request:
+    """Options a backend does not take, commands it cannot serve, isolation it cannot give:
+    UsageError. Returns the request with the backend the state file remembers filled in."""
+    registry.check_options(spec, req.command, req.backend, req.options)
+    check_isolation(spec, req.command, req.backend)
+    if req.backend is None and req.command in ('status', 'down', 'logs'):
+        state = LaunchState.load(state_path(spec))
+        remembered = registry.remembered({r.backend for r in state.tasks}) if state else None
+        if remembered:
+            return Request(req.command, remembered, req.options, req.args)
+    return req
+
+
+# -- up ----------------------------------------------------------------------------------------
+def cmd_up(spec: ClusterSpec, req: Request) -> int:
+    args = req.args
+    life = Lifecycle(spec, Console(verbose=args.verbose))
+    if registry.kind(req.backend).strategy == registry.DELEGATED:
+        strategy = _slurm_strategy(spec, req)
+        if spec.supervise.restart != 'never':
+            print('launch: WARNING: supervise.restart is not applied under Slurm: a failed task ends the job '
+                  '(a new `launch up` resumes from the checkpoint)', file=sys.stderr, flush=True)
+        return life.up(strategy).exit_code
+    from launch.supervised import SupervisedRun
+    plans = plans_of(spec, req)
+    with backends_for(spec, req, plans) as backends:
+        def checks():
+            preflight(spec, plans, backends)
+            prepare_data(spec, plans)
+            warn_exposure(plans)
+        run = SupervisedRun(spec, registry.tasks_spec_yaml(spec, req.backend, req.options), plans, backends,
+                            start_timeout=args.start_timeout, finish_timeout=args.finish_timeout, checks=checks)
+        return life.up(run).exit_code
+
+
+def _slurm_strategy(spec: ClusterSpec, req: Request):
+    """`up --backend slurm`: the spec as one batch job (launch/slurm.py), submitted and followed
+    until it has left the queue (launch/slurm_run.py)."""
+    from launch import slurm, slurm_run
+    missing = slurm_run.missing_command()
+    if missing:     # before anything is written
+        raise UsageError(f'--backend slurm: `{missing}` not found on PATH; {slurm_run.INSTALL_HINT}')
+    if spec.train.data != 'synthetic':      # the tasks write the synthetic set themselves
+        resolve_data(spec)      # seen from here: the train_dir and the data are on a shared filesystem
+    return slurm_run.SlurmRun(spec, slurm.render(spec, req.options), slurm.slurm_spec(spec).to_yaml())
+
+
+# -- status, down, logs --------------------------------------------------------------------------
+def _no_state(spec: ClusterSpec) -> str:
+    return (f'no cluster of {spec.path} is known here (no {os.path.abspath(state_path(spec))}; a relative '
+            'train_dir is relative to the directory `launch up` ran in)')
+
+
+def cmd_status(spec: ClusterSpec, req: Request) -> int:
+    plans = plans_of(spec, req)
+    state = LaunchState.load(state_path(spec))
+    records = {r.name: r for r in (state.tasks if state else [])}
+    if state is None:
+        print(_no_state(spec))
+    elif launcher_alive(state):
+        restarts = f', {state.restarts} restart(s)' if state.restarts else ''
+        print(f'launcher pid {state.launcher_pid}, started {time.ctime(state.started)}{restarts}')
+    else:
+        print(f'launcher pid {state.launcher_pid} is gone; `launch down {spec.path}` stops what is left')
+    if state is not None:
+        p = state.progress
+        if p:
+            print(f'global step {p["global_step"]}/{p["steps"]}, seen {max(0.0, time.time() - p["at"]):.0f}s ago')
+        else:
+            print('global step: none seen yet')
+    print(f'{"TASK":<10} {"ADDRESS":<22} {"BACKEND":<7} {"PID":>7}  {"ALIVE":<5}  {"LISTENING":<9}  NOTE')
+    with backends_for(spec, req, plans, state) as backends:
+        for plan in plans:
+            r = records.get(plan.name)
+            backend = backends[r.backend if r else plan.backend]
+            # compose: the record has its container's address; SSH: the address tasks reach it at; a
+            # private network namespace: asked from inside
+            seen = backend.status(r) if r else None
+            listening = backend.probe(r or backend.log_record(plan), 0.5, handshake=False)
+            alive = {None: False, 'running': True, 'ended': False, 'unknown': None}[seen and seen.state]
+            note = (seen.stopped or '') if alive else f'unknown: {seen.error}' if alive is None else ''
+            shown = {True: 'yes', False: 'no', None: '?'}[alive]
+            print(f'{plan.name:<10} {plan.task.address:<22} {plan.backend:<7} {r.pid if r else "-":>7}  '
+                  f'{shown:<5}  {"yes" if listening else "no":<9}  {note}'.rstrip())
+    return 0
+
+
+def cmd_down(spec: ClusterSpec, req: Request) -> int:
+    plans = plans_of(spec, req)
+    state = LaunchState.load(state_path(spec))
+    if state is None:
+        with backends_for(spec, req, []) as backends:
+            if not _release(backends, plans):     # a namespace a launcher killed early may have left
+                return 1
+        print(f'nothing to stop: {_no_state(spec)}')
+        return 0
+    if launcher_alive(state):       # the launcher tears its own cluster down on SIGTERM
+        try:
+            os.kill(state.launcher_pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + 45       # the chief's checkpoint (25 s), then the rest (5 + 5 s)
+        while launcher_alive(state) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    with backends_for(spec, req, plans, state) as backends:
+        # A backend that leaves resources behind (a compose project's containers and network) is
+        # always stopped, whether or not its tasks still run.
+        left = [r for r in state.tasks
+                if registry.kind(r.backend).leaves_resources or backends[r.backend].status(r).alive]
+        stop_all(left, backends)
+        still = [r.name for r in state.tasks if backends[r.backend].status(r).alive]
+        if not still and not _release(backends, plans):
+            return 1
+    if still:
+        print(f'launch: error: could not stop {", ".join(still)}', file=sys.stderr)
+        return 1
+    if os.path.exists(state_path(spec)):
+        os.remove(state_path(spec))
+    print(f'stopped {len(left)} task(s) of {spec.path}' if left else f'nothing left running of {spec.path}')
+    return 0
+
+
+def _release(backends, plans: list[TaskPlan]) -> bool:
+    """Remove what the run's backends put in place besides its tasks (a network namespace) once
+    its tasks are gone; False, after one error line, if it cannot be."""
+    try:
+        for name, backend in backends.items():
+            backend.release([p for p in plans if p.backend == name])
+        return True
+    except BackendError as e:
+        print(f'launch: error: {e}', file=sys.stderr)
+        return False
+
+
+def cmd_logs(spec: ClusterSpec, req: Request) -> int:
+    args = req.args
+    plans = plans_of(spec, req)
+    if args.task:
+        chosen = [p for p in plans if p.name == args.task]
+        if not chosen:
+            raise UsageError(f'{spec.path}: no task {args.task!r}; tasks are {", ".join(p.name for p in plans)}')
+        plans = chosen
+    state = LaunchState.load(state_path(spec))
+    records = {r.name: r for r in (state.tasks if state else [])}
+    logs_dir = os.path.dirname(log_path(spec, spec.tasks[0]))
+    if state is None and all(registry.kind(p.backend).logs_here for p in plans) and not os.path.isdir(logs_dir):
+        raise UsageError(f'{spec.path}: no logs in {os.path.abspath(logs_dir)}: this spec was never started '
+                         'here (a relative train_dir is relative to the directory `launch up` ran in)')
+    console = Console()
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *a: stop.set())
+    signal.signal(signal.SIGTERM, lambda *a: stop.set())
+
+    def show(plan):
+        backend = backends[plan.backend]
+        record = records.get(plan.name) or backend.log_record(plan)     # the record knows where a started task logs
+        for line in backends[record.backend].read_log(record, follow=args.follow, stop=stop):
+            if len(plans) > 1:
+                console.line(plan.name, line)
+            else:
+                print(line, flush=True)
+
+    with backends_for(spec, req, plans, state) as backends:
+        threads = [threading.Thread(target=show, args=(p,), daemon=True) for p in plans]
+        for t in threads:
+            t.start()
+            if not args.follow:
+                t.join()
+        while any(t.is_alive() for t in threads):
+            time.sleep(0.1)
+    return 0
+
+
+# -- eval, check, plan ------------------------------------------------------------------------
+def cmd_eval(spec: ClusterSpec, req: Request) -> int:
+    from cluster import eval as evaluation
+    try:
+        result = evaluation.evaluate(spec, req.args.checkpoint)
+    except ValueError as e:       # no checkpoint, no test data
+        raise UsageError(str(e)) from None
+    print(evaluation.report(result))
+    return 0
+
+
+def cmd_check(spec: ClusterSpec, req: Request) -> int:
+    plans = plans_of(spec, req)
+    with backends_for(spec, req, plans) as backends:
+        checks = [c for name, b in backends.items()
+                  for c in b.check([p for p in plans if p.backend == name], imports=True)]
+    for c in checks:
+        print(c.line())
+    warn_exposure(plans)
+    return 0 if all(c.ok for c in checks) else 1
+
+
+def cmd_plan(spec: ClusterSpec, req: Request) -> int:
+    print(f'# {spec.path}: {spec.num_ps} ps, {spec.num_workers} workers, '
+          f'{"sync" if spec.train.sync else "async"}; `launch up` writes the effective spec to '
+          f'{effective_spec_path(spec)} (nothing is written now)')
+    if spec.train.program:
+        print(f'# every worker calls {spec.train.program}(ctx) instead of the built-in CIFAR-10 trainer')
+    if spec.train.command:
+        print(f'# every task runs `{shlex.join(spec.train.command)}` plus --job_name, --task_index, --ps_hosts and '
+              '--worker_hosts (python: the task\'s own interpreter); the ps tasks are stopped once every worker '
+              'exited 0')
+    for task, plan in zip(spec.tasks, plans_of(spec, req)):
+        where = registry.kind(plan.backend).where(plan, task, req.options)
+        reach = f' -> {plan.endpoint}' if plan.endpoint != plan.task.address else ''
+        print(f'{plan.name}  {plan.task.address}{reach}  ({where})')
+        print(f'  cwd:  {plan.cwd}')
+        print(f'  run:  {shlex.join(netns.wrap(plan.netns, plan.argv) if plan.netns else plan.argv)}')
+        for k, v in plan.env.items():
+            print(f'  env:  {k}={shlex.quote(v)}')
+        print(f'  log:  {plan.log_path}')
+    return 0
+
+
+# -- files: compose, render, download -------------------------------------------------------------
+def cmd_compose(spec: ClusterSpec, req: Request) -> int:
+    from launch.compose_file import render
+    from launch.plan import compose_spec, plan_compose
+    text = render(compose_spec(spec), list(plan_compose(spec)), spec.path)
+    if write_output(text, req.args.output):
+        print(f'wrote {req.args.output}: {spec.num_ps + spec.num_workers} services; run it with '
+              f'`launch up {spec.path} --backend compose`')
+    return 0
+
+
+def write_output(text: str, path: str | None) -> bool:
+    """`text` to the file at `path` (True), or to standard output when there is none (False)."""
+    if not path:
+        sys.stdout.write(text)
+        return False
+    try:
+        with open(path, 'w') as f:
+            f.write(text)
+    except OSError as e:
+        raise UsageError(f'{path}: cannot write: {e.strerror}') from None
+    return True
+
+
+RENDERERS = {'sbatch': ('launch.slurm', 'a Slurm batch script (`launch up --backend slurm` submits it)'),
+             'tfjob': ('launch.tfjob', 'a Kubeflow TFJob (kubeflow.org/v1) to `kubectl apply -f`')}
+
+
+def cmd_render(spec: ClusterSpec, req: Request) -> int:
+    """The spec in the scheduler's own format: launch/slurm.py (sbatch) or launch/tfjob.py (tfjob)."""
+    import importlib
+    from launch.slurm import option_problem     # the --partition, --time-limit, --port-base given
+    problem = option_problem(spec, req.options)
+    if problem:
+        raise UsageError(problem)
+    module = importlib.import_module(RENDERERS[req.args.format][0])
+    if write_output(module.render(spec, req.args), req.args.output):
+        print(f'wrote {req.args.output} ({req.args.format})')
+    return 0
+
+
+def cmd_download(args) -> int:
+    from cluster import download
+    url, md5 = args.url or download.CIFAR10_URL, args.md5 or download.CIFAR10_MD5
+    try:
+        download.check_arguments(url, md5)
+    except ValueError as e:
+        print(f'launch: error: {e}', file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        target = download.download_cifar10(args.dest, url=url, md5=md5)
+    except download.DownloadError as e:
+        print(f'launch: error: {e}', file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print('launch: interrupted; run the same command again to resume the download', file=sys.stderr)
+        return 130
+    except OSError as e:        # the destination: not writable, a full disk
+        print(f'launch: error: {args.dest}: {e.strerror or e}', file=sys.stderr)
+        return EXIT_USAGE
+    print(f'CIFAR-10 is in {target}; train on it with --set train.data={shlex.quote(target)} '
+          f'or `data: {target}` in the spec')
+    return 0
+
+
+COMMANDS = {'up': cmd_up, 'status': cmd_status, 'down': cmd_down, 'logs': cmd_logs, 'plan': cmd_plan,
+            'check': cmd_check, 'eval': cmd_eval, 'compose': cmd_compose, 'render': cmd_render}
+ERRORS = (SpecError, UsageError, StateError)     # one line, exit code 2

@@ -1,0 +1,317 @@
+"""The one run lifecycle every `launch up` goes through, whichever backend runs the tasks.
+
+    lock the train_dir -> the strategy prepares (bad input: nothing left, exit 2) -> clear an
+    earlier run's figures -> two-stage signals -> the strategy runs -> every log line shown ->
+    one closing line -> a typed RunResult
+
+Two strategies run on it: supervised (launch/supervised.py: the launcher starts, observes and
+stops every task through a Backend, and decides with launch/supervise.py) and delegated (a
+scheduler owns the tasks: launch/slurm_run.py submits, watches and cancels a Slurm job). What the
+user sees at the edges — the lock message, Ctrl-C twice, the resume line, the closing summary —
+is written once, here.
+"""
+from __future__ import annotations
+
+import abc
+import json
+import os
+import re
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from cluster import rundir
+from cluster.rundir import EXIT_OK
+from cluster.spec import ClusterSpec
+from launch.errors import UsageError
+from launch.state import LockBusy, TrainDirLock
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)     # SIGHUP: the terminal went away
+CHECKPOINT_GRACE_SECS = 25.0    # a stopping chief's time to write its checkpoint before the rest stop
+
+# TensorFlow's C++ start-up chatter, which TF_CPP_MIN_LOG_LEVEL does not reach (it is printed
+# before absl logging is initialised). Hidden from the console only: log files keep every line.
+_NOISE = re.compile(
+    r'^[IW]\d{4} [\d:.]+ +\d+ \S+\] '                      # absl INFO and WARNING lines
+    r'|^WARNING: All log messages before absl::InitializeLog'
+    r'|^E\d{4} .*(failed call to cuInit|oneDNN supports DT_UINT8 only)')
+
+
+class Console:
+    """Serialises output lines from many threads, each with its source as a prefix."""
+
+    def __init__(self, stream=None, width: int = 10, verbose: bool = False):
+        self.stream = stream or sys.stdout
+        self.width = width
+        self.verbose = verbose
+        self._lock = threading.Lock()
+
+    def line(self, source: str, text: str) -> None:
+        if not self.verbose and _NOISE.match(text):
+            return
+        with self._lock:
+            try:
+                self.stream.write(f'{"[" + source + "]":<{self.width}} {text}\n')
+                self.stream.flush()
+            except (OSError, ValueError):   # the reader went away (`| head`, a closed tee or terminal:
+                pass                          # EPIPE, EIO): keep running so the tear-down still happens
+
+    def say(self, text: str) -> None:
+        self.line('launch', text)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One task lost on the way: which, where, and how."""
+    task: str
+    cause: str
+    host: str = ''
+    pid: int | None = None
+
+
+@dataclass
+class RunResult:
+    """How an attempt ended: what `launch up` returns and the closing line is made of."""
+    state: str                          # 'done' | 'failed' | 'interrupted'
+    exit_code: int
+    seconds: float = 0.0
+    global_step: int | None = None
+    images_per_sec: float | None = None
+    loss: float | None = None
+    restarts: int = 0
+    failures: list[Failure] = field(default_factory=list)
+    started: float = 0.0                # epoch seconds
+    ended: float = 0.0
+
+
+@dataclass
+class Outcome:
+    """What a strategy's run came to; the lifecycle turns it into the RunResult and closing line."""
+    exit_code: int
+    headline: str = ''                  # done: 'done in 12.3s (sync, 2 workers)'; else empty
+    restarts: int = 0
+    failures: list[Failure] = field(default_factory=list)
+    lost: tuple[str, ...] = ()          # workers the training went on without (their figures left out)
+
+    @property
+    def state(self) -> str:
+        if self.exit_code == EXIT_OK:
+            return 'done'
+        return 'interrupted' if self.exit_code in (128 + signal.SIGINT, 128 + signal.SIGTERM,
+                                                   128 + signal.SIGHUP) else 'failed'
+
+
+class Strategy(abc.ABC):
+    """How one backend runs the tasks of a run: the part of `launch up` that differs."""
+
+    def prepare(self) -> None:
+        """Everything that can go wrong before anything starts (raise UsageError or SpecError:
+        exit 2, and the lifecycle leaves no trace of the run); writes what the tasks need."""
+
+    def stale_files(self) -> list[str]:
+        """An earlier run's files in the train_dir that must not pass for this run's."""
+        return [rundir.result_path(self.spec.train.train_dir, i) for i in range(self.spec.num_workers)]
+
+    @abc.abstractmethod
+    def run(self, life: 'Lifecycle') -> Outcome:
+        """Start, watch and end the tasks; return only once nothing of them is left running."""
+
+    def hurry(self) -> None:
+        """A second Ctrl-C or SIGTERM: end everything now, no checkpoint."""
+
+    @abc.abstractmethod
+    def read_file(self, path: str) -> str | None:
+        """A small file of the run (relative to the working directory) where the chief wrote it."""
+
+    spec: ClusterSpec
+
+
+def resume_hint(step: int | None) -> str:
+    """What a new `launch up` of a run that stopped here would do."""
+    if step is None:
+        return 'no checkpoint was written: a new `launch up` starts from step 0'
+    return f'a new `launch up` resumes from the checkpoint at global step {step}'
+
+
+class Lifecycle:
+    """One `launch up`: owns the lock, the signals, the log followers and the closing line."""
+
+    def __init__(self, spec: ClusterSpec, console: Console):
+        self.spec, self.console = spec, console
+        self.interrupted = threading.Event()     # the first SIGINT/SIGTERM/SIGHUP
+        self.signum = 0
+        self._hurried = False
+        self._strategy: Strategy | None = None
+        self._followers: dict[str, tuple[threading.Thread, threading.Event]] = {}
+
+    # -- the lock -----------------------------------------------------------------------------
+    def _lock(self) -> tuple[TrainDirLock, list[str]]:
+        """Take the train_dir's lock (creating the directory); (lock, the directories created,
+        deepest first), so a launch that never starts can leave no trace."""
+        spec = self.spec
+        path = spec.train.train_dir
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise spec.error('train.train_dir', f'{path} exists and is not a directory')
+        parent = os.path.dirname(os.path.abspath(path))
+        while not os.path.exists(parent):
+            parent = os.path.dirname(parent)
+        if not os.path.isdir(parent):
+            raise spec.error('train.train_dir', f'{path}: {parent} is not a directory')
+        created, probe = [], os.path.abspath(path)
+        while not os.path.exists(probe):
+            created.append(probe)
+            probe = os.path.dirname(probe)
+        try:
+            os.makedirs(path, exist_ok=True)
+            lock = TrainDirLock(path)
+            lock.acquire(f'launcher pid {os.getpid()}, `launch up {spec.path}` since {time.strftime("%H:%M:%S")}')
+        except LockBusy as e:
+            raise UsageError(f'{spec.path}: train_dir {path} is in use by {e}; one launcher per train_dir '
+                             f'(`launch status {spec.path}` shows that run)') from None
+        except OSError as e:
+            raise spec.error('train.train_dir', f'cannot write {e.filename or path}: {e.strerror}') from None
+        return lock, created
+
+    @staticmethod
+    def _forget(lock: TrainDirLock, created: list[str]) -> None:
+        """Leave no trace of a launch that never started: the lock file and the directories made for it."""
+        if created:
+            lock.release(remove=True)
+            for directory in created:
+                try:
+                    os.rmdir(directory)     # only if empty: nothing of anyone else's goes
+                except OSError:
+                    break
+
+    # -- the run ------------------------------------------------------------------------------
+    def up(self, strategy: Strategy) -> RunResult:
+        lock, created = self._lock()     # first: a second launcher is told who runs, nothing more
+        try:
+            try:
+                strategy.prepare()
+            except Exception:
+                self._forget(lock, created)
+                raise
+            for path in strategy.stale_files():
+                try:
+                    os.remove(path)
+                except FileNotFoundError:
+                    pass
+            return self._run(strategy)
+        finally:
+            lock.release()
+
+    def _run(self, strategy: Strategy) -> RunResult:
+        self._strategy = strategy
+        previous = {s: signal.signal(s, self._on_signal) for s in SIGNALS}
+        started, t0 = time.time(), time.monotonic()
+        try:
+            outcome = strategy.run(self)
+        finally:
+            self.unfollow(list(self._followers))      # every line shown before the verdict
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+        result = RunResult(state=outcome.state, exit_code=outcome.exit_code, seconds=time.monotonic() - t0,
+                           restarts=outcome.restarts, failures=list(outcome.failures), started=started,
+                           ended=time.time())
+        self._add_figures(result, outcome.lost)
+        if outcome.state == 'done':
+            self.console.say(outcome.headline + self.summary(result, outcome.lost))
+        return result
+
+    def _on_signal(self, signum, frame):
+        if not self.interrupted.is_set():
+            self.signum = signum
+            self.interrupted.set()
+        elif signum != signal.SIGHUP and not self._hurried and self._strategy is not None:
+            # A second Ctrl-C (or SIGTERM): the user will not wait for the checkpoint and the
+            # graceful stop. SIGHUP is not a request: a closed terminal sends it once more at exit.
+            self._hurried = True
+            threading.Thread(target=self._strategy.hurry, name='hurry', daemon=True).start()
+
+    @property
+    def hurried(self) -> bool:
+        return self._hurried
+
+    @property
+    def signal_name(self) -> str:
+        return signal.Signals(self.signum).name
+
+    def checkpoint_step(self) -> int | None:
+        """The step of the newest checkpoint (what a restart or a new `launch up` resumes from)."""
+        return rundir.checkpoint_step(self._strategy.read_file(rundir.checkpoint_index_path(self.spec.train.train_dir)))
+
+    # -- following logs -------------------------------------------------------------------------
+    def follow(self, name: str, lines: Callable[[threading.Event], Iterable[str]],
+               on_line: Callable[[str], None] | None = None) -> None:
+        """Show a task's log lines on the console as they come, prefixed with `name`, until
+        unfollow(name); `lines(stop)` yields them, ending once `stop` is set and all is read."""
+        self.unfollow([name])
+        stop = threading.Event()
+
+        def pump():
+            for line in lines(stop):
+                if on_line is not None:
+                    on_line(line)
+                self.console.line(name, line)
+        t = threading.Thread(target=pump, name=f'follow-{name}', daemon=True)
+        t.start()
+        self._followers[name] = (t, stop)
+
+    def unfollow(self, names) -> None:
+        """Stop following these logs, once what is there has been read."""
+        stopping = [self._followers.pop(n) for n in names if n in self._followers]
+        for _, stop in stopping:
+            stop.set()
+        for t, _ in stopping:
+            t.join(timeout=5)
+
+    # -- the closing line ------------------------------------------------------------------------
+    def _worker_results(self, lost: tuple[str, ...]) -> list[dict]:
+        """The closing figures each worker left in the train_dir (where its host has it)."""
+        results = []
+        for i in range(self.spec.num_workers):
+            if f'worker:{i}' in lost:
+                continue
+            text = self._strategy.read_file(rundir.result_path(self.spec.train.train_dir, i))
+            try:
+                found = json.loads(text) if text else None
+            except ValueError:      # damaged: no figures from that worker
+                found = None
+            if isinstance(found, dict):
+                results.append(found)
+        return results
+
+    def _add_figures(self, result: RunResult, lost: tuple[str, ...]) -> None:
+        results = self._worker_results(lost)
+        if not results:
+            return
+        result.global_step = max(r.get('global_step', 0) for r in results)
+        if all('images_per_sec' in r for r in results):     # a user program may not count examples
+            result.images_per_sec = sum(r['images_per_sec'] for r in results)
+        chief = [r for r in results if r.get('task') == 'worker:0' and 'loss' in r]
+        if chief:
+            result.loss = chief[0]['loss']
+
+    @staticmethod
+    def summary(result: RunResult, lost: tuple[str, ...] = ()) -> str:
+        """': global step G, R images/s in all, final loss L (notes)' — the figures of a finished run."""
+        text = ''
+        if result.global_step is not None:
+            text += f': global step {result.global_step}'
+            if result.images_per_sec is not None:
+                text += f', {result.images_per_sec:.0f} images/s in all'
+            if result.loss is not None:
+                text += f', final loss {result.loss:.3f}'
+        notes = []
+        if result.restarts:
+            notes.append(f'{result.restarts} restart(s)')
+        if lost:
+            notes.append(f'lost {", ".join(sorted(lost))}')
+        if notes:
+            text += f' ({"; ".join(notes)})'
+        return text
+
