@@ -319,12 +319,20 @@ class SSHBackend(Backend):
 
     @staticmethod
     def _parallel(fn, items):
-        """fn(item) for every item at once (one thread per host); results in order."""
+        """fn(item) for every item at once (one thread per host); results in order. Every item
+        runs to its end even when another fails: one SSHError then names every host that failed
+        (Fabric's GroupResult keeps each host's outcome the same way)."""
         items = list(items)
         if len(items) <= 1:
             return [fn(i) for i in items]
         with ThreadPoolExecutor(max_workers=min(16, len(items))) as pool:
-            return list(pool.map(fn, items))
+            futures = [pool.submit(fn, i) for i in items]
+        failed = [f.exception() for f in futures if f.exception() is not None]
+        if not failed:
+            return [f.result() for f in futures]
+        if len(failed) == 1 or not all(isinstance(e, SSHError) for e in failed):
+            raise failed[0]
+        raise SSHError(failed[0].host, '; '.join([failed[0].cause] + [str(e) for e in failed[1:]]))
 
     @staticmethod
     def _by_host(items, host_of) -> dict[str, list]:

@@ -1,0 +1,232 @@
+"""The run lifecycle and the supervised strategy over a scripted backend: tolerate, restart, stall,
+give up and Ctrl-C, each carried out end to end in well under a second, with no process started.
+The real-cluster tests (tests/test_faults.py, tests/test_races.py) check the same paths on
+TensorFlow servers; these pin down the decisions' consequences: what is stopped, restarted and
+reported, and the RunResult."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from cluster import rundir
+from cluster.spec import load_spec
+from launch import supervised
+from launch.backend import ENDED, RUNNING, Backend, Observation, TaskRecord
+from launch.lifecycle import Console, Lifecycle, resume_hint
+from launch.plan import plan_cluster
+from launch.ssh import SSHBackend, SSHError
+from launch.supervised import SupervisedRun
+from tests.conftest import write_spec
+
+
+class ScriptedBackend(Backend):
+    """Tasks that exist only as a script: for each task and start (1, 2, ...), a list of
+    (seconds after its start, what happens): ('log', line) or ('exit', code). A task not told to
+    exit runs until stopped (exit -15). Every start says it serves at once."""
+    name = 'scripted'
+
+    def __init__(self, script, checkpoint_step: int | None = None):
+        self.script = script
+        self.starts: dict[str, list[float]] = {}
+        self.stopped: dict[str, int] = {}           # task -> its exit code once stopped
+        self.checkpoint_step = checkpoint_step
+        self.lock = threading.Lock()
+
+    def check(self, plans, imports=False):
+        return []
+
+    def start(self, plan):
+        with self.lock:
+            self.starts.setdefault(plan.name, []).append(time.monotonic())
+            self.stopped.pop(plan.name, None)
+        t = plan.task
+        return TaskRecord(t.name, t.job, t.index, t.host, t.port, self.name, 1000 + len(self.starts), 'log',
+                          ident=str(len(self.starts[plan.name])))
+
+    def _events(self, record):
+        attempt = len(self.starts[record.name])
+        started = self.starts[record.name][-1]
+        events = self.script.get(record.name, {})
+        return started, events.get(attempt, events.get('*', []))
+
+    def status(self, record):
+        with self.lock:
+            if record.name in self.stopped:
+                return Observation(ENDED, self.stopped[record.name])
+            started, events = self._events(record)
+        now = time.monotonic() - started
+        code = next((value for at, what, value in events if what == 'exit' and at <= now), None)
+        return Observation(RUNNING) if code is None else Observation(ENDED, code)
+
+    def probe(self, record, timeout, handshake=True, channel_ready=None):
+        return self.status(record).state == RUNNING
+
+    def stop(self, records, grace=0):
+        with self.lock:
+            for r in records:
+                self.stopped.setdefault(r.name, -signal.SIGTERM)
+
+    def log_record(self, plan):
+        raise NotImplementedError
+
+    def read_log(self, record, follow=False, stop=None, offset=0):
+        started, events = self._events(record)
+        yield '12:00:00 I ' + rundir.serving_line(record.name, record.endpoint, record.pid)
+        pending = sorted((at, value) for at, what, value in events if what == 'log')
+        while pending:
+            if time.monotonic() - started >= pending[0][0]:
+                yield pending.pop(0)[1]
+            elif stop is None or stop.is_set():
+                return
+            else:
+                time.sleep(0.01)
+
+    def read_file(self, record, path):
+        if path.endswith(rundir.CHECKPOINT_INDEX):
+            step = self.checkpoint_step
+            return None if step is None else f'model_checkpoint_path: "model.ckpt-{step}"\n'
+        for i in range(8):
+            if path == rundir.result_path(os.path.dirname(path), i):
+                seen = self.status(TaskRecord(f'worker:{i}', 'worker', i, '', 0, self.name, 0, ''))
+                if seen.state == ENDED and seen.exit_code == 0:
+                    return json.dumps({'task': f'worker:{i}', 'global_step': 100, 'loss': 1.5,
+                                       'images_per_sec': 50.0})
+        return None
+
+
+@pytest.fixture(autouse=True)
+def fast(monkeypatch):
+    monkeypatch.setattr(supervised, 'SUPERVISE_SECS', 0.01)
+
+
+def run(tmp_path, backend, workers=2, sync=True, supervise=None, interrupt_after=None, **train):
+    spec = load_spec(write_spec(tmp_path, workers=workers, sync=sync, supervise=supervise, **train))
+    plans = [p.__class__(**{**p.__dict__, 'backend': backend.name}) for p in plan_cluster(spec)]
+    out = io.StringIO()
+    life = Lifecycle(spec, Console(stream=out))
+    strategy = SupervisedRun(spec, '', plans, {backend.name: backend}, start_timeout=5, finish_timeout=5)
+    timers = []
+    for after in interrupt_after or ():
+        timers.append(threading.Timer(after, os.kill, (os.getpid(), signal.SIGINT)))
+        timers[-1].start()
+    t0 = time.monotonic()
+    try:
+        result = life.up(strategy)
+    finally:
+        for t in timers:
+            t.cancel()
+    return result, out.getvalue(), time.monotonic() - t0
+
+
+def step(n, total=100):
+    return ('log', f'12:00:00 I {rundir.progress_line(n, total, 2.0)}')
+
+
+# Times are after every server is up (about 0.1 s for these scripted tasks).
+DONE = [(0.3, *step(50)), (0.4, *step(100)), (0.5, 'exit', 0)]
+
+
+def test_a_run_where_every_task_finishes_is_done(tmp_path):
+    backend = ScriptedBackend({'ps:0': {'*': [(0.6, 'exit', 0)]}, 'worker:0': {'*': DONE}, 'worker:1': {'*': DONE}})
+    result, out, seconds = run(tmp_path, backend)
+    assert (result.state, result.exit_code, result.restarts, result.failures) == ('done', 0, 0, []), out
+    assert (result.global_step, result.images_per_sec, result.loss) == (100, 100.0, 1.5)
+    assert out.rstrip().splitlines()[-1].endswith(': global step 100, 100 images/s in all, final loss 1.500'), out
+    assert seconds < 3
+
+
+def test_a_lost_backup_worker_is_tolerated_and_named_at_the_end(tmp_path):
+    backend = ScriptedBackend({'ps:0': {'*': []}, 'worker:0': {'*': DONE}, 'worker:1': {'*': DONE},
+                               'worker:2': {'*': [(0.3, 'exit', 1)]}})
+    result, out, _ = run(tmp_path, backend, workers=3, sync=False)
+    assert (result.state, result.exit_code) == ('done', 0), out
+    assert 'worker:2 exited with code 1; training goes on with 2 worker(s)' in out
+    assert 'every worker is done; stopping ps:0' in out          # it would wait for worker:2's report
+    assert [f.task for f in result.failures] == ['worker:2']
+    assert out.rstrip().endswith('(lost worker:2)'), out
+    assert backend.stopped['ps:0'] == -signal.SIGTERM
+
+
+def test_a_lost_ps_restarts_the_whole_cluster_from_its_checkpoint(tmp_path):
+    backend = ScriptedBackend({'ps:0': {1: [(0.4, 'exit', -9)], 2: [(0.6, 'exit', 0)]},
+                               'worker:0': {1: [(0.3, *step(40))], 2: DONE},
+                               'worker:1': {1: [], 2: DONE}}, checkpoint_step=40)
+    result, out, _ = run(tmp_path, backend, supervise={'restart': 'on-failure', 'max_restarts': 2})
+    assert (result.state, result.exit_code, result.restarts) == ('done', 0, 1), out
+    assert 'restart 1/2: ps:0 was killed by SIGKILL; stopping every task' in out
+    assert 'restart 1/2: resuming from the checkpoint at global step 40' in out
+    assert {name: len(times) for name, times in backend.starts.items()} == {'ps:0': 2, 'worker:0': 2, 'worker:1': 2}
+    assert out.rstrip().endswith('(1 restart(s))'), out
+
+
+def test_restarts_run_out_and_the_run_gives_up_naming_the_task(tmp_path):
+    backend = ScriptedBackend({'ps:0': {'*': [(0.3, 'exit', -9)]}, 'worker:0': {'*': []}, 'worker:1': {'*': []}},
+                              checkpoint_step=12)
+    result, out, _ = run(tmp_path, backend, supervise={'restart': 'on-failure', 'max_restarts': 1})
+    assert (result.state, result.exit_code, result.restarts) == ('failed', 1, 1), out
+    last = [line for line in out.splitlines() if 'error:' in line][-1]
+    assert 'ps:0 (pid ' in last and 'was killed by SIGKILL' in last, last
+    assert '1 restart(s) made, the most supervise.max_restarts allows' in last
+    assert last.endswith(resume_hint(12)), last
+    assert [(f.task, f.pid is not None) for f in result.failures] == [('ps:0', True)]
+    assert all(code == -signal.SIGTERM for name, code in backend.stopped.items() if name != 'ps:0')
+
+
+def test_a_stall_is_explained_and_ends_the_run(tmp_path):
+    stuck = [(0.3, *step(5))]
+    backend = ScriptedBackend({'ps:0': {'*': []}, 'worker:0': {'*': stuck}, 'worker:1': {'*': stuck}})
+    result, out, seconds = run(tmp_path, backend, supervise={'stall_secs': 0.4}, log_every_secs=0.1,
+                               steps=100)
+    assert (result.state, result.exit_code) == ('failed', 1), out
+    assert 'stall: no new global step for' in out and '(stuck at 5/100)' in out, out
+    assert 'every task answers on its port, so none is frozen' in out, out
+    assert resume_hint(None) in out
+    assert seconds < 5
+
+
+def test_ctrl_c_stops_every_task(tmp_path):
+    backend = ScriptedBackend({'ps:0': {'*': []}, 'worker:0': {'*': []}, 'worker:1': {'*': []}})
+    result, out, _ = run(tmp_path, backend, interrupt_after=(0.3,))
+    assert (result.state, result.exit_code) == ('interrupted', 130), out
+    assert 'SIGINT received: stopping every task (the chief saves a checkpoint first)' in out
+    assert backend.stopped == {'ps:0': -15, 'worker:0': -15, 'worker:1': -15}
+    assert not os.path.exists(rundir.state_path(str(tmp_path / 'run')))     # nothing left to find
+
+
+def test_the_lock_refuses_a_second_lifecycle_and_a_failed_prepare_leaves_no_trace(tmp_path):
+    from launch.errors import UsageError
+    spec = load_spec(write_spec(tmp_path))
+    holder = Lifecycle(spec, Console(stream=io.StringIO()))
+    lock, _ = holder._lock()
+    try:
+        with pytest.raises(UsageError, match=rf'train_dir .* is in use by launcher pid {os.getpid()}'):
+            Lifecycle(spec, Console(stream=io.StringIO()))._lock()
+    finally:
+        lock.release(remove=True)
+    os.rmdir(spec.train.train_dir)
+
+    class Refused(ScriptedBackend):
+        def check(self, plans, imports=False):
+            raise UsageError('bad input')
+    strategy = SupervisedRun(spec, '', [], {}, checks=lambda: Refused({}).check([]))
+    with pytest.raises(UsageError):
+        Lifecycle(spec, Console(stream=io.StringIO())).up(strategy)
+    assert not os.path.exists(spec.train.train_dir)       # made for this launch, removed again
+
+
+def test_a_multi_host_operation_names_every_host_that_failed():
+    def fail(host):
+        if host != 'good':
+            raise SSHError(host, 'cannot create the workdir x: Permission denied')
+        return host
+    with pytest.raises(SSHError) as e:
+        SSHBackend._parallel(fail, ['a', 'good', 'b'])
+    assert str(e.value) == ('a: cannot create the workdir x: Permission denied; '
+                            'b: cannot create the workdir x: Permission denied')
+    assert SSHBackend._parallel(lambda h: h, ['x', 'y']) == ['x', 'y']
