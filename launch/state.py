@@ -8,6 +8,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
+from cluster.rundir import lock_path, write_atomically
 from launch.backend import TaskRecord
 
 
@@ -37,9 +38,7 @@ class LaunchState:
         data = {'format': FORMAT, 'spec': self.spec, 'launcher_pid': self.launcher_pid, 'launcher_ident': self.launcher_ident,
                 'started': self.started, 'tasks': [t.to_dict() for t in self.tasks],
                 'progress': self.progress, 'restarts': self.restarts}
-        with open(path + '.tmp', 'w') as f:
-            json.dump(data, f, indent=1)
-        os.replace(path + '.tmp', path)
+        write_atomically(path, json.dumps(data, indent=1))
 
     @classmethod
     def load(cls, path: str) -> 'LaunchState | None':
@@ -81,7 +80,7 @@ class TrainDirLock:
     who holds it, for the launcher that is refused."""
 
     def __init__(self, train_dir: str):
-        self.path = os.path.join(train_dir, 'launch.lock')
+        self.path = lock_path(train_dir)
         self._fd: int | None = None
 
     def acquire(self, holder: str) -> None:

@@ -63,6 +63,50 @@ def no_stray_processes():
     assert not left, f'processes left behind: {left}'
 
 
+# -- the fast tier starts no process ----------------------------------------------------------------
+# Python raises an audit event for every way it starts a process (subprocess.Popen, whence
+# subprocess.run; os.system, os.posix_spawn, os.spawn*, os.fork: multiprocessing). One hook for
+# the session records them while a test not marked `slow` runs; the test then fails naming each.
+SPAWN_EVENTS = frozenset({'subprocess.Popen', 'os.system', 'os.posix_spawn', 'os.spawn', 'os.fork', 'os.forkpty'})
+_spawned: list[str] | None = None    # a list while a fast test runs, else None
+
+
+def _record_spawn(event: str, args: tuple) -> None:
+    if _spawned is None or event not in SPAWN_EVENTS:
+        return
+    try:            # an exception here would abort the start itself: the test must fail, not the code under it
+        what = {'subprocess.Popen': 1, 'os.system': 0, 'os.posix_spawn': 1, 'os.spawn': 2}.get(event)
+        what = '(a fork)' if what is None else args[what]
+        what = ' '.join(map(os.fsdecode, what)) if isinstance(what, (list, tuple)) else os.fsdecode(what)
+    except Exception:
+        what = repr(args)
+    frame = sys._getframe(1)       # the innermost frame of this project's code: where it was started from
+    while frame and not frame.f_code.co_filename.startswith(REPO + os.sep):
+        frame = frame.f_back
+    where = f' (from {os.path.relpath(frame.f_code.co_filename, REPO)}:{frame.f_lineno})' if frame else ''
+    _spawned.append(f'{event}: {what}{where}')
+
+
+sys.addaudithook(_record_spawn)
+
+
+@pytest.fixture(autouse=True)
+def fast_tests_start_no_process(request):
+    """A test not marked slow must start no process, nor may its function-scoped fixtures."""
+    global _spawned
+    if request.node.get_closest_marker('slow'):
+        yield
+        return
+    _spawned = []
+    try:
+        yield
+    finally:
+        spawned, _spawned = _spawned, None
+    if spawned:
+        pytest.fail('a test not marked slow started processes (mark it @pytest.mark.slow):\n' + '\n'.join(spawned),
+                    pytrace=False)
+
+
 def write_spec(path, workers: int = 2, ps: int = 1, host: str = 'localhost', hosts: dict | None = None,
                task_hosts: list[str] | None = None, supervise: dict | None = None, **train) -> str:
     """A spec file with free ports and a train_dir next to it; `train` overrides the defaults.

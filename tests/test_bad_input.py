@@ -175,6 +175,7 @@ def _run(argv, cwd):
     return launch(*argv, cwd=cwd, timeout=120)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('case', sorted(CASES))
 def test_bad_input_is_one_line_exit_2_and_nothing_started(tmp_path, case):
     setup, expected = CASES[case][:2]
@@ -196,6 +197,7 @@ def test_the_table_is_long_enough():
     assert len(CASES) >= 40
 
 
+@pytest.mark.slow
 def test_spec_file_errors_point_at_their_line(tmp_path):
     """train_dir and data errors found only when the spec is used still name the line they are on."""
     (tmp_path / 'afile').write_text('x')
@@ -205,6 +207,7 @@ def test_spec_file_errors_point_at_their_line(tmp_path):
     assert result.returncode == 2 and f'spec.yaml:{line}: train.train_dir: ' in result.stderr, result.stderr
 
 
+@pytest.mark.slow
 def test_local_port_in_use_names_the_task(tmp_path):
     with socket.socket() as s:
         spec, port = _port_busy(tmp_path, s)
@@ -214,6 +217,7 @@ def test_local_port_in_use_names_the_task(tmp_path):
     assert not os.path.exists(tmp_path / 'run')
 
 
+@pytest.mark.slow
 def test_plan_prints_every_task_and_writes_nothing(tmp_path):
     spec = write_spec(tmp_path)
     result = launch('plan', spec, timeout=60)
@@ -225,6 +229,7 @@ def test_plan_prints_every_task_and_writes_nothing(tmp_path):
     assert not os.path.exists(tmp_path / 'run')
 
 
+@pytest.mark.slow
 def test_a_held_train_dir_names_its_launcher(tmp_path):
     """A second launcher of the same train_dir is refused at once, saying who holds it, and
     neither touches the holder's files."""
@@ -260,6 +265,7 @@ def test_port_probe_survives_a_host_without_ipv6(monkeypatch):
     assert not task.port_in_use(free_ports(1)[0])
 
 
+@pytest.mark.slow
 def test_task_help_is_not_a_traceback():
     result = subprocess.run([sys.executable, '-m', 'cluster.task', '--help'], cwd=REPO, capture_output=True,
                             text=True, timeout=120)

@@ -63,6 +63,7 @@ def run_batches(tensors, count):
 
 # --------------------------------------------------------------------------- files
 
+@pytest.mark.slow
 def test_import_does_not_load_tensorflow():
     code = 'import sys, cluster.data; assert "tensorflow" not in sys.modules'
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -206,6 +207,7 @@ def test_resolve_data_real_directory_expands_home(tmp_path, monkeypatch):
 
 # --------------------------------------------------------------------------- pipelines
 
+@pytest.mark.slow      # TensorFlow sessions, seconds each
 def test_train_inputs_shapes_and_standardization(synth_dir):
     with tf.compat.v1.Graph().as_default():
         images, labels = data.train_inputs(synth_dir, 16, seed=1)
@@ -221,6 +223,7 @@ def test_train_inputs_shapes_and_standardization(synth_dir):
         assert y.min() >= 0 and y.max() < 10
 
 
+@pytest.mark.slow
 def test_train_inputs_seed_is_deterministic(synth_dir):
     def first_batches(seed):
         with tf.compat.v1.Graph().as_default():
@@ -233,6 +236,7 @@ def test_train_inputs_seed_is_deterministic(synth_dir):
     assert not np.array_equal(a[0][0], c[0][0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('num_shards', [2, 8])
 def test_train_inputs_shards_read_disjoint_records(tmp_path, num_shards):
     # Record r carries label r % num_shards, so each shard must see exactly one label.
@@ -248,6 +252,7 @@ def test_train_inputs_shards_read_disjoint_records(tmp_path, num_shards):
         data.train_inputs(directory, 4, shard_index=2, num_shards=2)
 
 
+@pytest.mark.slow
 def test_eval_inputs_covers_each_test_record_once(synth_dir):
     records = read_records(os.path.join(synth_dir, data.TEST_FILE))
     with tf.compat.v1.Graph().as_default():
@@ -279,6 +284,7 @@ def test_deterministic_inputs_record_order(tmp_path):
         np.testing.assert_allclose(x, expected[index], atol=1e-4)
 
 
+@pytest.mark.slow
 def test_deterministic_inputs_two_workers_match_one(tmp_path):
     directory = data.write_synthetic(str(tmp_path), records_per_file=4, test_records=1)
     b, steps = 3, 5

@@ -15,6 +15,8 @@ from cluster import data
 from cluster.download import ARCHIVE_DIR, WANTED
 from tests.conftest import launch
 
+pytestmark = pytest.mark.slow     # every test runs `launch download`
+
 
 def make_archive(tmp_path, leave_out: str | None = None, truncate: str | None = None) -> bytes:
     source = tmp_path / 'source'

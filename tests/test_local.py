@@ -15,6 +15,8 @@ import yaml
 
 from tests.conftest import REPO, launch, launch_bg, project_processes, read_until, run_by_hand, write_spec
 
+pytestmark = pytest.mark.slow     # real local clusters and `python -m cluster.task`
+
 
 def checkpoint_step(train_dir: str) -> int:
     """The global step stored in the newest checkpoint, read by TensorFlow itself."""

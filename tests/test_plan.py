@@ -258,6 +258,7 @@ def test_gpu_shortage_names_what_the_host_has():
         'train.devices names gpu:0, gpu:2 but the host has 2 GPUs (gpu:0..gpu:1)'
 
 
+@pytest.mark.slow
 def test_gpu_count_shell_snippet_runs_and_parses():
     import subprocess
     out = subprocess.run(['sh', '-c', GPU_COUNT_SH], capture_output=True, text=True, check=True).stdout

@@ -140,6 +140,7 @@ def test_port_base_must_leave_room_for_a_node_s_tasks(tmp_path):
         resolve(_spec(tmp_path, 1, 2), _step(0, 'vm', '3'), port_base=65534)
 
 
+@pytest.mark.slow
 def test_task_outside_srun_exits_2_with_one_line(tmp_path):
     spec = write_spec(tmp_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith('SLURM')}
@@ -163,6 +164,7 @@ def _sbatch_options(script: str) -> list[str]:
     return [line.split(None, 1)[1] for line in script.splitlines() if line.startswith('#SBATCH ')]
 
 
+@pytest.mark.slow
 def test_script_asks_for_every_task_and_runs_them_with_one_srun(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     spec = write_spec(tmp_path, ps=2, workers=3, train_dir='relative/run')
@@ -197,6 +199,7 @@ def test_script_carries_the_effective_spec(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize('rank, log, term', [(0, 'ps-0.log', 'SIG_IGN'), (1, 'worker-0.log', 'SIG_DFL'),
                                              (2, 'worker-1.log', 'SIG_DFL')])
+@pytest.mark.slow
 def test_each_rank_logs_under_its_task_name_and_only_ps_ignores_sigterm(tmp_path, rank, log, term):
     """The wrapper srun runs on every rank: the ps tasks outlive scancel's SIGTERM, so the chief
     can still save its checkpoint."""
@@ -227,12 +230,14 @@ def test_srun_lines_name_the_tasks(tmp_path):
     (['up', '--partition', 'gpu'], '--partition is for Slurm jobs: add --backend slurm'),
     (['down', '--backend', 'slurm'], '`scancel --name spec` stops it'),
 ])
+@pytest.mark.slow
 def test_bad_slurm_options_are_one_line(tmp_path, argv, words):
     out = launch(argv[0], write_spec(tmp_path), *argv[1:])
     assert out.returncode == 2 and out.stderr.count('\n') == 1 and words in out.stderr, out
     assert not os.path.exists(tmp_path / 'run')
 
 
+@pytest.mark.slow
 def test_no_slurm_on_the_machine_is_one_line_and_nothing_written(tmp_path):
     empty = tmp_path / 'bin'
     empty.mkdir()
@@ -274,6 +279,7 @@ def _nothing_left(slurm_cluster, tmp_path) -> None:
     assert not {p: c for p, c in project_processes().items() if str(tmp_path) in c}
 
 
+@pytest.mark.slow
 def test_job_trains_to_the_end(tmp_path, slurm_cluster):
     spec, args, env = _up(tmp_path, slurm_cluster, steps=30)
     out = launch(*args, env=env, timeout=300)
@@ -291,6 +297,7 @@ def test_job_trains_to_the_end(tmp_path, slurm_cluster):
     assert (placed.num_ps, placed.num_workers, placed.train.train_dir) == (1, 2, str(run))
 
 
+@pytest.mark.slow
 def test_a_failing_task_ends_the_job(tmp_path, slurm_cluster):
     """ps:0 cannot serve (its port is taken): srun ends the whole step, so the workers, which
     would wait for it for ever, go too, and the launcher says which task failed."""
@@ -322,6 +329,7 @@ def _mid_run(tmp_path, slurm_cluster, act):
     return proc, lines, rest, job
 
 
+@pytest.mark.slow
 def test_scancel_mid_run_leaves_nothing(tmp_path, slurm_cluster):
     def scancel(proc, job):
         assert slurm_cluster.run('scancel', job).returncode == 0
@@ -331,6 +339,7 @@ def test_scancel_mid_run_leaves_nothing(tmp_path, slurm_cluster):
     _nothing_left(slurm_cluster, tmp_path)
 
 
+@pytest.mark.slow
 def test_ctrl_c_cancels_the_job_and_leaves_nothing(tmp_path, slurm_cluster):
     proc, lines, rest, job = _mid_run(tmp_path, slurm_cluster, lambda proc, job: proc.send_signal(signal.SIGINT))
     assert proc.returncode == 128 + signal.SIGINT, ''.join(lines) + rest
@@ -340,6 +349,7 @@ def test_ctrl_c_cancels_the_job_and_leaves_nothing(tmp_path, slurm_cluster):
     _nothing_left(slurm_cluster, tmp_path)
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_the_job_waits_in_the_queue(tmp_path, slurm_cluster):
     """A job that never started (its partition is down) is cancelled as plainly."""
     assert slurm_cluster.run('scontrol', 'update', 'PartitionName=test', 'State=DOWN').returncode == 0
@@ -360,6 +370,7 @@ def test_ctrl_c_while_the_job_waits_in_the_queue(tmp_path, slurm_cluster):
     _nothing_left(slurm_cluster, tmp_path)
 
 
+@pytest.mark.slow
 def test_a_tf1_command_job_ends_once_its_workers_have(tmp_path, slurm_cluster):
     """A `train.command` job: the script's ps would `server.join()` for ever; each ps task stops
     it once the workers are gone, so the job completes, exit 0, and nothing is left."""

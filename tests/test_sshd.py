@@ -15,6 +15,8 @@ import pytest
 
 from tests.sshd import SSHDError, SSHHosts, process_table
 
+pytestmark = pytest.mark.slow     # a real sshd; the autouse leftover check below runs `ps` for every test
+
 # cd first: a sleeper is ours if its cwd is under this session's pytest basetemp
 # (other pytest sessions may run the same tests at the same time).
 DETACHED = "cd {dir} || exit 1; setsid nohup sleep 300 > sleep.log 2>&1 < /dev/null & echo $!"
