@@ -28,6 +28,8 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+from cluster import rundir  # noqa: E402
+
 QUIET = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
 
 
@@ -106,9 +108,6 @@ def loopback_bytes_per_sec(total: int = 256 << 20, chunk: int = 4 << 20) -> floa
 # ---------------------------------------------------------------------------------------------
 # One `launch up`, timed from the outside
 
-_STEP = re.compile(r'^\[worker:0\].* step (\d+)/(\d+)')
-
-
 def launch_up(spec: str, overrides: list[str], images_per_step: int, on_step=None) -> dict:
     """Run `launch up` and read, as lines arrive: the first global step, the steady-state rate,
     the last step and the clean exit (every task gone: the launcher waits for them).
@@ -122,9 +121,9 @@ def launch_up(spec: str, overrides: list[str], images_per_step: int, on_step=Non
     for line in proc.stdout:
         now = time.monotonic() - t0
         lines.append(line)
-        m = _STEP.search(line)
-        if m:
-            step, total = int(m.group(1)), int(m.group(2))
+        progress = rundir.step_of(line) if line.startswith('[worker:0]') else None     # the chief's lines
+        if progress:
+            step, total = progress
             first_step = first_step if first_step is not None else now
             steps.append((now, step))
             if on_step:
@@ -268,9 +267,9 @@ def bench_learning(args, tmp: str) -> dict:
         launch_up(spec, sets, 64)
         reached = None
         checkpoints = sorted({int(m.group(1)) for f in os.listdir(train_dir)
-                              for m in [re.match(r'model\.ckpt-(\d+)\.index$', f)] if m})
+                              for m in [re.match(re.escape(rundir.CHECKPOINT_PREFIX) + r'-(\d+)\.index$', f)] if m})
         for step in checkpoints:
-            prefix = os.path.join(train_dir, f'model.ckpt-{step}')
+            prefix = f'{rundir.checkpoint_prefix(train_dir)}-{step}'
             got = subprocess.run([sys.executable, '-m', 'launch', 'eval', spec, '--checkpoint', prefix,
                                   *[a for s in sets for a in ('--set', s)]], cwd=REPO, capture_output=True,
                                  text=True, env=QUIET)

@@ -7,7 +7,7 @@ Three views of the same runs:
   in steady state, read from /proc, next to what one batch costs in one process with no cluster,
   and the cores' idle time. On a shared host this is the whole story: what the ps and the
   transfers cost comes out of the workers' compute.
-- the chief's step stats (TensorFlow's RunMetadata, full trace, cluster/train.py StepProfiler):
+- the chief's step stats (TensorFlow's RunMetadata, full trace, cluster/profiler.py StepProfiler):
   op-seconds per task and kind of op, and the bytes each task received. Op-seconds are summed over
   ops, so ops that run in parallel add up past the wall time, and a transfer's time includes
   waiting for its tensor to be produced (a ps waits for the worker's gradients).
@@ -25,6 +25,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench import QUIET, REPO, cluster_overrides, fmt_run, launch_up, single_process  # noqa: E402
+from cluster import rundir  # noqa: E402
+from cluster.profiler import PROFILE_ENV  # noqa: E402
 from launch.local import process_cmdline, process_cpu_seconds  # noqa: E402
 
 
@@ -76,7 +78,7 @@ def main() -> None:
     base_ms = single['cpu_s_per_batch'] * 1e3
     print(f'== one process, no cluster: {single["images_per_sec"]:.0f} images/s, {base_ms:.1f} CPU-ms per batch of '
           f'{args.batch} ({cores} cores)')
-    QUIET['TFCLUSTER_PROFILE'] = args.trace     # launch_up runs with this environment
+    QUIET[PROFILE_ENV] = args.trace     # launch_up runs with this environment
     figures = {'single': single, 'cores': cores}
     with tempfile.TemporaryDirectory() as tmp:
         for mode in ('sync', 'async'):
@@ -84,7 +86,7 @@ def main() -> None:
             batches = 2 if mode == 'sync' else 1        # worker batches in one global step
             sampler = CoreSampler()
             r = launch_up('specs/local2.yaml', sets, args.batch * batches, on_step=sampler)
-            with open(os.path.join(tmp, mode, 'profile-worker-0.json')) as f:
+            with open(rundir.profile_path(os.path.join(tmp, mode), 0)) as f:
                 prof = json.load(f)
             figures[mode] = {'run': r, 'profile': prof}
             print(f'\n== {mode}: {fmt_run(r)}')

@@ -9,7 +9,7 @@ import logging
 import os
 import sys
 
-from cluster import data
+from cluster import data, rundir
 from cluster.spec import DEFAULT_SPEC, ClusterSpec, load_spec
 
 log = logging.getLogger(__name__)
@@ -23,7 +23,7 @@ class EvalError(ValueError):
 def evaluate(spec: ClusterSpec, checkpoint: str | None = None) -> dict:
     """Run the whole test split once through the averaged model; returns the figures."""
     train_dir = spec.train.train_dir
-    if checkpoint is None and not os.path.exists(os.path.join(train_dir, 'checkpoint')):
+    if checkpoint is None and not os.path.exists(rundir.checkpoint_index_path(train_dir)):
         # Before the data: synthetic data would be written for nothing.
         raise EvalError(f'{train_dir}: no checkpoint to evaluate; train first with `launch up {spec.path}`')
     data_dir = data.resolve_data(spec.train.data, train_dir)
@@ -56,6 +56,14 @@ def evaluate(spec: ClusterSpec, checkpoint: str | None = None) -> dict:
             'checkpoint': checkpoint}
 
 
+def _partitions(tf, checkpoint: str) -> int:
+    """How many blocks the checkpoint's local3 weights were trained in (one per ps task): their
+    moving averages are saved per block, so the model is built the same way to restore them."""
+    names = tf.train.list_variables(checkpoint)
+    return sum(1 for name, _ in names if name.startswith('cifar10/local3/weights/part_')
+               and name.endswith('/ExponentialMovingAverage')) or 1
+
+
 def report(result: dict) -> str:
     return (f'precision @ 1 = {result["precision"]:.4f} ({result["correct"]}/{result["total"]}) '
             f'at global step {result["global_step"]} ({result["checkpoint"]})')
@@ -72,19 +80,12 @@ def main(argv=None) -> int:
         result = evaluate(spec, args.checkpoint)
     except ValueError as e:       # SpecError, EvalError, DataError
         print(f'cluster.eval: error: {e}', file=sys.stderr)
-        return 2
+        return rundir.EXIT_USAGE
     print(report(result))
-    return 0
+    return rundir.EXIT_OK
 
 
+# Last: the module's functions must all be defined before main() runs.
 if __name__ == '__main__':
     logging.basicConfig(level=logging.WARNING)
     sys.exit(main())
-
-
-def _partitions(tf, checkpoint: str) -> int:
-    """How many blocks the checkpoint's local3 weights were trained in (one per ps task): their
-    moving averages are saved per block, so the model is built the same way to restore them."""
-    names = tf.train.list_variables(checkpoint)
-    return sum(1 for name, _ in names if name.startswith('cifar10/local3/weights/part_')
-               and name.endswith('/ExponentialMovingAverage')) or 1

@@ -44,6 +44,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from cluster import rundir
 from cluster.spec import ClusterSpec, TaskSpec, TrainConfig, address
 
 log = logging.getLogger('cluster.program')
@@ -205,30 +206,23 @@ class ProgramContext:
         `device_setter`. The chief saves checkpoints as train.checkpoint_steps/_secs ask (checked
         in `report`), when stopped by SIGTERM or SIGINT, and when the block ends."""
         import tensorflow as tf
-        from cluster import train as engine
+        from cluster import session as runtime
         v1 = tf.compat.v1
         global_step = v1.train.get_global_step()
         if global_step is None:
             raise ProgramError('the program built no global step: create it with '
                                'tf.compat.v1.train.get_or_create_global_step() under ctx.device_setter')
         saver = v1.train.Saver(max_to_keep=5, sharded=True)
-        manager = v1.train.SessionManager(
-            local_init_op=v1.local_variables_initializer(), ready_op=v1.report_uninitialized_variables(),
+        sess, stopper = runtime.start_session(
+            self.target, self.is_chief, self.train_dir, saver, local_init_op=v1.local_variables_initializer(),
             ready_for_local_init_op=v1.report_uninitialized_variables(v1.global_variables()),
-            recovery_wait_secs=engine.READY_POLL_SECS)
-        stopper = engine.GracefulStop() if self.is_chief else None
-        if self.is_chief:
-            checkpoint = engine.restorable_checkpoint(self.train_dir)
-            sess = manager.prepare_session(self.target, init_op=v1.global_variables_initializer(), saver=saver,
-                                           checkpoint_filename_with_path=checkpoint, config=self.session_config)
-        else:
-            sess = manager.wait_for_session(self.target, config=self.session_config)
+            config=self.session_config)
         p = self._progress
         p.step = p.first_step = p.last_log_step = p.last_saved_step = int(sess.run(global_step))
         p.started = p.last_save = p.last_log = time.monotonic()
         log.info('session ready at global step %d', p.step)
         lock = stopper.lock if stopper else threading.Lock()
-        prefix = os.path.join(self.train_dir, 'model.ckpt')
+        prefix = rundir.checkpoint_prefix(self.train_dir)
 
         def save(step: int | None = None) -> int:
             with lock:
@@ -249,7 +243,7 @@ class ProgramContext:
         """Tell the launcher this worker's newest global step and loss (and, optionally, how many
         examples this update used, for the images/s figures). Call it once per update: it prints
         the progress line the launcher's supervisor reads, and the chief saves when one is due."""
-        from cluster import train as engine
+        from cluster import session as runtime
         p = self._progress
         now = time.monotonic()
         p.step, p.loss = int(step), float(loss)
@@ -259,9 +253,9 @@ class ProgramContext:
         if now - p.last_log >= every or p.local_steps == 1 or p.step >= self.train.steps:
             rate = '' if p.local_steps == 1 else \
                 f'  {(p.step - p.last_log_step) / max(now - p.last_log, 1e-9):.1f} global steps/s'
-            log.info('step %d/%d  loss %.3f%s', p.step, self.train.steps, p.loss, rate)
+            runtime.log_progress(p.step, self.train.steps, p.loss, rate)
             p.last_log, p.last_log_step = now, p.step
-        if p.save and engine._save_due(self.train, p.step, p.last_saved_step, now - p.last_save):
+        if p.save and runtime.save_due(self.train, p.step, p.last_saved_step, now - p.last_save):
             p.save(p.step)
 
     def result(self) -> dict:
@@ -273,6 +267,32 @@ class ProgramContext:
         if p.examples:
             out['images_per_sec'] = p.examples / max(seconds, 1e-9)
         return out
+
+
+def run_program(server, spec: ClusterSpec, task: TaskSpec, fn: Callable[[ProgramContext], Any]) -> dict:
+    """Call the user's `train.program` function in this worker, then report done to the ps tasks
+    as the built-in trainer does, so they end by themselves, and write this worker's figures."""
+    import tensorflow as tf
+    from cluster import session as runtime
+    from cluster.train import tower_devices
+    v1 = tf.compat.v1
+    os.makedirs(spec.train.train_dir, exist_ok=True)
+    cluster = v1.train.ClusterSpec(spec.cluster_def())
+    worker_device = f'/job:worker/task:{task.index}'
+    ctx = ProgramContext(
+        target=server.target, cluster=cluster, job=task.job, index=task.index, is_chief=task.is_chief,
+        devices=tuple(tower_devices(spec, task)), train_dir=spec.train.train_dir, train=spec.train,
+        device_setter=v1.train.replica_device_setter(cluster=cluster, worker_device=worker_device),
+        num_ps=spec.num_ps, num_workers=spec.num_workers,
+        session_config=v1.ConfigProto(device_filters=['/job:ps', worker_device], allow_soft_placement=True))
+    fn(ctx)
+    result = ctx.result()
+    with tf.Graph().as_default():
+        done_ops = runtime.done_ops(spec.num_ps, spec.num_workers, task.index)
+        sess = v1.Session(server.target, config=ctx.session_config)
+        runtime.report_done(sess, done_ops)
+    runtime.write_result(spec.train.train_dir, task.index, result)
+    return result
 
 
 # ---------------------------------------------------------------------------------------------
@@ -306,7 +326,7 @@ def run_command(spec: ClusterSpec, task: TaskSpec, listening: Callable[[int], bo
     while child.poll() is None:
         if not serving and listening(task.port):
             serving = True
-            log.info('%s serving on %s (pid %d)', task.name, address(task.host, task.port), child.pid)
+            log.info('%s', rundir.serving_line(task.name, address(task.host, task.port), child.pid))
         if watch and watch.all_gone():
             log.info('every worker has finished; stopping this ps task\'s command')
             _end(child)

@@ -20,16 +20,13 @@ import threading
 import time
 import traceback
 
-from cluster.program import ProgramError, check_command, check_program, load_program, run_command
+from cluster.program import ProgramError, check_command, check_program, load_program, run_command, run_program
+from cluster.rundir import (EXIT_FAILED, EXIT_NO_RESTART, EXIT_OK, EXIT_USAGE, LEASE_ENV, LEASE_SECS_ENV, LOG_DATEFMT,
+                            LOG_FORMAT, serving_line)
 from cluster.spec import DEFAULT_SPEC, TF_CONFIG_ENV, ClusterSpec, TaskSpec, load_spec, read_tf_config
 
 log = logging.getLogger('cluster.task')
 
-# Set by the launcher: a file it touches every second or so. A task whose lease is older than
-# LEASE_SECS_ENV seconds has lost its launcher (killed, or cut off from this host) and stops
-# itself, so nothing outlives a launcher that cannot reach it. Tasks started by hand have none.
-LEASE_ENV, LEASE_SECS_ENV = 'TFCLUSTER_LEASE', 'TFCLUSTER_LEASE_SECS'
-EXIT_NO_RESTART = 3     # the task failed in a way a restart cannot mend (no checkpoint restores)
 CHILDREN: list = []     # the train.command process this task runs, if any (killed with the task)
 
 
@@ -108,7 +105,7 @@ def watch_lease(path: str, secs: float, poll: float = 1.0) -> None:
                 time.sleep(3)       # short: the ps tasks are likely ending too, a save may not come
                 for child in CHILDREN:                  # a train.command that ignored the SIGTERM
                     child.kill()
-                os._exit(1)
+                os._exit(EXIT_FAILED)
 
     threading.Thread(target=watch, name='lease', daemon=True).start()
 
@@ -162,13 +159,12 @@ def main(argv=None) -> int:
             raise spec.error('train.train_dir', f'cannot write {e.filename}: {e.strerror}') from None
     except ValueError as e:       # SpecError
         print(f'cluster.task: error: {e}', file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     if port_in_use(task.port):
         print(f'cluster.task: error: {task.name}: port {task.port} is already in use', file=sys.stderr)
-        return 2
+        return EXIT_USAGE
 
-    logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname).1s %(message)s',
-                        datefmt='%H:%M:%S', stream=sys.stdout)
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, datefmt=LOG_DATEFMT, stream=sys.stdout)
     if os.environ.get(LEASE_ENV):
         watch_lease(os.environ[LEASE_ENV], float(os.environ.get(LEASE_SECS_ENV) or 10))
     if spec.train.command:        # the user's process is the task: no TensorFlow in this one
@@ -176,7 +172,7 @@ def main(argv=None) -> int:
         return run_command(spec, task, port_in_use, CHILDREN, stop_with_workers=not os.environ.get(LEASE_ENV))
     runs_program = bool(spec.train.program) and task.job == 'worker'
     tf = import_tensorflow(keras=runs_program)
-    from cluster import train
+    from cluster import session, train
     tf.get_logger().setLevel(logging.ERROR)     # TF1 deprecation notices drown the progress lines
     tf.compat.v1.disable_eager_execution()
     program = None
@@ -185,31 +181,31 @@ def main(argv=None) -> int:
             program = load_program(spec.train.program)
         except ProgramError as e:
             print(f'cluster.task: error: {spec.error("train.program", str(e))}', file=sys.stderr)
-            return 2
+            return EXIT_USAGE
     try:
         server = train.make_server(spec, task)
     except tf.errors.OpError as e:      # lost a race for the port after the check above
         print(f'cluster.task: error: {task.name}: cannot serve on port {task.port}: '
-              f'{train.first_line(e.message, "(no message)")} (another process took the port?)', file=sys.stderr)
-        return 2
-    log.info('%s serving on %s (pid %d)', task.name, task.address, os.getpid())
+              f'{session.first_line(e.message, "(no message)")} (another process took the port?)', file=sys.stderr)
+        return EXIT_USAGE
+    log.info('%s', serving_line(task.name, task.address, os.getpid()))
     try:
         if task.job == 'ps':
             train.run_ps(server, spec, task)
         elif program is not None:
-            train.run_program(server, spec, task, program)
+            run_program(server, spec, task, program)
         else:
             train.run_worker(server, spec, task, data_dir)
     except tf.errors.OpError as e:
         # A peer that went away (Unavailable, Aborted, a closed stream): one line, not 40 frames of
         # TensorFlow internals; the launcher names the task that was lost first.
-        log.error('%s: %s: %s', task.name, type(e).__name__, train.first_line(e.message, '(no message)'))
-        return 1
-    except (train.CheckpointError, ProgramError) as e:     # a restart would fail the same way
+        log.error('%s: %s: %s', task.name, type(e).__name__, session.first_line(e.message, '(no message)'))
+        return EXIT_FAILED
+    except (session.CheckpointError, ProgramError) as e:     # a restart would fail the same way
         log.error('%s', e)
         return EXIT_NO_RESTART
     log.info('%s finished', task.name)
-    return 0
+    return EXIT_OK
 
 
 if __name__ == '__main__':
@@ -221,7 +217,7 @@ if __name__ == '__main__':
         code = 130
     except BaseException:       # a bug or a lost peer: show it, and still end through os._exit
         traceback.print_exc()
-        code = 1
+        code = EXIT_FAILED
     # A TF server has no stop(): tearing it down in interpreter shutdown races its gRPC threads
     # (crashes or hangs at exit, seen under load). Everything is saved and flushed by now.
     logging.shutdown()

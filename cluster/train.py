@@ -5,43 +5,29 @@ Why not MonitoredTrainingSession: its SyncReplicas hook hands out `replicas_to_a
 tokens (so the chief can fill a global step alone), its chief queue runner stays blocked after the
 last step (so closing waits out a 120 s grace period) and its non-chiefs poll every 30 s. Here the
 chief drives the aggregation itself in a thread that stops at the last step, no initial tokens are
-handed out, and non-chiefs poll for the chief's initialisation twice a second.
+handed out, and non-chiefs poll for the chief's initialisation ten times a second.
+
+What any trainer owes the launcher (restore, saves, a graceful stop, the "done" report, the result
+file, the progress line) is in cluster/session.py, shared with the user's `train.program`.
 """
 from __future__ import annotations
 
-import glob
-import json
 import logging
 import os
-import re
-import signal
 import threading
 import time
 from dataclasses import dataclass
 
 import tensorflow as tf
 
-from cluster import data, model
+from cluster import data, model, rundir, session
+from cluster.profiler import StepProfiler
 from cluster.spec import ClusterSpec, TaskSpec
 
 v1 = tf.compat.v1
 log = logging.getLogger(__name__)
 
-DONE_QUEUE = 'tfcluster_done_%d'     # one per ps task: workers report "finished" there
-READY_POLL_SECS = 0.1                # how often a non-chief checks that the chief has initialised
 PS_LINGER_SECS = 0.5                 # a ps stays this long after the last "done", so that reply arrives
-DONE_TIMEOUT_MS = 30_000             # a worker waits this long for the ps tasks to take its "done"
-STOP_SAVE_SECS = 20.0                # a stopped chief gives its last checkpoint this long, then exits
-STEP_WAIT_SECS = 5.0                 # ...of which the step under way may take this long to finish
-
-
-class CheckpointError(Exception):
-    """No checkpoint in train_dir can be restored: one line naming the files."""
-
-
-def first_line(text: str, default: str = '') -> str:
-    """The first non-empty line of an error message (TensorFlow's run to dozens of lines)."""
-    return next((line.strip() for line in (text or '').splitlines() if line.strip()), default)
 
 
 def tower_devices(spec: ClusterSpec, task: TaskSpec) -> list[str]:
@@ -83,16 +69,10 @@ def make_server(spec: ClusterSpec, task: TaskSpec):
                            task_index=task.index, config=config, start=True)
 
 
-def _done_queue(ps_index: int, capacity: int):
-    with v1.device(f'/job:ps/task:{ps_index}'):
-        return v1.FIFOQueue(capacity, [tf.int32], shapes=[()], shared_name=DONE_QUEUE % ps_index,
-                            name=f'done_queue_{ps_index}')
-
-
 def run_ps(server, spec: ClusterSpec, task: TaskSpec) -> None:
     """Serve variables until every worker has reported that it finished, then return."""
     with tf.Graph().as_default():
-        dequeue = _done_queue(task.index, spec.num_workers).dequeue()
+        dequeue = session.done_queue(task.index, spec.num_workers).dequeue()
         config = v1.ConfigProto(device_filters=[f'/job:ps/task:{task.index}'])
         with v1.Session(server.target, config=config) as sess:
             log.info('serving variables; exits once all %d workers are done', spec.num_workers)
@@ -206,7 +186,7 @@ def build_graph(spec: ClusterSpec, task: TaskSpec, data_dir: str | None) -> _Gra
         v1.summary.scalar('learning_rate', lr)
         summary = v1.summary.merge_all()
 
-    done_ops = [_done_queue(p, spec.num_workers).enqueue(task.index) for p in range(spec.num_ps)]
+    done_ops = session.done_ops(spec.num_ps, spec.num_workers, task.index)
     saver = v1.train.Saver(max_to_keep=5, sharded=True)
     return _Graph(global_step, step_after, loss, lr, train_op, local_init_op, ready_for_local_init_op,
                   resync, sync_op, summary, saver, done_ops, examples_per_run)
@@ -284,9 +264,9 @@ class _Aggregator(threading.Thread):
             # Only this thread hands out tokens: without it the training loop would wait for one
             # for ever. End the task instead, so the launcher sees a lost chief and acts.
             log.error('the sync aggregator failed, so this chief cannot go on: %s: %s', type(e).__name__,
-                      first_line(str(e)))
+                      session.first_line(str(e)))
             logging.shutdown()
-            os._exit(1)
+            os._exit(rundir.EXIT_FAILED)
 
 
 def run_worker(server, spec: ClusterSpec, task: TaskSpec, data_dir: str) -> dict:
@@ -299,160 +279,24 @@ def run_worker(server, spec: ClusterSpec, task: TaskSpec, data_dir: str) -> dict
         g = build_graph(spec, task, data_dir)
         config = v1.ConfigProto(device_filters=['/job:ps', f'/job:worker/task:{task.index}'],
                                 allow_soft_placement=True)
-        manager = v1.train.SessionManager(
-            local_init_op=g.local_init_op, ready_op=v1.report_uninitialized_variables(),
-            ready_for_local_init_op=g.ready_for_local_init_op, graph=tf.compat.v1.get_default_graph(),
-            recovery_wait_secs=READY_POLL_SECS)
         start = time.monotonic()
-        stopper = GracefulStop() if task.is_chief else None
-        if task.is_chief:
-            checkpoint = restorable_checkpoint(train.train_dir)
-            sess = manager.prepare_session(server.target, init_op=v1.global_variables_initializer(),
-                                           saver=g.saver, checkpoint_filename_with_path=checkpoint, config=config)
-        else:
-            sess = manager.wait_for_session(server.target, config=config)
+        sess, stopper = session.start_session(server.target, task.is_chief, train.train_dir, g.saver,
+                                              g.local_init_op, g.ready_for_local_init_op, config)
         result = _train_loop(sess, spec, task, g, start, stopper)
-        _report_done(sess, g.done_ops)
-    _write_result(spec, task, result)
+        session.report_done(sess, g.done_ops)
+    session.write_result(train.train_dir, task.index, result)
     return result
-
-
-def run_program(server, spec: ClusterSpec, task: TaskSpec, fn) -> dict:
-    """Call the user's `train.program` function in this worker (cluster/program.py), then report
-    done to the ps tasks as the built-in trainer does, so they end by themselves."""
-    from cluster.program import ProgramContext
-    os.makedirs(spec.train.train_dir, exist_ok=True)
-    cluster = v1.train.ClusterSpec(spec.cluster_def())
-    worker_device = f'/job:worker/task:{task.index}'
-    ctx = ProgramContext(
-        target=server.target, cluster=cluster, job=task.job, index=task.index, is_chief=task.is_chief,
-        devices=tuple(tower_devices(spec, task)), train_dir=spec.train.train_dir, train=spec.train,
-        device_setter=v1.train.replica_device_setter(cluster=cluster, worker_device=worker_device),
-        num_ps=spec.num_ps, num_workers=spec.num_workers,
-        session_config=v1.ConfigProto(device_filters=['/job:ps', worker_device], allow_soft_placement=True))
-    fn(ctx)
-    result = ctx.result()
-    with tf.Graph().as_default():
-        done_ops = [_done_queue(p, spec.num_workers).enqueue(task.index) for p in range(spec.num_ps)]
-        sess = v1.Session(server.target, config=ctx.session_config)
-        _report_done(sess, done_ops)
-    _write_result(spec, task, result)
-    return result
-
-
-def _write_result(spec: ClusterSpec, task: TaskSpec, result: dict) -> None:
-    path = os.path.join(spec.train.train_dir, f'worker-{task.index}.json')
-    with open(path + '.tmp', 'w') as f:
-        json.dump(result, f)
-    os.replace(path + '.tmp', path)
-
-
-def _report_done(sess, done_ops: list) -> None:
-    """Tell every ps that this worker has finished. The session is not closed afterwards: each ps
-    exits soon after the last worker reports, and closing a session whose ps is gone can block for
-    good (seen under load). Checkpoints and summaries are written already; the process ends next.
-
-    Training is over at this point, so a ps that cannot be reached is no reason to fail: it has
-    most likely taken the report and left (the reply to the last report can be lost when the ps
-    exits), and a ps that crashed is reported by its own exit code."""
-    deadline = time.monotonic() + DONE_TIMEOUT_MS / 1000     # one deadline for all ps tasks together
-    for ps_index, op in enumerate(done_ops):
-        left_ms = max(1, int((deadline - time.monotonic()) * 1000))
-        try:
-            sess.run(op, options=v1.RunOptions(timeout_in_ms=left_ms))
-        except tf.errors.OpError as e:     # Unavailable, DeadlineExceeded, or UNKNOWN "stream removed"
-            log.warning('ps:%d did not acknowledge that this worker is done (%s); '
-                        'it has most likely finished already', ps_index, type(e).__name__)
-
-
-def restorable_checkpoint(train_dir: str) -> str | None:
-    """The newest checkpoint in train_dir whose every tensor reads back, or None if there is none.
-    A newer one that does not read (a truncated file, a half-written save) is skipped with one
-    warning naming its files; if none reads, CheckpointError: never a silent start from step 0."""
-    state = v1.train.get_checkpoint_state(train_dir)
-    if state is None or not state.model_checkpoint_path:
-        return None
-    candidates = list(reversed(state.all_model_checkpoint_paths)) or [state.model_checkpoint_path]
-    if state.model_checkpoint_path not in candidates:
-        candidates.insert(0, state.model_checkpoint_path)
-    bad = []
-    for prefix in candidates:
-        try:
-            reader = v1.train.NewCheckpointReader(prefix)
-            for name in reader.get_variable_to_shape_map():
-                reader.get_tensor(name)
-        except Exception as e:     # OpError, or IndexError "Read less bytes than requested", ...
-            files = ', '.join(sorted(glob.glob(glob.escape(prefix) + '.*'))) or f'{prefix}.* (missing)'
-            why = first_line(str(e), type(e).__name__)
-            bad.append(f'{files} ({why})')
-            continue
-        if bad:
-            log.warning('checkpoint(s) that do not restore were skipped: %s; restoring %s', '; '.join(bad), prefix)
-        return prefix
-    raise CheckpointError(f'no checkpoint in {train_dir} restores: {"; ".join(bad)}; move them away to '
-                          'start from step 0, or restore the files')
-
-
-class GracefulStop:
-    """SIGTERM or SIGINT to the chief: write a checkpoint, then exit (128 + the signal).
-
-    The main thread may be blocked in a session call for as long as a sync step waits for a lost
-    worker, and Python runs signal handlers only between bytecodes of the main thread. So the
-    handler is a no-op and the signal's number arrives through `signal.set_wakeup_fd` at a thread
-    of its own, which saves with the session the training loop uses (sessions are thread-safe).
-    The launcher stops the chief first, while the ps tasks still hold the variables."""
-
-    def __init__(self):
-        read, write = os.pipe()
-        os.set_blocking(write, False)
-        self._read = read
-        self._save = None
-        self.lock = threading.Lock()        # one save at a time: the loop's, the final one, or ours
-        self.step_lock = threading.Lock()   # held by the loop while it trains one step
-        signal.set_wakeup_fd(write)
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *a: None)
-        threading.Thread(target=self._wait, name='graceful-stop', daemon=True).start()
-
-    def arm(self, save) -> None:
-        self._save = save
-
-    def _wait(self) -> None:
-        signum = os.read(self._read, 1)[0]
-        name = signal.Signals(signum).name
-        code = 128 + signum
-        threading.Timer(STOP_SAVE_SECS, _exit_now, (code, logging.WARNING, f'{name}: the checkpoint did not '
-                                                    f'finish within {STOP_SAVE_SECS:.0f}s; exiting')).start()
-        if self._save is None:
-            _exit_now(code, logging.INFO, f'{name} received before training began; nothing to save')
-        # Between two steps the global step is still (in sync mode), so the checkpoint's name
-        # matches what it holds; a loop blocked in a stalled step is not waited for long. The loop
-        # never gets the lock back: no step starts after the save.
-        self.step_lock.acquire(timeout=STEP_WAIT_SECS)
-        try:
-            with self.lock:
-                step = self._save()
-        except Exception as e:
-            _exit_now(code, logging.WARNING, f'{name} received, and the checkpoint failed: {type(e).__name__}: '
-                                             f'{first_line(str(e))}')
-        _exit_now(code, logging.INFO, f'{name} received: saved a checkpoint at global step {step}, exiting')
-
-
-def _exit_now(code: int, level: int, message: str) -> None:
-    log.log(level, message)
-    logging.shutdown()
-    os._exit(code)
 
 
 def _train_loop(sess, spec: ClusterSpec, task: TaskSpec, g: _Graph, start: float,
-                stopper: GracefulStop | None = None) -> dict:
+                stopper: session.GracefulStop | None = None) -> dict:
     train = spec.train
     first = sess.run(g.global_step)
     log.info('session ready after %.1fs at global step %d', time.monotonic() - start, first)
     writer = v1.summary.FileWriter(train.train_dir, sess.graph) if task.is_chief else None
     save_lock = stopper.lock if stopper else threading.Lock()
     step_lock = stopper.step_lock if stopper else threading.Lock()
-    checkpoint_prefix = os.path.join(train.train_dir, 'model.ckpt')
+    checkpoint_prefix = rundir.checkpoint_prefix(train.train_dir)
 
     def save() -> int:
         step_now = int(sess.run(g.global_step))
@@ -490,11 +334,11 @@ def _train_loop(sess, spec: ClusterSpec, task: TaskSpec, g: _Graph, start: float
         now = time.monotonic()
         if due or step >= train.steps:
             rate = (step - last_log_step) * g.examples_per_run * _per_step(spec) / max(now - last_log, 1e-9)
-            log.info('step %d/%d  loss %.3f  %.0f images/s', step, train.steps, loss, rate)
+            session.log_progress(step, train.steps, loss, f'  {rate:.0f} images/s')
             if len(out) > 2:
                 writer.add_summary(out[2], step)
             last_log, last_log_step = now, step
-        if task.is_chief and _save_due(train, step, last_saved_step, now - last_save):
+        if task.is_chief and session.save_due(train, step, last_saved_step, now - last_save):
             with save_lock:
                 g.saver.save(sess, checkpoint_prefix, global_step=step)
             last_save, last_saved_step = now, step
@@ -516,102 +360,6 @@ def _train_loop(sess, spec: ClusterSpec, task: TaskSpec, g: _Graph, start: float
             'images_per_sec': images / max(elapsed, 1e-9), 'applied_at': _runs(applied)}
 
 
-PROFILE_ENV = 'TFCLUSTER_PROFILE'     # 'FIRST:COUNT': trace COUNT local steps from the FIRST-th on
-
-
-class StepProfiler:
-    """Where a worker's step goes, for benchmarks/profile.py. First TensorFlow's step stats
-    (RunMetadata, full trace) of COUNT steps, summed per task and kind of op, with the bytes each
-    transfer carried; then a Python profile of the next COUNT steps: how much of the loop's time is
-    Python rather than TensorFlow's C++ session run. Written to <train_dir>/profile-worker-N.json."""
-
-    KINDS = (('input', ('IteratorGetNext', 'IteratorV2', 'MakeIterator')),
-             ('sync token', ('QueueDequeue', 'QueueEnqueue', 'AccumulatorApplyGradient', 'AccumulatorTakeGradient',
-                             'AccumulatorNumAccumulated', 'AccumulatorSetGlobalStep', 'TakeGradient',
-                             'ResourceAccumulator')),
-             ('update', ('ApplyGradientDescent', 'ResourceApplyGradientDescent', 'Assign', 'AssignSub', 'AssignAdd',
-                         'AssignVariableOp', 'AssignSubVariableOp', 'AssignAddVariableOp', 'ScatterSub')))
-    UNITS = {'B': 1, 'KB': 1e3, 'KiB': 1 << 10, 'MB': 1e6, 'MiB': 1 << 20, 'GB': 1e9, 'GiB': 1 << 30}
-
-    def __init__(self, path: str, first: int, count: int):
-        self.path, self.first, self.count = path, first, count
-        self.walls: list[float] = []
-        self.by: dict[str, float] = {}
-        self.bytes: dict[str, float] = {}
-        self.python = None              # the cProfile of the second COUNT steps, while it runs
-        self.python_steps, self.python_t0, self.python_report = 0, 0.0, None
-
-    @classmethod
-    def of_env(cls, train_dir: str, task: TaskSpec) -> 'StepProfiler | None':
-        value = os.environ.get(PROFILE_ENV)
-        if not value:
-            return None
-        first, _, count = value.partition(':')
-        return cls(os.path.join(train_dir, f'profile-worker-{task.index}.json'), int(first), int(count or 10))
-
-    def wants(self, local_step: int) -> bool:
-        return self.first <= local_step < self.first + 2 * self.count
-
-    def run(self, sess, fetches):
-        if len(self.walls) < self.count:
-            return self._traced(sess, fetches)
-        if self.python is None:
-            import cProfile
-            self.python, self.python_t0 = cProfile.Profile(), time.monotonic()
-            self.python.enable()
-        out = sess.run(fetches)
-        self.python_steps += 1
-        if self.python_steps == self.count:
-            self._end_python()
-        return out
-
-    def _traced(self, sess, fetches):
-        meta = v1.RunMetadata()
-        t0 = time.monotonic()
-        out = sess.run(fetches, options=v1.RunOptions(trace_level=v1.RunOptions.FULL_TRACE), run_metadata=meta)
-        self.walls.append(time.monotonic() - t0)
-        for dev in meta.step_stats.dev_stats:
-            job = 'ps' if '/job:ps' in dev.device else 'worker'
-            for node in dev.node_stats:
-                label = node.timeline_label
-                if node.node_name == 'RecvTensor':     # '[3.4MB] [9.3Gb/s] edge_28_... from A to B'
-                    kind = 'transfer in'
-                    m = re.match(r'\[([\d.]+)([KMG]?i?B)\]', label)
-                    size, unit = m.groups() if m else ('0', 'B')
-                    self.bytes[job] = self.bytes.get(job, 0.0) + float(size) * self.UNITS.get(unit, 1)
-                else:                                   # '[mklcpu 2.2MB 2.2MB] name = Op(inputs)'
-                    op = label.split('(')[0].split(' = ')[-1].strip()
-                    kind = next((k for k, ops in self.KINDS if any(o in op for o in ops)), 'compute')
-                    if 'ExponentialMovingAverage' in node.node_name:
-                        kind = 'moving averages'
-                key = f'{job} {kind}'
-                self.by[key] = self.by.get(key, 0.0) + node.all_end_rel_micros / 1e6
-        return out
-
-    def _end_python(self) -> None:
-        """Stop the Python profile, if it runs, and sum it up."""
-        if self.python is None or self.python_report is not None:
-            return
-        self.python.disable()
-        elapsed = time.monotonic() - self.python_t0
-        import pstats
-        in_tf = sum(row[2] for (_, _, name), row in pstats.Stats(self.python).stats.items()
-                    if 'TF_SessionRun_wrapper' in name)
-        n = self.python_steps
-        self.python_report = {'steps': n, 'loop_s_per_step': elapsed / n, 'in_tf_run_s_per_step': in_tf / n,
-                              'python_s_per_step': (elapsed - in_tf) / n}
-
-    def write(self) -> None:
-        self._end_python()      # the run may end before its COUNT steps
-        n = max(1, len(self.walls))
-        report = {'steps': len(self.walls), 'wall_s_per_step': sum(self.walls) / n,
-                  'op_s_per_step': {k: v / n for k, v in sorted(self.by.items(), key=lambda kv: -kv[1])},
-                  'bytes_in_per_step': {k: v / n for k, v in self.bytes.items()},
-                  'python': self.python_report}
-        with open(self.path, 'w') as f:
-            json.dump(report, f, indent=1)
-
-
 def _skip_to_next_step(sess, g: _Graph, step: int, steps: int) -> int:
     """This worker just took a token for a step it has already contributed to (tokens are left over
     when backup workers are slower than the rest). SyncReplicasOptimizer would let it contribute
@@ -627,17 +375,6 @@ def _skip_to_next_step(sess, g: _Graph, step: int, steps: int) -> int:
 def _per_step(spec: ClusterSpec) -> int:
     """Worker batches in one global step: every aggregated worker in sync mode, one in async."""
     return spec.replicas_to_aggregate if spec.train.sync else 1
-
-
-def _save_due(train, step: int, last_saved_step: int, since_save: float) -> bool:
-    """Whether the chief saves now. By steps: once a multiple of checkpoint_steps has been reached
-    or passed since the last save (in async mode the chief sees the global step jump by as many
-    updates as the other workers made, so it rarely lands on a multiple itself)."""
-    if step >= train.steps:
-        return False        # the final save happens after the loop
-    every = train.checkpoint_steps
-    by_steps = every and step // every > last_saved_step // every
-    return bool(by_steps) or since_save >= train.checkpoint_secs
 
 
 def _runs(values: list[int]) -> list[list[int]]:

@@ -11,8 +11,12 @@ import signal
 import subprocess
 import time
 
+import pytest
+
 from tests.conftest import launch, launch_bg, project_processes, read_until, write_spec
 from tests.test_local import checkpoint_step, worker_results
+
+pytestmark = pytest.mark.slow     # real local clusters
 
 
 def task_pid(train_dir, name: str) -> int:

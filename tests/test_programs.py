@@ -181,6 +181,7 @@ def _checkpoint_values(train_dir) -> dict:
     return {name: float(reader.get_tensor(name)) for name in ('w', 'b', 'global_step')}
 
 
+@pytest.mark.slow
 def test_a_program_trains_and_the_launcher_keeps_its_part(tmp_path):
     """The example program learns y = 3x + 2; the launcher ends the ps tasks (done protocol),
     the chief checkpoints, and a second run resumes from that checkpoint."""
@@ -201,6 +202,7 @@ def test_a_program_trains_and_the_launcher_keeps_its_part(tmp_path):
     assert _checkpoint_values(tmp_path / 'run')['global_step'] >= 250
 
 
+@pytest.mark.slow
 def test_a_tf1_script_runs_unchanged_and_its_ps_is_stopped(tmp_path):
     train_dir = tmp_path / 'ckpt'
     spec = write_spec(tmp_path, command=f'python examples/tf1_distributed.py --steps 150 --train_dir {train_dir}')
@@ -232,6 +234,7 @@ sys.exit(3 if a.task_index == '1' else 0)
 '''
 
 
+@pytest.mark.slow
 def test_a_failing_worker_command_is_the_runs_exit_code(tmp_path):
     """A user command's worker that exits 3 ends the run with 3, and nothing is left running
     (the ps, which would serve for ever, included)."""
@@ -245,6 +248,7 @@ def test_a_failing_worker_command_is_the_runs_exit_code(tmp_path):
     assert not os.path.exists(tmp_path / 'run' / 'launch-state.json')
 
 
+@pytest.mark.slow
 def test_a_tf1_script_run_by_hand_ends_its_ps_by_itself(tmp_path):
     """No launcher to stop the script's ps (three shells, Slurm, TFJob): the ps task stops the
     command once every worker it saw has gone, and all three exit 0."""

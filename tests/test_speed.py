@@ -77,6 +77,7 @@ def test_the_async_moving_averages_are_computed_on_the_ps_tasks():
     assert placed == {'/job:ps/task:0', '/job:ps/task:1'}
 
 
+@pytest.mark.slow
 def test_tasks_import_tensorflow_without_keras_and_keras_still_imports():
     """TensorFlow imports Keras at import time for Keras' sake only; the ps tasks and the
     built-in trainer skip that (about a sixth of every task's start-up), and a later
@@ -96,6 +97,7 @@ def test_the_default_learning_rate_scales_with_the_examples_per_update(tmp_path)
     assert load_spec(write_spec(tmp_path, learning_rate=0.2)).train.learning_rate == 0.2    # kept as given
 
 
+@pytest.mark.slow
 def test_the_benchmark_quick_mode_runs_and_writes_every_figure(tmp_path):
     out = tmp_path / 'figures.json'
     result = subprocess.run([sys.executable, 'benchmarks/bench.py', '--quick', '--json', str(out)], cwd=REPO,

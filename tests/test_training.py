@@ -10,7 +10,11 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
+
 from tests.conftest import REPO, launch, launch_bg, read_until, write_spec
+
+pytestmark = pytest.mark.slow     # real clusters train
 
 EXACT = {'deterministic': True, 'seed': 7, 'steps': 4}
 
@@ -117,6 +121,12 @@ def test_async_run_learns(tmp_path):
     evaluation = run_ok('eval', spec)
     precision = float(re.search(r'precision @ 1 = ([\d.]+)', evaluation.stdout).group(1))
     assert precision >= 0.9, evaluation.stdout
+    # `python -m cluster.eval`, as eval.py's docstring has it, evaluates the same checkpoint alike:
+    # its main block once ran before the module had defined what evaluating a checkpoint calls.
+    direct = subprocess.run([sys.executable, '-m', 'cluster.eval', '--spec', spec], cwd=REPO, capture_output=True,
+                            text=True, timeout=300)
+    assert direct.returncode == 0, direct.stdout + direct.stderr[-3000:]
+    assert direct.stdout.strip() == evaluation.stdout.strip(), (direct.stdout, evaluation.stdout)
 
 
 def test_eval_without_a_checkpoint_is_a_clear_error(tmp_path):
@@ -129,22 +139,22 @@ REPORT_TO_A_GONE_PS = '''
 import logging, os, signal, sys, time
 logging.basicConfig(level=logging.INFO, stream=sys.stdout)
 import tensorflow as tf
-from cluster import train
+from cluster import session, train
 from cluster.spec import load_spec
 v1 = tf.compat.v1
 v1.disable_eager_execution()
 spec = load_spec(sys.argv[1])
 server = train.make_server(spec, spec.task('worker', 0))
-train.DONE_TIMEOUT_MS = 3000
+session.DONE_TIMEOUT_MS = 3000
 with tf.Graph().as_default():
-    queue = train._done_queue(0, 1)
+    queue = session.done_queue(0, 1)
     done_ops = [queue.enqueue(0)]
     sess = v1.Session(server.target, config=v1.ConfigProto(device_filters=['/job:ps', '/job:worker/task:0']))
     sess.run(queue.size())                  # the session is up and the ps serves it
     os.kill(int(sys.argv[2]), signal.SIGKILL)
     time.sleep(1)
     t = time.monotonic()
-    train._report_done(sess, done_ops)
+    session.report_done(sess, done_ops)
     print(f'returned after {time.monotonic() - t:.1f}s', flush=True)
 os._exit(0)
 '''
