@@ -15,6 +15,11 @@ A run directory (`train.train_dir`) holds:
     launcher.lease         touched by the launcher; a task whose lease goes stale stops itself
     compose.yaml           the compose backend's project file
     job.sbatch             the Slurm backend's batch script; logs/slurm-<job id>.out its output
+    events.jsonl           the run's event log (launch/events.py): one JSON object per line
+    run.json               the run's result, rewritten at the end of every attempt
+    report.html            `launch report`: one self-contained page
+    logs/attempt-<n>/<job>-<index>.log   every attempt's task logs, kept; logs/<job>-<index>.log
+                           leads (a symbolic link) to the newest attempt's
 """
 from __future__ import annotations
 
@@ -30,6 +35,9 @@ CHECKPOINT_INDEX = 'checkpoint'          # TensorFlow's file naming the newest c
 CHECKPOINT_PREFIX = 'model.ckpt'
 COMPOSE_FILE = 'compose.yaml'
 BATCH_SCRIPT = 'job.sbatch'
+EVENTS_FILE = 'events.jsonl'
+RUN_FILE = 'run.json'
+REPORT_FILE = 'report.html'
 
 # Set by the launcher in each task's environment: a file it touches every second or so. A task
 # whose lease is older than LEASE_SECS_ENV seconds has lost its launcher (killed, or cut off from
@@ -59,6 +67,23 @@ def logs_dir(train_dir: str) -> str:
 
 def log_path(train_dir: str, job: str, index: int) -> str:
     return os.path.join(train_dir, LOGS_DIR, f'{job}-{index}.log')
+
+
+def attempt_log_path(train_dir: str, attempt: int, job: str, index: int) -> str:
+    """Where attempt `attempt` of a run keeps a task's log (never truncated by a later attempt)."""
+    return os.path.join(train_dir, LOGS_DIR, f'attempt-{attempt}', f'{job}-{index}.log')
+
+
+def events_path(train_dir: str) -> str:
+    return os.path.join(train_dir, EVENTS_FILE)
+
+
+def run_path(train_dir: str) -> str:
+    return os.path.join(train_dir, RUN_FILE)
+
+
+def report_path(train_dir: str) -> str:
+    return os.path.join(train_dir, REPORT_FILE)
 
 
 def slurm_log_path(train_dir: str, job_id: str) -> str:

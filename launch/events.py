@@ -1,0 +1,90 @@
+"""A run's event log, `<train_dir>/events.jsonl`: one JSON object per line, appended by the
+launcher (for every backend; under Slurm from what the job's logs say), read by `launch list`,
+`launch status`, `launch report` and anyone's scripts.
+
+Every event has
+    time     ISO-8601 with the UTC offset, e.g. 2026-11-23T21:08:43.123+00:00
+    run      the run's id, e.g. local2-20261123-210843
+    attempt  1, 2, ...: every `launch up` of the train_dir and every cluster restart inside one
+    event    one of EVENTS below
+and the fields that event names:
+    run_started    spec (path), backend, spec_hash (sha256 of the effective spec), train_dir, launcher_pid,
+                   resumes_from (checkpoint step or null)
+    task_started   task, host, pid (a process), container or job (a scheduler's id)
+    serving        task
+    first_step     step
+    progress       step, total, loss (null if not known), images_per_sec (null if not known)
+    checkpoint     step
+    task_lost      task, cause, exit_code (null if unknown), signal (name, or null), error (last Python error or null)
+    tolerated      task, cause
+    stall          tasks (list), cause
+    restart        cause, from_step (checkpoint step or null); the next attempt's events follow
+    interrupted    signal
+    finished       result: the RunResult (see run.json)
+A reader skips a torn or damaged line (a launcher killed mid-write) with one warning, never a
+traceback.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import threading
+from typing import Iterator
+
+log = logging.getLogger(__name__)
+
+EVENTS = ('run_started', 'task_started', 'serving', 'first_step', 'progress', 'checkpoint', 'task_lost',
+          'tolerated', 'stall', 'restart', 'interrupted', 'finished')
+
+
+def now_iso() -> str:
+    """The local time with its UTC offset, to the millisecond."""
+    return datetime.datetime.now().astimezone().isoformat(timespec='milliseconds')
+
+
+class EventLog:
+    """Appends events of one run; thread-safe (log followers and the supervisor write at once)."""
+
+    def __init__(self, path: str, run: str, attempt: int):
+        self.path, self.run, self.attempt = path, run, attempt
+        self._lock = threading.Lock()
+
+    def emit(self, event: str, **fields) -> dict:
+        assert event in EVENTS, event
+        record = {'time': now_iso(), 'run': self.run, 'attempt': self.attempt, 'event': event, **fields}
+        line = json.dumps(record, default=str) + '\n'
+        with self._lock:
+            os.makedirs(os.path.dirname(self.path) or '.', exist_ok=True)
+            with open(self.path, 'a', encoding='utf-8') as f:      # one write of one line: appends stay whole
+                f.write(line)
+        return record
+
+
+def read_events(path: str) -> list[dict]:
+    """Every event of the file that parses; a torn or damaged line is skipped with one warning."""
+    return list(iter_events(path))
+
+
+def iter_events(path: str) -> Iterator[dict]:
+    try:
+        f = open(path, encoding='utf-8', errors='replace')
+    except FileNotFoundError:
+        return
+    bad = []
+    with f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                event = json.loads(line)
+            except ValueError:
+                bad.append(number)
+                continue
+            if isinstance(event, dict) and 'event' in event:
+                yield event
+            else:
+                bad.append(number)
+    if bad:
+        log.warning('%s: skipped %d damaged line(s) (line %s)', path, len(bad), ', '.join(map(str, bad[:5])))
