@@ -290,6 +290,23 @@ def grpc_answers(host: str, port: int, timeout: float) -> bool:
         channel.close()
 
 
+def link_attempt_log(cwd: str, plan: TaskPlan) -> str:
+    """Point the plan's log_path at this attempt's log file (created, never truncated) and return
+    that file's path. A log_path that is still a plain file (written before runs had attempts) is
+    kept as attempt-0's log, so no earlier output is lost."""
+    link = os.path.join(cwd, plan.log_path)
+    target = os.path.join(cwd, plan.attempt_log_path)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    if os.path.lexists(link) and not os.path.islink(link):
+        legacy = os.path.join(os.path.dirname(link), 'attempt-0', os.path.basename(link))
+        os.makedirs(os.path.dirname(legacy), exist_ok=True)
+        os.replace(link, legacy)
+    temporary = f'{link}.{os.getpid()}.link'
+    os.symlink(os.path.relpath(target, os.path.dirname(link)), temporary)
+    os.replace(temporary, link)
+    return target
+
+
 def decode_exit(code: int) -> int:
     """A shell (or docker-init) reports a task killed by signal N as 128+N; the launcher's
     convention is -N, as subprocess reports it."""

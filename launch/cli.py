@@ -11,12 +11,19 @@ import sys
 from cluster.rundir import EXIT_USAGE
 from cluster.spec import load_spec
 from launch import registry
-from launch.commands import COMMANDS, ERRORS, RENDERERS, Request, check_request, cmd_download
+from launch.commands import (COMMANDS, ERRORS, EXIT_NO_RUN, RENDERERS, Request, check_request, cmd_download, cmd_list,
+                             load_target)
+from launch.runs import RunNotFound
 from launch.errors import UsageError
 
 
-def _spec_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument('spec', help='cluster spec, e.g. specs/local2.yaml')
+RUN_COMMANDS = ('status', 'down', 'logs', 'eval', 'report')     # they take a run id or train_dir too
+
+
+def _spec_args(p: argparse.ArgumentParser, run: bool = False) -> None:
+    p.add_argument('spec', metavar='SPEC|RUN' if run else 'SPEC',
+                   help='cluster spec, e.g. specs/local2.yaml' + (', or a run: its id (as `launch list` shows it, '
+                                                                  'found under .) or its train_dir' if run else ''))
     p.add_argument('--set', dest='overrides', action='append', default=[], metavar='KEY=VALUE',
                    help='override a spec key, e.g. --set train.steps=50 (repeatable)')
     p.add_argument('--ssh-config', metavar='FILE', default=None,
@@ -40,6 +47,7 @@ def _slurm_args(p: argparse.ArgumentParser, what: str) -> None:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog='launch', description='Launch and manage TensorFlow parameter-server clusters.')
+    p.add_argument('--version', action='version', version=f'%(prog)s {_version()}')
     sub = p.add_subparsers(dest='command', required=True, metavar='COMMAND')
     up = sub.add_parser('up', help='start every task, train to the end, tear down')
     _spec_args(up)
@@ -50,22 +58,34 @@ def parse_args(argv=None) -> argparse.Namespace:
     up.add_argument('--finish-timeout', type=float, default=60.0, metavar='SECS',
                     help='how long ps tasks may take to exit after the workers finished (default 60)')
     _slurm_args(up, 'with --backend slurm: ')
-    st = sub.add_parser('status', help="show each task's pid, whether it is alive and listening")
-    _spec_args(st)
+    st = sub.add_parser('status', help="a run's state and each task's pid, whether it is alive and listening "
+                                       '(exit 0: running or done, 1: failed or interrupted, 3: no such run)')
+    _spec_args(st, run=True)
+    _json_arg(st)
     down = sub.add_parser('down', help="stop whatever is left of the spec's cluster")
-    _spec_args(down)
+    _spec_args(down, run=True)
     logs = sub.add_parser('logs', help="print a task's log (all tasks when none is named)")
-    _spec_args(logs)
+    _spec_args(logs, run=True)
     logs.add_argument('task', nargs='?', help='job:index, e.g. worker:1')
     logs.add_argument('-f', '--follow', action='store_true', help='keep printing new lines until Ctrl-C')
+    logs.add_argument('--attempt', type=int, metavar='N', help="attempt N's logs (default: the newest attempt's)")
     plan = sub.add_parser('plan', help='print what `up` would run for each task, starting nothing')
     _spec_args(plan)
+    _json_arg(plan)
     ev = sub.add_parser('eval', help="precision@1 on the test split from the newest checkpoint (moving averages)")
-    _spec_args(ev)
+    _spec_args(ev, run=True)
     ev.add_argument('--checkpoint', help='a checkpoint prefix (default: the newest in train_dir)')
     check = sub.add_parser('check', help='pre-flight every host: reachable, TensorFlow and tfcluster import, '
                                          'ports free')
     _spec_args(check)
+    _json_arg(check)
+    rep = sub.add_parser('report', help="write a run's report: one self-contained HTML page (timeline, loss and "
+                                        'images/s, attempts, the result)')
+    _spec_args(rep, run=True)
+    rep.add_argument('-o', '--output', metavar='FILE', help='where to write it (default: <train_dir>/report.html)')
+    ls = sub.add_parser('list', help='the runs under DIR (default: here), a few levels deep')
+    ls.add_argument('dir', nargs='?', default='.', metavar='DIR')
+    _json_arg(ls)
     comp = sub.add_parser('compose', help='write the compose file `up --backend compose` runs, starting nothing')
     _spec_args(comp)
     comp.add_argument('-o', '--output', metavar='FILE', help='where to write it (default: standard output)')
@@ -88,6 +108,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _json_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument('--json', action='store_true', help='print JSON (the fields are in README: Runs)')
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version('tfcluster')
+    except PackageNotFoundError:
+        return 'unknown (not installed)'
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.command != 'up':        # `launch plan ... | head` ends quietly; `up` must always tear down
@@ -95,12 +127,20 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING, format='launch: %(levelname)s: %(message)s')
     if args.command == 'download':
         return cmd_download(args)
+    if args.command == 'list':
+        return cmd_list(args)
     try:
         if args.ssh_config is not None and not os.path.isfile(args.ssh_config):
             raise UsageError(f'--ssh-config {args.ssh_config}: file not found')
-        spec = load_spec(args.spec, args.overrides)
+        if args.command in RUN_COMMANDS:
+            spec = load_target(args.spec, args.overrides)
+        else:
+            spec = load_spec(args.spec, args.overrides)
         request = check_request(spec, Request(args.command, args.backend, options(args), args))
         return COMMANDS[args.command](spec, request)
+    except RunNotFound as e:
+        print(f'launch: error: {e}', file=sys.stderr)
+        return EXIT_NO_RUN if args.command == 'status' else EXIT_USAGE
     except ERRORS as e:
         print(f'launch: error: {e}', file=sys.stderr)
         return EXIT_USAGE

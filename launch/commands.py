@@ -2,6 +2,8 @@
 these with the loaded spec; the backends they need come from launch/registry.py."""
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import shlex
 import signal
@@ -10,16 +12,20 @@ import threading
 import time
 from dataclasses import dataclass
 
-from cluster.rundir import EXIT_USAGE
-from cluster.spec import ClusterSpec, SpecError
-from launch import netns, registry
+from cluster import rundir
+from cluster.rundir import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from cluster.spec import ClusterSpec, SpecError, load_spec
+from launch import netns, registry, runs
 from launch.backend import BackendError, stop_all
 from launch.errors import UsageError
 from launch.lifecycle import Console, Lifecycle
 from launch.plan import TaskPlan, effective_spec_path, log_path, state_path
 from launch.preflight import (check_isolation, launcher_alive, prepare_data, preflight, resolve_data,
                               warn_exposure)
+from launch.events import read_events
 from launch.state import LaunchState, StateError
+
+EXIT_NO_RUN = 3         # `launch status` of a run that does not exist (like `systemctl status`)
 
 
 @dataclass(frozen=True)
@@ -29,6 +35,24 @@ class Request:
     backend: str | None
     options: registry.Options
     args: object        # the command's own flags (argparse's namespace), read by its body only
+
+
+def load_target(ref: str, overrides: list[str]) -> ClusterSpec:
+    """The spec a command acts on: a spec file as given; or a run (its id, or its train_dir),
+    loaded as it was started (its spec file and --set options, from the directory it ran in),
+    with its train_dir where it is now. A run whose spec file is gone falls back on the effective
+    spec it left in its train_dir (without SSH settings). Raises runs.RunNotFound."""
+    if os.path.isfile(ref) or ref.endswith(('.yaml', '.yml')):
+        return load_spec(ref, overrides)
+    train_dir = runs.resolve(ref)
+    started = [e for e in read_events(rundir.events_path(train_dir)) if e.get('event') == 'run_started']
+    here = [f'train.train_dir={train_dir}']
+    if started and os.path.isfile(str(started[-1].get('spec'))):
+        first = started[-1]
+        if os.path.isdir(str(first.get('cwd'))):
+            os.chdir(first['cwd'])      # relative paths in the spec mean what they meant at `up`
+        return load_spec(first['spec'], list(first.get('overrides') or []) + overrides + here)
+    return load_spec(rundir.spec_path(train_dir), overrides + here)
 
 
 def plans_of(spec: ClusterSpec, req: Request) -> list[TaskPlan]:
@@ -57,22 +81,27 @@ def check_request(spec: ClusterSpec, req: Request) -> Request:
 # -- up ----------------------------------------------------------------------------------------
 def cmd_up(spec: ClusterSpec, req: Request) -> int:
     args = req.args
-    life = Lifecycle(spec, Console(verbose=args.verbose))
+    console = Console(verbose=args.verbose)
     if registry.kind(req.backend).strategy == registry.DELEGATED:
         strategy = _slurm_strategy(spec, req)
+        life = Lifecycle(spec, console, registry.kind(req.backend).name, strategy.effective_spec,
+                         overrides=args.overrides)
         if spec.supervise.restart != 'never':
             print('launch: WARNING: supervise.restart is not applied under Slurm: a failed task ends the job '
                   '(a new `launch up` resumes from the checkpoint)', file=sys.stderr, flush=True)
         return life.up(strategy).exit_code
     from launch.supervised import SupervisedRun
     plans = plans_of(spec, req)
+    spec_yaml = registry.tasks_spec_yaml(spec, req.backend, req.options)
+    life = Lifecycle(spec, console, ','.join(sorted({p.backend for p in plans})), spec_yaml,
+                     overrides=args.overrides)
     with backends_for(spec, req, plans) as backends:
         def checks():
             preflight(spec, plans, backends)
             prepare_data(spec, plans)
-            warn_exposure(plans)
-        run = SupervisedRun(spec, registry.tasks_spec_yaml(spec, req.backend, req.options), plans, backends,
-                            start_timeout=args.start_timeout, finish_timeout=args.finish_timeout, checks=checks)
+        run = SupervisedRun(spec, spec_yaml, plans, backends, start_timeout=args.start_timeout,
+                            finish_timeout=args.finish_timeout, checks=checks,
+                            warn=lambda: warn_exposure(plans, short=True))
         return life.up(run).exit_code
 
 
@@ -85,7 +114,8 @@ def _slurm_strategy(spec: ClusterSpec, req: Request):
         raise UsageError(f'--backend slurm: `{missing}` not found on PATH; {slurm_run.INSTALL_HINT}')
     if spec.train.data != 'synthetic':      # the tasks write the synthetic set themselves
         resolve_data(spec)      # seen from here: the train_dir and the data are on a shared filesystem
-    return slurm_run.SlurmRun(spec, slurm.render(spec, req.options), slurm.slurm_spec(spec).to_yaml())
+    return slurm_run.SlurmRun(spec, lambda attempt: slurm.render(spec, req.options, attempt),
+                              slurm.slurm_spec(spec).to_yaml())
 
 
 # -- status, down, logs --------------------------------------------------------------------------
@@ -95,9 +125,24 @@ def _no_state(spec: ClusterSpec) -> str:
 
 
 def cmd_status(spec: ClusterSpec, req: Request) -> int:
+    """The run's state and its tasks. Exit code 0: running or done; 1: failed or interrupted;
+    3: no run of this spec is known in its train_dir."""
     plans = plans_of(spec, req)
     state = LaunchState.load(state_path(spec))
-    records = {r.name: r for r in (state.tasks if state else [])}
+    info = runs.describe(spec.train.train_dir)
+    tasks = _task_status(spec, req, plans, state)
+    code = EXIT_NO_RUN if info is None and state is None else \
+        EXIT_OK if info is None or info.state in ('running', 'done') else EXIT_FAILED
+    if req.args.json:
+        print(json.dumps({'run': info.to_json() if info else None,
+                          'launcher': {'pid': state.launcher_pid, 'alive': launcher_alive(state)} if state else None,
+                          'progress': state.progress if state else None, 'restarts': state.restarts if state else 0,
+                          'tasks': tasks}, indent=1))
+        return code
+    if info is not None:
+        print(f'run {info.id}: {info.state}, attempt {info.attempts}'
+              + (f', global step {info.global_step}' if info.global_step is not None else '')
+              + f' ({os.path.abspath(spec.train.train_dir)})')
     if state is None:
         print(_no_state(spec))
     elif launcher_alive(state):
@@ -112,6 +157,17 @@ def cmd_status(spec: ClusterSpec, req: Request) -> int:
         else:
             print('global step: none seen yet')
     print(f'{"TASK":<10} {"ADDRESS":<22} {"BACKEND":<7} {"PID":>7}  {"ALIVE":<5}  {"LISTENING":<9}  NOTE')
+    for t in tasks:
+        shown = {True: 'yes', False: 'no', None: '?'}[t['alive']]
+        print(f'{t["task"]:<10} {t["address"]:<22} {t["backend"]:<7} {t["pid"] or "-":>7}  '
+              f'{shown:<5}  {"yes" if t["listening"] else "no":<9}  {t["note"]}'.rstrip())
+    return code
+
+
+def _task_status(spec: ClusterSpec, req: Request, plans: list[TaskPlan], state: LaunchState | None) -> list[dict]:
+    """Each task as `launch status` shows it: alive (None: cannot tell), listening, a note."""
+    records = {r.name: r for r in (state.tasks if state else [])}
+    out = []
     with backends_for(spec, req, plans, state) as backends:
         for plan in plans:
             r = records.get(plan.name)
@@ -122,10 +178,9 @@ def cmd_status(spec: ClusterSpec, req: Request) -> int:
             listening = backend.probe(r or backend.log_record(plan), 0.5, handshake=False)
             alive = {None: False, 'running': True, 'ended': False, 'unknown': None}[seen and seen.state]
             note = (seen.stopped or '') if alive else f'unknown: {seen.error}' if alive is None else ''
-            shown = {True: 'yes', False: 'no', None: '?'}[alive]
-            print(f'{plan.name:<10} {plan.task.address:<22} {plan.backend:<7} {r.pid if r else "-":>7}  '
-                  f'{shown:<5}  {"yes" if listening else "no":<9}  {note}'.rstrip())
-    return 0
+            out.append({'task': plan.name, 'address': plan.task.address, 'backend': plan.backend,
+                        'pid': r.pid if r else None, 'alive': alive, 'listening': listening, 'note': note})
+    return out
 
 
 def cmd_down(spec: ClusterSpec, req: Request) -> int:
@@ -185,6 +240,15 @@ def cmd_logs(spec: ClusterSpec, req: Request) -> int:
         plans = chosen
     state = LaunchState.load(state_path(spec))
     records = {r.name: r for r in (state.tasks if state else [])}
+    if args.attempt is not None:        # an earlier attempt's files, not what the running tasks write
+        attempts = sorted(int(n.split('-', 1)[1]) for n in _listdir(rundir.logs_dir(spec.train.train_dir))
+                          if n.startswith('attempt-') and n.split('-', 1)[1].isdigit())
+        if attempts and args.attempt not in attempts:
+            raise UsageError(f'{spec.path}: no attempt {args.attempt}: the logs hold attempt(s) '
+                             f'{", ".join(map(str, attempts))}')
+        plans = [dataclasses.replace(p, log_path=dataclasses.replace(p, attempt=args.attempt).attempt_log_path)
+                 for p in plans]
+        records = {}
     logs_dir = os.path.dirname(log_path(spec, spec.tasks[0]))
     if state is None and all(registry.kind(p.backend).logs_here for p in plans) and not os.path.isdir(logs_dir):
         raise UsageError(f'{spec.path}: no logs in {os.path.abspath(logs_dir)}: this spec was never started '
@@ -214,6 +278,36 @@ def cmd_logs(spec: ClusterSpec, req: Request) -> int:
     return 0
 
 
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+# -- list, report -------------------------------------------------------------------------------
+def cmd_list(args) -> int:
+    found = runs.find_runs(args.dir)
+    if args.json:
+        print(json.dumps([r.to_json() for r in found], indent=1))
+    else:
+        print(runs.table(found, args.dir))
+    return 0
+
+
+def cmd_report(spec: ClusterSpec, req: Request) -> int:
+    from launch import report
+    train_dir = spec.train.train_dir
+    if runs.describe(train_dir) is None:
+        raise runs.RunNotFound(f'{os.path.abspath(train_dir)} holds no run (no events.jsonl or run.json)')
+    try:
+        path = report.write(train_dir, req.args.output)
+    except OSError as e:
+        raise UsageError(f'{req.args.output or rundir.report_path(train_dir)}: cannot write: {e.strerror}') from None
+    print(f'wrote {path}')
+    return 0
+
+
 # -- eval, check, plan ------------------------------------------------------------------------
 def cmd_eval(spec: ClusterSpec, req: Request) -> int:
     from cluster import eval as evaluation
@@ -230,13 +324,21 @@ def cmd_check(spec: ClusterSpec, req: Request) -> int:
     with backends_for(spec, req, plans) as backends:
         checks = [c for name, b in backends.items()
                   for c in b.check([p for p in plans if p.backend == name], imports=True)]
+    code = 0 if all(c.ok for c in checks) else 1
+    if req.args.json:
+        print(json.dumps({'ok': code == 0, 'hosts': [dataclasses.asdict(c) for c in checks]}, indent=1))
+        return code
     for c in checks:
         print(c.line())
     warn_exposure(plans)
-    return 0 if all(c.ok for c in checks) else 1
+    return code
 
 
 def cmd_plan(spec: ClusterSpec, req: Request) -> int:
+    if req.args.json:
+        print(json.dumps([_plan_json(task, plan, req) for task, plan in zip(spec.tasks, plans_of(spec, req))],
+                         indent=1))
+        return 0
     print(f'# {spec.path}: {spec.num_ps} ps, {spec.num_workers} workers, '
           f'{"sync" if spec.train.sync else "async"}; `launch up` writes the effective spec to '
           f'{effective_spec_path(spec)} (nothing is written now)')
@@ -256,6 +358,14 @@ def cmd_plan(spec: ClusterSpec, req: Request) -> int:
             print(f'  env:  {k}={shlex.quote(v)}')
         print(f'  log:  {plan.log_path}')
     return 0
+
+
+def _plan_json(task, plan: TaskPlan, req: Request) -> dict:
+    """One task of `launch plan --json`."""
+    return {'task': plan.name, 'address': task.address, 'endpoint': plan.endpoint, 'backend': plan.backend,
+            'where': registry.kind(plan.backend).where(plan, task, req.options), 'cwd': plan.cwd,
+            'argv': list(netns.wrap(plan.netns, plan.argv) if plan.netns else plan.argv), 'env': dict(plan.env),
+            'log': plan.log_path}
 
 
 # -- files: compose, render, download -------------------------------------------------------------
@@ -324,5 +434,5 @@ def cmd_download(args) -> int:
 
 
 COMMANDS = {'up': cmd_up, 'status': cmd_status, 'down': cmd_down, 'logs': cmd_logs, 'plan': cmd_plan,
-            'check': cmd_check, 'eval': cmd_eval, 'compose': cmd_compose, 'render': cmd_render}
+            'check': cmd_check, 'eval': cmd_eval, 'compose': cmd_compose, 'render': cmd_render, 'report': cmd_report}
 ERRORS = (SpecError, UsageError, StateError)     # one line, exit code 2

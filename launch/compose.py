@@ -32,7 +32,8 @@ from cluster.rundir import write_atomically
 from cluster.spec import ClusterSpec
 from launch import compose_file
 from launch.backend import (ENDED, RUNNING, STOP_GRACE_SECS, Backend, BackendError, HostCheck, Observation, TaskRecord,
-                            decode_exit, follow_file, handle_of, planned_record, read_text, touch_leases)
+                            decode_exit, follow_file, handle_of, link_attempt_log, planned_record, read_text,
+                            touch_leases)
 from launch.plan import TaskPlan, compose_spec, effective_spec_path, service_name
 
 log = logging.getLogger(__name__)
@@ -288,9 +289,9 @@ class ComposeBackend(Backend):
         with self._lock:                # `docker start` keeps the id: forget its last (dead) state
             self._last[container] = ('running', 0)
             self._snapshot_at = 0.0
-        log_file = os.path.join(self.project_dir, plan.log_path)
-        if not plan.restart:        # the container appends (a restarted task keeps its earlier output)
-            open(log_file, 'w').close()
+        # The container appends to log_path, which leads to this attempt's file (a restarted task
+        # keeps its earlier output; an earlier attempt's is never touched).
+        log_file = link_attempt_log(self.project_dir, plan)
         offset = os.path.getsize(log_file) if os.path.exists(log_file) else 0
         out = _run(['docker', 'start', container])
         if out.returncode != 0:

@@ -8,8 +8,9 @@ Every event has
     attempt  1, 2, ...: every `launch up` of the train_dir and every cluster restart inside one
     event    one of EVENTS below
 and the fields that event names:
-    run_started    spec (path), backend, spec_hash (sha256 of the effective spec), train_dir, launcher_pid,
-                   resumes_from (checkpoint step or null)
+    run_started    spec (absolute path), overrides (the --set options), cwd, backend, spec_hash (sha256
+                   of the effective spec), train_dir (absolute), launcher_pid, resumes_from (checkpoint
+                   step or null)
     task_started   task, host, pid (a process), container or job (a scheduler's id)
     serving        task
     first_step     step
@@ -18,7 +19,8 @@ and the fields that event names:
     task_lost      task, cause, exit_code (null if unknown), signal (name, or null), error (last Python error or null)
     tolerated      task, cause
     stall          tasks (list), cause
-    restart        cause, from_step (checkpoint step or null); the next attempt's events follow
+    restart        cause, from_step (checkpoint step or null); the next attempt's events follow (a
+                   restart of some tasks inside an attempt names them in `tasks` and keeps the attempt)
     interrupted    signal
     finished       result: the RunResult (see run.json)
 A reader skips a torn or damaged line (a launcher killed mid-write) with one warning, never a

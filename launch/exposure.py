@@ -82,3 +82,14 @@ def warning(plans: Iterable[TaskPlan], addresses: list[str] | None) -> str | Non
     return ("TensorFlow's gRPC servers have no authentication and listen on every interface: "
             f'{"; ".join(reachable)} can be reached from the network, and anyone who can reach them can run '
             f'code in the tasks; {fix} ({SECURITY})')
+
+
+def short_warning(plans: Iterable[TaskPlan], addresses: list[str] | None) -> str | None:
+    """What `launch up` says, once per run, in one short line: which task ports the network can
+    reach; `launch check` gives the full `warning` (every address, and what to do)."""
+    plans = list(plans)
+    if warning(plans, addresses) is None:
+        return None
+    ports = sorted({p.task.port for p in plans if not (registry.kind(p.backend).isolates_ports or p.netns)})
+    shown = ', '.join(map(str, ports[:6])) + (f' and {len(ports) - 6} more' if len(ports) > 6 else '')
+    return f'task ports {shown} are reachable from the network; see {SECURITY} (`launch check` lists where)'

@@ -13,21 +13,27 @@ is written once, here.
 from __future__ import annotations
 
 import abc
+import datetime
+import hashlib
 import json
+import logging
 import os
 import re
 import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable
 
 from cluster import rundir
-from cluster.rundir import EXIT_OK
+from cluster.rundir import EXIT_OK, write_atomically
 from cluster.spec import ClusterSpec
 from launch.errors import UsageError
+from launch.events import EventLog, read_events
 from launch.state import LockBusy, TrainDirLock
+
+log = logging.getLogger(__name__)
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)     # SIGHUP: the terminal went away
 CHECKPOINT_GRACE_SECS = 25.0    # a stopping chief's time to write its checkpoint before the rest stop
@@ -86,6 +92,18 @@ class RunResult:
     started: float = 0.0                # epoch seconds
     ended: float = 0.0
 
+    def to_json(self, run: str, attempt: int, spec: str, backend: str, train_dir: str) -> dict:
+        """run.json: the fields `launch status --json` and `launch list --json` agree with."""
+        d = asdict(self)
+        d.update(id=run, attempt=attempt, spec=spec, backend=backend, train_dir=train_dir,
+                 started=iso(self.started), ended=iso(self.ended), seconds=round(self.seconds, 3))
+        return d
+
+
+def iso(epoch: float) -> str:
+    """Epoch seconds as ISO-8601 local time with its UTC offset."""
+    return datetime.datetime.fromtimestamp(epoch).astimezone().isoformat(timespec='seconds')
+
 
 @dataclass
 class Outcome:
@@ -107,9 +125,10 @@ class Outcome:
 class Strategy(abc.ABC):
     """How one backend runs the tasks of a run: the part of `launch up` that differs."""
 
-    def prepare(self) -> None:
+    def prepare(self, life: 'Lifecycle') -> None:
         """Everything that can go wrong before anything starts (raise UsageError or SpecError:
-        exit 2, and the lifecycle leaves no trace of the run); writes what the tasks need."""
+        exit 2, and the lifecycle leaves no trace of the run); writes what the tasks need.
+        life.run_id and life.attempt are known by then."""
 
     def stale_files(self) -> list[str]:
         """An earlier run's files in the train_dir that must not pass for this run's."""
@@ -129,6 +148,14 @@ class Strategy(abc.ABC):
     spec: ClusterSpec
 
 
+def _read_local(path: str) -> str | None:
+    try:
+        with open(path, encoding='utf-8', errors='replace') as f:
+            return f.read()
+    except OSError:
+        return None
+
+
 def resume_hint(step: int | None) -> str:
     """What a new `launch up` of a run that stopped here would do."""
     if step is None:
@@ -136,11 +163,37 @@ def resume_hint(step: int | None) -> str:
     return f'a new `launch up` resumes from the checkpoint at global step {step}'
 
 
-class Lifecycle:
-    """One `launch up`: owns the lock, the signals, the log followers and the closing line."""
+def identify(spec: ClusterSpec) -> tuple[str, int]:
+    """The run's id and the number of the attempt about to start: an earlier `up` of the same
+    train_dir left them in events.jsonl (or run.json, if the events are gone); else a new id
+    from the spec file's name and the time."""
+    train_dir = spec.train.train_dir
+    events = read_events(rundir.events_path(train_dir))
+    if events:
+        return str(events[0].get('run')), max(int(e.get('attempt') or 0) for e in events) + 1
+    try:
+        with open(rundir.run_path(train_dir)) as f:
+            before = json.load(f)
+        return str(before['id']), int(before['attempt']) + 1
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    stem = re.sub(r'[^A-Za-z0-9._-]', '_', os.path.splitext(os.path.basename(spec.path))[0]) or 'run'
+    return f'{stem}-{time.strftime("%Y%m%d-%H%M%S")}', 1
 
-    def __init__(self, spec: ClusterSpec, console: Console):
+
+class Lifecycle:
+    """One `launch up`: owns the lock, the signals, the log followers, the run's identity and
+    event log, and the closing line."""
+
+    def __init__(self, spec: ClusterSpec, console: Console, backend: str = '', spec_yaml: str = '',
+                 overrides: list[str] = (), report: bool = True):
         self.spec, self.console = spec, console
+        self.report = report            # write report.html at the end of every attempt
+        self.backend, self.spec_yaml, self.overrides = backend, spec_yaml, list(overrides)
+        self.run_id, self.attempt = '', 0
+        self.events: EventLog | None = None
+        self._serving: set[str] = set()      # tasks whose start was seen serving (event logged)
+        self._stepped = False                # this attempt's first step logged
         self.interrupted = threading.Event()     # the first SIGINT/SIGTERM/SIGHUP
         self.signum = 0
         self._hurried = False
@@ -190,8 +243,9 @@ class Lifecycle:
     def up(self, strategy: Strategy) -> RunResult:
         lock, created = self._lock()     # first: a second launcher is told who runs, nothing more
         try:
+            self.run_id, self.attempt = identify(self.spec)
             try:
-                strategy.prepare()
+                strategy.prepare(self)
             except Exception:
                 self._forget(lock, created)
                 raise
@@ -200,9 +254,63 @@ class Lifecycle:
                     os.remove(path)
                 except FileNotFoundError:
                     pass
+            self._begin()
             return self._run(strategy)
         finally:
             lock.release()
+
+    def _begin(self) -> None:
+        """Name the run and this attempt, first thing on the console, and open the event log."""
+        train_dir = self.spec.train.train_dir
+        self.events = EventLog(rundir.events_path(train_dir), self.run_id, self.attempt)
+        self.console.say(f'run {self.run_id}, attempt {self.attempt}: {os.path.abspath(train_dir)} '
+                         f'(`launch status {self.run_id}`, `launch logs {self.run_id}`)')
+        step = rundir.checkpoint_step(_read_local(rundir.checkpoint_index_path(train_dir)))
+        self.emit('run_started', spec=os.path.abspath(self.spec.path), backend=self.backend,
+                  spec_hash=hashlib.sha256(self.spec_yaml.encode()).hexdigest(),
+                  overrides=self.overrides, cwd=os.getcwd(), train_dir=os.path.abspath(train_dir),
+                  launcher_pid=os.getpid(), resumes_from=step)
+
+    def emit(self, event: str, **fields) -> None:
+        """Append an event to the run's log; a log that cannot be written is a warning, not a crash."""
+        if self.events is None:
+            return
+        try:
+            self.events.emit(event, **fields)
+        except OSError as e:
+            log.warning('cannot write %s: %s', self.events.path, e.strerror)
+
+    def next_attempt(self, cause: str, from_step: int | None, tasks: tuple[str, ...] = ()) -> None:
+        """A restart: the event closes this attempt; a cluster restart (no `tasks`) starts the next."""
+        if tasks:
+            self.emit('restart', cause=cause, from_step=from_step, tasks=list(tasks))
+            return
+        self.emit('restart', cause=cause, from_step=from_step)
+        self.attempt += 1
+        self._serving.clear()
+        self._stepped = False
+        if self.events is not None:
+            self.events.attempt = self.attempt
+
+    def task_started(self, task: str, **where) -> None:
+        self._serving.discard(task)
+        self.emit('task_started', task=task, **where)
+
+    def saw_line(self, task: str, line: str, worker: bool, chief: bool) -> dict | None:
+        """What a task's log line tells the event log: that it serves, this attempt's first step,
+        and (the chief's lines, at the console's cadence) progress. Returns a worker's progress."""
+        if task not in self._serving and rundir.says_serving(line, task):
+            self._serving.add(task)
+            self.emit('serving', task=task)
+        found = rundir.parse_progress(line) if worker else None
+        if found is None:
+            return None
+        if not self._stepped:
+            self._stepped = True
+            self.emit('first_step', step=found['step'])
+        if chief:
+            self.emit('progress', **found)
+        return found
 
     def _run(self, strategy: Strategy) -> RunResult:
         self._strategy = strategy
@@ -220,7 +328,27 @@ class Lifecycle:
         self._add_figures(result, outcome.lost)
         if outcome.state == 'done':
             self.console.say(outcome.headline + self.summary(result, outcome.lost))
+        self._record(result)
         return result
+
+    def _record(self, result: RunResult) -> None:
+        """The end of an attempt: the `finished` event, run.json and the report, each best effort
+        (a full disk must not turn a finished training into a crash)."""
+        train_dir = self.spec.train.train_dir
+        record = result.to_json(self.run_id, self.attempt, os.path.abspath(self.spec.path), self.backend,
+                                os.path.abspath(train_dir))
+        self.emit('finished', result=record)
+        try:
+            write_atomically(rundir.run_path(train_dir), json.dumps(record, indent=1) + '\n')
+        except OSError as e:
+            log.warning('cannot write %s: %s', rundir.run_path(train_dir), e.strerror)
+        if not self.report:
+            return
+        try:
+            from launch import report
+            report.write(train_dir)
+        except Exception as e:      # the report is a convenience: never the reason a run fails
+            log.warning('could not write the report: %s: %s', type(e).__name__, e)
 
     def _on_signal(self, signum, frame):
         if not self.interrupted.is_set():

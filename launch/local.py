@@ -16,8 +16,8 @@ from launch import netns
 from launch.errors import UsageError
 from cluster.rundir import write_atomically
 from launch.backend import (ENDED, GPU_COUNT_SH, HOST_PROBE, RUNNING, STOP_GRACE_SECS, Backend, BackendError, HostCheck,
-                            Observation, TaskRecord, follow_file, gpu_shortage, handle_of, parse_gpu_count,
-                            planned_record, read_text, touch_leases, wait_all)
+                            Observation, TaskRecord, follow_file, gpu_shortage, handle_of, link_attempt_log,
+                            parse_gpu_count, planned_record, read_text, touch_leases, wait_all)
 from launch.plan import TaskPlan
 
 log = logging.getLogger(__name__)
@@ -159,8 +159,8 @@ class LocalBackend(Backend):
         return gpu_shortage(devices, gpu_count(), 'this machine')
 
     def start(self, plan: TaskPlan) -> TaskRecord:
-        log_file = os.path.join(plan.cwd, plan.log_path)
-        with open(log_file, 'ab' if plan.restart else 'wb') as out:
+        log_file = link_attempt_log(plan.cwd, plan)
+        with open(log_file, 'ab') as out:       # a task restarted in the same attempt appends
             offset = out.tell()
             argv = netns.wrap(plan.netns, plan.argv) if plan.netns else plan.argv
             proc = subprocess.Popen(argv, cwd=plan.cwd, env={**os.environ, **plan.env},

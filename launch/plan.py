@@ -34,12 +34,19 @@ class TaskPlan:
     log_path: str
     host: HostConfig | None = None   # SSH settings (None: local, or ~/.ssh/config and defaults)
     restart: int = 0                 # 0: the first start; n: the n-th restart (its log is appended to)
+    attempt: int = 1                 # the run's attempt: its log is logs/attempt-N/, log_path links to it
     address: str = ''                # the host other tasks reach this one at ('': task.host)
     netns: str | None = None         # the private network namespace a local task runs in (isolation: netns)
 
     @property
     def name(self) -> str:
         return self.task.name
+
+    @property
+    def attempt_log_path(self) -> str:
+        """Where this attempt's output goes: beside log_path, in attempt-N/ (log_path links to it)."""
+        head, name = os.path.split(self.log_path)
+        return os.path.join(head, f'attempt-{self.attempt}', name)
 
     @property
     def endpoint(self) -> str:

@@ -87,8 +87,9 @@ def preflight(spec: ClusterSpec, plans: list[TaskPlan], backends) -> None:
         backend.preflight(spec, [p for p in plans if p.backend == name])
 
 
-def warn_exposure(plans: list[TaskPlan]) -> None:
-    """One warning line when a task port can be reached from another machine (README: Security)."""
-    text = exposure.warning(plans, exposure.machine_addresses())
+def warn_exposure(plans: list[TaskPlan], short: bool = False) -> None:
+    """One warning line when a task port can be reached from another machine (README: Security):
+    in full for `launch check`, short for `launch up` (once per run)."""
+    text = (exposure.short_warning if short else exposure.warning)(plans, exposure.machine_addresses())
     if text:
         print(f'launch: WARNING: {text}', file=sys.stderr, flush=True)

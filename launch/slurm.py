@@ -64,8 +64,10 @@ def _slice(first: int, count: int, job: str) -> str:
     return f'ranks {first}-{first + count - 1} are {job}:0-{count - 1}'
 
 
-def render(spec: ClusterSpec, args) -> str:
-    """The batch script. `args` may carry name, partition, time_limit, port_base (None: defaults)."""
+def render(spec: ClusterSpec, args, attempt: int | None = None) -> str:
+    """The batch script. `args` may carry name, partition, time_limit, port_base (None: defaults).
+    With `attempt` (`launch up`), the tasks log into logs/attempt-N/ and logs/<task>.log leads
+    there, so an earlier attempt's logs are kept."""
     cwd = os.getcwd()
     placed = slurm_spec(spec, cwd)
     train_dir = placed.train.train_dir
@@ -113,11 +115,24 @@ def render(spec: ClusterSpec, args) -> str:
         '# --kill-on-bad-exit: a task that fails ends the step (a lost ps or worker would leave the',
         '# others waiting for ever); --distribution=block: ranks in node order, as the layout assumes.',
         '# The ps tasks exit by themselves once every worker is done, so the job ends with training.',
+        *(_attempt_links(spec, attempt) if attempt else []),
         f'srun --ntasks={ntasks} --distribution=block --kill-on-bad-exit=1 \\',
-        f'    bash -c {q(RANK_WRAPPER)} tfcluster-task {spec.num_ps} "$train_dir/logs" \\',
+        f'    bash -c {q(RANK_WRAPPER)} tfcluster-task {spec.num_ps} "$train_dir/logs{f"/attempt-{attempt}" if attempt else ""}" \\',
         f'    {q(python)} -m cluster.task --spec "$train_dir/spec.yaml" --slurm --port-base {port_base}',
     ]
     return '\n'.join(lines) + '\n'
+
+
+def _attempt_links(spec: ClusterSpec, attempt: int) -> list[str]:
+    """Script lines: this attempt's log folder, and logs/<task>.log leading into it (a plain file
+    there, from before runs had attempts, is kept as attempt-0's)."""
+    names = ' '.join(f'{t.job}-{t.index}' for t in spec.tasks)
+    return [f'mkdir -p "$train_dir/logs/attempt-{attempt}"',
+            f'for t in {names}; do',
+            '  l="$train_dir/logs/$t.log"',
+            '  if [ -f "$l" ] && [ ! -L "$l" ]; then mkdir -p "$train_dir/logs/attempt-0" && mv "$l" "$train_dir/logs/attempt-0/"; fi',
+            f'  ln -sfn "attempt-{attempt}/$t.log" "$l"',
+            'done']
 
 
 _OPTION = re.compile(r'^[A-Za-z0-9_.,:+-]+$')

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import threading
 import time
+from typing import Callable
 
 from cluster import rundir
 from cluster.rundir import EXIT_FAILED, EXIT_OK, EXIT_USAGE, write_atomically
@@ -157,7 +158,7 @@ def first_failure(lines, spec: ClusterSpec) -> str | None:
 class SlurmRun(Strategy):
     """The delegated strategy: Slurm owns the tasks; the launcher submits, watches and cancels."""
 
-    def __init__(self, spec: ClusterSpec, script: str, effective_spec: str):
+    def __init__(self, spec: ClusterSpec, script: Callable[[int], str], effective_spec: str):
         self.spec, self.script, self.effective_spec = spec, script, effective_spec
         self.train_dir = spec.train.train_dir
         self.script_path = rundir.batch_script_path(self.train_dir)
@@ -167,19 +168,16 @@ class SlurmRun(Strategy):
         self.life: Lifecycle | None = None
         self._hurry = threading.Event()
 
-    def prepare(self) -> None:
+    def prepare(self, life: Lifecycle) -> None:
         """The batch script and the effective spec in the train_dir, seen from here: the tasks
         write their logs there (a shared filesystem on a multi-node cluster)."""
         try:
             os.makedirs(self.logs, exist_ok=True)
             write_atomically(rundir.spec_path(self.train_dir), self.effective_spec)
-            write_atomically(self.script_path, self.script)
+            write_atomically(self.script_path, self.script(life.attempt))
         except OSError as e:
             raise self.spec.error('train.train_dir', f'cannot write {e.filename}: {e.strerror}') from None
 
-    def stale_files(self) -> list[str]:
-        """This run's lines and figures only: the tasks' logs are written anew by the job."""
-        return super().stale_files() + [rundir.log_path(self.train_dir, t.job, t.index) for t in self.spec.tasks]
 
     def read_file(self, path: str) -> str | None:
         try:
@@ -205,6 +203,7 @@ class SlurmRun(Strategy):
             self._follow()
             info = self._watch()
             if life.interrupted.is_set():
+                life.emit('interrupted', signal=life.signal_name)
                 self._cancel(f'{life.signal_name} received')
                 return Outcome(128 + life.signum)
             return self._report(info, time.monotonic() - t0)
@@ -216,11 +215,14 @@ class SlurmRun(Strategy):
 
     # -- following ------------------------------------------------------------------------
     def _follow(self) -> None:
+        """Every task's log of this attempt, and the batch script's own output; what the task
+        lines say (serving, steps) goes into the event log as for any backend."""
         path = rundir.slurm_log_path(self.train_dir, self.job)
         self.life.follow('slurm', lambda stop: (name_ranks(line, self.spec) for line in follow_file(path, stop)))
         for t in self.spec.tasks:
-            path = rundir.log_path(self.train_dir, t.job, t.index)
-            self.life.follow(t.name, lambda stop, path=path: follow_file(path, stop))
+            path = rundir.attempt_log_path(self.train_dir, self.life.attempt, t.job, t.index)
+            self.life.follow(t.name, lambda stop, path=path: follow_file(path, stop),
+                             lambda line, t=t: self.life.saw_line(t.name, line, t.job == 'worker', t.is_chief))
 
     def _watch(self) -> dict[str, str] | None:
         """Poll the job until it has ended and left the queue (or a signal came); its last fields."""
@@ -237,6 +239,9 @@ class SlurmRun(Strategy):
             if news and news != said:
                 self.life.console.say(news)
                 said = news
+                if state == 'RUNNING':      # Slurm has placed every task: the job is where they run
+                    for t in self.spec.tasks:
+                        self.life.task_started(t.name, host=info.get('NodeList', '?'), job=self.job)
             if state in ENDED and not in_queue(self.job):
                 return info
             interrupted.wait(POLL_SECS)
@@ -300,6 +305,8 @@ class SlurmRun(Strategy):
         failures = []
         if first and state != 'CANCELLED':
             why += f'; the first task to fail: {first}'
-            failures.append(Failure(first.split(' ', 1)[0], first))
+            failures.append(Failure(first.split(' ', 1)[0].rstrip(','), first))
+            self.life.emit('task_lost', task=failures[0].task, cause=first, exit_code=None, signal=None,
+                           error=None)
         say(f'error: job {self.job} ended {why}; {resume_hint(self.life.checkpoint_step())}; task logs in {self.logs}')
         return Outcome(code, failures=failures)

@@ -424,8 +424,9 @@ class SSHBackend(Backend):
     def start(self, plan: TaskPlan) -> TaskRecord:
         name = plan.task.host
         workdir = self._workdir(name, plan.cwd)
-        log_file = posixpath.join(workdir, plan.log_path)
-        base = log_file[:-len('.log')] if log_file.endswith('.log') else log_file
+        link = posixpath.join(workdir, plan.log_path)
+        log_file = posixpath.join(workdir, plan.attempt_log_path)
+        base = link[:-len('.log')] if link.endswith('.log') else link
         pidfile, rcfile = base + '.pid', base + '.rc'
         argv = list(plan.argv)
         if '--spec' in argv:        # absolute, so `ps` on the host shows which cluster a task is of
@@ -442,12 +443,18 @@ class SSHBackend(Backend):
         wrapper = (f'trap : TERM; exec 3>&2 2>/dev/null; {command} 2>&3 3>&- & t=$!; '
                    f'while :; do wait $t; r=$?; kill -0 $t || break; done; '
                    f'wait $t; s=$?; [ $s -eq 127 ] || r=$s; echo $r > {_q(rcfile)}')
-        redirect = '>>' if plan.restart else '>'     # a restart keeps the earlier output
+        # Each attempt logs to a file of its own (a task restarted within one appends); log_path
+        # leads to the newest, and a plain file left there by an older version becomes attempt-0's.
+        legacy = posixpath.join(posixpath.dirname(link), 'attempt-0')
         script = '\n'.join([
             f'cd {_q(workdir)} || exit 1',
             f'rm -f {_q(rcfile)} {_q(pidfile)}',
-            f'o=$(wc -c < {_q(log_file)} 2>/dev/null || echo 0)' if plan.restart else 'o=0',
-            f'setsid nohup sh -c {_q(wrapper)} {redirect} {_q(log_file)} 2>&1 < /dev/null &',
+            f'mkdir -p {_q(posixpath.dirname(log_file))}',
+            f'if [ -f {_q(link)} ] && [ ! -L {_q(link)} ]; then mkdir -p {_q(legacy)} && '
+            f'mv {_q(link)} {_q(legacy)}/; fi',
+            f'ln -sfn {_q(posixpath.relpath(log_file, posixpath.dirname(link)))} {_q(link)}',
+            f'o=$(wc -c < {_q(log_file)} 2>/dev/null || echo 0)',
+            f'setsid nohup sh -c {_q(wrapper)} >> {_q(log_file)} 2>&1 < /dev/null &',
             'p=$!',
             f'echo $p > {_q(pidfile)}',
             f'echo "$o $p $({_STARTTIME.format(pid="$p")})"',

@@ -87,9 +87,7 @@ class TrainDirLock:
         """Take the lock or raise LockBusy naming the holder. `holder` says who we are."""
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
+            if not self._take(fd):
                 text = self._holder(fd)
                 os.close(fd)
                 raise LockBusy(text) from None
@@ -103,6 +101,43 @@ class TrainDirLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f'{holder}\n'.encode(), 0)
         self._fd = fd
+
+    @staticmethod
+    def held(train_dir: str) -> str | None:
+        """Who holds the train_dir's lock (the holder's text, or 'another launcher'), or None when
+        no live launcher does. The lock, not a state file or run.json, tells a running run from a
+        dead one: the kernel drops it with its process, however that ends. A shared lock, taken
+        and dropped at once, only probes; the file is never created (a read-only directory of an
+        old run stays untouched), and one that cannot be opened counts as not held."""
+        try:
+            fd = os.open(lock_path(train_dir), os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return TrainDirLock._holder(fd, wait=0.2)
+            except OSError:
+                return None
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _take(fd: int, wait: float = 0.1) -> bool:
+        """The exclusive lock, retried briefly: `launch list` and `launch status` probe it with a
+        shared lock for a moment (`held`), which must not refuse a launcher."""
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(0.005)
 
     @staticmethod
     def _holder(fd: int, wait: float = 2.0) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -96,10 +97,11 @@ class SupervisedRun(Strategy):
 
     def __init__(self, spec: ClusterSpec, spec_yaml: str, plans: list[TaskPlan], backends: Mapping[str, Backend],
                  start_timeout: float = 120.0, finish_timeout: float = 60.0,
-                 checks: Callable[[], None] | None = None):
+                 checks: Callable[[], None] | None = None, warn: Callable[[], None] | None = None):
         self.spec, self.spec_yaml, self.plans, self.backends = spec, spec_yaml, plans, backends
         self.start_timeout, self.finish_timeout = start_timeout, finish_timeout
         self._checks = checks                        # the pre-flight, run by prepare()
+        self._warn = warn                            # once per run: what the user should know (exposure)
         self.policy = Policy.of(spec, UNREACHABLE_SECS)
         self.records: list[TaskRecord] = []          # the current start of every task, in plan order
         self.restarts = 0
@@ -121,7 +123,7 @@ class SupervisedRun(Strategy):
     def interrupted(self) -> threading.Event:
         return self.life.interrupted
 
-    def prepare(self) -> None:
+    def prepare(self, life: Lifecycle) -> None:
         if self._checks is not None:
             self._checks()
 
@@ -142,6 +144,9 @@ class SupervisedRun(Strategy):
     def run(self, life: Lifecycle) -> Outcome:
         self.life = life
         t0 = time.monotonic()
+        self.plans = [dataclasses.replace(p, attempt=life.attempt) for p in self.plans]
+        if self._warn is not None and life.attempt == 1:
+            self._warn()
         try:
             for name, backend in self.backends.items():
                 backend.prepare([p for p in self.plans if p.backend == name], self.spec_yaml)
@@ -156,6 +161,7 @@ class SupervisedRun(Strategy):
                 self._supervise()
             if self.interrupted.is_set():
                 self.say(f'{life.signal_name} received: stopping every task (the chief saves a checkpoint first)')
+                life.emit('interrupted', signal=life.signal_name)
                 return self._outcome(128 + life.signum)
             mode = 'command' if self.spec.train.command else 'sync' if self.spec.train.sync else 'async'
             return self._outcome(EXIT_OK, f'done in {time.monotonic() - t0:.1f}s ({mode}, '
@@ -195,6 +201,9 @@ class SupervisedRun(Strategy):
             else:
                 self.records.append(record)
             self._save_state()
+            container = getattr(record.handle, 'container', None)     # a compose task's
+            self.life.task_started(record.name, host=record.host, pid=record.pid or None,
+                                   **({'container': container} if container else {}))
             self._follow(record)
 
     def _save_state(self) -> None:
@@ -225,19 +234,17 @@ class SupervisedRun(Strategy):
         def seen(line: str) -> None:
             if not serving.is_set() and rundir.says_serving(line, record.name):
                 serving.set()
-            if record.job == 'worker':
-                self._saw_line(line)
+            found = self.life.saw_line(record.name, line, record.job == 'worker', record.is_chief)
+            if found is not None:
+                self._saw_step(found['step'])
         self.life.follow(record.name,
                          lambda stop: backend.read_log(record, follow=True, stop=stop, offset=record.log_offset),
                          seen)
 
-    def _saw_line(self, line: str) -> None:
-        found = rundir.step_of(line)
-        if found is None:
-            return
+    def _saw_step(self, step: int) -> None:
         with self._progress_lock:
-            if self._step is None or found[0] > self._step:
-                self._step, self._step_at = found[0], time.monotonic()
+            if self._step is None or step > self._step:
+                self._step, self._step_at = step, time.monotonic()
 
     def _progress(self) -> Progress:
         with self._progress_lock:
@@ -279,16 +286,21 @@ class SupervisedRun(Strategy):
                     self.say(f'every worker is done; stopping {", ".join(decision.tasks)}: {decision.reason}')
                     self._stop([r for r in self.records if r.name in decision.tasks])
                 return
+            if decision.action is not Action.CONTINUE and decision.action is not Action.FINISH:
+                self._record_faults(decision, statuses)
             if decision.action is Action.GIVE_UP:
                 raise self._give_up(decision)
             if decision.action is Action.TOLERATE:
                 self.tolerated.update(decision.tasks)
+                for name in decision.tasks:
+                    self.life.emit('tolerated', task=name, cause=decision.reason)
                 left = self.spec.num_workers - len(self.tolerated)      # only workers are tolerated
                 self.say(f'{decision.reason}; training goes on with {left} worker(s)')
             elif decision.action is Action.RESTART_TASKS:
                 self.restarts += 1
                 self.say(f'restart {self.restarts}/{self.policy.max_restarts}: {decision.reason}; '
                          f'starting {", ".join(decision.tasks)} again, it rejoins the training')
+                self.life.next_attempt(decision.reason, None, tasks=decision.tasks)
                 try:
                     self._start([dataclasses.replace(p, restart=self.restarts) for p in self.plans
                                  if p.name in decision.tasks])
@@ -361,6 +373,11 @@ class SupervisedRun(Strategy):
         self.say(f'restart {self.restarts}/{self.policy.max_restarts}: resuming from '
                  + (f'the checkpoint at global step {step}' if step is not None else
                     'step 0 (no checkpoint was written yet)'))
+        cause = f'restart {self.restarts}/{self.policy.max_restarts}: {decision.reason}'
+        self.life.next_attempt(cause, step)
+        # The next attempt's logs are files of their own; the chief notes the restart in TensorBoard.
+        self.plans = [dataclasses.replace(p, attempt=self.life.attempt, env={**p.env, rundir.RESTART_ENV: cause})
+                      for p in self.plans]
         self.tolerated.clear()
         self._unknown_since.clear()
         with self._progress_lock:
@@ -373,6 +390,26 @@ class SupervisedRun(Strategy):
     def _wait_ready(self, t0: float) -> None:
         wait_for_servers(self.records, self.backends, t0 + self.start_timeout, self.interrupted,
                          reported=lambda name: self._serving[name].is_set())
+
+    def _record_faults(self, decision: Decision, statuses: list[TaskStatus]) -> None:
+        """The event log's account of a fault, before anything is done about it."""
+        if decision.stalled:
+            self.life.emit('stall', tasks=list(decision.tasks), cause=decision.reason)
+            return
+        by_name = {t.name: t for t in statuses}
+        for name in decision.tasks:
+            t = by_name.get(name)
+            record = next((r for r in self.records if r.name == name), None)
+            code = t.exit_code if t else None
+            signame = None
+            if code is not None and code < 0:
+                try:
+                    signame = signal.Signals(-code).name
+                except ValueError:
+                    signame = str(-code)
+            error = rundir.last_error_line(_log_tail(record, self.backends, 200)) if record else None
+            self.life.emit('task_lost', task=name, cause=supervise.how_lost(t) if t else decision.reason,
+                           exit_code=code, signal=signame, error=error)
 
     def _give_up(self, decision: Decision) -> TaskFailed:
         """The one line a lost run ends with: which task, how, its last Python error, and where

@@ -109,7 +109,7 @@ def run(tmp_path, backend, workers=2, sync=True, supervise=None, interrupt_after
     spec = load_spec(write_spec(tmp_path, workers=workers, sync=sync, supervise=supervise, **train))
     plans = [p.__class__(**{**p.__dict__, 'backend': backend.name}) for p in plan_cluster(spec)]
     out = io.StringIO()
-    life = Lifecycle(spec, Console(stream=out))
+    life = Lifecycle(spec, Console(stream=out), report=False)     # the report has tests of its own
     strategy = SupervisedRun(spec, '', plans, {backend.name: backend}, start_timeout=5, finish_timeout=5)
     timers = []
     for after in interrupt_after or ():
@@ -230,3 +230,26 @@ def test_a_multi_host_operation_names_every_host_that_failed():
     assert str(e.value) == ('a: cannot create the workdir x: Permission denied; '
                             'b: cannot create the workdir x: Permission denied')
     assert SSHBackend._parallel(lambda h: h, ['x', 'y']) == ['x', 'y']
+
+
+def test_the_event_log_and_run_json_tell_a_restart(tmp_path):
+    from launch.events import read_events
+    backend = ScriptedBackend({'ps:0': {1: [(0.4, 'exit', -9)], 2: [(0.6, 'exit', 0)]},
+                               'worker:0': {1: [(0.3, *step(40))], 2: DONE},
+                               'worker:1': {1: [], 2: DONE}}, checkpoint_step=40)
+    result, out, _ = run(tmp_path, backend, supervise={'restart': 'on-failure', 'max_restarts': 2})
+    train_dir = str(tmp_path / 'run')
+    events = read_events(rundir.events_path(train_dir))
+    kinds = [(e['attempt'], e['event']) for e in events]
+    assert kinds[0] == (1, 'run_started') and kinds[-1] == (2, 'finished'), kinds
+    assert (1, 'task_lost') in kinds and (1, 'restart') in kinds and (2, 'first_step') in kinds, kinds
+    assert kinds.index((1, 'restart')) < kinds.index((2, 'task_started'))
+    lost = next(e for e in events if e['event'] == 'task_lost')
+    assert (lost['task'], lost['signal'], lost['exit_code']) == ('ps:0', 'SIGKILL', -9)
+    restart = next(e for e in events if e['event'] == 'restart')
+    assert restart['from_step'] == 40 and 'ps:0 was killed by SIGKILL' in restart['cause']
+    assert [e['step'] for e in events if e['event'] == 'progress' and e['attempt'] == 2] == [50, 100]
+    assert sum(e['event'] == 'serving' for e in events) == 6
+    record = json.load(open(rundir.run_path(train_dir)))
+    assert (record['state'], record['attempt'], record['restarts'], record['global_step']) == ('done', 2, 1, 100)
+    assert record['id'] == events[0]['run'] and out.splitlines()[0].startswith(f'[launch]   run {record["id"]}, ')
