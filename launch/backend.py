@@ -379,15 +379,6 @@ def touch_leases(plans: list[TaskPlan], root: str | None = None) -> None:
             open(path, 'a').close()
 
 
-def read_text(path: str) -> str | None:
-    """A small file on this machine, or None if it cannot be read."""
-    try:
-        with open(path) as f:
-            return f.read()
-    except OSError:
-        return None
-
-
 def tail(lines: Iterable[str], n: int = 15) -> list[str]:
     out: list[str] = []
     for line in lines:

@@ -28,12 +28,11 @@ import time
 from dataclasses import dataclass
 
 from cluster import rundir
-from cluster.rundir import write_atomically
+from cluster.rundir import read_text, write_atomically
 from cluster.spec import ClusterSpec
 from launch import compose_file
 from launch.backend import (ENDED, RUNNING, STOP_GRACE_SECS, Backend, BackendError, HostCheck, Observation, TaskRecord,
-                            decode_exit, follow_file, handle_of, link_attempt_log, planned_record, read_text,
-                            touch_leases)
+                            decode_exit, follow_file, handle_of, link_attempt_log, planned_record, touch_leases)
 from launch.plan import TaskPlan, compose_spec, effective_spec_path, service_name
 
 log = logging.getLogger(__name__)

@@ -90,3 +90,23 @@ def iter_events(path: str) -> Iterator[dict]:
                 bad.append(number)
     if bad:
         log.warning('%s: skipped %d damaged line(s) (line %s)', path, len(bad), ', '.join(map(str, bad[:5])))
+
+
+def read_run_record(path: str) -> dict:
+    """run.json as a dict: {} when it is missing (a run in its first attempt), and when it is
+    damaged, after one warning naming it."""
+    try:
+        with open(path, encoding='utf-8', errors='replace') as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return {}
+    except OSError as e:
+        log.warning('%s: cannot read it (%s); skipped', path, e.strerror or e)
+        return {}
+    except ValueError as e:
+        log.warning('%s: damaged (%s); skipped', path, e)
+        return {}
+    if not isinstance(data, dict):
+        log.warning('%s: damaged (not a JSON object); skipped', path)
+        return {}
+    return data

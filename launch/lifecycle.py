@@ -148,14 +148,6 @@ class Strategy(abc.ABC):
     spec: ClusterSpec
 
 
-def _read_local(path: str) -> str | None:
-    try:
-        with open(path, encoding='utf-8', errors='replace') as f:
-            return f.read()
-    except OSError:
-        return None
-
-
 def resume_hint(step: int | None) -> str:
     """What a new `launch up` of a run that stopped here would do."""
     if step is None:
@@ -265,7 +257,7 @@ class Lifecycle:
         self.events = EventLog(rundir.events_path(train_dir), self.run_id, self.attempt)
         self.console.say(f'run {self.run_id}, attempt {self.attempt}: {os.path.abspath(train_dir)} '
                          f'(`launch status {self.run_id}`, `launch logs {self.run_id}`)')
-        step = rundir.checkpoint_step(_read_local(rundir.checkpoint_index_path(train_dir)))
+        step = rundir.checkpoint_step(rundir.read_text(rundir.checkpoint_index_path(train_dir)))
         self.emit('run_started', spec=os.path.abspath(self.spec.path), backend=self.backend,
                   spec_hash=hashlib.sha256(self.spec_yaml.encode()).hexdigest(),
                   overrides=self.overrides, cwd=os.getcwd(), train_dir=os.path.abspath(train_dir),

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from cluster.task import port_in_use
 from launch import netns
 from launch.errors import UsageError
-from cluster.rundir import write_atomically
+from cluster.rundir import read_text, write_atomically
 from launch.backend import (ENDED, GPU_COUNT_SH, HOST_PROBE, RUNNING, STOP_GRACE_SECS, Backend, BackendError, HostCheck,
                             Observation, TaskRecord, follow_file, gpu_shortage, handle_of, link_attempt_log,
-                            parse_gpu_count, planned_record, read_text, touch_leases, wait_all)
+                            parse_gpu_count, planned_record, touch_leases, wait_all)
 from launch.plan import TaskPlan
 
 log = logging.getLogger(__name__)

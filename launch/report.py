@@ -29,7 +29,8 @@ from matplotlib.transforms import blended_transform_factory
 
 from cluster import rundir
 from cluster.rundir import write_atomically
-from launch.events import read_events
+from launch.events import read_events, read_run_record
+from launch.runs import duration_text
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ def load(train_dir: str) -> Run:
         finished = [e for e in events if e['event'] == 'finished' and isinstance(e.get('result'), dict)]
         result, source = (finished[-1]['result'], 'the last finished event') if finished else ({}, '')
     tz = (datetime.datetime.fromisoformat(events[0]['time']).tzinfo if events else None) or _local_tz()
-    return Run(train_dir, events, result, source, _read_text(rundir.spec_path(train_dir)), tz)
+    return Run(train_dir, events, result, source, rundir.read_text(rundir.spec_path(train_dir)), tz)
 
 
 def _timed(events: list[dict], path: str) -> list[dict]:
@@ -100,27 +101,8 @@ def _timed(events: list[dict], path: str) -> list[dict]:
 
 
 def _read_result(path: str) -> dict:
-    """run.json as a dict; missing is normal (a run still in its first attempt), damaged is one warning."""
-    try:
-        with open(path, encoding='utf-8', errors='replace') as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as e:
-        log.warning('%s: cannot read it (%s); the report goes on from the event log', path, e)
-        return {}
-    if not isinstance(data, dict):
-        log.warning('%s: not a JSON object; the report goes on from the event log', path)
-        return {}
-    return data
-
-
-def _read_text(path: str) -> str | None:
-    try:
-        with open(path, encoding='utf-8', errors='replace') as f:
-            return f.read()
-    except OSError:
-        return None
+    """run.json; the report goes on from the event log when it is missing or damaged."""
+    return read_run_record(path)
 
 
 def _local_tz() -> datetime.tzinfo:
@@ -361,7 +343,7 @@ class TimeAxis:
         for a, b in self.cuts:
             x = float(self(a))
             ax.axvspan(x, x + self.sliver, facecolor='#eeeeee', edgecolor='#aaaaaa', hatch='//', lw=0, zorder=0)
-            ax.text(x + self.sliver / 2, 0.5, f'{duration(b - a)} idle', transform=_xdata_yaxes(ax), rotation=90,
+            ax.text(x + self.sliver / 2, 0.5, f'{duration_text(b - a)} idle', transform=_xdata_yaxes(ax), rotation=90,
                     ha='center', va='center', fontsize=8, color='#444444',
                     bbox={'facecolor': 'white', 'edgecolor': 'none', 'pad': 1})
 
@@ -633,9 +615,9 @@ def _restarts(run: Run, r: dict) -> str | None:
 def _durations(run: Run, r: dict, runs: list[Attempt]) -> str:
     parts = []
     if _num(r.get('seconds')) is not None:
-        parts.append(f'{duration(r["seconds"])} (the last launch up)')
+        parts.append(f'{duration_text(r["seconds"])} (the last launch up)')
     if runs:
-        parts.append(f'{duration(runs[-1].end - runs[0].start)} from the first event to the last, '
+        parts.append(f'{duration_text(runs[-1].end - runs[0].start)} from the first event to the last, '
                      f'{_clock(runs[0].start, run.tz, True)} to {_clock(runs[-1].end, run.tz, True)}')
     return '; '.join(parts) or '-'
 
@@ -656,7 +638,7 @@ def _plots(run: Run, runs: list[Attempt]) -> str:
 def _attempts_table(run: Run, runs: list[Attempt]) -> str:
     head = ('attempt', 'started', 'ended', 'duration', 'resumed from step', 'steps reached', 'tasks lost',
             'how it ended')
-    rows = [(f'attempt {a.number}', _clock(a.start, run.tz, True), _clock(a.end, run.tz, True), duration(a.end - a.start),
+    rows = [(f'attempt {a.number}', _clock(a.start, run.tz, True), _clock(a.end, run.tz, True), duration_text(a.end - a.start),
              a.resumed_from, a.step, ', '.join(a.lost), a.ended) for a in runs]
     return '<h2>Attempts</h2>\n' + _table(head, rows)
 
@@ -721,18 +703,6 @@ def _fixed(value, digits: int) -> str | None:
         return str(value)
     number = _num(value)
     return None if number is None else f'{number:.{digits}f}'
-
-
-def duration(seconds: float) -> str:
-    """12.3s, 4m 05s, 2h 03m, 3d 4h: as precise as a person reading it needs."""
-    s = max(float(seconds), 0.0)
-    if s < 60:
-        return f'{s:.1f}s'
-    if s < 3600:
-        return f'{int(s // 60)}m {int(s % 60):02d}s'
-    if s < 86400:
-        return f'{int(s // 3600)}h {int(s % 3600 // 60):02d}m'
-    return f'{int(s // 86400)}d {int(s % 86400 // 3600)}h'
 
 
 def _clock(t: float, tz: datetime.tzinfo, full: bool = False) -> str:

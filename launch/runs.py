@@ -18,7 +18,7 @@ from typing import Iterator
 
 from cluster import rundir
 from launch.errors import UsageError
-from launch.events import read_events
+from launch.events import read_events, read_run_record
 from launch.state import TrainDirLock
 
 log = logging.getLogger(__name__)
@@ -152,23 +152,7 @@ def _events(train_dir: str) -> list[dict]:
 
 
 def _run_json(train_dir: str) -> dict:
-    """run.json as a dict; {} when missing, and when damaged after one warning."""
-    path = rundir.run_path(train_dir)
-    try:
-        with open(path, encoding='utf-8', errors='replace') as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        return {}
-    except OSError as e:
-        log.warning('%s: cannot read it (%s); skipped', path, e.strerror or e)
-        return {}
-    except ValueError as e:
-        log.warning('%s: damaged (%s); skipped', path, e)
-        return {}
-    if not isinstance(data, dict):
-        log.warning('%s: damaged (not a JSON object); skipped', path)
-        return {}
-    return data
+    return read_run_record(rundir.run_path(train_dir))
 
 
 def _newest_step(events: list[dict]) -> int | None:

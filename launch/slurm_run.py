@@ -180,11 +180,7 @@ class SlurmRun(Strategy):
 
 
     def read_file(self, path: str) -> str | None:
-        try:
-            with open(path, encoding='utf-8', errors='replace') as f:
-                return f.read()
-        except OSError:
-            return None
+        return rundir.read_text(path)
 
     def hurry(self) -> None:
         self._hurry.set()       # a second Ctrl-C: cancel now, no checkpoint
