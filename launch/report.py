@@ -638,7 +638,8 @@ def _plots(run: Run, runs: list[Attempt]) -> str:
 def _attempts_table(run: Run, runs: list[Attempt]) -> str:
     head = ('attempt', 'started', 'ended', 'duration', 'resumed from step', 'steps reached', 'tasks lost',
             'how it ended')
-    rows = [(f'attempt {a.number}', _clock(a.start, run.tz, True), _clock(a.end, run.tz, True), duration_text(a.end - a.start),
+    rows = [(f'attempt {a.number}', _clock(a.start, run.tz, True), _clock(a.end, run.tz, True),
+             duration_text(a.end - a.start),
              a.resumed_from, a.step, ', '.join(a.lost), a.ended) for a in runs]
     return '<h2>Attempts</h2>\n' + _table(head, rows)
 

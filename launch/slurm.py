@@ -82,6 +82,7 @@ def render(spec: ClusterSpec, args, attempt: int | None = None) -> str:
     if getattr(args, 'time_limit', None):
         sbatch.append(f'--time={args.time_limit}')
     spec_yaml = placed.to_yaml()
+    logs = f'logs/attempt-{attempt}' if attempt else 'logs'
     lines = [
         '#!/bin/bash',
         f'# tfcluster: {spec.path} as one Slurm job: {spec.num_ps} ps + {spec.num_workers} worker(s), '
@@ -117,7 +118,7 @@ def render(spec: ClusterSpec, args, attempt: int | None = None) -> str:
         '# The ps tasks exit by themselves once every worker is done, so the job ends with training.',
         *(_attempt_links(spec, attempt) if attempt else []),
         f'srun --ntasks={ntasks} --distribution=block --kill-on-bad-exit=1 \\',
-        f'    bash -c {q(RANK_WRAPPER)} tfcluster-task {spec.num_ps} "$train_dir/logs{f"/attempt-{attempt}" if attempt else ""}" \\',
+        f'    bash -c {q(RANK_WRAPPER)} tfcluster-task {spec.num_ps} "$train_dir/{logs}" \\',
         f'    {q(python)} -m cluster.task --spec "$train_dir/spec.yaml" --slurm --port-base {port_base}',
     ]
     return '\n'.join(lines) + '\n'
@@ -130,7 +131,9 @@ def _attempt_links(spec: ClusterSpec, attempt: int) -> list[str]:
     return [f'mkdir -p "$train_dir/logs/attempt-{attempt}"',
             f'for t in {names}; do',
             '  l="$train_dir/logs/$t.log"',
-            '  if [ -f "$l" ] && [ ! -L "$l" ]; then mkdir -p "$train_dir/logs/attempt-0" && mv "$l" "$train_dir/logs/attempt-0/"; fi',
+            '  if [ -f "$l" ] && [ ! -L "$l" ]; then',
+            '    mkdir -p "$train_dir/logs/attempt-0" && mv "$l" "$train_dir/logs/attempt-0/"',
+            '  fi',
             f'  ln -sfn "attempt-{attempt}/$t.log" "$l"',
             'done']
 
