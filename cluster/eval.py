@@ -1,6 +1,7 @@
 """Precision@1 on the CIFAR-10 test split from a checkpoint, with the moving averages of the
 weights in place of the weights (as the tutorial evaluates): `python -m cluster.eval --spec SPEC`
-or `launch eval SPEC`. Runs in this process, on this machine; it needs no cluster.
+or `launch eval SPEC`. Runs in this process, on this machine; it needs no cluster. The figure also
+goes to TensorBoard, under <train_dir>/eval at the checkpoint's global step.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def evaluate(spec: ClusterSpec, checkpoint: str | None = None) -> dict:
     data_dir = data.resolve_data(spec.train.data, train_dir)
     data.check_data_dir(data_dir, 'test')
     import tensorflow as tf
-    from cluster import model
+    from cluster import model, summaries
     v1 = tf.compat.v1
     checkpoint = checkpoint or tf.train.latest_checkpoint(train_dir)
     if not checkpoint:
@@ -52,7 +53,9 @@ def evaluate(spec: ClusterSpec, checkpoint: str | None = None) -> dict:
                     break
                 right, total = right + int(c), total + int(n)
             step = int(sess.run(global_step))
-    return {'precision': right / max(total, 1), 'correct': right, 'total': total, 'global_step': step,
+    precision = right / max(total, 1)
+    summaries.write_precision(train_dir, precision, step)
+    return {'precision': precision, 'correct': right, 'total': total, 'global_step': step,
             'checkpoint': checkpoint}
 
 

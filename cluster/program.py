@@ -221,13 +221,14 @@ class ProgramContext:
         p.step = p.first_step = p.last_log_step = p.last_saved_step = int(sess.run(global_step))
         p.started = p.last_save = p.last_log = time.monotonic()
         log.info('session ready at global step %d', p.step)
+        if self.is_chief:
+            _note_restart(self.train_dir, p.step)
         lock = stopper.lock if stopper else threading.Lock()
-        prefix = rundir.checkpoint_prefix(self.train_dir)
 
         def save(step: int | None = None) -> int:
             with lock:
                 step = int(sess.run(global_step)) if step is None else step
-                saver.save(sess, prefix, global_step=step)
+                runtime.save_checkpoint(saver, sess, self.train_dir, step)
             p.last_saved_step, p.last_save = step, time.monotonic()
             return step
 
@@ -236,8 +237,7 @@ class ProgramContext:
             p.save = save
         yield sess
         if self.is_chief:
-            step = save()
-            log.info('saved the final checkpoint at global step %d', step)
+            save()
 
     def report(self, step: int, loss: float, examples: int | None = None) -> None:
         """Tell the launcher this worker's newest global step and loss (and, optionally, how many
@@ -267,6 +267,18 @@ class ProgramContext:
         if p.examples:
             out['images_per_sec'] = p.examples / max(seconds, 1e-9)
         return out
+
+
+def _note_restart(train_dir: str, step: int) -> None:
+    """A restarted chief records the launcher's cause in TensorBoard, as the built-in trainer does
+    (the program's own summaries, if any, are its business)."""
+    from cluster import summaries
+    if summaries.restart_cause():
+        w = summaries.writer(train_dir)
+        try:
+            summaries.note_restart(w, step)
+        finally:
+            w.close()
 
 
 def run_program(server, spec: ClusterSpec, task: TaskSpec, fn: Callable[[ProgramContext], Any]) -> dict:

@@ -10,6 +10,9 @@ A run directory (`train.train_dir`) holds:
     logs/<job>-<index>.log each task's output
     worker-<index>.json    a worker's closing figures (global step, loss, images/s)
     checkpoint, model.ckpt-<step>.*   TensorFlow's checkpoints (the chief writes them)
+    events.out.tfevents.*  TensorBoard: the chief's loss, learning rate, images/s, restarts
+    worker-<index>/        TensorBoard: that worker's own steps (cluster/summaries.py)
+    eval/                  TensorBoard: `launch eval`'s precision@1 at each checkpoint's step
     launch-state.json      which tasks a running launcher started (`launch status|logs|down`)
     launch.lock            one launcher per run directory (an flock, with its holder's name)
     launcher.lease         touched by the launcher; a task whose lease goes stale stops itself
@@ -23,6 +26,8 @@ A run directory (`train.train_dir`) holds:
 """
 from __future__ import annotations
 
+import datetime
+import logging
 import os
 import re
 
@@ -44,13 +49,21 @@ REPORT_FILE = 'report.html'
 # its host) and stops itself. Tasks started by hand, by Slurm or by a TFJob have none.
 LEASE_ENV, LEASE_SECS_ENV = 'TFCLUSTER_LEASE', 'TFCLUSTER_LEASE_SECS'
 
+# Set by the launcher on the tasks it starts again after a fault: one line saying why, e.g.
+# `restart 1/3: ps:0 was killed by SIGKILL`. The chief records it in TensorBoard (a text summary).
+RESTART_ENV = 'TFCLUSTER_RESTART'
+
 # Exit codes, of a task and of the launcher alike.
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 EXIT_NO_RESTART = 3     # a task failed in a way a restart cannot mend (no checkpoint restores)
 
-# How a task's log lines look (logging's format): the launcher reads a task's own error lines back.
-LOG_FORMAT, LOG_DATEFMT = '%(asctime)s %(levelname).1s %(message)s', '%H:%M:%S'
-_LOGGED_ERROR = re.compile(r'^\d\d:\d\d:\d\d E (.+)$')
+# How a task's log lines look (logging's format, with TaskLogFormatter's time), e.g.
+#   2026-11-23T21:08:43.123+00:00 I step 57/200  loss 3.1
+# The launcher reads a task's own error lines back. Logs of older runs have `21:08:43 E ...`.
+LOG_FORMAT = '%(asctime)s %(levelname).1s %(message)s'
+_LOG_TIME = r'(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?|\d\d:\d\d:\d\d)'
+_LOGGED_ERROR = re.compile(rf'^{_LOG_TIME} E (.+)$')
+_LOGGED = re.compile(rf'^{_LOG_TIME} [DIWEC] ')
 _PY_ERROR = re.compile(r'^([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)|KeyboardInterrupt)(:\s.*)?$')
 _STEP = re.compile(r'\bstep (\d+)/(\d+)\b')
 _CHECKPOINT = re.compile(r'^model_checkpoint_path:\s*"(?:.*?)-(\d+)"\s*$', re.M)
@@ -95,6 +108,15 @@ def result_path(train_dir: str, worker_index: int) -> str:
     return os.path.join(train_dir, f'worker-{worker_index}.json')
 
 
+def worker_summary_dir(train_dir: str, worker_index: int) -> str:
+    """Where a worker writes its own TensorBoard figures (its step count)."""
+    return os.path.join(train_dir, f'worker-{worker_index}')
+
+
+def eval_summary_dir(train_dir: str) -> str:
+    return os.path.join(train_dir, 'eval')
+
+
 def profile_path(train_dir: str, worker_index: int) -> str:
     return os.path.join(train_dir, f'profile-worker-{worker_index}.json')
 
@@ -127,6 +149,15 @@ def batch_script_path(train_dir: str) -> str:
     return os.path.join(train_dir, BATCH_SCRIPT)
 
 
+def read_text(path: str) -> str | None:
+    """A small file of the run, or None if it cannot be read."""
+    try:
+        with open(path, encoding='utf-8', errors='replace') as f:
+            return f.read()
+    except OSError:
+        return None
+
+
 def write_atomically(path: str, text: str) -> None:
     """Write a file of the run so that a reader sees the old text or the new, never half of it."""
     with open(path + '.tmp', 'w') as f:
@@ -135,6 +166,30 @@ def write_atomically(path: str, text: str) -> None:
 
 
 # -- lines a task writes and the launcher reads ---------------------------------------------
+class TaskLogFormatter(logging.Formatter):
+    """LOG_FORMAT with a full ISO-8601 time, milliseconds and the UTC offset: logs kept across
+    attempts and days, and lines of hosts in other time zones, still say when they were written."""
+
+    def __init__(self, fmt: str = LOG_FORMAT):
+        super().__init__(fmt)
+
+    def formatTime(self, record, datefmt=None) -> str:
+        return iso_time(record.created)
+
+
+def iso_time(seconds: float) -> str:
+    """A time since the epoch as the local time with its UTC offset, to the millisecond
+    (`2026-11-23T21:08:43.123+00:00`), as log lines and the event log write it."""
+    return datetime.datetime.fromtimestamp(seconds).astimezone().isoformat(timespec='milliseconds')
+
+
+def logged_time(line: str) -> str | None:
+    """The time at the start of a task's log line as written (ISO-8601, or `HH:MM:SS` in logs of
+    older runs), or None for a line the task's logging did not write (a traceback, TF's C++)."""
+    m = _LOGGED.match(line)
+    return m.group(1) if m else None
+
+
 def serving_line(name: str, address: str, pid: int) -> str:
     """What a task logs once its gRPC server is bound: the launcher's proof that the port it
     probes is this task's, not a stranger's."""
@@ -150,6 +205,34 @@ def progress_line(step: int, total: int, loss: float, rate: str = '') -> str:
     return f'step {step}/{total}  loss {loss:.3f}{rate}'
 
 
+_LOSS = re.compile(r'\bloss (-?[\d.]+|nan|inf)\b')
+_RATE = re.compile(r'\b([\d.]+) images/s\b')
+
+
+def parse_progress(line: str) -> dict | None:
+    """step, total, loss and images/s (None where the line has none) from a progress line."""
+    found = step_of(line)
+    if found is None:
+        return None
+    loss, rate = _LOSS.search(line), _RATE.search(line)
+    return {'step': found[0], 'total': found[1], 'loss': float(loss.group(1)) if loss else None,
+            'images_per_sec': float(rate.group(1)) if rate else None}
+
+
+_SAVED = re.compile(r'\bsaved (?:a|the final) checkpoint at global step (\d+)\b')
+
+
+def checkpoint_line(step: int) -> str:
+    """What the chief logs after each checkpoint (the launcher's event log records it)."""
+    return f'saved a checkpoint at global step {step}'
+
+
+def saved_step(line: str) -> int | None:
+    """The step of a checkpoint a chief's line says it saved, else None."""
+    m = _SAVED.search(line)
+    return int(m.group(1)) if m else None
+
+
 def step_of(line: str) -> tuple[int, int] | None:
     """(global step, total) from a progress line."""
     m = _STEP.search(line)
@@ -163,7 +246,7 @@ def last_error_line(lines: list[str]) -> str | None:
         text = line.strip()
         m = _LOGGED_ERROR.match(text)
         if m:
-            return m.group(1)
+            return m.group(2)
         if _PY_ERROR.match(text):
             return text
     return None

@@ -90,6 +90,14 @@ def restorable_checkpoint(train_dir: str) -> str | None:
 
 
 # -- save -------------------------------------------------------------------------------------
+def save_checkpoint(saver, sess, train_dir: str, step: int) -> int:
+    """Save the variables as of `step`, and say so in the chief's log: the launcher's event log
+    records every checkpoint from that line."""
+    saver.save(sess, rundir.checkpoint_prefix(train_dir), global_step=step)
+    log.info('%s', rundir.checkpoint_line(step))
+    return step
+
+
 def save_due(train, step: int, last_saved_step: int, since_save: float) -> bool:
     """Whether the chief saves now. By steps: once a multiple of checkpoint_steps has been reached
     or passed since the last save (in async mode the chief sees the global step jump by as many

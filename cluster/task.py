@@ -21,8 +21,8 @@ import time
 import traceback
 
 from cluster.program import ProgramError, check_command, check_program, load_program, run_command, run_program
-from cluster.rundir import (EXIT_FAILED, EXIT_NO_RESTART, EXIT_OK, EXIT_USAGE, LEASE_ENV, LEASE_SECS_ENV, LOG_DATEFMT,
-                            LOG_FORMAT, serving_line)
+from cluster.rundir import (EXIT_FAILED, EXIT_NO_RESTART, EXIT_OK, EXIT_USAGE, LEASE_ENV, LEASE_SECS_ENV,
+                            TaskLogFormatter, serving_line)
 from cluster.spec import DEFAULT_SPEC, TF_CONFIG_ENV, ClusterSpec, TaskSpec, load_spec, read_tf_config
 
 log = logging.getLogger('cluster.task')
@@ -164,7 +164,9 @@ def main(argv=None) -> int:
         print(f'cluster.task: error: {task.name}: port {task.port} is already in use', file=sys.stderr)
         return EXIT_USAGE
 
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, datefmt=LOG_DATEFMT, stream=sys.stdout)
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(TaskLogFormatter())
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
     if os.environ.get(LEASE_ENV):
         watch_lease(os.environ[LEASE_ENV], float(os.environ.get(LEASE_SECS_ENV) or 10))
     if spec.train.command:        # the user's process is the task: no TensorFlow in this one

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
-from cluster import data, model, rundir, session
+from cluster import data, model, rundir, session, summaries
 from cluster.profiler import StepProfiler
 from cluster.spec import ClusterSpec, TaskSpec
 
@@ -182,14 +182,18 @@ def build_graph(spec: ClusterSpec, task: TaskSpec, data_dir: str | None) -> _Gra
             local_init_op = v1.local_variables_initializer()
             ready_for_local_init_op = v1.report_uninitialized_variables(v1.global_variables())
             sync_op = resync = None
-        v1.summary.scalar('loss', loss)
-        v1.summary.scalar('learning_rate', lr)
-        summary = v1.summary.merge_all()
+        summary = v1.summary.merge([_scalar_summary('loss', loss), _scalar_summary('learning_rate', lr)])
 
     done_ops = session.done_ops(spec.num_ps, spec.num_workers, task.index)
     saver = v1.train.Saver(max_to_keep=5, sharded=True)
     return _Graph(global_step, step_after, loss, lr, train_op, local_init_op, ready_for_local_init_op,
                   resync, sync_op, summary, saver, done_ops, examples_per_run)
+
+
+def _scalar_summary(tag: str, tensor):
+    """A scalar summary op tagged exactly `tag`: tf.summary.scalar makes its tag unique like an op
+    name, and `learning_rate` is the schedule's own name, so it wrote `learning_rate_1`."""
+    return tf.raw_ops.ScalarSummary(tags=tag, values=tensor, name=f'{tag}_summary')
 
 
 class ByteBalance:
@@ -293,16 +297,19 @@ def _train_loop(sess, spec: ClusterSpec, task: TaskSpec, g: _Graph, start: float
     train = spec.train
     first = sess.run(g.global_step)
     log.info('session ready after %.1fs at global step %d', time.monotonic() - start, first)
-    writer = v1.summary.FileWriter(train.train_dir, sess.graph) if task.is_chief else None
+    writer = summaries.writer(train.train_dir, sess.graph) if task.is_chief else None
+    own_writer = summaries.writer(rundir.worker_summary_dir(train.train_dir, task.index))
+    if writer and summaries.note_restart(writer, int(first)):
+        log.info('recorded the restart in TensorBoard at global step %d', first)
     save_lock = stopper.lock if stopper else threading.Lock()
     step_lock = stopper.step_lock if stopper else threading.Lock()
-    checkpoint_prefix = rundir.checkpoint_prefix(train.train_dir)
 
     def save() -> int:
         step_now = int(sess.run(g.global_step))
-        g.saver.save(sess, checkpoint_prefix, global_step=step_now)
+        session.save_checkpoint(g.saver, sess, train.train_dir, step_now)
         if writer:
             writer.flush()
+        own_writer.flush()
         return step_now
 
     if stopper:
@@ -337,10 +344,13 @@ def _train_loop(sess, spec: ClusterSpec, task: TaskSpec, g: _Graph, start: float
             session.log_progress(step, train.steps, loss, f'  {rate:.0f} images/s')
             if len(out) > 2:
                 writer.add_summary(out[2], step)
+            if writer:      # the global step's advance counts every worker's images
+                writer.add_summary(summaries.scalar(summaries.IMAGES_PER_SEC, rate), step)
+            own_writer.add_summary(summaries.scalar(summaries.WORKER_STEPS, local_steps), step)
             last_log, last_log_step = now, step
         if task.is_chief and session.save_due(train, step, last_saved_step, now - last_save):
             with save_lock:
-                g.saver.save(sess, checkpoint_prefix, global_step=step)
+                session.save_checkpoint(g.saver, sess, train.train_dir, step)
             last_save, last_saved_step = now, step
     elapsed = time.monotonic() - t0
     if profiler:
@@ -350,8 +360,9 @@ def _train_loop(sess, spec: ClusterSpec, task: TaskSpec, g: _Graph, start: float
     final = int(sess.run(g.global_step))
     if task.is_chief:
         with save_lock:
-            g.saver.save(sess, checkpoint_prefix, global_step=final)
+            session.save_checkpoint(g.saver, sess, train.train_dir, final)
         writer.close()
+    own_writer.close()
     images = local_steps * g.examples_per_run
     log.info('done: %d local steps, global step %d, loss %.3f, %.0f images/s from this worker',
              local_steps, final, loss, images / max(elapsed, 1e-9))

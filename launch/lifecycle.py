@@ -186,6 +186,7 @@ class Lifecycle:
         self.events: EventLog | None = None
         self._serving: set[str] = set()      # tasks whose start was seen serving (event logged)
         self._stepped = False                # this attempt's first step logged
+        self._saved: int | None = None       # the newest checkpoint step logged
         self.interrupted = threading.Event()     # the first SIGINT/SIGTERM/SIGHUP
         self.signum = 0
         self._hurried = False
@@ -294,6 +295,10 @@ class Lifecycle:
         if task not in self._serving and rundir.says_serving(line, task):
             self._serving.add(task)
             self.emit('serving', task=task)
+        saved = rundir.saved_step(line) if chief else None
+        if saved is not None and saved != self._saved:      # a stopped chief says it twice
+            self._saved = saved
+            self.emit('checkpoint', step=saved)
         found = rundir.parse_progress(line) if worker else None
         if found is None:
             return None

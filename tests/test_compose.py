@@ -19,6 +19,7 @@ from cluster.spec import load_spec
 from launch.compose import project_name
 from launch.compose_file import render
 from launch.plan import compose_spec, plan_cluster, plan_compose
+from launch.events import read_events
 from tests.conftest import REPO, launch, launch_bg, read_until, write_spec
 from tests.dockerd import compose_image, docker, docker_engine, project_leftovers, remove_project  # noqa: F401
 from tests.test_local import checkpoint_step, worker_results
@@ -192,6 +193,14 @@ def test_a_sync_compose_cluster_trains_evaluates_and_resumes(tmp_path, compose_p
     assert again.returncode == 0, again.stdout + again.stderr
     assert 'at global step 20' in again.stdout and 'step 30/30' in again.stdout
     assert checkpoint_step(train_dir) == 30
+    # Both attempts' logs are kept, and the event log tells both, as for local processes.
+    assert 'step 20/20' in open(os.path.join(train_dir, 'logs', 'attempt-1', 'worker-0.log')).read()
+    assert 'step 30/30' in open(os.path.join(train_dir, 'logs', 'worker-0.log')).read()
+    events = read_events(os.path.join(train_dir, 'events.jsonl'))
+    assert [(e['attempt'], e['event']) for e in events if e['event'] in ('run_started', 'finished')] == \
+        [(1, 'run_started'), (1, 'finished'), (2, 'run_started'), (2, 'finished')]
+    started = [e for e in events if e['event'] == 'task_started']
+    assert len(started) == 6 and all(e.get('container') for e in started), started
 
 
 @pytest.mark.slow

@@ -25,6 +25,9 @@ from launch.supervised import SupervisedRun
 from tests.conftest import write_spec
 
 
+NOW = '2026-11-23T12:00:00.000+00:00'      # a task line's time (nothing here reads it)
+
+
 class ScriptedBackend(Backend):
     """Tasks that exist only as a script: for each task and start (1, 2, ...), a list of
     (seconds after its start, what happens): ('log', line) or ('exit', code). A task not told to
@@ -77,7 +80,7 @@ class ScriptedBackend(Backend):
 
     def read_log(self, record, follow=False, stop=None, offset=0):
         started, events = self._events(record)
-        yield '12:00:00 I ' + rundir.serving_line(record.name, record.endpoint, record.pid)
+        yield f'{NOW} I ' + rundir.serving_line(record.name, record.endpoint, record.pid)
         pending = sorted((at, value) for at, what, value in events if what == 'log')
         while pending:
             if time.monotonic() - started >= pending[0][0]:
@@ -125,7 +128,7 @@ def run(tmp_path, backend, workers=2, sync=True, supervise=None, interrupt_after
 
 
 def step(n, total=100):
-    return ('log', f'12:00:00 I {rundir.progress_line(n, total, 2.0)}')
+    return ('log', f'{NOW} I {rundir.progress_line(n, total, 2.0)}')
 
 
 # Times are after every server is up (about 0.1 s for these scripted tasks).
@@ -234,8 +237,9 @@ def test_a_multi_host_operation_names_every_host_that_failed():
 
 def test_the_event_log_and_run_json_tell_a_restart(tmp_path):
     from launch.events import read_events
+    saved = ('log', f'{NOW} I {rundir.checkpoint_line(40)}')
     backend = ScriptedBackend({'ps:0': {1: [(0.4, 'exit', -9)], 2: [(0.6, 'exit', 0)]},
-                               'worker:0': {1: [(0.3, *step(40))], 2: DONE},
+                               'worker:0': {1: [(0.3, *step(40)), (0.35, *saved)], 2: DONE},
                                'worker:1': {1: [], 2: DONE}}, checkpoint_step=40)
     result, out, _ = run(tmp_path, backend, supervise={'restart': 'on-failure', 'max_restarts': 2})
     train_dir = str(tmp_path / 'run')
@@ -246,6 +250,7 @@ def test_the_event_log_and_run_json_tell_a_restart(tmp_path):
     assert kinds.index((1, 'restart')) < kinds.index((2, 'task_started'))
     lost = next(e for e in events if e['event'] == 'task_lost')
     assert (lost['task'], lost['signal'], lost['exit_code']) == ('ps:0', 'SIGKILL', -9)
+    assert [(e['attempt'], e['step']) for e in events if e['event'] == 'checkpoint'] == [(1, 40)]
     restart = next(e for e in events if e['event'] == 'restart')
     assert restart['from_step'] == 40 and 'ps:0 was killed by SIGKILL' in restart['cause']
     assert [e['step'] for e in events if e['event'] == 'progress' and e['attempt'] == 2] == [50, 100]

@@ -13,10 +13,12 @@ import textwrap
 import pytest
 import yaml
 
+from cluster import rundir
 from cluster.program import ProgramError, check_command, check_program, command_argv
 from cluster.spec import SpecError, load_spec, read_tf_config
 from launch.supervise import Action, Policy, Progress, TaskState, TaskStatus, decide
 from tests.conftest import REPO, launch, run_by_hand, write_spec
+from tests.test_training import summaries_in
 
 
 def _spec(tmp_path, **train):
@@ -196,10 +198,13 @@ def test_a_program_trains_and_the_launcher_keeps_its_part(tmp_path):
     # Every worker's figures are written (worker 1 may have had no step left: the model is tiny).
     assert json.loads((tmp_path / 'run' / 'worker-1.json').read_text())['global_step'] >= 150
 
-    more = launch('up', spec, '--set', 'train.steps=250')
+    # Resumed as the launcher restarts a cluster: the chief notes the cause for TensorBoard.
+    cause = 'restart 1/3: ps:0 was killed by SIGKILL'
+    more = launch('up', spec, '--set', 'train.steps=250', env={**os.environ, rundir.RESTART_ENV: cause})
     assert more.returncode == 0, more.stdout + more.stderr
     assert f'session ready at global step {int(values["global_step"])}' in more.stdout, more.stdout
     assert _checkpoint_values(tmp_path / 'run')['global_step'] >= 250
+    assert summaries_in(str(tmp_path / 'run'))['restarts'] == [(int(values['global_step']), cause)]
 
 
 @pytest.mark.slow

@@ -20,6 +20,22 @@ from tests.test_report import ARTIFACTS, chromium
 pytestmark = pytest.mark.slow     # real local clusters
 
 
+def restart_notes(logdir: str) -> list[tuple[int, str]]:
+    """The `restarts` texts of the event files in `logdir`. A task killed mid-write leaves a torn
+    last record, which TensorBoard skips: so do we."""
+    import glob
+    import tensorflow as tf
+    notes = []
+    for path in glob.glob(os.path.join(logdir, 'events.out.tfevents.*')):
+        try:
+            for event in tf.compat.v1.train.summary_iterator(path):
+                notes += [(event.step, tf.make_ndarray(v.tensor).item().decode())
+                          for v in event.summary.value if v.tag == 'restarts']
+        except tf.errors.DataLossError:
+            pass
+    return notes
+
+
 def test_a_killed_interrupted_and_resumed_run_is_one_run_with_every_attempt_kept(tmp_path):
     spec = write_spec(tmp_path, steps=40, checkpoint_steps=5, checkpoint_secs=600,
                       supervise={'restart': 'on-failure', 'max_restarts': 2})
@@ -71,8 +87,13 @@ def test_a_killed_interrupted_and_resumed_run_is_one_run_with_every_attempt_kept
     resume = [e for e in events if e['event'] == 'run_started'][-1]
     assert resume['resumes_from'] is not None and resume['resumes_from'] >= 10, resume
     assert any(e['event'] == 'progress' and e['attempt'] == 3 for e in events)
+    assert {e['step'] for e in events if e['event'] == 'checkpoint'} >= {resume['resumes_from'], 40}
     assert {e['task'] for e in events if e['event'] == 'serving' and e['attempt'] == 2} == {'ps:0', 'worker:0',
                                                                                           'worker:1'}
+
+    # TensorBoard has the restart the launcher made, as a text at the step the chief restored.
+    notes = restart_notes(run)
+    assert len(notes) == 1 and notes[0][1].startswith('restart 1/2: ps:0 was killed by SIGKILL'), notes
 
     # `launch list --json`, `launch status RUN --json` and run.json agree.
     record = json.load(open(rundir.run_path(run)))

@@ -18,6 +18,7 @@ from cluster.slurm_env import SlurmEnvError, expand_hostlist, expand_tasks_per_n
 from cluster.spec import load_spec
 from launch import slurm
 from launch.slurm_run import first_failure, name_ranks
+from launch.events import read_events
 from tests.conftest import REPO, launch, launch_bg, project_processes, read_until, write_spec
 
 
@@ -291,8 +292,21 @@ def test_job_trains_to_the_end(tmp_path, slurm_cluster):
     assert re.search(r'\[launch\] +job \d+ completed in [\d.]+s: global step 30,', out.stdout), out.stdout
     run = tmp_path / 'run'
     assert (run / 'model.ckpt-30.index').exists()
-    assert sorted(os.listdir(run / 'logs')) == sorted(['ps-0.log', 'worker-0.log', 'worker-1.log',
+    assert sorted(os.listdir(run / 'logs')) == sorted(['attempt-1', 'ps-0.log', 'worker-0.log', 'worker-1.log',
                                                       f'slurm-{_job_of(lines)}.out'])
+    assert os.path.realpath(run / 'logs' / 'worker-0.log') == str(run / 'logs' / 'attempt-1' / 'worker-0.log')
+    # The same events as any backend, from what the job's logs say.
+    events = read_events(str(run / 'events.jsonl'))
+    kinds = [e['event'] for e in events]
+    assert kinds[0] == 'run_started' and kinds[-1] == 'finished', kinds
+    assert {e['task'] for e in events if e['event'] == 'task_started'} == {'ps:0', 'worker:0', 'worker:1'}
+    assert {e['task'] for e in events if e['event'] == 'serving'} == {'ps:0', 'worker:0', 'worker:1'}
+    assert 'first_step' in kinds and 'progress' in kinds
+    assert events[-1]['result']['state'] == 'done' and events[-1]['result']['global_step'] == 30
+    again = launch(*args, '--set', 'train.steps=40', env=env, timeout=300)     # a resume: attempt 2
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert (run / 'logs' / 'attempt-1' / 'worker-0.log').read_text().count(' step 30/30 ') >= 1
+    assert ' step 40/40 ' in (run / 'logs' / 'worker-0.log').read_text()
     placed = load_spec(str(run / 'spec.yaml'))      # what the tasks read: the same counts, absolute paths
     assert (placed.num_ps, placed.num_workers, placed.train.train_dir) == (1, 2, str(run))
 

@@ -104,9 +104,13 @@ def test_reasons_say_how_a_task_was_lost():
 
 @pytest.mark.parametrize('lines, expected', [
     (['Traceback (most recent call last):', '  File "x.py", line 1', 'ValueError: bad value'], 'ValueError: bad value'),
-    (['12:00:01 E worker:1: UnavailableError: Socket closed', 'E1122 12:00:02.1 123 grpc.cc:1] chatter'],
+    (['2026-11-22T12:00:01.250+01:00 E worker:1: UnavailableError: Socket closed',
+      'E1122 12:00:02.1 123 grpc.cc:1] chatter'],
      'worker:1: UnavailableError: Socket closed'),
-    (['tensorflow.python.framework.errors_impl.DataLossError: truncated', '12:00:03 I ok'],
+    (['2026-11-22T12:00:01.250-05:30 E ps:0: a negative offset', '2026-11-22T12:00:02.001-05:30 I ok'],
+     'ps:0: a negative offset'),
+    (['12:00:01 E worker:1: a log of an older run'], 'worker:1: a log of an older run'),
+    (['tensorflow.python.framework.errors_impl.DataLossError: truncated', '2026-11-22T12:00:03.000+00:00 I ok'],
      'tensorflow.python.framework.errors_impl.DataLossError: truncated'),
     (['KeyboardInterrupt'], 'KeyboardInterrupt'),
     (['W1122 12:00:00 oneDNN custom operations are on', 'I1122 started'], None),
@@ -117,8 +121,8 @@ def test_last_error_line(lines, expected):
 
 
 def test_progress_and_checkpoint_parsing():
-    assert rundir.step_of('12:00:00 I step 57/200  loss 3.1  400 images/s') == (57, 200)
-    assert rundir.step_of('12:00:00 I session ready after 1.0s at global step 0') is None
+    assert rundir.step_of('2026-11-22T12:00:00.000+00:00 I step 57/200  loss 3.1  400 images/s') == (57, 200)
+    assert rundir.step_of('2026-11-22T12:00:00.000+00:00 I session ready after 1.0s at global step 0') is None
     text = 'model_checkpoint_path: "/runs/x/model.ckpt-120"\nall_model_checkpoint_paths: "model.ckpt-100"\n'
     assert rundir.checkpoint_step(text) == 120
     assert rundir.checkpoint_step(None) is None and rundir.checkpoint_step('garbage') is None

@@ -12,9 +12,11 @@ import sys
 import numpy as np
 import pytest
 
+from cluster import rundir
 from tests.conftest import REPO, launch, launch_bg, read_until, write_spec
 
-pytestmark = pytest.mark.slow     # real clusters train
+# The tests that train on real clusters are marked slow one by one; those of the TensorBoard figures'
+# builders and of the log line format run in-process, in the fast tier.
 
 EXACT = {'deterministic': True, 'seed': 7, 'steps': 4}
 
@@ -44,6 +46,20 @@ def latest_checkpoint_step(train_dir: str) -> int:
         return int(re.search(r'^model_checkpoint_path: ".*ckpt-(\d+)"', f.read(), re.M).group(1))
 
 
+def summaries_in(logdir: str) -> dict[str, list[tuple[int, object]]]:
+    """{tag: [(step, value), ...]} of the TensorBoard event files directly in `logdir`, in the
+    order written (of every file): a scalar's float, a text summary's str."""
+    import tensorflow as tf
+    events = [e for path in glob.glob(os.path.join(logdir, 'events.out.tfevents.*'))
+              for e in tf.compat.v1.train.summary_iterator(path)]
+    out: dict[str, list] = {}
+    for event in sorted(events, key=lambda e: e.wall_time):
+        for v in event.summary.value:
+            value = v.simple_value if v.HasField('simple_value') else tf.make_ndarray(v.tensor).item().decode()
+            out.setdefault(v.tag, []).append((event.step, value))
+    return out
+
+
 def run_ok(*args, **kw):
     result = launch(*args, **kw)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr
@@ -56,6 +72,7 @@ def assert_same_variables(a: dict, b: dict) -> None:
         np.testing.assert_allclose(a[name], b[name], rtol=2e-4, atol=2e-5, err_msg=name)
 
 
+@pytest.mark.slow
 def test_two_workers_or_two_towers_of_b_equal_one_of_2b(tmp_path):
     """Sync SGD is large-batch SGD: the same variables, step for step, however the batch is split."""
     runs = {'2 workers x b': dict(workers=2, batch_size=8),
@@ -76,6 +93,7 @@ def test_two_workers_or_two_towers_of_b_equal_one_of_2b(tmp_path):
     assert not np.allclose(start['cifar10/local3/weights'], start['cifar10/local3/weights/ExponentialMovingAverage'])
 
 
+@pytest.mark.slow
 def test_backup_workers_each_step_takes_distinct_workers(tmp_path):
     """3 workers, 2 gradients a step: no worker ever contributes twice to one step, every step got
     at least 2 contributions, and the run ends at the requested step."""
@@ -91,6 +109,7 @@ def test_backup_workers_each_step_takes_distinct_workers(tmp_path):
     assert all(n >= 2 for n in per_step.values()), per_step
 
 
+@pytest.mark.slow
 def test_interrupted_run_resumes_from_its_checkpoint_and_learns(tmp_path):
     spec = write_spec(tmp_path, steps=100000, batch_size=64, checkpoint_steps=10)
     train_dir = str(tmp_path / 'run')
@@ -105,30 +124,54 @@ def test_interrupted_run_resumes_from_its_checkpoint_and_learns(tmp_path):
     saved = latest_checkpoint_step(train_dir)
     assert saved >= 10
     target = max(150, saved + 20)
-    run_ok('up', spec, '--set', f'train.steps={target}')
+    cause = 'restart 1/3: ps:0 was killed by SIGKILL'     # as the launcher sets it on a restart
+    run_ok('up', spec, '--set', f'train.steps={target}', env={**os.environ, rundir.RESTART_ENV: cause})
     for r in results(train_dir, 2):
         assert r['first_global_step'] == saved      # continued, did not start over
         assert r['global_step'] == target
+    assert summaries_in(train_dir)['restarts'] == [(saved, cause)]     # once, at the step restored
     evaluation = run_ok('eval', spec)
     precision = float(re.search(r'precision @ 1 = ([\d.]+)', evaluation.stdout).group(1))
     assert precision >= 0.9, evaluation.stdout
     assert f'global step {target}' in evaluation.stdout
 
 
+@pytest.mark.slow
 def test_async_run_learns(tmp_path):
     spec = write_spec(tmp_path, steps=300, batch_size=32, sync=False, learning_rate=0.05)
-    run_ok('up', spec)
+    train_dir = str(tmp_path / 'run')
+    up = run_ok('up', spec)
     evaluation = run_ok('eval', spec)
     precision = float(re.search(r'precision @ 1 = ([\d.]+)', evaluation.stdout).group(1))
     assert precision >= 0.9, evaluation.stdout
+    # TensorBoard: the chief's figures in train_dir, each worker's steps under worker-N, and the
+    # evaluation under eval at the checkpoint's global step; no restart, so no restart note.
+    chief = summaries_in(train_dir)
+    assert {'loss', 'learning_rate', 'images_per_sec'} <= set(chief) and 'restarts' not in chief, sorted(chief)
+    rates = chief['images_per_sec']
+    assert [s for s, _ in rates] == sorted(s for s, _ in rates) and rates[-1][0] >= 300, rates
+    assert all(v > 0 for _, v in rates), rates
+    for r in results(train_dir, 2):
+        index = int(r['task'].split(':')[1])
+        steps = summaries_in(os.path.join(train_dir, f'worker-{index}'))['worker_steps']
+        assert steps[-1][0] >= 300 and steps[-1][1] == r['local_steps'], (r, steps)     # its last, at the end
+        assert [v for _, v in steps] == sorted(v for _, v in steps) and steps[0][1] == 1, steps
+    # the console shows the tasks' lines with their full time (ISO-8601, milliseconds, UTC offset)
+    assert re.search(r'\] +\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d\d:\d\d I step \d+/300 ', up.stdout), \
+        up.stdout[-2000:]
     # `python -m cluster.eval`, as eval.py's docstring has it, evaluates the same checkpoint alike:
     # its main block once ran before the module had defined what evaluating a checkpoint calls.
     direct = subprocess.run([sys.executable, '-m', 'cluster.eval', '--spec', spec], cwd=REPO, capture_output=True,
                             text=True, timeout=300)
     assert direct.returncode == 0, direct.stdout + direct.stderr[-3000:]
     assert direct.stdout.strip() == evaluation.stdout.strip(), (direct.stdout, evaluation.stdout)
+    # both evaluations went to TensorBoard, each at the checkpoint's global step
+    evals = summaries_in(os.path.join(train_dir, 'eval'))['precision_at_1']
+    step = int(re.search(r'at global step (\d+)', evaluation.stdout).group(1))     # async: 300 or a step past it
+    assert [s for s, _ in evals] == [step, step] and all(abs(v - precision) < 1e-3 for _, v in evals), evals
 
 
+@pytest.mark.slow
 def test_eval_without_a_checkpoint_is_a_clear_error(tmp_path):
     result = launch('eval', write_spec(tmp_path), timeout=120)
     assert result.returncode == 2
@@ -160,6 +203,7 @@ os._exit(0)
 '''
 
 
+@pytest.mark.slow
 def test_a_worker_whose_ps_has_left_still_finishes(tmp_path):
     """The reply to the last "done" report can be lost when its ps exits right after taking it: the
     worker has finished training by then, so it warns and ends well instead of failing the run.
@@ -176,3 +220,72 @@ def test_a_worker_whose_ps_has_left_still_finishes(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert 'ps:0 did not acknowledge that this worker is done' in result.stdout, result.stdout
     assert float(re.search(r'returned after ([\d.]+)s', result.stdout).group(1)) < 10, result.stdout
+
+
+# -- in-process: what a task writes for TensorBoard and its log lines --------------------------
+@pytest.fixture(scope='module')
+def tf():
+    """TensorFlow's import runs `uname -p` once (platform.processor): imported here, before a fast
+    test's watch for started processes begins, as tests/test_data.py does at its own import."""
+    import tensorflow
+    return tensorflow
+
+
+def test_scalar_and_text_summaries_are_protos_tensorboard_reads(tf):
+    from cluster import summaries
+    value, = summaries.scalar('images_per_sec', 412).value
+    assert (value.tag, value.simple_value) == ('images_per_sec', 412.0)
+    value, = summaries.text('restarts', 'restart 1/3: ps:0 was killed by SIGKILL').value
+    assert value.tag == 'restarts' and value.metadata.plugin_data.plugin_name == 'text'
+    assert tf.make_ndarray(value.tensor).item() == b'restart 1/3: ps:0 was killed by SIGKILL'
+
+
+def test_a_restarted_chief_writes_the_cause_as_text_at_the_restored_step(tf, tmp_path):
+    from cluster import summaries
+    cause = 'restart 1/3: ps:0 was killed by SIGKILL'
+    writer = summaries.writer(str(tmp_path))
+    try:
+        assert summaries.note_restart(writer, 120, {rundir.RESTART_ENV: cause}) == cause
+        assert summaries.note_restart(writer, 130, {}) is None          # a first start: nothing
+        assert summaries.note_restart(writer, 130, {rundir.RESTART_ENV: ''}) is None
+    finally:
+        writer.close()
+    assert summaries_in(str(tmp_path)) == {'restarts': [(120, cause)]}
+
+
+def test_the_restart_cause_comes_from_the_environment(tf, monkeypatch):
+    from cluster import summaries
+    monkeypatch.setenv(rundir.RESTART_ENV, 'restart 2/3: worker:1 exited with code 1')
+    assert summaries.restart_cause() == 'restart 2/3: worker:1 exited with code 1'
+    monkeypatch.delenv(rundir.RESTART_ENV)
+    assert summaries.restart_cause() is None
+
+
+def test_eval_precision_goes_under_eval_at_the_checkpoint_step(tf, tmp_path):
+    from cluster import summaries
+    summaries.write_precision(str(tmp_path), 0.9375, 300)
+    summaries.write_precision(str(tmp_path), 0.95, 400)      # a later checkpoint: a new point, none lost
+    evals = summaries_in(rundir.eval_summary_dir(str(tmp_path)))
+    assert evals == {'precision_at_1': [(300, 0.9375), (400, pytest.approx(0.95))]}
+
+
+ISO_LINE = re.compile(r'^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d\d:\d\d) ([IE]) (.*)$')
+
+
+def test_a_task_line_carries_the_full_time_with_its_utc_offset():
+    import datetime
+    import logging
+    formatter = rundir.TaskLogFormatter()
+    record = logging.LogRecord('cluster.task', logging.INFO, __file__, 1, '%s', (rundir.progress_line(57, 200, 3.1),),
+                               None)
+    line = formatter.format(record)
+    m = ISO_LINE.match(line)
+    assert m and m.group(2, 3) == ('I', 'step 57/200  loss 3.100'), line
+    written = datetime.datetime.fromisoformat(m.group(1))
+    assert abs(written.timestamp() - record.created) < 0.001 and written.utcoffset() is not None
+    assert rundir.step_of(line) == (57, 200) and rundir.logged_time(line) == m.group(1)
+    error = formatter.format(logging.LogRecord('cluster.task', logging.ERROR, __file__, 1,
+                                               'worker:1: UnavailableError: Socket closed', (), None))
+    assert rundir.last_error_line([error, line]) == 'worker:1: UnavailableError: Socket closed'
+    assert rundir.logged_time('E1122 12:00:02.100 123 grpc.cc:1] chatter') is None
+    assert rundir.logged_time('Traceback (most recent call last):') is None
