@@ -189,6 +189,17 @@ def write_synthetic(directory, records_per_file=1000, test_records=1000, seed=0)
     return directory
 
 
+def resolve_spec_data(spec) -> str:
+    """resolve_data for a ClusterSpec, its failures as the spec's errors (a SpecError naming
+    train.data, or train.train_dir where the synthetic set cannot be written)."""
+    try:
+        return resolve_data(spec.train.data, spec.train.train_dir)
+    except DataError as e:
+        raise spec.error('train.data', str(e)) from None
+    except OSError as e:
+        raise spec.error('train.train_dir', f'cannot write {e.filename}: {e.strerror}') from None
+
+
 def resolve_data(data, train_dir):
     """Turn the spec's `data` value into a checked directory of CIFAR-10 binary files.
 

@@ -82,9 +82,24 @@ def log_path(train_dir: str, job: str, index: int) -> str:
     return os.path.join(train_dir, LOGS_DIR, f'{job}-{index}.log')
 
 
+def attempt_dirname(attempt: int) -> str:
+    """The folder of logs/ that holds one attempt's task logs."""
+    return f'attempt-{attempt}'
+
+
 def attempt_log_path(train_dir: str, attempt: int, job: str, index: int) -> str:
     """Where attempt `attempt` of a run keeps a task's log (never truncated by a later attempt)."""
-    return os.path.join(train_dir, LOGS_DIR, f'attempt-{attempt}', f'{job}-{index}.log')
+    return os.path.join(train_dir, LOGS_DIR, attempt_dirname(attempt), f'{job}-{index}.log')
+
+
+def attempts(train_dir: str) -> list[int]:
+    """The attempts whose logs this machine's train_dir keeps, in order."""
+    try:
+        names = os.listdir(os.path.join(train_dir, LOGS_DIR))
+    except OSError:
+        return []
+    prefix = attempt_dirname(0)[:-1]
+    return sorted(int(n[len(prefix):]) for n in names if n.startswith(prefix) and n[len(prefix):].isdigit())
 
 
 def events_path(train_dir: str) -> str:
@@ -219,7 +234,7 @@ def parse_progress(line: str) -> dict | None:
             'images_per_sec': float(rate.group(1)) if rate else None}
 
 
-_SAVED = re.compile(r'\bsaved (?:a|the final) checkpoint at global step (\d+)\b')
+_SAVED = re.compile(r'\bsaved a checkpoint at global step (\d+)\b')
 
 
 def checkpoint_line(step: int) -> str:

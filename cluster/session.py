@@ -151,7 +151,7 @@ class GracefulStop:
         except Exception as e:
             _exit_now(code, logging.WARNING, f'{name} received, and the checkpoint failed: {type(e).__name__}: '
                                              f'{first_line(str(e))}')
-        _exit_now(code, logging.INFO, f'{name} received: saved a checkpoint at global step {step}, exiting')
+        _exit_now(code, logging.INFO, f'{name} received: {rundir.checkpoint_line(step)}, exiting')
 
 
 def _exit_now(code: int, level: int, message: str) -> None:

@@ -150,13 +150,7 @@ def main(argv=None) -> int:
         check_user_code(spec, task)
         from cluster import data   # no TensorFlow at import time
         builtin = not (spec.train.program or spec.train.command)
-        try:
-            data_dir = data.resolve_data(spec.train.data, spec.train.train_dir) \
-                if task.job == 'worker' and builtin else None
-        except data.DataError as e:
-            raise spec.error('train.data', str(e)) from None
-        except OSError as e:
-            raise spec.error('train.train_dir', f'cannot write {e.filename}: {e.strerror}') from None
+        data_dir = data.resolve_spec_data(spec) if task.job == 'worker' and builtin else None
     except ValueError as e:       # SpecError
         print(f'cluster.task: error: {e}', file=sys.stderr)
         return EXIT_USAGE

@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 import grpc
 
 from cluster.spec import address as host_port, is_chief
+from cluster import rundir
 from cluster.rundir import LEASE_ENV
 from launch.errors import UsageError
 from launch.plan import TaskPlan
@@ -243,6 +244,10 @@ class Backend(abc.ABC):
         host = record.address or record.host
         return grpc_answers(host, record.port, timeout) if handshake else tcp_listening(host, record.port, timeout)
 
+    def locate(self, record: TaskRecord) -> dict:
+        """Where a started task is, for the event log: its pid (a compose task: its container)."""
+        return {'pid': record.pid or None}
+
     def release(self, plans: list[TaskPlan]) -> None:
         """Remove what the backend put in place for these tasks besides their processes (a network
         namespace), once they are stopped: `launch down` after a launcher that was killed."""
@@ -298,7 +303,7 @@ def link_attempt_log(cwd: str, plan: TaskPlan) -> str:
     target = os.path.join(cwd, plan.attempt_log_path)
     os.makedirs(os.path.dirname(target), exist_ok=True)
     if os.path.lexists(link) and not os.path.islink(link):
-        legacy = os.path.join(os.path.dirname(link), 'attempt-0', os.path.basename(link))
+        legacy = os.path.join(os.path.dirname(link), rundir.attempt_dirname(0), os.path.basename(link))
         os.makedirs(os.path.dirname(legacy), exist_ok=True)
         os.replace(link, legacy)
     temporary = f'{link}.{os.getpid()}.link'

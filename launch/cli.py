@@ -132,11 +132,13 @@ def main(argv=None) -> int:
     try:
         if args.ssh_config is not None and not os.path.isfile(args.ssh_config):
             raise UsageError(f'--ssh-config {args.ssh_config}: file not found')
+        backend = args.backend
         if args.command in RUN_COMMANDS:
-            spec = load_target(args.spec, args.overrides)
+            spec, remembered = load_target(args.spec, args.overrides)
+            backend = backend or remembered
         else:
             spec = load_spec(args.spec, args.overrides)
-        request = check_request(spec, Request(args.command, args.backend, options(args), args))
+        request = check_request(spec, Request(args.command, backend, options(args), args))
         return COMMANDS[args.command](spec, request)
     except RunNotFound as e:
         print(f'launch: error: {e}', file=sys.stderr)

@@ -20,8 +20,7 @@ from launch.backend import BackendError, stop_all
 from launch.errors import UsageError
 from launch.lifecycle import Console, Lifecycle
 from launch.plan import TaskPlan, effective_spec_path, log_path, state_path
-from launch.preflight import (check_isolation, launcher_alive, prepare_data, preflight, resolve_data,
-                              warn_exposure)
+from launch.preflight import check_isolation, launcher_alive, prepare_data, preflight, warn_exposure
 from launch.events import read_events
 from launch.state import LaunchState, StateError
 
@@ -37,22 +36,28 @@ class Request:
     args: object        # the command's own flags (argparse's namespace), read by its body only
 
 
-def load_target(ref: str, overrides: list[str]) -> ClusterSpec:
-    """The spec a command acts on: a spec file as given; or a run (its id, or its train_dir),
-    loaded as it was started (its spec file and --set options, from the directory it ran in),
-    with its train_dir where it is now. A run whose spec file is gone falls back on the effective
-    spec it left in its train_dir (without SSH settings). Raises runs.RunNotFound."""
+def load_target(ref: str, overrides: list[str]) -> tuple[ClusterSpec, str | None]:
+    """The spec a command acts on, and the backend its run remembers (None: as the hosts say):
+    a spec file as given; or a run (its id, or its train_dir), loaded as it was started (its spec
+    file and --set options; relative paths in them as seen from the directory it ran in), with
+    its train_dir where it is now. A run whose spec file is gone falls back on the effective spec
+    it left in its train_dir (without SSH settings). Raises runs.RunNotFound."""
     if os.path.isfile(ref) or ref.endswith(('.yaml', '.yml')):
-        return load_spec(ref, overrides)
+        return load_spec(ref, overrides), None
     train_dir = runs.resolve(ref)
     started = [e for e in read_events(rundir.events_path(train_dir)) if e.get('event') == 'run_started']
-    here = [f'train.train_dir={train_dir}']
-    if started and os.path.isfile(str(started[-1].get('spec'))):
-        first = started[-1]
-        if os.path.isdir(str(first.get('cwd'))):
-            os.chdir(first['cwd'])      # relative paths in the spec mean what they meant at `up`
-        return load_spec(first['spec'], list(first.get('overrides') or []) + overrides + here)
-    return load_spec(rundir.spec_path(train_dir), overrides + here)
+    first = started[-1] if started else {}
+    remembered = registry.remembered([first.get('backend')])
+    if os.path.isfile(str(first.get('spec'))):
+        path, given = first['spec'], list(first.get('overrides') or []) + overrides
+    else:
+        path, given = rundir.spec_path(train_dir), overrides
+    given.append(f'train.train_dir={train_dir}')
+    spec = load_spec(path, given)
+    cwd = str(first.get('cwd') or '')
+    if spec.train.data != 'synthetic' and not os.path.isabs(spec.train.data) and os.path.isdir(cwd):
+        spec = load_spec(path, given + [f'train.data={os.path.join(cwd, spec.train.data)}'])
+    return spec, remembered
 
 
 def plans_of(spec: ClusterSpec, req: Request) -> list[TaskPlan]:
@@ -82,13 +87,10 @@ def check_request(spec: ClusterSpec, req: Request) -> Request:
 def cmd_up(spec: ClusterSpec, req: Request) -> int:
     args = req.args
     console = Console(verbose=args.verbose)
-    if registry.kind(req.backend).strategy == registry.DELEGATED:
-        strategy = _slurm_strategy(spec, req)
-        life = Lifecycle(spec, console, registry.kind(req.backend).name, strategy.effective_spec,
-                         overrides=args.overrides)
-        if spec.supervise.restart != 'never':
-            print('launch: WARNING: supervise.restart is not applied under Slurm: a failed task ends the job '
-                  '(a new `launch up` resumes from the checkpoint)', file=sys.stderr, flush=True)
+    kind = registry.kind(req.backend)
+    if kind.strategy == registry.DELEGATED:     # a scheduler owns the tasks
+        strategy = kind.delegate(spec, req.options)
+        life = Lifecycle(spec, console, kind.name, strategy.effective_spec, overrides=args.overrides)
         return life.up(strategy).exit_code
     from launch.supervised import SupervisedRun
     plans = plans_of(spec, req)
@@ -103,19 +105,6 @@ def cmd_up(spec: ClusterSpec, req: Request) -> int:
                             finish_timeout=args.finish_timeout, checks=checks,
                             warn=lambda: warn_exposure(plans, short=True))
         return life.up(run).exit_code
-
-
-def _slurm_strategy(spec: ClusterSpec, req: Request):
-    """`up --backend slurm`: the spec as one batch job (launch/slurm.py), submitted and followed
-    until it has left the queue (launch/slurm_run.py)."""
-    from launch import slurm, slurm_run
-    missing = slurm_run.missing_command()
-    if missing:     # before anything is written
-        raise UsageError(f'--backend slurm: `{missing}` not found on PATH; {slurm_run.INSTALL_HINT}')
-    if spec.train.data != 'synthetic':      # the tasks write the synthetic set themselves
-        resolve_data(spec)      # seen from here: the train_dir and the data are on a shared filesystem
-    return slurm_run.SlurmRun(spec, lambda attempt: slurm.render(spec, req.options, attempt),
-                              slurm.slurm_spec(spec).to_yaml())
 
 
 # -- status, down, logs --------------------------------------------------------------------------
@@ -144,7 +133,7 @@ def cmd_status(spec: ClusterSpec, req: Request) -> int:
               + (f', global step {info.global_step}' if info.global_step is not None else '')
               + f' ({os.path.abspath(spec.train.train_dir)})')
     if state is None:
-        print(_no_state(spec))
+        print(f'no cluster of {spec.path} is running: no task of it is left to show' if info else _no_state(spec))
     elif launcher_alive(state):
         restarts = f', {state.restarts} restart(s)' if state.restarts else ''
         print(f'launcher pid {state.launcher_pid}, started {time.ctime(state.started)}{restarts}')
@@ -241,11 +230,11 @@ def cmd_logs(spec: ClusterSpec, req: Request) -> int:
     state = LaunchState.load(state_path(spec))
     records = {r.name: r for r in (state.tasks if state else [])}
     if args.attempt is not None:        # an earlier attempt's files, not what the running tasks write
-        attempts = sorted(int(n.split('-', 1)[1]) for n in _listdir(rundir.logs_dir(spec.train.train_dir))
-                          if n.startswith('attempt-') and n.split('-', 1)[1].isdigit())
-        if attempts and args.attempt not in attempts:
-            raise UsageError(f'{spec.path}: no attempt {args.attempt}: the logs hold attempt(s) '
-                             f'{", ".join(map(str, attempts))}')
+        attempts = rundir.attempts(spec.train.train_dir)
+        here = all(registry.kind(p.backend).logs_here for p in plans)
+        if args.attempt not in attempts and (attempts or here):
+            held = f'the logs hold attempt(s) {", ".join(map(str, attempts))}' if attempts else 'no attempt is kept here'
+            raise UsageError(f'{spec.path}: no attempt {args.attempt}: {held}')
         plans = [dataclasses.replace(p, log_path=dataclasses.replace(p, attempt=args.attempt).attempt_log_path)
                  for p in plans]
         records = {}
@@ -259,13 +248,19 @@ def cmd_logs(spec: ClusterSpec, req: Request) -> int:
     signal.signal(signal.SIGTERM, lambda *a: stop.set())
 
     def show(plan):
-        backend = backends[plan.backend]
-        record = records.get(plan.name) or backend.log_record(plan)     # the record knows where a started task logs
-        for line in backends[record.backend].read_log(record, follow=args.follow, stop=stop):
-            if len(plans) > 1:
-                console.line(plan.name, line)
-            else:
-                print(line, flush=True)
+        record = records.get(plan.name) or backends[plan.backend].log_record(plan)  # where a started task logs
+        while True:
+            moved = threading.Event()       # following: a cluster restart moved the task to a new log
+            if args.follow and plan.name in records:
+                threading.Thread(target=_watch_moves, args=(spec, record, stop, moved), daemon=True).start()
+            for line in backends[record.backend].read_log(record, follow=args.follow, stop=_either(stop, moved)):
+                if len(plans) > 1:
+                    console.line(plan.name, line)
+                else:
+                    print(line, flush=True)
+            if not moved.is_set() or stop.is_set():
+                return
+            record = _current_record(spec, plan.name) or record
 
     with backends_for(spec, req, plans, state) as backends:
         threads = [threading.Thread(target=show, args=(p,), daemon=True) for p in plans]
@@ -278,11 +273,34 @@ def cmd_logs(spec: ClusterSpec, req: Request) -> int:
     return 0
 
 
-def _listdir(path: str) -> list[str]:
+def _current_record(spec: ClusterSpec, task: str):
+    """The task's record in the state file now (None once the run is over)."""
     try:
-        return os.listdir(path)
-    except OSError:
-        return []
+        state = LaunchState.load(state_path(spec))
+    except StateError:
+        return None
+    return next((r for r in (state.tasks if state else []) if r.name == task), None)
+
+
+def _watch_moves(spec: ClusterSpec, record, stop: threading.Event, moved: threading.Event) -> None:
+    """Set `moved` once the launcher has started the task anew with another log file."""
+    while not stop.wait(1.0):
+        now = _current_record(spec, record.name)
+        if now is not None and now.log != record.log:
+            moved.set()
+            return
+
+
+def _either(*events: threading.Event) -> threading.Event:
+    """An event set as soon as any of `events` is."""
+    both = threading.Event()
+
+    def wait():
+        while not any(e.wait(0.2) for e in events):
+            pass
+        both.set()
+    threading.Thread(target=wait, daemon=True).start()
+    return both
 
 
 # -- list, report -------------------------------------------------------------------------------

@@ -397,6 +397,9 @@ class ComposeBackend(Backend):
                 log.warning('%s', e)
 
     # -- files ----------------------------------------------------------------------------
+    def locate(self, record):
+        return {'pid': record.pid or None, 'container': handle_of(record, ComposeHandle).container or record.ident}
+
     def log_record(self, plan):
         return planned_record(plan, os.path.join(self.project_dir, plan.log_path), self.project_dir, self.name)
 

@@ -67,7 +67,7 @@ def mounts(spec: ClusterSpec) -> list[tuple[str, str, bool]]:
 
 
 def render(spec: ClusterSpec, plans: list[TaskPlan], source: str = '') -> str:
-    """The compose file for `plans` (from plan_cluster(spec, backend='compose')); `spec` is the
+    """The compose file for `plans` (from plan.plan_compose(spec)); `spec` is the
     mapped spec the tasks read. `source` names the spec file in the header comment."""
     source = source or spec.path
     lines = [

@@ -28,22 +28,19 @@ traceback.
 """
 from __future__ import annotations
 
-import datetime
 import json
 import logging
 import os
 import threading
+import time
 from typing import Iterator
+
+from cluster import rundir
 
 log = logging.getLogger(__name__)
 
 EVENTS = ('run_started', 'task_started', 'serving', 'first_step', 'progress', 'checkpoint', 'task_lost',
           'tolerated', 'stall', 'restart', 'interrupted', 'finished')
-
-
-def now_iso() -> str:
-    """The local time with its UTC offset, to the millisecond."""
-    return datetime.datetime.now().astimezone().isoformat(timespec='milliseconds')
 
 
 class EventLog:
@@ -55,7 +52,7 @@ class EventLog:
 
     def emit(self, event: str, **fields) -> dict:
         assert event in EVENTS, event
-        record = {'time': now_iso(), 'run': self.run, 'attempt': self.attempt, 'event': event, **fields}
+        record = {'time': rundir.iso_time(time.time()), 'run': self.run, 'attempt': self.attempt, 'event': event, **fields}
         line = json.dumps(record, default=str) + '\n'
         with self._lock:
             os.makedirs(os.path.dirname(self.path) or '.', exist_ok=True)

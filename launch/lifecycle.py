@@ -13,7 +13,6 @@ is written once, here.
 from __future__ import annotations
 
 import abc
-import datetime
 import hashlib
 import json
 import logging
@@ -30,7 +29,7 @@ from cluster import rundir
 from cluster.rundir import EXIT_OK, write_atomically
 from cluster.spec import ClusterSpec
 from launch.errors import UsageError
-from launch.events import EventLog, read_events
+from launch.events import EventLog, read_events, read_run_record
 from launch.state import LockBusy, TrainDirLock
 
 log = logging.getLogger(__name__)
@@ -96,13 +95,9 @@ class RunResult:
         """run.json: the fields `launch status --json` and `launch list --json` agree with."""
         d = asdict(self)
         d.update(id=run, attempt=attempt, spec=spec, backend=backend, train_dir=train_dir,
-                 started=iso(self.started), ended=iso(self.ended), seconds=round(self.seconds, 3))
+                 started=rundir.iso_time(self.started), ended=rundir.iso_time(self.ended),
+                 seconds=round(self.seconds, 3))
         return d
-
-
-def iso(epoch: float) -> str:
-    """Epoch seconds as ISO-8601 local time with its UTC offset."""
-    return datetime.datetime.fromtimestamp(epoch).astimezone().isoformat(timespec='seconds')
 
 
 @dataclass
@@ -160,17 +155,23 @@ def identify(spec: ClusterSpec) -> tuple[str, int]:
     train_dir left them in events.jsonl (or run.json, if the events are gone); else a new id
     from the spec file's name and the time."""
     train_dir = spec.train.train_dir
-    events = read_events(rundir.events_path(train_dir))
-    if events:
-        return str(events[0].get('run')), max(int(e.get('attempt') or 0) for e in events) + 1
     try:
-        with open(rundir.run_path(train_dir)) as f:
-            before = json.load(f)
-        return str(before['id']), int(before['attempt']) + 1
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
+        events = read_events(rundir.events_path(train_dir))
+    except OSError as e:        # unreadable, not missing: a new id would split the run in two
+        raise UsageError(f'{rundir.events_path(train_dir)}: cannot read it: {e.strerror}') from None
+    before = read_run_record(rundir.run_path(train_dir))
+    known = [e.get('run') for e in events if isinstance(e.get('run'), str) and e.get('run')]
+    run = known[0] if known else before.get('id') if isinstance(before.get('id'), str) else None
+    if run:
+        attempts = [_int(e.get('attempt')) for e in events] + [_int(before.get('attempt'))]
+        return run, max(attempts) + 1
     stem = re.sub(r'[^A-Za-z0-9._-]', '_', os.path.splitext(os.path.basename(spec.path))[0]) or 'run'
     return f'{stem}-{time.strftime("%Y%m%d-%H%M%S")}', 1
+
+
+def _int(value) -> int:
+    """An attempt number as a damaged file may hold it: anything but a whole number counts as 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 class Lifecycle:
@@ -186,6 +187,8 @@ class Lifecycle:
         self.events: EventLog | None = None
         self._serving: set[str] = set()      # tasks whose start was seen serving (event logged)
         self._stepped = False                # this attempt's first step logged
+        self._seen_lock = threading.Lock()   # log followers of every task report at once
+        self._attempt_started = time.time()
         self._saved: int | None = None       # the newest checkpoint step logged
         self.interrupted = threading.Event()     # the first SIGINT/SIGTERM/SIGHUP
         self.signum = 0
@@ -273,68 +276,89 @@ class Lifecycle:
         except OSError as e:
             log.warning('cannot write %s: %s', self.events.path, e.strerror)
 
-    def next_attempt(self, cause: str, from_step: int | None, tasks: tuple[str, ...] = ()) -> None:
-        """A restart: the event closes this attempt; a cluster restart (no `tasks`) starts the next."""
+    def next_attempt(self, cause: str, from_step: int | None, tasks: tuple[str, ...] = (),
+                     ended: RunResult | None = None) -> None:
+        """A restart. Of some tasks (`tasks`): one event, the attempt goes on. Of the cluster: the
+        attempt ends (its result `ended` in run.json and the report, as any attempt's end) and
+        the next begins."""
         if tasks:
             self.emit('restart', cause=cause, from_step=from_step, tasks=list(tasks))
             return
         self.emit('restart', cause=cause, from_step=from_step)
-        self.attempt += 1
-        self._serving.clear()
-        self._stepped = False
-        if self.events is not None:
-            self.events.attempt = self.attempt
+        if ended is not None:
+            ended.started, ended.ended = self._attempt_started, time.time()
+            ended.seconds = ended.ended - ended.started
+            self._write_result(ended)
+        with self._seen_lock:
+            self.attempt += 1
+            self._attempt_started = time.time()
+            self._serving.clear()
+            self._stepped = False
+            self._saved = None
+            if self.events is not None:
+                self.events.attempt = self.attempt
 
     def task_started(self, task: str, **where) -> None:
-        self._serving.discard(task)
+        with self._seen_lock:
+            self._serving.discard(task)
         self.emit('task_started', task=task, **where)
 
     def saw_line(self, task: str, line: str, worker: bool, chief: bool) -> dict | None:
         """What a task's log line tells the event log: that it serves, this attempt's first step,
         and (the chief's lines, at the console's cadence) progress. Returns a worker's progress."""
-        if task not in self._serving and rundir.says_serving(line, task):
-            self._serving.add(task)
-            self.emit('serving', task=task)
+        serving = rundir.says_serving(line, task)
         saved = rundir.saved_step(line) if chief else None
-        if saved is not None and saved != self._saved:      # a stopped chief says it twice
-            self._saved = saved
-            self.emit('checkpoint', step=saved)
         found = rundir.parse_progress(line) if worker else None
-        if found is None:
+        if not (serving or saved is not None or found is not None):
             return None
-        if not self._stepped:
-            self._stepped = True
-            self.emit('first_step', step=found['step'])
-        if chief:
-            self.emit('progress', **found)
+        with self._seen_lock:
+            if serving and task not in self._serving:
+                self._serving.add(task)
+                self.emit('serving', task=task)
+            if saved is not None and saved != self._saved:      # a stopped chief says it twice
+                self._saved = saved
+                self.emit('checkpoint', step=saved)
+            if found is None:
+                return None
+            if not self._stepped:
+                self._stepped = True
+                self.emit('first_step', step=found['step'])
+            if chief:
+                self.emit('progress', **found)
         return found
 
     def _run(self, strategy: Strategy) -> RunResult:
         self._strategy = strategy
         previous = {s: signal.signal(s, self._on_signal) for s in SIGNALS}
-        started, t0 = time.time(), time.monotonic()
+        started = self._attempt_started = time.time()
         try:
             outcome = strategy.run(self)
         finally:
             self.unfollow(list(self._followers))      # every line shown before the verdict
             for s, handler in previous.items():
                 signal.signal(s, handler)
-        result = RunResult(state=outcome.state, exit_code=outcome.exit_code, seconds=time.monotonic() - t0,
+        started = max(started, self._attempt_started)     # a cluster restart began a later attempt
+        result = RunResult(state=outcome.state, exit_code=outcome.exit_code, seconds=time.time() - started,
                            restarts=outcome.restarts, failures=list(outcome.failures), started=started,
                            ended=time.time())
         self._add_figures(result, outcome.lost)
         if outcome.state == 'done':
             self.console.say(outcome.headline + self.summary(result, outcome.lost))
-        self._record(result)
+        elif outcome.state == 'interrupted':
+            self.console.say(f'stopped; {resume_hint(self.checkpoint_step())}')
+        self.emit('finished', result=self._as_record(result))
+        self._write_result(result)
         return result
 
-    def _record(self, result: RunResult) -> None:
-        """The end of an attempt: the `finished` event, run.json and the report, each best effort
-        (a full disk must not turn a finished training into a crash)."""
+    def _as_record(self, result: RunResult) -> dict:
+        return result.to_json(self.run_id, self.attempt, os.path.abspath(self.spec.path), self.backend,
+                              os.path.abspath(self.spec.train.train_dir))
+
+    def _write_result(self, result: RunResult) -> None:
+        """The end of an attempt: run.json and the report, each best effort (a full disk must not
+        turn a finished training into a crash)."""
         train_dir = self.spec.train.train_dir
-        record = result.to_json(self.run_id, self.attempt, os.path.abspath(self.spec.path), self.backend,
-                                os.path.abspath(train_dir))
-        self.emit('finished', result=record)
+        record = self._as_record(result)
         try:
             write_atomically(rundir.run_path(train_dir), json.dumps(record, indent=1) + '\n')
         except OSError as e:
@@ -358,10 +382,6 @@ class Lifecycle:
             threading.Thread(target=self._strategy.hurry, name='hurry', daemon=True).start()
 
     @property
-    def hurried(self) -> bool:
-        return self._hurried
-
-    @property
     def signal_name(self) -> str:
         return signal.Signals(self.signum).name
 
@@ -380,7 +400,10 @@ class Lifecycle:
         def pump():
             for line in lines(stop):
                 if on_line is not None:
-                    on_line(line)
+                    try:
+                        on_line(line)
+                    except Exception:       # a line the parsers trip on must not silence the task
+                        log.debug('reading a line of %s failed', name, exc_info=True)
                 self.console.line(name, line)
         t = threading.Thread(target=pump, name=f'follow-{name}', daemon=True)
         t.start()

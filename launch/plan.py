@@ -46,7 +46,7 @@ class TaskPlan:
     def attempt_log_path(self) -> str:
         """Where this attempt's output goes: beside log_path, in attempt-N/ (log_path links to it)."""
         head, name = os.path.split(self.log_path)
-        return os.path.join(head, f'attempt-{self.attempt}', name)
+        return os.path.join(head, rundir.attempt_dirname(self.attempt), name)
 
     @property
     def endpoint(self) -> str:

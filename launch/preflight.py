@@ -62,18 +62,8 @@ def prepare_data(spec: ClusterSpec, plans: list[TaskPlan]) -> None:
     if spec.train.program or spec.train.command:
         return      # the user's code reads its own data
     if any(registry.kind(p.backend).on_this_machine and p.task.job == 'worker' for p in plans):
-        resolve_data(spec)
-
-
-def resolve_data(spec: ClusterSpec) -> None:
-    """The data set as the tasks will find it (the synthetic one written once); SpecError if not."""
-    from cluster import data
-    try:
-        data.resolve_data(spec.train.data, spec.train.train_dir)
-    except data.DataError as e:
-        raise spec.error('train.data', str(e)) from None
-    except OSError as e:
-        raise spec.error('train.train_dir', f'cannot write {e.filename}: {e.strerror}') from None
+        from cluster import data
+        data.resolve_spec_data(spec)
 
 
 def preflight(spec: ClusterSpec, plans: list[TaskPlan], backends) -> None:

@@ -37,15 +37,15 @@ class Kind:
     strategy: str                                   # SUPERVISED | DELEGATED
     addresses: Callable[[ClusterSpec, Options], dict[str, str]] = lambda spec, opts: {}
     plan: Callable[[ClusterSpec, dict[str, str]], tuple[TaskPlan, ...]] | None = None
-    make: Callable[[ClusterSpec, Options], Backend] | None = None
+    make: Callable[[ClusterSpec, Options], Backend] | None = None           # supervised: the backend
+    delegate: Callable[[ClusterSpec, Options], object] | None = None        # delegated: the lifecycle.Strategy
     where: Callable[[TaskPlan, TaskSpec, Options], str] = lambda plan, task, opts: ''
     # Capabilities.
     on_this_machine: bool = False      # its tasks run here: they see this machine's files and ports
     logs_here: bool = False            # its tasks' logs land in this machine's train_dir
     isolates_ports: bool = False       # nothing outside reaches its tasks' ports (a private network)
-    remembered: bool = False           # `status`, `down` and `logs` find it in the state file, no --backend needed
+    remembered: bool = False           # a run remembers it (state file, events): no --backend needed later
     leaves_resources: bool = False     # stopped tasks leave something (containers, a network) that `down` removes
-    restarts: bool = True              # supervise.restart applies (else the scheduler ends the job)
     user_code_refusal: str = ''        # why train.program / train.command cannot run there ('' : they can)
     netns_refusal: str = ''            # why `isolation: netns` cannot apply ('' : it can)
     options: tuple[str, ...] = ()      # the command-line options that are its own (Options fields)
@@ -92,7 +92,7 @@ def _ssh_where(plan: TaskPlan, task: TaskSpec, opts: Options) -> str:
 def _slurm_unsupported(command: str, spec: ClusterSpec) -> str | None:
     """Slurm runs the tasks of `up --backend slurm`; the commands that would find or stop them
     through the launcher's state do not know its jobs: say where to look instead."""
-    if command in ('up', 'render', 'eval'):
+    if command in ('up', 'render', 'eval', 'report'):
         return None
     if command in ('plan', 'check', 'compose'):
         return (f'launch {command} --backend slurm is not supported: Slurm places the tasks when the job starts; '
@@ -103,6 +103,11 @@ def _slurm_unsupported(command: str, spec: ClusterSpec) -> str | None:
     return (f'launch {command} --backend slurm is not supported: Slurm runs that job; '
             f'`squeue --name {job_name(spec)}` shows it, `scancel --name {job_name(spec)}` stops it, '
             f'and its logs are in {rundir.logs_dir(os.path.abspath(spec.train.train_dir))}')
+
+
+def _slurm_strategy(spec: ClusterSpec, opts: Options):
+    from launch.slurm_run import make_strategy
+    return make_strategy(spec, opts)
 
 
 def _slurm_check(spec: ClusterSpec, opts: Options) -> str | None:
@@ -125,8 +130,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          netns_refusal='isolation: netns is for local processes; the compose backend runs the tasks on its own '
                        'internal network already, which nothing outside reaches: drop isolation (--set '
                        'isolation=none) to use it'),
-    Kind('slurm', DELEGATED, restarts=False,
-         user_code_refusal='',
+    Kind('slurm', DELEGATED, delegate=_slurm_strategy, remembered=True,
          netns_refusal='isolation: netns is for local processes; Slurm places the tasks on its nodes: drop '
                        'isolation (--set isolation=none) to use --backend slurm',
          options=('partition', 'time_limit', 'port_base'), options_label='Slurm jobs',

@@ -23,7 +23,6 @@ from launch.state import TrainDirLock
 
 log = logging.getLogger(__name__)
 
-STATES = ('running', 'done', 'failed', 'interrupted', 'unknown')
 RESULT_STATES = ('done', 'failed', 'interrupted')      # how an attempt ends (run.json's state)
 STEP_EVENTS = ('progress', 'first_step')
 
@@ -228,7 +227,7 @@ def run_dirs(root: str = '.', depth: int = 3) -> Iterator[str]:
 
 
 def _run_output(name: str) -> bool:
-    return name in RUN_SKIP_DIRS or name.startswith(rundir.CHECKPOINT_PREFIX) or name.startswith('attempt-')
+    return name in RUN_SKIP_DIRS or name.startswith(rundir.CHECKPOINT_PREFIX) or name.startswith(rundir.attempt_dirname(0)[:-1])
 
 
 def find_runs(root: str = '.', depth: int = 3) -> list[RunInfo]:

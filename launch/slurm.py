@@ -16,6 +16,7 @@ import shlex
 import sys
 
 import cluster
+from cluster.rundir import attempt_dirname
 from cluster.slurm_env import DEFAULT_PORT_BASE
 from cluster.spec import ClusterSpec
 
@@ -66,8 +67,9 @@ def _slice(first: int, count: int, job: str) -> str:
 
 def render(spec: ClusterSpec, args, attempt: int | None = None) -> str:
     """The batch script. `args` may carry name, partition, time_limit, port_base (None: defaults).
-    With `attempt` (`launch up`), the tasks log into logs/attempt-N/ and logs/<task>.log leads
-    there, so an earlier attempt's logs are kept."""
+    The tasks log into logs/attempt-N/ and logs/<task>.log leads there, so an earlier attempt's
+    logs are kept: N is `attempt` (`launch up` counts them), else the first N not used yet (a
+    script submitted by hand)."""
     cwd = os.getcwd()
     placed = slurm_spec(spec, cwd)
     train_dir = placed.train.train_dir
@@ -82,7 +84,6 @@ def render(spec: ClusterSpec, args, attempt: int | None = None) -> str:
     if getattr(args, 'time_limit', None):
         sbatch.append(f'--time={args.time_limit}')
     spec_yaml = placed.to_yaml()
-    logs = f'logs/attempt-{attempt}' if attempt else 'logs'
     lines = [
         '#!/bin/bash',
         f'# tfcluster: {spec.path} as one Slurm job: {spec.num_ps} ps + {spec.num_workers} worker(s), '
@@ -95,7 +96,8 @@ def render(spec: ClusterSpec, args, attempt: int | None = None) -> str:
         f'# order; {_slice(0, spec.num_ps, "ps")}; {_slice(spec.num_ps, spec.num_workers, "worker")} '
         '(worker:0 is the chief);',
         f'# every task listens on port {port_base} + its position among its node\'s tasks.',
-        f'# Output: {train_dir}/logs/ (slurm-JOBID.out, ps-0.log, worker-0.log, ...).',
+        f'# Output: {train_dir}/logs/ (slurm-JOBID.out; attempt-N/ps-0.log, worker-0.log, ... with',
+        '# ps-0.log, worker-0.log, ... in logs/ leading to the newest attempt\'s).',
         '# The train_dir, this Python and the tfcluster package must be at the same paths on every',
         '# node (a shared filesystem) when the job spans several nodes.',
         *(f'#SBATCH {option}' for option in sbatch),
@@ -116,25 +118,29 @@ def render(spec: ClusterSpec, args, attempt: int | None = None) -> str:
         '# --kill-on-bad-exit: a task that fails ends the step (a lost ps or worker would leave the',
         '# others waiting for ever); --distribution=block: ranks in node order, as the layout assumes.',
         '# The ps tasks exit by themselves once every worker is done, so the job ends with training.',
-        *(_attempt_links(spec, attempt) if attempt else []),
+        *_attempt_links(spec, attempt),
         f'srun --ntasks={ntasks} --distribution=block --kill-on-bad-exit=1 \\',
-        f'    bash -c {q(RANK_WRAPPER)} tfcluster-task {spec.num_ps} "$train_dir/{logs}" \\',
+        f'    bash -c {q(RANK_WRAPPER)} tfcluster-task {spec.num_ps} "$train_dir/logs/{attempt_dirname("$attempt")}" \\',
         f'    {q(python)} -m cluster.task --spec "$train_dir/spec.yaml" --slurm --port-base {port_base}',
     ]
     return '\n'.join(lines) + '\n'
 
 
-def _attempt_links(spec: ClusterSpec, attempt: int) -> list[str]:
-    """Script lines: this attempt's log folder, and logs/<task>.log leading into it (a plain file
-    there, from before runs had attempts, is kept as attempt-0's)."""
+def _attempt_links(spec: ClusterSpec, attempt: int | None) -> list[str]:
+    """Script lines: $attempt, this attempt's log folder, and logs/<task>.log leading into it (a
+    plain file there, from before runs had attempts, is kept as attempt-0's)."""
     names = ' '.join(f'{t.job}-{t.index}' for t in spec.tasks)
-    return [f'mkdir -p "$train_dir/logs/attempt-{attempt}"',
+    first = [f'attempt={attempt}'] if attempt else [
+        'attempt=1  # the first not used yet: an earlier attempt\'s logs are never written again',
+        f'while [ -e "$train_dir/logs/{attempt_dirname("$attempt")}" ]; do attempt=$((attempt + 1)); done']
+    return [*first,
+            f'mkdir -p "$train_dir/logs/{attempt_dirname("$attempt")}"',
             f'for t in {names}; do',
             '  l="$train_dir/logs/$t.log"',
             '  if [ -f "$l" ] && [ ! -L "$l" ]; then',
-            '    mkdir -p "$train_dir/logs/attempt-0" && mv "$l" "$train_dir/logs/attempt-0/"',
+            f'    mkdir -p "$train_dir/logs/{attempt_dirname(0)}" && mv "$l" "$train_dir/logs/{attempt_dirname(0)}/"',
             '  fi',
-            f'  ln -sfn "attempt-{attempt}/$t.log" "$l"',
+            f'  ln -sfn "{attempt_dirname("$attempt")}/$t.log" "$l"',
             'done']
 
 

@@ -13,8 +13,8 @@ import logging
 import os
 import re
 import shutil
-import signal
 import subprocess
+import sys
 import threading
 import time
 from typing import Callable
@@ -23,6 +23,7 @@ from cluster import rundir
 from cluster.rundir import EXIT_FAILED, EXIT_OK, EXIT_USAGE, write_atomically
 from cluster.slurm_env import job_of
 from cluster.spec import ClusterSpec
+from launch.errors import UsageError
 from launch.backend import follow_file
 from launch.lifecycle import CHECKPOINT_GRACE_SECS, Failure, Lifecycle, Outcome, Strategy, resume_hint
 
@@ -155,6 +156,15 @@ def first_failure(lines, spec: ClusterSpec) -> str | None:
     return None
 
 
+def make_strategy(spec: ClusterSpec, opts) -> 'SlurmRun':
+    """The registry's factory: `up --backend slurm` runs the spec as one batch job (launch/slurm.py)."""
+    from launch import slurm
+    missing = missing_command()
+    if missing:     # before anything is written
+        raise UsageError(f'--backend slurm: `{missing}` not found on PATH; {INSTALL_HINT}')
+    return SlurmRun(spec, lambda attempt: slurm.render(spec, opts, attempt), slurm.slurm_spec(spec).to_yaml())
+
+
 class SlurmRun(Strategy):
     """The delegated strategy: Slurm owns the tasks; the launcher submits, watches and cancels."""
 
@@ -171,6 +181,12 @@ class SlurmRun(Strategy):
     def prepare(self, life: Lifecycle) -> None:
         """The batch script and the effective spec in the train_dir, seen from here: the tasks
         write their logs there (a shared filesystem on a multi-node cluster)."""
+        if self.spec.train.data != 'synthetic':      # the tasks write the synthetic set themselves
+            from cluster import data
+            data.resolve_spec_data(self.spec)   # seen from here: train_dir and data are on a shared filesystem
+        if self.spec.supervise.restart != 'never':
+            print('launch: WARNING: supervise.restart is not applied under Slurm: a failed task ends the job '
+                  '(a new `launch up` resumes from the checkpoint)', file=sys.stderr, flush=True)
         try:
             os.makedirs(self.logs, exist_ok=True)
             write_atomically(rundir.spec_path(self.train_dir), self.effective_spec)
@@ -270,9 +286,7 @@ class SlurmRun(Strategy):
         except SlurmError as e:
             say(f'error: {e}; cancel the job with `scancel {self.job}`')
             return
-        step = self.life.checkpoint_step()
-        where = f'; {resume_hint(step)}' if step is not None else ''
-        say(f'job {self.job} cancelled; it has left the queue{where}')
+        say(f'job {self.job} cancelled; it has left the queue')
 
     def _wait_gone(self, deadline: float, cut_short: threading.Event | None = None) -> bool:
         while in_queue(self.job):
@@ -301,8 +315,13 @@ class SlurmRun(Strategy):
         failures = []
         if first and state != 'CANCELLED':
             why += f'; the first task to fail: {first}'
-            failures.append(Failure(first.split(' ', 1)[0].rstrip(','), first))
-            self.life.emit('task_lost', task=failures[0].task, cause=first, exit_code=None, signal=None,
-                           error=None)
+            task = first.split(' ', 1)[0].rstrip(',')
+            job, _, index = task.partition(':')
+            exit_code = re.search(r'exit code (\d+)', first)
+            error = rundir.last_error_line((self.read_file(rundir.attempt_log_path(
+                self.train_dir, self.life.attempt, job, int(index or 0))) or '').splitlines())
+            failures.append(Failure(task, first))
+            self.life.emit('task_lost', task=task, cause=first, exit_code=int(exit_code.group(1)) if exit_code else None,
+                           signal=None, error=error)
         say(f'error: job {self.job} ended {why}; {resume_hint(self.life.checkpoint_step())}; task logs in {self.logs}')
         return Outcome(code, failures=failures)

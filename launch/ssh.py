@@ -39,6 +39,7 @@ import invoke
 import paramiko
 from paramiko.ssh_exception import NoValidConnectionsError
 
+from cluster import rundir
 from cluster.rundir import LEASE_ENV
 from cluster.spec import ClusterSpec, HostConfig
 from launch.backend import (ENDED, GPU_COUNT_SH, HOST_PROBE, RUNNING, STOP_GRACE_SECS, UNKNOWN, Backend, BackendError,
@@ -48,7 +49,7 @@ from launch.plan import LEASE_SECS, TaskPlan, is_local
 
 log = logging.getLogger(__name__)
 
-SNAPSHOT_TTL = 0.3            # seconds a host's status snapshot answers poll/alive
+SNAPSHOT_TTL = 0.3            # seconds a host's status snapshot answers status()
 LEASE_RENEW_SECS = 5.0        # how often the tasks' lease files on a host are touched
 POLL_TIMEOUT = 10             # seconds a status command may take before the host counts as unreachable
 LOG_POLL_SECS = 0.25          # how often a followed log is read again
@@ -445,7 +446,7 @@ class SSHBackend(Backend):
                    f'wait $t; s=$?; [ $s -eq 127 ] || r=$s; echo $r > {_q(rcfile)}')
         # Each attempt logs to a file of its own (a task restarted within one appends); log_path
         # leads to the newest, and a plain file left there by an older version becomes attempt-0's.
-        legacy = posixpath.join(posixpath.dirname(link), 'attempt-0')
+        legacy = posixpath.join(posixpath.dirname(link), rundir.attempt_dirname(0))
         script = '\n'.join([
             f'cd {_q(workdir)} || exit 1',
             f'rm -f {_q(rcfile)} {_q(pidfile)}',

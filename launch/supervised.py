@@ -24,7 +24,7 @@ from cluster.rundir import EXIT_FAILED, EXIT_OK
 from cluster.spec import ClusterSpec
 from launch import supervise
 from launch.backend import ENDED, UNKNOWN, Backend, BackendError, TaskRecord, stop_all, tail
-from launch.lifecycle import CHECKPOINT_GRACE_SECS, Failure, Lifecycle, Outcome, Strategy, resume_hint
+from launch.lifecycle import CHECKPOINT_GRACE_SECS, Failure, Lifecycle, Outcome, RunResult, Strategy, resume_hint
 from launch.local import process_ident
 from launch.plan import TaskPlan, state_path
 from launch.state import LaunchState
@@ -66,7 +66,10 @@ def wait_for_servers(records: list[TaskRecord], backends: Mapping[str, Backend],
                 seen = backend.status(record)
                 code = seen.exit_code if seen.state == ENDED else None
                 if code is not None and code != 0:
-                    raise TaskFailed(f'{record.name} {describe_exit(code)} during start-up', _log_tail(record, backends))
+                    failed = TaskFailed(f'{record.name} {describe_exit(code)} during start-up',
+                                        _log_tail(record, backends))
+                    failed.failures = [Failure(record.name, str(failed), record.host, record.pid or None)]
+                    raise failed
                 if code == 0 or (backend.probe(record, 0.5, channel_ready=futures[name]) and reported(name)):
                     del pending[name]
             if pending and time.monotonic() > deadline:
@@ -106,6 +109,7 @@ class SupervisedRun(Strategy):
         self.records: list[TaskRecord] = []          # the current start of every task, in plan order
         self.restarts = 0
         self.tolerated: set[str] = set()
+        self.failures: list[Failure] = []            # every task lost in this attempt
         self.life: Lifecycle | None = None
         self._unknown_since: dict[str, float] = {}
         self._serving: dict[str, threading.Event] = {}   # set once a task's own log says it serves
@@ -177,16 +181,21 @@ class SupervisedRun(Strategy):
             except BackendError as e:
                 self.say(f'error: stopping the tasks failed: {e}; run `launch down {self.spec.path}`')
             self._done.set()
-            if all(not self.backends[r.backend].status(r).alive for r in self.records):
+            unknown = [r.name for r in self.records if self.backends[r.backend].status(r).alive]
+            if not unknown:
                 try:
                     os.remove(state_path(self.spec))
                 except FileNotFoundError:
                     pass
+            else:
+                self.say(f'warning: {", ".join(unknown)} may still run (not stopped, or its host cannot be asked); '
+                         f'`launch down {self.spec.path}` stops what is left')
 
     def _outcome(self, code: int, headline: str = '', failures=()) -> Outcome:
-        lost = tuple(sorted(self.tolerated))
-        every = [Failure(name, 'lost; the training went on without it') for name in lost] + list(failures)
-        return Outcome(code, headline, self.restarts, every, lost)
+        """Every task lost on the way (tolerated, restarted or fatal), the fatal one's words last."""
+        seen = {f.task for f in failures}
+        every = [f for f in self.failures if f.task not in seen] + list(failures)
+        return Outcome(code, headline, self.restarts, every, tuple(sorted(self.tolerated)))
 
     def _start(self, plans: list[TaskPlan]) -> None:
         """Start these tasks (replacing their earlier records), follow their logs, save the state."""
@@ -201,9 +210,7 @@ class SupervisedRun(Strategy):
             else:
                 self.records.append(record)
             self._save_state()
-            container = getattr(record.handle, 'container', None)     # a compose task's
-            self.life.task_started(record.name, host=record.host, pid=record.pid or None,
-                                   **({'container': container} if container else {}))
+            self.life.task_started(record.name, host=record.host, **self.backends[record.backend].locate(record))
             self._follow(record)
 
     def _save_state(self) -> None:
@@ -374,7 +381,10 @@ class SupervisedRun(Strategy):
                  + (f'the checkpoint at global step {step}' if step is not None else
                     'step 0 (no checkpoint was written yet)'))
         cause = f'restart {self.restarts}/{self.policy.max_restarts}: {decision.reason}'
-        self.life.next_attempt(cause, step)
+        ended = RunResult(state='failed', exit_code=EXIT_FAILED, restarts=self.restarts - 1,
+                          failures=list(self.failures), global_step=self._step)
+        self.life.next_attempt(cause, step, ended=ended)
+        self.failures = []
         # The next attempt's logs are files of their own; the chief notes the restart in TensorBoard.
         self.plans = [dataclasses.replace(p, attempt=self.life.attempt, env={**p.env, rundir.RESTART_ENV: cause})
                       for p in self.plans]
@@ -408,8 +418,10 @@ class SupervisedRun(Strategy):
                 except ValueError:
                     signame = str(-code)
             error = rundir.last_error_line(_log_tail(record, self.backends, 200)) if record else None
-            self.life.emit('task_lost', task=name, cause=supervise.how_lost(t) if t else decision.reason,
-                           exit_code=code, signal=signame, error=error)
+            cause = supervise.how_lost(t) if t else decision.reason
+            self.life.emit('task_lost', task=name, cause=cause, exit_code=code, signal=signame, error=error)
+            self.failures.append(Failure(name, cause + (f'; its last error: {error}' if error else ''),
+                                         record.host if record else '', record.pid if record else None))
 
     def _give_up(self, decision: Decision) -> TaskFailed:
         """The one line a lost run ends with: which task, how, its last Python error, and where

@@ -178,7 +178,7 @@ def test_script_asks_for_every_task_and_runs_them_with_one_srun(tmp_path, monkey
     assert 'exec >>"$train_dir/logs/slurm-$SLURM_JOB_ID.out" 2>&1' in script
     srun = script[script.index('\nsrun '):].replace('\\\n', ' ')
     assert '--ntasks=5' in srun and '--kill-on-bad-exit=1' in srun and '--distribution=block' in srun
-    assert 'tfcluster-task 2 "$train_dir/logs"' in srun
+    assert 'tfcluster-task 2 "$train_dir/logs/attempt-$attempt"' in srun      # logs/<task>.log leads there
     assert re.search(r' -m cluster\.task --spec "\$train_dir/spec\.yaml" --slurm --port-base 7000\s*$', srun)
     assert subprocess.run(['bash', '-n'], input=script, text=True).returncode == 0
 
