@@ -329,12 +329,13 @@ def test_a_failing_task_ends_the_job(tmp_path, slurm_cluster):
 
 
 def _mid_run(tmp_path, slurm_cluster, act):
-    """Start a long job, call act(proc, job) once its first step line is out, and read the rest;
-    (the launcher, the lines up to that step, the rest of its output, the job id)."""
+    """Start a long job, call act(proc, job) once the chief's first progress line is out (it has
+    trained a step, so a stop makes it save), and read the rest; (the launcher, the lines up to
+    that step, the rest of its output, the job id)."""
     spec, args, env = _up(tmp_path, slurm_cluster, steps=100000)
     proc = launch_bg(*args, env=env)
     try:
-        lines = read_until(proc, ' step ', timeout=180)
+        lines = read_until(proc, '  loss ', timeout=180)    # not ' step ': "session ready at global step 0"
         job = _job_of(lines)
         act(proc, job)
         rest, _ = proc.communicate(timeout=120)
