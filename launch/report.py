@@ -74,7 +74,7 @@ class Run:
 
 def load(train_dir: str) -> Run:
     events = _timed(read_events(rundir.events_path(train_dir)), rundir.events_path(train_dir))
-    result, source = _read_result(rundir.run_path(train_dir)), 'run.json'
+    result, source = read_run_record(rundir.run_path(train_dir)), 'run.json'
     if not result:
         finished = [e for e in events if e['event'] == 'finished' and isinstance(e.get('result'), dict)]
         result, source = (finished[-1]['result'], 'the last finished event') if finished else ({}, '')
@@ -98,11 +98,6 @@ def _timed(events: list[dict], path: str) -> list[dict]:
         log.warning('%s: left out %d event(s) without a readable time or attempt', path, bad)
     out.sort(key=lambda e: e['_t'])       # stable: events of one instant keep the order they were written in
     return out
-
-
-def _read_result(path: str) -> dict:
-    """run.json; the report goes on from the event log when it is missing or damaged."""
-    return read_run_record(path)
 
 
 def _local_tz() -> datetime.tzinfo:

@@ -92,7 +92,7 @@ def describe(train_dir: str) -> RunInfo | None:
     if not holds_run(train_dir):
         return None
     events = _events(train_dir)
-    record = _run_json(train_dir)
+    record = read_run_record(rundir.run_path(train_dir))
     started_event = next((e for e in events if e.get('event') == 'run_started'), {})
     attempts = max([_int(e.get('attempt')) or 0 for e in events] + [_int(record.get('attempt')) or 0])
     run_id = (_str(started_event.get('run')) or next((_str(e.get('run')) for e in events if _str(e.get('run'))), '')
@@ -148,10 +148,6 @@ def _events(train_dir: str) -> list[dict]:
     except OSError as e:
         log.warning('%s: cannot read it (%s); skipped', path, e.strerror or e)
         return []
-
-
-def _run_json(train_dir: str) -> dict:
-    return read_run_record(rundir.run_path(train_dir))
 
 
 def _newest_step(events: list[dict]) -> int | None:
