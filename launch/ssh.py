@@ -5,12 +5,15 @@ and W itself, when relative, is below the remote user's home):
 
     W/S                      the effective spec, uploaded by `prepare` (SFTP, then an atomic rename)
     W/L                      the task's stdout and stderr
-    W/L minus .log + .pid    the pid of the task's session leader
+    W/L minus .log + .pid    the pid of the task's session leader (the wrapper below)
+    W/L minus .log + .task   the pid of the task itself, written by the wrapper as it starts it
     W/L minus .log + .rc     its exit code, written by the wrapper when the task ends
 
 A task runs as `setsid nohup sh -c 'trap : TERM; env K=V ... python -m cluster.task ... & wait ...; echo $r > RC'`
 in its own session, so one `kill -TERM -PID` reaches its whole process group, and the wrapper
-survives the SIGTERM long enough to write the exit code. Every remote command is a POSIX `sh -c`
+survives the SIGTERM long enough to write the exit code. The record names the task's own process
+(the pid its log prints): a task is running while that process lives, whatever became of the
+wrapper, and a new start of a task first makes sure its earlier copy is gone, so its port is free. Every remote command is a POSIX `sh -c`
 script whose values are quoted with `shlex.quote` (Fabric's `env=` does not quote). Status for all
 tasks of a host is one command, cached for a fraction of a second; a stop is one command per host.
 Logs are read with SFTP from an offset, so following them leaves no process on the host.
@@ -49,6 +52,7 @@ from launch.plan import LEASE_SECS, TaskPlan, is_local
 
 log = logging.getLogger(__name__)
 
+WRAPPER_GRACE_SECS = 2.0      # a task gone while its wrapper lives: how long the wrapper has to write its rc
 SNAPSHOT_TTL = 0.3            # seconds a host's status snapshot answers status()
 LEASE_RENEW_SECS = 5.0        # how often the tasks' lease files on a host are touched
 POLL_TIMEOUT = 10             # seconds a status command may take before the host counts as unreachable
@@ -62,6 +66,32 @@ DEFAULT_GLOBAL_KNOWN_HOSTS = ('/etc/ssh/ssh_known_hosts', '/etc/ssh/ssh_known_ho
 # `starttime` of a pid (field 22 of /proc/PID/stat): a pid is ours only while it matches.
 _STARTTIME = "sed 's/.*) //' /proc/{pid}/stat 2>/dev/null | cut -d' ' -f20"
 _SNAPSHOT_END = 'tfcluster-status-end'   # last line of a status answer: a cut-short one lacks it
+
+
+def _group(record: TaskRecord) -> tuple[int, str]:
+    """A task's process group and the start time of its leader (a record from before the task's
+    own pid was kept names the wrapper, which leads the group)."""
+    h = handle_of(record, SSHHandle)
+    return (h.group, h.group_ident) if h.group else (int(record.pid), record.ident)
+
+
+def _fields(stat: str) -> list[str]:
+    """The fields of a /proc/PID/stat line after the command name (state first), or ['']."""
+    return stat[stat.rfind(')') + 2:].split() if ')' in stat else ['']
+
+
+def _is_process(stat: str, ident: str) -> bool:
+    """Whether a /proc/PID/stat line is of a live (not zombie) process started at `ident`."""
+    fields = _fields(stat)
+    return len(fields) > 19 and fields[0] not in 'ZX' and (not ident or fields[19] == ident)
+
+
+def _ours(record: TaskRecord) -> str:
+    """A shell command that prints the task's process group while the task, or its wrapper, is
+    still the process the record names (a pid reused by another process is not ours)."""
+    group, group_ident = _group(record)
+    return (f'if [ "$({_STARTTIME.format(pid=int(record.pid))})" = {_q(record.ident or "-")} ] || '
+            f'[ "$({_STARTTIME.format(pid=group)})" = {_q(group_ident or "-")} ]; then echo {group}; fi')
 
 
 class SSHError(BackendError):
@@ -126,10 +156,13 @@ def host_addresses(spec: ClusterSpec, ssh_config: str | None = None) -> dict[str
 @dataclass
 class SSHHandle:
     """A remote task's own files: its wrapper's pid file, the exit code file the wrapper writes,
-    and the `ssh` target a person would use to reach its host."""
+    the `ssh` target a person would use to reach its host, and the task's process group (the
+    wrapper's pid, and the wrapper's start time that proves the pid is still that wrapper)."""
     pidfile: str = ''
     rcfile: str = ''
     target: str = ''
+    group: int = 0
+    group_ident: str = ''
 
 
 @dataclass
@@ -145,6 +178,7 @@ class _Host:
     snapshot_at: float = 0.0
     snapshot_error: SSHError | None = None
     states: dict[str, str] = field(default_factory=dict)        # task -> /proc state letter
+    ending: dict[str, float] = field(default_factory=dict)      # task gone, its wrapper not yet: since
     renewed_at: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock)           # connection
     sftp_lock: threading.Lock = field(default_factory=threading.Lock)      # SFTP is not thread-safe
@@ -428,28 +462,33 @@ class SSHBackend(Backend):
         link = posixpath.join(workdir, plan.log_path)
         log_file = posixpath.join(workdir, plan.attempt_log_path)
         base = link[:-len('.log')] if link.endswith('.log') else link
-        pidfile, rcfile = base + '.pid', base + '.rc'
+        pidfile, rcfile, taskfile = base + '.pid', base + '.rc', base + '.task'
         argv = list(plan.argv)
         if '--spec' in argv:        # absolute, so `ps` on the host shows which cluster a task is of
             i = argv.index('--spec') + 1
             argv[i] = posixpath.join(workdir, argv[i])
         env = ' '.join(f'{k}={_q(v)}' for k, v in plan.env.items())
         argv_text = f'{_shell_path(argv[0])} {shlex.join(argv[1:])}'
-        command = f'env {env} {argv_text}' if env else argv_text
+        command = f'env {env} {argv_text}' if env else argv_text     # env execs: one pid, the task's
         # The wrapper outlives a SIGTERM to the group (trap) to write the task's exit code. The task
         # runs in the background and is waited for, with the wrapper's own stderr going nowhere: a
         # foreground task killed by a signal makes dash write "Terminated" into the log. A wait cut
         # short by the trap is repeated while the task lives; one more wait fetches the status
         # of a task that died just after the trap (127: it was fetched already).
         wrapper = (f'trap : TERM; exec 3>&2 2>/dev/null; {command} 2>&3 3>&- & t=$!; '
+                   f'echo $t > {_q(taskfile)}.tmp && mv {_q(taskfile)}.tmp {_q(taskfile)}; '
                    f'while :; do wait $t; r=$?; kill -0 $t || break; done; '
                    f'wait $t; s=$?; [ $s -eq 127 ] || r=$s; echo $r > {_q(rcfile)}')
         # Each attempt logs to a file of its own (a task restarted within one appends); log_path
         # leads to the newest, and a plain file left there by an older version becomes attempt-0's.
         legacy = posixpath.join(posixpath.dirname(link), rundir.attempt_dirname(0))
+        h = self._host(name)
+        with h.snapshot_lock:
+            earlier = h.records.get(plan.name)
         script = '\n'.join([
             f'cd {_q(workdir)} || exit 1',
-            f'rm -f {_q(rcfile)} {_q(pidfile)}',
+            self._end_earlier_copy(earlier),
+            f'rm -f {_q(rcfile)} {_q(pidfile)} {_q(taskfile)}',
             f'mkdir -p {_q(posixpath.dirname(log_file))}',
             f'if [ -f {_q(link)} ] && [ ! -L {_q(link)} ]; then mkdir -p {_q(legacy)} && '
             f'mv {_q(link)} {_q(legacy)}/; fi',
@@ -458,15 +497,21 @@ class SSHBackend(Backend):
             f'setsid nohup sh -c {_q(wrapper)} >> {_q(log_file)} 2>&1 < /dev/null &',
             'p=$!',
             f'echo $p > {_q(pidfile)}',
-            f'echo "$o $p $({_STARTTIME.format(pid="$p")})"',
+            # The task's own pid, once the wrapper has written it (a task that ended at once: its rc).
+            f'i=0; while [ ! -s {_q(taskfile)} ] && [ ! -s {_q(rcfile)} ] && [ $i -lt 100 ]; do '
+            'sleep 0.05; i=$((i + 1)); done',
+            f't=$(cat {_q(taskfile)} 2>/dev/null); t=${{t:-$p}}',
+            f'ps_=$({_STARTTIME.format(pid="$p")}); ts_=$({_STARTTIME.format(pid="$t")})',
+            'echo "tfcluster-started $o $p ${ps_:--} $t ${ts_:--}"',
         ])
         self._connect(name)         # an unreachable host fails here, before anything can start
         try:
             result = self._run(name, script)
             try:
-                offset_text, pid_text, ident = result.stdout.split()[-3:]
-                pid, offset = int(pid_text), int(offset_text)
-            except ValueError:
+                line = next(x for x in reversed(result.stdout.splitlines()) if x.startswith('tfcluster-started '))
+                offset_text, group_text, group_ident, pid_text, ident = line.split()[1:6]
+                pid, offset, group = int(pid_text), int(offset_text), int(group_text)
+            except (ValueError, StopIteration):
                 last = (result.stderr.strip().splitlines() or ['no output'])[-1]
                 raise SSHError(name, f'could not start {plan.name} (exit {result.exited}): {last}') from None
         except SSHError as e:
@@ -475,13 +520,24 @@ class SSHBackend(Backend):
             raise SSHError(name, f'{e.cause}; {self._undo_start(name, plan.name, pidfile, rcfile)}') from None
         t = plan.task
         record = TaskRecord(name=t.name, job=t.job, index=t.index, host=t.host, port=t.port, backend=self.name,
-                            pid=pid, log=log_file, ident=ident, cwd=workdir, log_offset=offset,
-                            address='' if plan.address in ('', t.host) else plan.address,
-                            handle=SSHHandle(pidfile, rcfile, ssh_target(plan, self.ssh_config)))
-        h = self._host(name)
+                            pid=pid, log=log_file, ident='' if ident == '-' else ident, cwd=workdir,
+                            log_offset=offset, address='' if plan.address in ('', t.host) else plan.address,
+                            handle=SSHHandle(pidfile, rcfile, ssh_target(plan, self.ssh_config), group,
+                                             '' if group_ident == '-' else group_ident))
         with h.snapshot_lock:
             h.records[record.name] = record
+            h.snapshot.pop(record.name, None)   # the earlier copy's end is not this one's
         return record
+
+    @staticmethod
+    def _end_earlier_copy(earlier: TaskRecord | None) -> str:
+        """Shell lines that kill what is left of a task's earlier copy on this host (its process
+        group, while its task or its wrapper is still the process the record names), and wait
+        for it to be gone: a copy left running would hold the port the new one needs."""
+        if earlier is None:
+            return ':'
+        return (f'k=$({_ours(earlier)}); if [ -n "$k" ]; then kill -KILL -$k 2>/dev/null; i=0; '
+                'while kill -0 -$k 2>/dev/null && [ $i -lt 100 ]; do sleep 0.05; i=$((i + 1)); done; fi')
 
     def _undo_start(self, name: str, task: str, pidfile: str, rcfile: str) -> str:
         """Stop whatever a start that failed half way launched: the process group the pidfile names,
@@ -520,9 +576,11 @@ class SSHBackend(Backend):
             return h.snapshot[record.name]
 
     def _take_snapshot(self, name: str, records: list[TaskRecord]) -> dict[str, tuple[str, int | None]]:
-        # /proc first, then the rc file: a task seen gone has written its rc file already.
+        # /proc first, then the rc file: a task seen gone has written its rc file already, unless
+        # its wrapper (asked last) is still about to.
         lines = [f's=$(cat /proc/{int(r.pid)}/stat 2>/dev/null); r=$(cat {_q(handle_of(r, SSHHandle).rcfile or "/dev/null")} '
-                 f'2>/dev/null); printf "%s|%s|%s\\n" {_q(r.name)} "$r" "$s"' for r in records]
+                 f'2>/dev/null); w=$(cat /proc/{_group(r)[0]}/stat 2>/dev/null); '
+                 f'printf "%s|%s|%s|%s\\n" {_q(r.name)} "$r" "$s" "$w"' for r in records]
         result = self._run(name, '\n'.join(lines + [f'echo {_SNAPSHOT_END}']), timeout=POLL_TIMEOUT)
         if not result.stdout.rstrip().endswith(_SNAPSHOT_END):
             # A cut-short answer must not read as "every task gone" (which means killed hard).
@@ -530,20 +588,30 @@ class SSHBackend(Backend):
             raise SSHError(name, 'lost the SSH connection: a status query was answered only in part')
         out = {}
         for line in result.stdout.splitlines():
-            task, rc, stat = (line.split('|', 2) + ['', ''])[:3]
-            out[task] = (rc, stat)
+            task, rc, stat, wrapper = (line.split('|', 3) + ['', '', ''])[:4]
+            out[task] = (rc, stat, wrapper)
+        h = self._host(name)
         snapshot = {}
         for r in records:
-            rc, stat = out.get(r.name, ('', ''))
+            rc, stat, wrapper = out.get(r.name, ('', '', ''))
             if rc.strip().lstrip('-').isdigit():
+                h.ending.pop(r.name, None)
                 snapshot[r.name] = ('ended', decode_exit(int(rc)))
                 continue
-            fields = stat[stat.rfind(')') + 2:].split() if ')' in stat else []
-            running = len(fields) > 19 and fields[0] not in 'ZX' and (not r.ident or fields[19] == r.ident)
-            self._host(name).states[r.name] = fields[0] if running else ''
+            running = _is_process(stat, r.ident)
+            h.states[r.name] = _fields(stat)[0] if running else ''
             if running:
                 snapshot[r.name] = ('running', None)
                 continue
+            # The task is gone and no exit code is written: its wrapper is writing it now, or the
+            # whole group was killed hard (then no one ever will).
+            group, group_ident = _group(r)
+            if group != r.pid and _is_process(wrapper, group_ident):
+                first = h.ending.setdefault(r.name, time.monotonic())
+                if time.monotonic() - first < WRAPPER_GRACE_SECS:
+                    snapshot[r.name] = ('running', None)
+                    continue
+            h.ending.pop(r.name, None)
             snapshot[r.name] = ('gone', None)
         return snapshot
 
@@ -577,8 +645,7 @@ class SSHBackend(Backend):
             return Observation(ENDED, code)
         if state != 'running':
             return Observation(ENDED, -signal.SIGKILL)      # gone without an exit code: killed hard
-        # The wrapper shell is the recorded pid; a stopped task shows in its process group, which
-        # `kill -STOP -PGID` (or the host's own tools) stop together with the wrapper.
+        # The recorded pid is the task's own process: stopped, it shows as state T.
         stopped = self._host(record.host).states.get(record.name, '') in ('T', 't')
         return Observation(RUNNING, stopped='is stopped (SIGSTOP, or a debugger)' if stopped else None)
 
@@ -590,8 +657,7 @@ class SSHBackend(Backend):
     def _stop_host(self, name: str, records: list[TaskRecord], grace: float) -> None:
         """One command: SIGTERM every task's process group that is still ours, wait up to `grace`
         for all, SIGKILL what is left, wait for that too."""
-        ours = '\n'.join(f'[ "$({_STARTTIME.format(pid=int(r.pid))})" = {_q(r.ident)} ] && k="$k {int(r.pid)}"'
-                         for r in records)
+        ours = '\n'.join(f'g=$({_ours(r)}); [ -n "$g" ] && k="$k $g"' for r in records)
         rounds = max(1, int(grace / 0.1))
         script = f'''k=''
 {ours}

@@ -172,8 +172,9 @@ def test_backend_polls_once_per_host_quotes_values_and_stops_process_groups(ssh_
         records = [backend.start(p) for p in plans]
         for r in records:
             leader = ssh_hosts.ssh(r.host, f'ps -o sid=,pgid= -p {r.pid}').stdout.split()
-            assert leader == [str(r.pid)] * 2                  # its own session and process group
-            assert open(r.handle.pidfile).read().strip() == str(r.pid)
+            assert leader == [str(r.handle.group)] * 2         # its own session and process group,
+            assert r.pid != r.handle.group                     # whose leader is the wrapper, not the task
+            assert open(r.handle.pidfile).read().strip() == str(r.handle.group)
         deadline = time.monotonic() + 10
         while len(list(backend.read_log(records[2]))) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -407,7 +408,7 @@ def test_remote_faults_a_dropped_connection_and_a_lost_worker(ssh_hosts, tmp_pat
         with open(tmp_path / 'run' / 'launch-state.json') as f:
             worker = next(t for t in json.load(f)['tasks'] if t['name'] == 'worker:1')
         assert worker['host'] == '127.0.0.3'
-        os.killpg(worker['pid'], signal.SIGKILL)
+        os.kill(worker['pid'], signal.SIGKILL)      # the task's own process, the pid its log prints
         out, _ = proc.communicate(timeout=300)
     finally:
         proc.kill()
@@ -417,4 +418,34 @@ def test_remote_faults_a_dropped_connection_and_a_lost_worker(ssh_hosts, tmp_pat
     assert proc.returncode == 0, out
     assert 'worker:1 was killed by SIGKILL; training goes on with 1 worker(s)' in out
     assert re.search(r'done in .*global step (8\d|9\d).*\(lost worker:1\)', out), out
+    assert_nothing_left(ssh_hosts)
+
+
+def test_one_remote_kill_is_one_restart_and_the_worker_rejoins(ssh_hosts, tmp_path):
+    """kill -9 of a remote async worker (its own pid, which the state file records, not a wrapper's)
+    with `restart: on-failure`: one fault, one restart, one new copy (its port was free), and the
+    run's summary says the worker finished, not that it was lost."""
+    spec = remote_spec(ssh_hosts, tmp_path, steps=150, sync=False, learning_rate=0.05,
+                       supervise={'restart': 'on-failure', 'max_restarts': 3})
+    proc = launch_bg('up', spec, '--ssh-config', str(ssh_hosts.ssh_config), cwd=str(tmp_path))
+    try:
+        lines = read_until(proc, '  loss ')
+        with open(tmp_path / 'run' / 'launch-state.json') as f:
+            worker = next(t for t in json.load(f)['tasks'] if t['name'] == 'worker:1')
+        with open(f'/proc/{worker["pid"]}/cmdline', 'rb') as f:
+            assert b'cluster.task' in f.read()       # the task itself, not its shell wrapper
+        os.kill(worker['pid'], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+        proc.wait()
+        run(ssh_hosts, tmp_path, 'down', spec, timeout=60)
+    out = ''.join(lines) + out
+    assert proc.returncode == 0, out
+    assert out.count('restart 1/3: worker:1 was killed by SIGKILL') == 1, out
+    assert 'restart 2/3' not in out and 'already in use' not in out, out
+    assert re.search(r'done in .*global step 150', out) and 'lost worker:1' not in out, out
+    events = [json.loads(line) for line in open(tmp_path / 'run' / 'events.jsonl')]
+    assert [e['task'] for e in events if e['event'] == 'task_lost'] == ['worker:1'], events
+    assert len([e for e in events if e['event'] == 'restart']) == 1
     assert_nothing_left(ssh_hosts)
