@@ -33,6 +33,7 @@ import ast
 import contextlib
 import importlib
 import importlib.util
+import inspect
 import logging
 import os
 import shutil
@@ -41,6 +42,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -54,6 +56,9 @@ PYTHON_NAMES = ('python', 'python3')     # in a command, these mean the task's o
 
 class ProgramError(Exception):
     """The program or command cannot be run as given: one line."""
+
+
+PROGRAM_IS = 'a program is a Python function `def train(ctx)` in a .py module (README: Your own training code)'
 
 
 # ---------------------------------------------------------------------------------------------
@@ -82,31 +87,71 @@ def check_program(ref: str, search_path: list[str] | None = None) -> None:
         where = ', '.join(search_path or []) or 'sys.path'
         raise ProgramError(f'no module named {module!r} (looked in {where} and the installed packages; a '
                            'relative module is found from the directory the task runs in)')
-    if not found.origin or not found.origin.endswith('.py'):
-        return          # compiled or namespace package: only importing it would tell
+    if not found.origin or not found.origin.endswith('.py') or not os.path.isfile(found.origin):
+        kind = found.origin if found.origin in ('built-in', 'frozen') else \
+            'a namespace package' if not found.origin or found.origin == 'namespace' else \
+            f'in {found.origin}' if found.origin.endswith('.py') else 'compiled'
+        raise ProgramError(f'module {module!r} has no Python source ({kind}), so {function!r} cannot be checked '
+                           f'without running it: {PROGRAM_IS}')
     try:
         with open(found.origin, 'rb') as f:
             tree = ast.parse(f.read(), found.origin)
-    except (OSError, SyntaxError, ValueError) as e:
+    except (OSError, SyntaxError, ValueError, RecursionError, MemoryError) as e:
         raise ProgramError(f'cannot read module {module!r} ({found.origin}): {e}') from None
-    if function not in _top_level_names(tree):
+    bindings = _top_level_bindings(tree).get(function)
+    if not bindings:
         raise ProgramError(f'module {module!r} ({found.origin}) defines no function {function!r}')
+    why = [_not_a_program(node) for node in bindings]
+    if all(why):        # some other binding (an import, an assignment) is checked when it is loaded
+        node = bindings[-1]
+        raise ProgramError(f'{module}.{function} ({found.origin}:{node.lineno}) {why[-1]}: {PROGRAM_IS}')
 
 
-def _top_level_names(tree: ast.Module) -> set[str]:
-    names = set()
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, ast.Assign):
-            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
-        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)) and isinstance(node.target, ast.Name):
-            names.add(node.target.id)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            names.update((a.asname or a.name).split('.')[0] for a in node.names)
-        elif isinstance(node, (ast.If, ast.Try, ast.With)):     # definitions under a guard count too
-            names.update(_top_level_names(ast.Module(body=list(ast.iter_child_nodes(node)), type_ignores=[])))
+def _top_level_bindings(tree: ast.Module) -> dict[str, list[ast.stmt]]:
+    """name -> the statements at the module's top level (or under an if/try/with there) that bind it."""
+    names: dict[str, list[ast.stmt]] = {}
+
+    def bind(name: str, node: ast.stmt) -> None:
+        names.setdefault(name, []).append(node)
+
+    def walk(body) -> None:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                bind(node.name, node)
+            elif isinstance(node, ast.Assign):
+                for target in node.targets:
+                    if isinstance(target, ast.Name):
+                        bind(target.id, node)
+            elif isinstance(node, (ast.AnnAssign, ast.AugAssign)) and isinstance(node.target, ast.Name):
+                bind(node.target.id, node)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                for alias in node.names:
+                    bind((alias.asname or alias.name).split('.')[0], node)
+            elif isinstance(node, (ast.If, ast.Try, ast.With)):     # definitions under a guard count too
+                walk([child for child in ast.iter_child_nodes(node) if isinstance(child, ast.stmt)])
+                for handler in getattr(node, 'handlers', []):
+                    walk(handler.body)
+    walk(tree.body)
     return names
+
+
+def _not_a_program(node: ast.stmt) -> str | None:
+    """Why the statement binding a program's name surely does not make a function that can be
+    called as f(ctx), or None where it does or where only running it would tell (an import, an
+    assignment, a decorated def: checked by load_program in the worker)."""
+    if isinstance(node, ast.ClassDef):
+        return 'is a class'
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or node.decorator_list:
+        return None
+    if isinstance(node, ast.AsyncFunctionDef):
+        return 'is an async def (calling it runs nothing)'
+    a = node.args
+    positional = a.posonlyargs + a.args
+    required = len(positional) - len(a.defaults)
+    kwonly_required = [arg.arg for arg, default in zip(a.kwonlyargs, a.kw_defaults) if default is None]
+    if required > 1 or (not positional and not a.vararg) or kwonly_required:
+        return f'takes ({ast.unparse(a)}), not one argument'
+    return None
 
 
 def load_program(ref: str) -> Callable[['ProgramContext'], Any]:
@@ -119,8 +164,36 @@ def load_program(ref: str) -> Callable[['ProgramContext'], Any]:
     fn = getattr(mod, function, None)
     if not callable(fn):
         raise ProgramError(f'module {module!r} has no function {function!r}' if fn is None else
-                           f'{module}.{function} is a {type(fn).__name__}, not a function')
+                           f'{module}.{function} is a {type(fn).__name__}, not a function: {PROGRAM_IS}')
+    why = signature_problem(fn)
+    if why:
+        raise ProgramError(f'{module}.{function} {why}: {PROGRAM_IS}')
     return fn
+
+
+# Functions of C code: a signature may well take one argument (os.system's does), but ctx is no
+# argument they can use.
+_BUILTINS = (types.BuiltinFunctionType, types.WrapperDescriptorType, types.MethodWrapperType,
+             types.MethodDescriptorType, types.ClassMethodDescriptorType)
+
+
+def signature_problem(fn) -> str | None:
+    """Why `fn` cannot be called as fn(ctx), read from its signature without calling it, else None."""
+    if inspect.isclass(fn):
+        return 'is a class'
+    if isinstance(fn, _BUILTINS):
+        return 'is a built-in function, not a Python def'    # os.system's signature would take ctx
+    if inspect.iscoroutinefunction(fn):
+        return 'is an async def (calling it runs nothing)'
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return 'has no signature that can be read'
+    try:
+        sig.bind(object())
+    except TypeError:
+        return f'takes {sig}, not one argument'
+    return None
 
 
 def command_argv(command: tuple[str, ...], spec: ClusterSpec, task: TaskSpec) -> list[str]:

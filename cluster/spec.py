@@ -11,7 +11,10 @@ import ipaddress
 import json
 import os
 import re
+import select
 import shlex
+import stat
+import time
 import types
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -105,6 +108,8 @@ class SuperviseConfig:
     restart: str = 'never'           # never | on-failure: bring the cluster back from its checkpoint
     max_restarts: int = 3            # per run, all tasks together
     stall_secs: float = 60.0         # no new global step for this long (after the first) is a fault
+    backoff_secs: float = 1.0        # the wait before a restart: this, doubling with each restart in a
+    backoff_max_secs: float = 30.0   # row up to this; a run healthy for a while starts again at 1x
 
 
 @dataclass(frozen=True)
@@ -233,6 +238,174 @@ class _Origins:
         return self.path
 
 
+# A spec is a few hundred bytes of YAML. Anything far bigger is a mistake (a wrong file, a device,
+# a "billion laughs" of nested aliases): refused in one line before it can take the machine's memory.
+MAX_SPEC_BYTES = 1 << 20            # 1 MiB read at most, whatever the file is (a FIFO, /dev/zero)
+MAX_SPEC_VALUES = 100_000           # values (mappings, lists, scalars) with YAML aliases expanded
+SPEC_READ_SECS = 10                 # a FIFO or a terminal: the most the whole spec may take to arrive
+
+
+class _YAMLSyntaxError(SpecError):
+    pass
+
+
+def _read_spec_text(path: str) -> str:
+    """The spec file's text, read without ever reading more than MAX_SPEC_BYTES + 1 bytes (a FIFO
+    or a device is read up to that too) nor waiting more than SPEC_READ_SECS for it."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise SpecError(f'{path}: spec file not found') from None
+    except IsADirectoryError:
+        raise SpecError(f'{path}: is a directory, not a spec file') from None
+    except OSError as e:
+        raise SpecError(f'{path}: cannot read spec file: {e.strerror}') from None
+    try:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise SpecError(f'{path}: is a directory, not a spec file')
+        if stat.S_ISREG(info.st_mode) and info.st_size > MAX_SPEC_BYTES:
+            raise SpecError(f'{path}: spec file is {info.st_size:,} bytes, over the limit of {MAX_SPEC_BYTES:,} '
+                            '(1 MiB): a spec is a short YAML file')
+        chunks, size = [], 0
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        deadline = time.monotonic() + SPEC_READ_SECS
+        while size <= MAX_SPEC_BYTES:
+            # A FIFO's writer may come later (and a FIFO that never had one is not ready, where a
+            # read would say end of file); a terminal may never send anything: wait, not for ever.
+            if not poller.poll(max(0.0, deadline - time.monotonic()) * 1000):
+                raise SpecError(f'{path}: nothing more to read after {SPEC_READ_SECS}s ({size:,} bytes read): '
+                                'a spec is a file, or a pipe whose writer ends')
+            try:
+                chunk = os.read(fd, MAX_SPEC_BYTES + 1 - size)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as e:
+        raise SpecError(f'{path}: cannot read spec file: {e.strerror}') from None
+    finally:
+        os.close(fd)
+    if size > MAX_SPEC_BYTES:
+        raise SpecError(f'{path}: more than {MAX_SPEC_BYTES:,} bytes (1 MiB) to read, the limit for a spec: '
+                        'a spec is a short YAML file')
+    data = b''.join(chunks)
+    try:
+        return data.decode('utf-8')
+    except UnicodeDecodeError as e:
+        line = data.count(b'\n', 0, e.start) + 1
+        column = e.start - (data.rfind(b'\n', 0, e.start) + 1) + 1
+        raise SpecError(f'{path}:{line}: not a YAML spec: byte {e.start} (line {line}, column {column}) '
+                        'is not UTF-8 text') from None
+
+
+def _parse_yaml(text: str, where: str, line_numbers: bool) -> tuple[yaml.Node | None, Any]:
+    """(node tree, data) of one YAML document, read once. SpecError, one line beginning with
+    `where` (and `:LINE` with `line_numbers`), for a syntax error, a value that contains itself
+    through an alias, nesting too deep to read, or more than MAX_SPEC_VALUES values once its
+    aliases are expanded (the data itself shares what an alias repeats, but everything that walks
+    it, down to an error message's repr, would not)."""
+    def at(line: int | None) -> str:
+        return f'{where}:{line}' if line_numbers and line is not None else where
+    loader = None
+    try:
+        try:
+            loader = _CountingLoader(text)      # reading starts here: it refuses control characters
+            node = loader.get_single_node()
+            if node is None:
+                return None, None
+            _check_expansion(node, lambda line, key, message: SpecError(
+                f'{at(line)}: {key + ": " if key else ""}{message}'))
+            return node, loader.construct_document(node)
+        except yaml.reader.ReaderError as e:
+            line = text.count('\n', 0, e.position) + 1 if isinstance(e.position, int) else None
+            raise _YAMLSyntaxError(f'{at(line)}: YAML syntax error: {str(e).splitlines()[0]}') from None
+        except yaml.YAMLError as e:
+            mark = getattr(e, 'problem_mark', None)
+            problem = getattr(e, 'problem', None) or str(e).splitlines()[0]
+            raise _YAMLSyntaxError(f'{at(mark.line + 1 if mark else None)}: YAML syntax error: {problem}') from None
+        except _TooManyValues as e:
+            raise SpecError(f'{at(e.line)}: more than {MAX_SPEC_VALUES:,} values by this line; a spec holds at '
+                            f'most {MAX_SPEC_VALUES:,}') from None
+        except RecursionError:
+            raise SpecError(f'{at(loader.get_mark().line + 1)}: YAML nested too deeply to read (a spec is a few '
+                            'levels deep)') from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+
+
+class _TooManyValues(Exception):
+    def __init__(self, line: int):
+        super().__init__(line)
+        self.line = line
+
+
+class _CountingLoader(yaml.SafeLoader):
+    """A SafeLoader that stops composing after MAX_SPEC_VALUES nodes (a flat list of half a
+    million items fits in 1 MiB, and PyYAML takes most of a minute and ~400 MB to compose it)."""
+    composed = 0
+
+    def compose_node(self, parent, index):
+        if not self.check_event(yaml.AliasEvent):
+            self.composed += 1
+            if self.composed > MAX_SPEC_VALUES:
+                raise _TooManyValues(self.peek_event().start_mark.line + 1)
+        return super().compose_node(parent, index)
+
+
+def _children(node: yaml.Node) -> list[tuple[str | None, yaml.Node]]:
+    """(key part, child) of a node: a mapping's keys (part None) and values, a list's items."""
+    if isinstance(node, yaml.MappingNode):
+        out = []
+        for k, v in node.value:
+            out += [(None, k), (f'.{k.value}' if isinstance(k, yaml.ScalarNode) else '.?', v)]
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        return [(f'[{i}]', item) for i, item in enumerate(node.value)]
+    return []
+
+
+def _check_expansion(root: yaml.Node, error) -> None:
+    """Raise error(line, key, message) if the node graph has a cycle or holds more than
+    MAX_SPEC_VALUES values with its aliases expanded. Linear in the distinct nodes: each node's
+    expanded size is computed once (an alias is the same node object as its anchor)."""
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+    stack = [(root, iter(_children(root)))]
+    open_nodes.add(id(root))
+    while stack:
+        node, todo = stack[-1]
+        nxt = next(todo, None)
+        if nxt is None:
+            stack.pop()
+            open_nodes.discard(id(node))
+            sizes[id(node)] = 1 + sum(sizes[id(c)] for _, c in _children(node))
+            continue
+        child = nxt[1]
+        if id(child) in open_nodes:
+            raise error(child.start_mark.line + 1, '', 'a YAML alias refers to a value that contains it (*name '
+                                                       'inside &name): a spec cannot be a cycle')
+        if id(child) not in sizes:
+            open_nodes.add(id(child))
+            stack.append((child, iter(_children(child))))
+    total = sizes[id(root)]
+    if total <= MAX_SPEC_VALUES:
+        return
+    node, key = root, ''        # the innermost value that is over the limit: where the aliases multiply
+    while True:
+        over = next(((part, c) for part, c in _children(node) if sizes[id(c)] > MAX_SPEC_VALUES), None)
+        if over is None:
+            break
+        key, node = key + (over[0] or ''), over[1]
+    aliased = ' once its YAML aliases (*name) are expanded' if total > len(sizes) else ''
+    raise error(node.start_mark.line + 1, key.lstrip('.'),
+                f'holds {sizes[id(node)]:,} values{aliased}; a spec holds at most {MAX_SPEC_VALUES:,}')
+
+
 def load_spec(path: str | None, overrides: list[str] | tuple[str, ...] = (),
               cluster: dict | None = None) -> ClusterSpec:
     """Read, override and validate a spec file. Raises SpecError (one line) on any user error.
@@ -245,26 +418,8 @@ def load_spec(path: str | None, overrides: list[str] | tuple[str, ...] = (),
         for text_override in overrides:
             _apply_override(raw, text_override, origins)
         return _build(raw, origins)
-    try:
-        with open(path, encoding='utf-8') as f:
-            text = f.read()
-    except FileNotFoundError:
-        raise SpecError(f'{path}: spec file not found') from None
-    except UnicodeDecodeError as e:
-        raise SpecError(f'{path}: not a YAML spec: byte {e.start} is not UTF-8 text') from None
-    except IsADirectoryError:
-        raise SpecError(f'{path}: is a directory, not a spec file') from None
-    except OSError as e:
-        raise SpecError(f'{path}: cannot read spec file: {e.strerror}') from None
     origins = _Origins(path)
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, 'problem_mark', None)
-        where = f'{path}:{mark.line + 1}' if mark else path
-        problem = getattr(e, 'problem', None) or str(e).splitlines()[0]
-        raise SpecError(f'{where}: YAML syntax error: {problem}') from None
+    node, raw = _parse_yaml(_read_spec_text(path), path, line_numbers=True)
     if node is not None:
         origins.record_yaml(node)
     if raw is None:
@@ -320,12 +475,16 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not sep or not all(re.fullmatch(r'[A-Za-z0-9_-]+', p) for p in parts):
         raise SpecError(f'--set {text}: expected dotted.key=value, e.g. --set train.steps=50')
     try:
-        parsed = yaml.safe_load(value)
-    except yaml.YAMLError:
+        parsed = _parse_yaml(value, f'--set {_shorten(text)}', line_numbers=False)[1]
+    except _YAMLSyntaxError:
         raise SpecError(f'--set {text}: the value is not valid YAML') from None
     if not value.strip():
         raise SpecError(f'--set {text}: missing value after "=" (write null to clear a key)')
     return parts, parsed
+
+
+def _shorten(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[:limit] + '...'
 
 
 def _apply_override(raw: dict, text: str, origins: _Origins) -> None:
@@ -528,7 +687,8 @@ def _parse_command(value, key, origins) -> tuple[str, ...] | None:
 
 def _parse_supervise(supervise, origins: _Origins) -> SuperviseConfig:
     if not isinstance(supervise, dict):
-        raise origins.error('supervise', 'expected a mapping with any of restart, max_restarts, stall_secs')
+        raise origins.error('supervise', 'expected a mapping with any of ' + ', '.join(
+            f.name for f in dataclasses.fields(SuperviseConfig)))
     fields = [f.name for f in dataclasses.fields(SuperviseConfig)]
     _no_unknown(supervise, fields, 'supervise', origins)
     values = {}
@@ -543,10 +703,15 @@ def _parse_supervise(supervise, origins: _Origins) -> SuperviseConfig:
             if v < 0:
                 raise origins.error(key, f'expected a whole number >= 0, got {v}')
             values[name] = v
-        elif name == 'stall_secs':
+        elif name in ('stall_secs', 'backoff_max_secs'):
             v = _expect(value, (int, float), key, origins, 'a positive number of seconds')
             if not v > 0 or v == float('inf'):
                 raise origins.error(key, f'expected a positive number of seconds, got {v}')
+            values[name] = float(v)
+        elif name == 'backoff_secs':
+            v = _expect(value, (int, float), key, origins, 'a number of seconds >= 0')
+            if not v >= 0 or v == float('inf'):
+                raise origins.error(key, f'expected a number of seconds >= 0, got {v}')
             values[name] = float(v)
     return SuperviseConfig(**values)
 

@@ -23,7 +23,8 @@ import traceback
 from cluster.program import ProgramError, check_command, check_program, load_program, run_command, run_program
 from cluster.rundir import (EXIT_FAILED, EXIT_NO_RESTART, EXIT_OK, EXIT_USAGE, LEASE_ENV, LEASE_SECS_ENV,
                             TaskLogFormatter, serving_line)
-from cluster.spec import DEFAULT_SPEC, TF_CONFIG_ENV, ClusterSpec, TaskSpec, load_spec, read_tf_config
+from cluster.spec import (DEFAULT_SPEC, TF_CONFIG_ENV, ClusterSpec, SpecError, TaskSpec, load_spec,
+                          read_tf_config)
 
 log = logging.getLogger('cluster.task')
 
@@ -197,8 +198,8 @@ def main(argv=None) -> int:
         # TensorFlow internals; the launcher names the task that was lost first.
         log.error('%s: %s: %s', task.name, type(e).__name__, session.first_line(e.message, '(no message)'))
         return EXIT_FAILED
-    except (session.CheckpointError, ProgramError) as e:     # a restart would fail the same way
-        log.error('%s', e)
+    except (session.CheckpointError, ProgramError, SpecError) as e:     # a restart would fail the same way
+        log.error('%s', e)      # (a SpecError here: a batch too large for this host's memory)
         return EXIT_NO_RESTART
     log.info('%s finished', task.name)
     return EXIT_OK
@@ -216,7 +217,9 @@ if __name__ == '__main__':
         code = EXIT_FAILED
     # A TF server has no stop(): tearing it down in interpreter shutdown races its gRPC threads
     # (crashes or hangs at exit, seen under load). Everything is saved and flushed by now.
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for close in (logging.shutdown, sys.stdout.flush, sys.stderr.flush):
+        try:
+            close()
+        except (OSError, ValueError):   # a full disk under the log: still end through os._exit
+            pass
     os._exit(code)

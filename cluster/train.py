@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -273,9 +274,22 @@ class _Aggregator(threading.Thread):
             os._exit(rundir.EXIT_FAILED)
 
 
+def check_memory(spec: ClusterSpec, task: TaskSpec) -> None:
+    """SpecError (one line, about train.batch_size) if this worker's CPU towers cannot hold one
+    batch of the model in this host's memory: refused here, on the worker's own host (the
+    launcher checks workers on its machine before anything starts), not after a minute of
+    silence and a ResourceExhaustedError. No restart can help."""
+    towers = sum(1 for d in tower_devices(spec, task) if '/device:CPU:' in d)
+    refusal = model.batch_memory_refusal(spec.train.batch_size, towers, model.host_memory_bytes(),
+                                         host=f'{task.name}\'s host ({socket.gethostname()})')
+    if refusal:
+        raise spec.error('train.batch_size', refusal)
+
+
 def run_worker(server, spec: ClusterSpec, task: TaskSpec, data_dir: str) -> dict:
     """Train to `train.steps` global steps; returns this worker's figures (also written as JSON)."""
     train = spec.train
+    check_memory(spec, task)
     os.makedirs(train.train_dir, exist_ok=True)
     with tf.Graph().as_default():
         if train.seed is not None:

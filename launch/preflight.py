@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
+from cluster import model
 from cluster.spec import ClusterSpec
 from launch import exposure, netns, registry
+from launch.backend import stop_all
 from launch.errors import UsageError
 from launch.local import process_ident
 from launch.plan import TaskPlan, state_path
@@ -27,6 +30,39 @@ def running_state(spec: ClusterSpec, backends) -> LaunchState | None:
                                     for r in state.tasks):
         return state
     return None
+
+
+def take_over(spec: ClusterSpec, backends, say) -> bool:
+    """An earlier run of this spec whose launcher is dead (killed hard: it could not stop its tasks)
+    is taken over: what is left of its tasks is stopped (a compose project's containers and network
+    removed), its state file removed, and the user told. Called under the train_dir's lock, so no
+    other launcher can be managing those tasks."""
+    state = LaunchState.load(state_path(spec))
+    if state is None or launcher_alive(state):
+        return False
+    others = sorted({r.backend for r in state.tasks if r.backend not in backends})
+    if others:
+        raise UsageError(f'{spec.path}: the launcher of an earlier run (pid {state.launcher_pid}) is gone, and its '
+                         f'tasks ran on {", ".join(others)}: stop what is left with `launch down {spec.path}` first')
+    left = [r for r in state.tasks
+            if registry.kind(r.backend).leaves_resources or backends[r.backend].status(r).alive]
+    if left:
+        alive = [r.name for r in left if backends[r.backend].status(r).alive]
+        say(f'the launcher of an earlier run of this spec (pid {state.launcher_pid}) is gone; '
+            + (f'stopping what it left running ({", ".join(alive)})' if alive else 'removing what it left behind'))
+        stop_all(left, backends)
+        still = [r.name for r in left if backends[r.backend].status(r).alive]
+        if still:
+            raise UsageError(f'{spec.path}: could not stop {", ".join(still)}, left by the dead launcher pid '
+                             f'{state.launcher_pid}; try `launch down {spec.path}`')
+    try:
+        os.remove(state_path(spec))
+    except FileNotFoundError:
+        pass
+    return bool(left)
+
+
+TAKE_OVER_SECS = 10.0       # how long the ports of a dead launcher's stopped tasks may take to be free
 
 
 def check_isolation(spec: ClusterSpec, command: str, backend: str | None) -> None:
@@ -66,15 +102,26 @@ def prepare_data(spec: ClusterSpec, plans: list[TaskPlan]) -> None:
         data.resolve_spec_data(spec)
 
 
-def preflight(spec: ClusterSpec, plans: list[TaskPlan], backends) -> None:
-    """Everything that can be wrong before anything starts; raises UsageError (exit 2)."""
+def preflight(spec: ClusterSpec, plans: list[TaskPlan], backends, say=print) -> None:
+    """Everything that can be wrong before anything starts; raises UsageError (exit 2). A dead
+    launcher's tasks are stopped first (`take_over`), saying so."""
+    took_over = take_over(spec, backends, say)
     running = running_state(spec, backends)
     if running is not None:
         raise UsageError(f'{spec.path}: a cluster of this spec is already running (launcher pid '
                          f'{running.launcher_pid}, state in {state_path(spec)}); stop it with `launch down {spec.path}`')
     check_user_code(spec, plans)
+    model.check_batch_memory(spec, [p.task for p in plans if registry.kind(p.backend).on_this_machine])
+    deadline = time.monotonic() + (TAKE_OVER_SECS if took_over else 0)
     for name, backend in backends.items():
-        backend.preflight(spec, [p for p in plans if p.backend == name])
+        while True:
+            try:
+                backend.preflight(spec, [p for p in plans if p.backend == name])
+                break
+            except UsageError:      # the stopped tasks' ports, a moment after their processes ended
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
 
 def warn_exposure(plans: list[TaskPlan], short: bool = False) -> None:
