@@ -15,6 +15,8 @@ import tempfile
 
 import numpy as np
 
+from cluster import rundir
+
 log = logging.getLogger(__name__)
 
 IMAGE_SIZE = 24
@@ -152,18 +154,26 @@ def _synthetic_records(num, templates, rng):
 
 
 def _write_atomic(path, payload):
-    """Write via a temp file in the same directory and os.replace, so readers never see half a file."""
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path),
-                               prefix='.%s.' % os.path.basename(path), suffix='.tmp')
+    """Write via a temp file in the same directory and os.replace, so readers never see half a file.
+
+    A failure leaves no temp file and raises an OSError naming `path` (a failed write names no
+    file, and mkstemp's names the temp file's random one)."""
+    try:
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path),
+                                   prefix='.%s.' % os.path.basename(path), suffix='.tmp')
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, path) from e
     try:
         with os.fdopen(fd, 'wb') as handle:
             handle.write(payload)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(e, OSError):
+            raise OSError(e.errno, e.strerror, path) from e
         raise
 
 
@@ -197,7 +207,13 @@ def resolve_spec_data(spec) -> str:
     except DataError as e:
         raise spec.error('train.data', str(e)) from None
     except OSError as e:
-        raise spec.error('train.train_dir', f'cannot write {e.filename}: {e.strerror}') from None
+        raise spec.error('train.train_dir', _write_error(e, spec.train.train_dir)) from None
+
+
+def _write_error(error: OSError, where: str) -> str:
+    """`cannot write PATH: No space left on device (ENOSPC)`: the file or folder refused (or
+    `where` if the error names none) and the cause."""
+    return f'cannot write {error.filename or where}: {rundir.os_cause(error) or error}'
 
 
 def resolve_data(data, train_dir):

@@ -27,6 +27,7 @@ A run directory (`train.train_dir`) holds:
 from __future__ import annotations
 
 import datetime
+import errno
 import logging
 import os
 import re
@@ -174,10 +175,18 @@ def read_text(path: str) -> str | None:
 
 
 def write_atomically(path: str, text: str) -> None:
-    """Write a file of the run so that a reader sees the old text or the new, never half of it."""
-    with open(path + '.tmp', 'w') as f:
-        f.write(text)
-    os.replace(path + '.tmp', path)
+    """Write a file of the run so that a reader sees the old text or the new, never half of it.
+    A write the disk refuses raises its OSError and leaves no `.tmp` file behind."""
+    try:
+        with open(path + '.tmp', 'w') as f:
+            f.write(text)
+        os.replace(path + '.tmp', path)
+    except BaseException:
+        try:
+            os.unlink(path + '.tmp')
+        except OSError:
+            pass
+        raise
 
 
 # -- lines a task writes and the launcher reads ---------------------------------------------
@@ -265,6 +274,27 @@ def last_error_line(lines: list[str]) -> str | None:
         if _PY_ERROR.match(text):
             return text
     return None
+
+
+# The refusals of the disk and the OS that only the machine's owner can mend, as their messages
+# spell them: TensorFlow keeps strerror's words in its errors, without the number.
+OS_CAUSES = {errno.ENOSPC: 'No space left on device', errno.EDQUOT: 'Disk quota exceeded',
+             errno.EACCES: 'Permission denied', errno.EROFS: 'Read-only file system'}
+
+
+def os_cause(error: BaseException | str) -> str | None:
+    """`No space left on device (ENOSPC)`: the cause of an OSError (any errno), or the first of
+    OS_CAUSES that an error's text names anywhere (a TensorFlow error names it lines deep, after
+    `Graph execution error:`); None if it names none. Never a path, time or pid: the same refusal
+    reads the same every time."""
+    if isinstance(error, OSError) and error.errno:
+        return f'{os.strerror(error.errno)} ({errno.errorcode.get(error.errno, error.errno)})'
+    text = str(error)
+    found = [(text.find(words), number) for number, words in OS_CAUSES.items() if words in text]
+    if not found:
+        return None
+    number = min(found)[1]
+    return f'{OS_CAUSES[number]} ({errno.errorcode[number]})'
 
 
 def checkpoint_step(checkpoint_index_text: str | None) -> int | None:

@@ -13,6 +13,8 @@ import glob
 import json
 import logging
 import os
+import re
+import shutil
 import signal
 import threading
 import time
@@ -53,6 +55,7 @@ def start_session(target: str, is_chief: bool, train_dir: str, saver, local_init
         recovery_wait_secs=READY_POLL_SECS)
     stopper = GracefulStop() if is_chief else None
     if is_chief:
+        remove_save_leftovers(train_dir)     # of a save that died with its chief or outlived it on a ps
         checkpoint = restorable_checkpoint(train_dir)
         sess = manager.prepare_session(target, init_op=v1.global_variables_initializer(), saver=saver,
                                        checkpoint_filename_with_path=checkpoint, config=config)
@@ -89,13 +92,102 @@ def restorable_checkpoint(train_dir: str) -> str | None:
                           'start from step 0, or restore the files')
 
 
-# -- save -------------------------------------------------------------------------------------
+# -- save ----------------------------------------------------------------------------------
+class SaveError(tf.errors.OpError):
+    """A checkpoint the disk or the OS refused (full, read-only, not permitted): one line naming
+    the cause, the checkpoint and the directory, in that order (the launcher's closing line keeps
+    as much of a task's error as fits: the cause must come first, a long path last), the same at
+    every try (no time, pid or temporary file name), so that a run failing this way again and
+    again is seen to repeat itself.
+
+    An OpError, so whatever reports a task's TensorFlow errors in one line (cluster/task.py, a
+    user's program) reports this one: `worker:0: SaveError: No space left on device (ENOSPC): cannot ...`."""
+
+    def __init__(self, message: str, error_code: int = tf.errors.UNKNOWN):
+        super().__init__(None, None, message, error_code)
+
+
 def save_checkpoint(saver, sess, train_dir: str, step: int) -> int:
     """Save the variables as of `step`, and say so in the chief's log: the launcher's event log
-    records every checkpoint from that line."""
-    saver.save(sess, rundir.checkpoint_prefix(train_dir), global_step=step)
+    records every checkpoint from that line.
+
+    A save that fails leaves nothing behind (remove_save_leftovers) and never touches an earlier
+    checkpoint. Refused by the disk or the OS, it raises SaveError naming the cause that
+    TensorFlow's own error (`ResourceExhaustedError: Graph execution error:`, and the cause forty
+    lines further down) hides; any other failure (a lost ps) is raised as it came."""
+    prefix = rundir.checkpoint_prefix(train_dir)
+    name = f'{rundir.CHECKPOINT_PREFIX}-{step}'
+    before = set(_listdir(train_dir))
+    try:
+        saver.save(sess, prefix, global_step=step)
+    except (tf.errors.OpError, OSError) as e:
+        remove_save_leftovers(train_dir, name, before)
+        cause = rundir.os_cause(e)
+        if cause is None:
+            raise
+        raise SaveError(f'{cause}: cannot save checkpoint {name} in {train_dir}',
+                        getattr(e, 'error_code', tf.errors.UNKNOWN)) from e
     log.info('%s', rundir.checkpoint_line(step))
     return step
+
+
+_TEMP, _INDEX_TEMP = '_temp', rundir.CHECKPOINT_INDEX + '.tmp'
+
+
+def remove_save_leftovers(train_dir: str, name: str | None = None, before: set[str] = frozenset()) -> list[str]:
+    """Remove what a failed save of checkpoint `name` (`model.ckpt-300`) left in train_dir, and
+    return the paths removed: the ps tasks' `<name>_temp/` folders of a sharded save (the ps on
+    this machine only: a ps elsewhere writes to its own disk), a half-written `checkpoint.tmp<hex>`
+    (TensorFlow writes the index beside it, then renames), and the checkpoint's own files unless
+    the index names it (merged, but never recorded). A checkpoint the index names has all its data:
+    only a `.meta` this save added (written last, so cut short) goes. Nothing that was there
+    before the save (`before`: the names in train_dir then), nor the `checkpoint` index, nor any
+    other step's files. With no `name`: every save's `_temp` and `checkpoint.tmp` leftovers (the
+    chief at start-up, when no save can be under way)."""
+    recorded = name is not None and name in _indexed_names(train_dir)
+    removed = []
+    for entry in _listdir(train_dir):
+        if entry in before:
+            continue
+        if name is None:
+            ours = (entry.startswith(rundir.CHECKPOINT_PREFIX + '-') and (_TEMP in entry or '.tempstate' in entry)
+                    or entry.startswith(_INDEX_TEMP))
+        elif entry.startswith(name + _TEMP) or entry.startswith(_INDEX_TEMP):
+            ours = True
+        else:
+            ours = entry.startswith(name + '.') and (not recorded or entry == name + '.meta')
+        if ours and _remove(os.path.join(train_dir, entry)):
+            removed.append(os.path.join(train_dir, entry))
+    if removed:
+        log.info('removed what the unfinished checkpoint save left: %s', ', '.join(sorted(removed)))
+    return removed
+
+
+def _listdir(directory: str) -> list[str]:
+    try:
+        return os.listdir(directory)
+    except OSError:
+        return []
+
+
+def _indexed_names(train_dir: str) -> set[str]:
+    """The checkpoint names (`model.ckpt-300`) TensorFlow's `checkpoint` index records."""
+    text = rundir.read_text(rundir.checkpoint_index_path(train_dir)) or ''
+    return {os.path.basename(p) for p in re.findall(r'^\s*\w*model_checkpoint_paths?:\s*"(.*)"\s*$', text, re.M)}
+
+
+def _remove(path: str) -> bool:
+    try:
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        else:
+            os.unlink(path)
+        return True
+    except FileNotFoundError:
+        return False
+    except OSError as e:
+        log.warning('cannot remove %s: %s', path, rundir.os_cause(e))
+        return False
 
 
 def save_due(train, step: int, last_saved_step: int, since_save: float) -> bool:

@@ -28,6 +28,7 @@ traceback.
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -49,16 +50,52 @@ class EventLog:
     def __init__(self, path: str, run: str, attempt: int):
         self.path, self.run, self.attempt = path, run, attempt
         self._lock = threading.Lock()
+        self._lost = 0      # events the disk refused since the last one written
 
     def emit(self, event: str, **fields) -> dict:
+        """Append one event. The log is a record of the run, not the run: a disk that refuses it
+        (full, read-only) costs one warning naming the file and the cause, and one more saying
+        how many events were lost once it takes them again; never a crash, never half a line."""
         assert event in EVENTS, event
         record = {'time': rundir.iso_time(time.time()), 'run': self.run, 'attempt': self.attempt, 'event': event, **fields}
         line = json.dumps(record, default=str) + '\n'
         with self._lock:
-            os.makedirs(os.path.dirname(self.path) or '.', exist_ok=True)
-            with open(self.path, 'a', encoding='utf-8') as f:      # one write of one line: appends stay whole
-                f.write(line)
+            try:
+                os.makedirs(os.path.dirname(self.path) or '.', exist_ok=True)
+                _append_whole(self.path, line.encode('utf-8'))
+            except OSError as e:
+                if not self._lost:
+                    log.warning('cannot write %s: %s; the events of the run are lost until it can',
+                                self.path, rundir.os_cause(e))
+                self._lost += 1
+                return record
+            if self._lost:
+                log.warning('%s: written again; %d event(s) were lost', self.path, self._lost)
+                self._lost = 0
         return record
+
+
+def _append_whole(path: str, data: bytes) -> None:
+    """Append `data` in one write; if the disk takes only part of it, cut the file back, so that
+    the log never holds half a line (the next event would be glued to it)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        start = os.fstat(fd).st_size
+        try:
+            view = memoryview(data)
+            while view:         # a short write is the disk filling up: the next one says why
+                written = os.write(fd, view)
+                if not written:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+                view = view[written:]
+        except OSError:
+            try:
+                os.ftruncate(fd, start)
+            except OSError:
+                pass
+            raise
+    finally:
+        os.close(fd)
 
 
 def read_events(path: str) -> list[dict]:

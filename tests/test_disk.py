@@ -1,0 +1,343 @@
+"""A disk that refuses the run's files, on real small file systems: a tmpfs a few MB large (full:
+ENOSPC), remounted read-only (EROFS), and a folder this process may not write (EACCES). Every
+refusal reaches the user as one line with its path and its cause; nothing half-written stays;
+the newest complete checkpoint still restores.
+
+The file systems are mounted with mount(2) itself (no process is started, so the in-process tests
+stay in the fast tier); that needs root, else the tests skip, saying so."""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import glob
+import json
+import logging
+import os
+import re
+
+import numpy as np
+import pytest
+
+from cluster import data, rundir
+from tests.conftest import launch, write_spec
+
+MS_RDONLY, MS_REMOUNT, MNT_DETACH = 1, 32, 2
+NOBODY = 65534
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+@pytest.fixture(scope='module')
+def tf():
+    """TensorFlow's import runs `uname -p` once: imported before a fast test's watch begins."""
+    import tensorflow
+    tensorflow.compat.v1.disable_eager_execution()
+    return tensorflow
+
+
+def _mount(target: str, options: str | None, flags: int = 0) -> None:
+    if _libc.mount(b'tmpfs', target.encode(), b'tmpfs', flags, options and options.encode()) != 0:
+        number = ctypes.get_errno()
+        raise OSError(number, os.strerror(number), target)
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """small_fs(size) -> the path of a new tmpfs of that size (e.g. '2m'), unmounted at the end;
+    small_fs.read_only(path) remounts it read-only."""
+    mounted = []
+
+    def make(size: str, name: str = 'fs') -> str:
+        target = tmp_path / name
+        target.mkdir()
+        if os.geteuid() != 0:
+            pytest.skip('mounting a small tmpfs needs root')
+        try:
+            _mount(str(target), f'size={size}')
+        except OSError as e:
+            pytest.skip(f'cannot mount a tmpfs here: {e.strerror}')
+        mounted.append(str(target))
+        return str(target)
+
+    def read_only(target: str) -> None:
+        _mount(target, None, MS_REMOUNT | MS_RDONLY)
+
+    make.read_only = read_only
+    yield make
+    for target in reversed(mounted):
+        if _libc.umount2(target.encode(), 0) != 0:
+            _libc.umount2(target.encode(), MNT_DETACH)     # busy (an open file): gone once it closes
+
+
+@contextlib.contextmanager
+def as_nobody():
+    """This process (every thread: glibc's seteuid) acts as user nobody, whom root's folders refuse."""
+    os.seteuid(NOBODY)
+    try:
+        yield
+    finally:
+        os.seteuid(0)
+
+
+def fill(directory: str) -> None:
+    """Take every free block of the file system that holds `directory`."""
+    with contextlib.suppress(OSError), open(os.path.join(directory, 'ballast'), 'wb', buffering=0) as f:
+        while True:
+            f.write(b'\0' * 4096)
+
+
+# -- the cause, from an OSError or from TensorFlow's text ----------------------------------------
+def test_os_cause_names_strerror_and_the_errno_name():
+    assert rundir.os_cause(OSError(errno.ENOSPC, 'x', '/a')) == 'No space left on device (ENOSPC)'
+    assert rundir.os_cause(PermissionError(errno.EACCES, 'x')) == 'Permission denied (EACCES)'
+    tf_text = ('Graph execution error:\n\nDetected at node save/SaveV2\n/run/model.ckpt-2_temp/part-00000'
+               '.tempstate1146; Read-only file system\n\t [[{{node save/SaveV2}}]]\nPermission denied')
+    assert rundir.os_cause(tf_text) == 'Read-only file system (EROFS)'     # the first named
+    assert rundir.os_cause(RuntimeError('Graph execution error:\nUnavailable: ps:0 is gone')) is None
+
+
+# -- checkpoints --------------------------------------------------------------------------------
+def _model(tf, floats: int):
+    v1 = tf.compat.v1
+    graph = tf.Graph()
+    with graph.as_default():
+        v1.get_variable('weights', [floats], initializer=v1.ones_initializer())
+        v1.train.get_or_create_global_step()
+        saver = v1.train.Saver(max_to_keep=5, sharded=True)      # as the trainer's: <ckpt>_temp/ folders
+        init = v1.global_variables_initializer()
+    sess = v1.Session(graph=graph)
+    sess.run(init)
+    return sess, saver
+
+
+def _restores(train_dir: str, step: int) -> None:
+    from cluster import session
+    prefix = session.restorable_checkpoint(train_dir)
+    assert prefix == os.path.join(train_dir, f'model.ckpt-{step}')
+    import tensorflow as tf
+    assert np.all(tf.train.load_variable(prefix, 'weights') == 1)
+
+
+def test_a_full_disk_is_named_at_the_save_and_leaves_no_temp(tf, small_fs):
+    from cluster import session
+    train_dir = small_fs('600k')
+    sess, saver = _model(tf, 100_000)       # 400 kB a checkpoint: one fits, a second does not
+    with sess:
+        session.save_checkpoint(saver, sess, train_dir, 1)
+        complete = sorted(os.listdir(train_dir))
+        errors = []
+        for _ in range(2):                  # the same save again (a restart): the same line
+            with pytest.raises(session.SaveError) as caught:
+                session.save_checkpoint(saver, sess, train_dir, 2)
+            errors.append(caught.value.message)
+    assert errors == [f'No space left on device (ENOSPC): cannot save checkpoint model.ckpt-2 in {train_dir}'] * 2
+    assert '\n' not in errors[0]
+    assert sorted(os.listdir(train_dir)) == complete        # no model.ckpt-2_temp, nothing of step 2
+    assert not glob.glob(os.path.join(train_dir, '*_temp*'))
+    _restores(train_dir, 1)
+
+
+def test_a_read_only_train_dir_is_named_at_the_save(tf, small_fs):
+    from cluster import session
+    train_dir = small_fs('2m')
+    sess, saver = _model(tf, 1000)
+    with sess:
+        session.save_checkpoint(saver, sess, train_dir, 1)
+        small_fs.read_only(train_dir)
+        with pytest.raises(session.SaveError, match=re.escape(
+                f'Read-only file system (EROFS): cannot save checkpoint model.ckpt-2 in {train_dir}')):
+            session.save_checkpoint(saver, sess, train_dir, 2)
+    _restores(train_dir, 1)
+
+
+def test_a_train_dir_the_task_may_not_write_is_named_at_the_save(tf, small_fs):
+    from cluster import session
+    if os.geteuid() != 0:
+        pytest.skip('EACCES is shown as root acting as user nobody (root itself passes every permission)')
+    train_dir = small_fs('2m')
+    sess, saver = _model(tf, 1000)
+    with sess:
+        session.save_checkpoint(saver, sess, train_dir, 1)
+        os.chmod(train_dir, 0o755)
+        with as_nobody(), pytest.raises(session.SaveError, match=re.escape(
+                f'Permission denied (EACCES): cannot save checkpoint model.ckpt-2 in {train_dir}')):
+            session.save_checkpoint(saver, sess, train_dir, 2)
+    _restores(train_dir, 1)
+
+
+def test_leftovers_of_a_failed_save_go_and_nothing_else(tmp_path):
+    from cluster import session
+    d = str(tmp_path)
+    index = 'model_checkpoint_path: "model.ckpt-5"\nall_model_checkpoint_paths: "model.ckpt-5"\n'
+    (tmp_path / 'checkpoint').write_text(index)
+    old = ['model.ckpt-5.index', 'model.ckpt-5.data-00000-of-00001', 'model.ckpt-5.meta', 'model.ckpt-9_temp']
+    for name in old:
+        (tmp_path / name).write_text('old')
+    before = set(os.listdir(d))
+    (tmp_path / 'model.ckpt-10_temp').mkdir()
+    (tmp_path / 'model.ckpt-10_temp' / 'part-00000-of-00002.data-00000-of-00001').write_text('half')
+    (tmp_path / 'model.ckpt-10.index').write_text('merged, never recorded')
+    (tmp_path / 'checkpoint.tmp0123abcd').write_text('model_checkpoint_path: "model.ck')
+    (tmp_path / 'model.ckpt-100_temp').mkdir()          # another step's: not this save's
+    removed = session.remove_save_leftovers(d, 'model.ckpt-10', before)
+    assert sorted(os.path.basename(p) for p in removed) == ['checkpoint.tmp0123abcd', 'model.ckpt-10.index',
+                                                          'model.ckpt-10_temp']
+    assert sorted(os.listdir(d)) == sorted(old + ['checkpoint', 'model.ckpt-100_temp'])
+    assert (tmp_path / 'checkpoint').read_text() == index
+
+    # Recorded in the index before the save failed (writing its .meta): its data stays, the cut .meta goes.
+    before = set(os.listdir(d))
+    (tmp_path / 'checkpoint').write_text(index.replace('ckpt-5', 'ckpt-11'))
+    for name in ('model.ckpt-11.index', 'model.ckpt-11.data-00000-of-00001', 'model.ckpt-11.meta'):
+        (tmp_path / name).write_text('new')
+    assert [os.path.basename(p) for p in session.remove_save_leftovers(d, 'model.ckpt-11', before)] == \
+        ['model.ckpt-11.meta']
+    assert os.path.exists(tmp_path / 'model.ckpt-11.index')
+
+    # A chief starting: any save's leftovers go (no save is under way), the checkpoints stay.
+    removed = session.remove_save_leftovers(d)
+    assert sorted(os.path.basename(p) for p in removed) == ['model.ckpt-100_temp', 'model.ckpt-9_temp']
+    assert os.path.exists(tmp_path / 'model.ckpt-5.meta') and os.path.exists(tmp_path / 'model.ckpt-11.index')
+
+
+# -- synthetic data -----------------------------------------------------------------------------
+def _spec(tmp_path, train_dir: str):
+    from cluster.spec import load_spec
+    return load_spec(write_spec(tmp_path, train_dir=train_dir))
+
+
+def test_synthetic_data_on_a_too_small_disk_names_the_file_and_leaves_no_temp(small_fs, tmp_path):
+    train_dir = small_fs('4m')        # the set is 6 files of 3 MB
+    spec = _spec(tmp_path, train_dir)
+    with pytest.raises(ValueError) as caught:
+        data.resolve_spec_data(spec)
+    message = str(caught.value)
+    found = re.search(r'train\.train_dir: cannot write (\S+): No space left on device \(ENOSPC\)$', message)
+    assert found, message
+    assert os.path.dirname(found.group(1)) == os.path.join(train_dir, data.SYNTHETIC_SUBDIR)
+    assert os.path.basename(found.group(1)) in data.TRAIN_FILES
+    assert not [n for n in os.listdir(os.path.join(train_dir, data.SYNTHETIC_SUBDIR)) if n.endswith('.tmp')]
+
+
+def test_synthetic_data_on_a_read_only_disk_names_the_folder(small_fs, tmp_path):
+    train_dir = small_fs('1m')
+    small_fs.read_only(train_dir)
+    expected = f'train.train_dir: cannot write {train_dir}/{data.SYNTHETIC_SUBDIR}: Read-only file system (EROFS)'
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        data.resolve_spec_data(_spec(tmp_path, train_dir))
+
+
+# -- summaries ----------------------------------------------------------------------------------
+def test_summaries_on_a_full_disk_are_one_warning_and_training_goes_on(tf, small_fs, caplog):
+    from cluster import summaries
+    logdir = small_fs('128k')
+    writer = summaries.writer(logdir)
+    with caplog.at_level(logging.WARNING, logger='cluster.summaries'):
+        for step in range(12):
+            writer.add_summary(summaries.text('restarts', 'x' * 30000), step)
+            writer.flush()
+        writer.close()
+    warnings = [r.getMessage() for r in caplog.records]
+    assert warnings == [f'TensorBoard summaries in {logdir} are off: No space left on device (ENOSPC); '
+                        'training goes on without them'], warnings
+
+
+def test_summaries_on_a_read_only_disk_are_one_warning(tf, small_fs, caplog):
+    from cluster import summaries
+    train_dir = small_fs('1m')
+    os.mkdir(os.path.join(train_dir, 'eval'))
+    small_fs.read_only(train_dir)
+    with caplog.at_level(logging.WARNING, logger='cluster.summaries'):
+        summaries.write_precision(train_dir, 0.5, 300)      # the folder exists, its file cannot be made
+        w = summaries.writer(rundir.worker_summary_dir(train_dir, 1))     # the folder cannot be made
+        w.add_summary(summaries.scalar(summaries.WORKER_STEPS, 3), 3)
+        w.close()
+    assert [r.getMessage() for r in caplog.records] == [
+        f'TensorBoard summaries in {path} are off: Read-only file system (EROFS); training goes on without them'
+        for path in (rundir.eval_summary_dir(train_dir), rundir.worker_summary_dir(train_dir, 1))]
+
+
+# -- the launcher's files -----------------------------------------------------------------------
+def test_the_event_log_on_a_full_disk_warns_once_and_keeps_whole_lines(small_fs, caplog):
+    from launch.events import EventLog, read_events
+    train_dir = small_fs('64k')
+    events = EventLog(rundir.events_path(train_dir), 'run-1', 1)
+    events.emit('progress', step=1, total=9, loss=2.0, images_per_sec=None)
+    fill(train_dir)
+    with caplog.at_level(logging.WARNING, logger='launch.events'):
+        for step in range(2, 40):
+            events.emit('progress', step=step, total=9, loss=2.0, images_per_sec=None, pad='x' * 300)
+        os.remove(os.path.join(train_dir, 'ballast'))
+        events.emit('finished', result={})
+    lines = open(rundir.events_path(train_dir)).read().splitlines()
+    assert all(json.loads(line) for line in lines)          # whole lines only, none glued to the next
+    written = read_events(rundir.events_path(train_dir))
+    assert written[0]['step'] == 1 and written[-1]['event'] == 'finished'
+    lost = 38 - (len(written) - 2)
+    assert [r.getMessage() for r in caplog.records] == [
+        f'cannot write {events.path}: No space left on device (ENOSPC); the events of the run are lost until it can',
+        f'{events.path}: written again; {lost} event(s) were lost']
+
+
+def test_a_file_of_the_run_the_disk_refuses_leaves_the_old_one_and_no_tmp(small_fs):
+    train_dir = small_fs('64k')
+    path = rundir.run_path(train_dir)
+    rundir.write_atomically(path, '{"state": "done"}\n')
+    fill(train_dir)
+    with pytest.raises(OSError) as caught:
+        rundir.write_atomically(path, 'x' * 200_000)
+    assert caught.value.errno == errno.ENOSPC
+    assert sorted(os.listdir(train_dir)) == ['ballast', 'run.json']
+    assert open(path).read() == '{"state": "done"}\n'
+
+
+# -- a real cluster whose train_dir fills up ----------------------------------------------------
+@pytest.mark.slow
+def test_a_full_disk_at_a_checkpoint_ends_the_run_naming_it(small_fs, tmp_path):
+    """A train_dir on a 12 MB tmpfs: the checkpoint at step 5 (8.8 MB: two shards, ps and chief)
+    fits, the one at step 10 does not. The chief's line names the cause, the checkpoint and the
+    path; the launcher's closing line and event log carry it; no `_temp` folder is left; the
+    earlier checkpoint still restores; the second identical failure ends the run with two
+    restarts unspent."""
+    data_dir = str(tmp_path / 'data')
+    data.write_synthetic(data_dir, records_per_file=100, test_records=100)     # the data elsewhere
+    train_dir = small_fs('12m')
+    spec = write_spec(tmp_path, steps=40, checkpoint_steps=5, checkpoint_secs=600, data=data_dir,
+                      train_dir=train_dir, supervise={'restart': 'on-failure', 'max_restarts': 3})
+    result = launch('up', spec, timeout=400)
+    out = result.stdout + result.stderr
+    assert result.returncode != 0, out
+    # The chief's own line, shown whole (the second save: at step 10, or the step after if it missed it).
+    refused = re.search(rf'E worker:0: SaveError: No space left on device \(ENOSPC\): cannot save checkpoint '
+                        rf'model\.ckpt-(\d+) in {re.escape(train_dir)}$', out, re.M)
+    assert refused, out
+    error = [line for line in out.splitlines() if line.startswith('[launch]') and 'error:' in line]
+    # The closing line may shorten the task's error (the whole is in its log): the cause comes first.
+    assert error and 'its last error: SaveError: No space left on device (ENOSPC)' in error[-1], out
+    # The same failure after a restart, with no newer checkpoint: the run ends, restarts unspent.
+    assert 'restart 1/3' in out and 'restart 2/3' not in out, out
+    assert 'the same failure as before the last restart' in error[-1], error[-1]
+    assert 'Traceback' not in out
+    assert not glob.glob(os.path.join(train_dir, '*_temp*')), os.listdir(train_dir)
+    lost = [e for e in _events(train_dir) if e['event'] == 'task_lost']
+    assert lost and refused.group(0)[len('E worker:0: '):] in lost[0]['error'], lost
+    saved = rundir.checkpoint_step(rundir.read_text(rundir.checkpoint_index_path(train_dir)))
+    assert saved is not None and saved < int(refused.group(1)), out
+    from tests.test_local import checkpoint_step
+    assert checkpoint_step(train_dir) == saved          # the newest complete checkpoint, read back by TensorFlow
+
+
+def _events(train_dir: str) -> list[dict]:
+    from launch.events import read_events
+    return read_events(rundir.events_path(train_dir))
+
+
+@pytest.mark.slow
+def test_synthetic_data_that_does_not_fit_stops_the_launch_with_one_line(small_fs, tmp_path):
+    train_dir = small_fs('4m')
+    result = launch('up', write_spec(tmp_path, train_dir=train_dir), timeout=120)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert re.search(rf'train\.train_dir: cannot write {re.escape(train_dir)}/{data.SYNTHETIC_SUBDIR}/\S+\.bin: '
+                     r'No space left on device \(ENOSPC\)', result.stderr), result.stdout + result.stderr
+    assert 'Traceback' not in result.stdout + result.stderr
+    assert not glob.glob(os.path.join(train_dir, data.SYNTHETIC_SUBDIR, '.*.tmp'))
