@@ -99,7 +99,7 @@ def cmd_up(spec: ClusterSpec, req: Request) -> int:
                      overrides=args.overrides)
     with backends_for(spec, req, plans) as backends:
         def checks():
-            preflight(spec, plans, backends)
+            preflight(spec, plans, backends, say=console.say)
             prepare_data(spec, plans)
         run = SupervisedRun(spec, spec_yaml, plans, backends, start_timeout=args.start_timeout,
                             finish_timeout=args.finish_timeout, checks=checks,
@@ -138,7 +138,9 @@ def cmd_status(spec: ClusterSpec, req: Request) -> int:
         restarts = f', {state.restarts} restart(s)' if state.restarts else ''
         print(f'launcher pid {state.launcher_pid}, started {time.ctime(state.started)}{restarts}')
     else:
-        print(f'launcher pid {state.launcher_pid} is gone; `launch down {spec.path}` stops what is left')
+        cleaned = _clean_up_after(spec, req, plans, state, tasks)
+        print(f'launcher pid {state.launcher_pid} is gone; '
+              + (cleaned or f'`launch down {spec.path}` stops what is left'))
     if state is not None:
         p = state.progress
         if p:
@@ -151,6 +153,24 @@ def cmd_status(spec: ClusterSpec, req: Request) -> int:
         print(f'{t["task"]:<10} {t["address"]:<22} {t["backend"]:<7} {t["pid"] or "-":>7}  '
               f'{shown:<5}  {"yes" if t["listening"] else "no":<9}  {t["note"]}'.rstrip())
     return code
+
+
+def _clean_up_after(spec: ClusterSpec, req: Request, plans: list[TaskPlan], state: LaunchState,
+                    tasks: list[dict]) -> str:
+    """A dead launcher whose tasks have all ended (by their lease) may have left resources behind
+    (a compose project's exited containers and network): remove them, idempotently. Returns what
+    was done, in words, or ''."""
+    if any(t['alive'] is not False for t in tasks):
+        return ''
+    kinds = {r.backend for r in state.tasks if registry.kind(r.backend).leaves_resources}
+    if not kinds:
+        return ''
+    with backends_for(spec, req, plans, state) as backends:
+        try:
+            stop_all([r for r in state.tasks if r.backend in kinds], backends)
+        except BackendError as e:
+            return f'could not remove what it left ({e}); `launch down {spec.path}` tries again'
+    return f'its tasks have ended, and what they left on {", ".join(sorted(kinds))} is removed'
 
 
 def _task_status(spec: ClusterSpec, req: Request, plans: list[TaskPlan], state: LaunchState | None) -> list[dict]:

@@ -45,6 +45,16 @@ _NOISE = re.compile(
     r'|^E\d{4} .*(failed call to cuInit|oneDNN supports DT_UINT8 only)')
 
 
+# Every line a TensorFlow server logs through absl or its C++ logging (INFO to FATAL): start-up
+# chatter that explains nothing about why a task ended.
+_CHATTER = re.compile(r'^[IWEF]\d{4} [\d:.]+ +\d+ \S+\] |^\d{4}-\d\d-\d\d [\d:.]+: [IWEF] \S+\] '
+                      r'|^WARNING: All log messages before absl::InitializeLog')
+
+
+def is_chatter(line: str) -> bool:
+    return bool(_CHATTER.match(line.strip()))
+
+
 class Console:
     """Serialises output lines from many threads, each with its source as a prefix."""
 

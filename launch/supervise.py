@@ -16,12 +16,19 @@ The rules, in order:
     stall: restart or give up likewise.
   - once every worker is done (finished, or lost and tolerated), the run is finished; ps tasks
     left running then are only waiting for reports that will never come.
+  - a restart waits first: `backoff_secs`, doubling with each restart in a row up to
+    `backoff_max_secs`; a run that went HEALTHY_SECS without a fault starts again at 1x.
+  - a fault that repeats the one before the last restart (the same task, the same error of its
+    own, no newer checkpoint in between) ends the run: another restart would fail the same way.
+    A fault with no error of its own (a kill, a lost host) comes from outside and never repeats.
+  - a task lost while a restart starts the cluster again is one more fault, under the same rules.
   - a user's `train.command` is a black box: losing any of its tasks is fatal, and its ps tasks are
     stopped once every worker has exited 0 (they `server.join()` for ever).
 """
 from __future__ import annotations
 
 import enum
+import re
 import signal
 from dataclasses import dataclass
 
@@ -73,6 +80,7 @@ class Decision:
     tasks: tuple[str, ...] = ()      # the tasks the decision is about (lost, or stuck)
     reason: str = ''                 # why, in words, for the one line the user sees
     stalled: bool = False
+    note: str = ''                   # why a restart was not tried (after the task's error, in that line)
 
 
 @dataclass(frozen=True)
@@ -88,6 +96,8 @@ class Policy:
     # A user's `train.command`: nothing is known of how it copes with a lost worker (so every loss
     # counts), and its ps tasks serve until stopped (`server.join()`), not until told "done".
     user_command: bool = False
+    backoff_secs: float = 1.0
+    backoff_max_secs: float = 30.0
 
     @classmethod
     def of(cls, spec: ClusterSpec, unreachable_secs: float = 30.0) -> 'Policy':
@@ -95,7 +105,8 @@ class Policy:
         return cls(sync=spec.train.sync, num_workers=spec.num_workers,
                    replicas_to_aggregate=spec.replicas_to_aggregate, restart=s.restart,
                    max_restarts=s.max_restarts, stall_secs=s.stall_secs, unreachable_secs=unreachable_secs,
-                   user_command=spec.train.command is not None)
+                   user_command=spec.train.command is not None, backoff_secs=s.backoff_secs,
+                   backoff_max_secs=s.backoff_max_secs)
 
 
 def is_lost(t: TaskStatus, policy: Policy) -> bool:
@@ -170,3 +181,60 @@ def decide(policy: Policy, tasks: list[TaskStatus], tolerated: frozenset[str] | 
         reason = f'no new global step for {progress.quiet_secs:.0f}s (stuck at {progress.step}/{progress.total})'
         return Decision(Action.RESTART if can_restart else Action.GIVE_UP, stuck, reason, stalled=True)
     return Decision(Action.CONTINUE)
+
+
+# -- after the decision: how long to wait, and whether a restart can help -------------------------
+
+HEALTHY_SECS = 60.0     # this long without a fault, and the next restart waits backoff_secs again
+
+
+def backoff_delay(policy: Policy, streak: int) -> float:
+    """The wait before the `streak`-th restart in a row (1: the first since the run was healthy)."""
+    if streak < 1 or policy.backoff_secs <= 0:
+        return 0.0
+    return min(policy.backoff_max_secs, policy.backoff_secs * 2 ** min(streak - 1, 30))
+
+
+def next_streak(streak: int, since_last_fault: float | None) -> int:
+    """The restart streak after one more fault, `since_last_fault` seconds after the one before
+    (None: the first fault of the run)."""
+    if since_last_fault is None or since_last_fault >= HEALTHY_SECS:
+        return 1
+    return streak + 1
+
+
+@dataclass(frozen=True)
+class Fault:
+    """What identifies a fault for the repeat rule."""
+    task: str
+    error: str | None          # the task's own last error line (None: it had none)
+    checkpoint: int | None     # the newest checkpoint's step when it happened
+
+    @classmethod
+    def of(cls, task: str, error: str | None, checkpoint: int | None) -> 'Fault':
+        # An address or a number that changes from one try to the next (the step a save failed at,
+        # a pid) does not make it another error; the checkpoint says whether the run got further.
+        same = re.sub(r'\d+', 'N', re.sub(r'0x[0-9a-fA-F]+', '0x?', error)) if error else None
+        return cls(task, same, checkpoint)
+
+
+def repeats(previous: Fault | None, fault: Fault) -> bool:
+    """Whether `fault` is the fault before the last restart again: a restart would fail the same way."""
+    return previous is not None and fault.error is not None and previous == fault
+
+
+def escalate(decision: Decision, previous: Fault | None, fault: Fault) -> Decision:
+    """A restart decision about a fault that repeats the one before becomes giving up."""
+    if decision.action not in (Action.RESTART, Action.RESTART_TASKS) or not repeats(previous, fault):
+        return decision
+    return Decision(Action.GIVE_UP, decision.tasks, decision.reason, decision.stalled,
+                    note='the same failure as before the last restart, with no newer checkpoint: a restart '
+                         'cannot help')
+
+
+def during_recovery(policy: Policy, restarts: int, task: str, how: str, exit_code: int | None) -> Decision:
+    """A task lost while a restart started the cluster again: one more fault, restarting the
+    cluster again while restarts are left (a task that said no restart can help ends the run)."""
+    can_restart = (policy.restart == 'on-failure' and restarts < policy.max_restarts
+                   and exit_code != EXIT_NO_RESTART)
+    return Decision(Action.RESTART if can_restart else Action.GIVE_UP, (task,), how)

@@ -20,11 +20,12 @@ from typing import Callable, Mapping
 import grpc
 
 from cluster import rundir
-from cluster.rundir import EXIT_FAILED, EXIT_OK
+from cluster.rundir import EXIT_FAILED, EXIT_NO_RESTART, EXIT_OK
 from cluster.spec import ClusterSpec
 from launch import supervise
 from launch.backend import ENDED, UNKNOWN, Backend, BackendError, TaskRecord, stop_all, tail
-from launch.lifecycle import CHECKPOINT_GRACE_SECS, Failure, Lifecycle, Outcome, RunResult, Strategy, resume_hint
+from launch.lifecycle import (CHECKPOINT_GRACE_SECS, Failure, Lifecycle, Outcome, RunResult, Strategy, is_chatter,
+                              resume_hint)
 from launch.local import process_ident
 from launch.plan import TaskPlan, state_path
 from launch.state import LaunchState
@@ -36,6 +37,7 @@ LEASE_RENEW_SECS = 1.0          # how often the launcher renews its tasks' lease
 PROBE_SECS = 3.0                # a stall probe's deadline for each task's gRPC server
 UNREACHABLE_SECS = 30.0         # a host that cannot be asked for this long has lost its tasks
 SUPERVISE_SECS = 0.2            # how often the supervisor observes the tasks
+FINAL_LINE = 295                # characters the line a failed run ends with keeps to (its cause's detail: the log)
 
 
 class TaskFailed(Exception):
@@ -45,6 +47,12 @@ class TaskFailed(Exception):
         super().__init__(message)
         self.log_tail = list(log_tail)
         self.code = code            # the launcher's exit code
+        self.task: str | None = None          # a task that died on the way, and its exit code
+        self.exit_code: int | None = None
+
+
+def _short(text: str, n: int) -> str:
+    return text if len(text) <= n else text[:n - 1].rstrip() + '…'
 
 
 def wait_for_servers(records: list[TaskRecord], backends: Mapping[str, Backend], deadline: float,
@@ -67,8 +75,9 @@ def wait_for_servers(records: list[TaskRecord], backends: Mapping[str, Backend],
                 code = seen.exit_code if seen.state == ENDED else None
                 if code is not None and code != 0:
                     failed = TaskFailed(f'{record.name} {describe_exit(code)} during start-up',
-                                        _log_tail(record, backends))
+                                        _explaining_tail(record, backends))
                     failed.failures = [Failure(record.name, str(failed), record.host, record.pid or None)]
+                    failed.task, failed.exit_code = record.name, code
                     raise failed
                 if code == 0 or (backend.probe(record, 0.5, channel_ready=futures[name]) and reported(name)):
                     del pending[name]
@@ -86,6 +95,16 @@ def wait_for_servers(records: list[TaskRecord], backends: Mapping[str, Backend],
             future.cancel()
         for _, ch in pending.values():
             ch.close()
+
+
+def _explaining_tail(record: TaskRecord, backends: Mapping[str, Backend], n: int = 10) -> list[str]:
+    """A task's last log lines that may explain its end: its own error if it logged one, else
+    its last lines without TensorFlow's start-up chatter."""
+    lines = _log_tail(record, backends, 200)
+    error = rundir.last_error_line(lines)
+    if error:
+        return [error]
+    return [line for line in lines if not is_chatter(line)][-n:]
 
 
 def _log_tail(record: TaskRecord, backends: Mapping[str, Backend], n: int = 15) -> list[str]:
@@ -118,6 +137,12 @@ class SupervisedRun(Strategy):
         self._step: int | None = None                 # the newest global step seen in this start
         self._step_at = time.monotonic()
         self._state = LaunchState.new(spec.path, process_ident(os.getpid()) or '')
+        self._last_fault: supervise.Fault | None = None     # the fault before the last restart
+        self._last_fault_at: float | None = None
+        self._streak = 0                              # restarts in a row (backoff)
+        self._due: dict[str, float] = {}              # tasks to start again, and when (backoff)
+        self._warned_step: int | None = -1            # the step a stall warning was given at
+        self._state_error = False
 
     @property
     def say(self) -> Callable[[str], None]:
@@ -220,7 +245,13 @@ class SupervisedRun(Strategy):
                 self._state.progress = {'global_step': self._step, 'steps': self.spec.train.steps,
                                         'at': time.time() - (time.monotonic() - self._step_at)}
         self._state.restarts = self.restarts
-        self._state.save(state_path(self.spec))
+        try:
+            self._state.save(state_path(self.spec))
+            self._state_error = False
+        except OSError as e:        # a full disk, or a train_dir removed under the run (checked apart)
+            if not self._state_error:
+                self.say(f'warning: cannot write {state_path(self.spec)}: {e.strerror}')
+            self._state_error = True
 
     def _renew(self, name: str) -> None:
         plans = [p for p in self.plans if p.backend == name]
@@ -285,16 +316,19 @@ class SupervisedRun(Strategy):
         tail_deadline = None
         last_saved = 0.0
         while not self.interrupted.is_set():
+            self._check_run_dir()
+            self._start_due()
             statuses = self._observe()
-            decision = supervise.decide(self.policy, statuses, frozenset(self.tolerated), self.restarts,
-                                        self._progress())
+            decision = supervise.decide(self.policy, statuses, frozenset(self.tolerated | set(self._due)),
+                                        self.restarts, self._progress())
             if decision.action is Action.FINISH:
                 if decision.tasks:
                     self.say(f'every worker is done; stopping {", ".join(decision.tasks)}: {decision.reason}')
                     self._stop([r for r in self.records if r.name in decision.tasks])
                 return
-            if decision.action is not Action.CONTINUE and decision.action is not Action.FINISH:
-                self._record_faults(decision, statuses)
+            if decision.action is not Action.CONTINUE:
+                errors = self._record_faults(decision, statuses)
+                decision = self._escalate(decision, errors)
             if decision.action is Action.GIVE_UP:
                 raise self._give_up(decision)
             if decision.action is Action.TOLERATE:
@@ -305,20 +339,19 @@ class SupervisedRun(Strategy):
                 self.say(f'{decision.reason}; training goes on with {left} worker(s)')
             elif decision.action is Action.RESTART_TASKS:
                 self.restarts += 1
+                delay = self._backoff()
+                wait = f' in {delay:g}s (supervise.backoff_secs)' if delay else ''
                 self.say(f'restart {self.restarts}/{self.policy.max_restarts}: {decision.reason}; '
-                         f'starting {", ".join(decision.tasks)} again, it rejoins the training')
+                         f'starting {", ".join(decision.tasks)} again{wait}, it rejoins the training')
                 self.life.next_attempt(decision.reason, None, tasks=decision.tasks)
-                try:
-                    self._start([dataclasses.replace(p, restart=self.restarts) for p in self.plans
-                                 if p.name in decision.tasks])
-                except BackendError as e:
-                    self.tolerated.update(decision.tasks)
-                    self.say(f'could not start {", ".join(decision.tasks)} again ({e}); training goes on '
-                             'without it')
+                for name in decision.tasks:
+                    self._due[name] = time.monotonic() + delay
+                self._start_due()
             elif decision.action is Action.RESTART:
                 self._restart_cluster(decision)
                 tail_deadline = None
             else:
+                self._warn_quiet()
                 tail_deadline = self._check_tail(statuses, tail_deadline)
                 if tail_deadline == -1:
                     return
@@ -327,6 +360,57 @@ class SupervisedRun(Strategy):
                 self._save_state()
                 last_saved = time.monotonic()
             time.sleep(SUPERVISE_SECS)
+
+    def _check_run_dir(self) -> None:
+        """The run's own directory (its state, events, and for local tasks their logs and
+        checkpoints) removed under a running launcher: one line, and every task stopped."""
+        train_dir = self.spec.train.train_dir
+        if not os.path.isdir(train_dir):
+            raise TaskFailed(f'the run\'s directory {os.path.abspath(train_dir)} was removed while the run went on; '
+                             'stopping every task (nothing of the run can be kept there any more)')
+
+    def _start_due(self) -> None:
+        """Start the tasks whose backoff has passed (a worker that rejoins)."""
+        for name, due in sorted(self._due.items(), key=lambda item: item[1]):
+            if time.monotonic() < due or self.interrupted.is_set():
+                continue
+            del self._due[name]
+            try:
+                self._start([dataclasses.replace(p, restart=self.restarts) for p in self.plans if p.name == name])
+            except BackendError as e:
+                self.tolerated.add(name)
+                self.say(f'could not start {name} again ({e}); training goes on without it')
+
+    def _backoff(self) -> float:
+        """The wait before the restart just counted: it grows with each restart in a row."""
+        now = time.monotonic()
+        since = None if self._last_fault_at is None else now - self._last_fault_at
+        self._streak = supervise.next_streak(self._streak, since)
+        self._last_fault_at = now
+        return supervise.backoff_delay(self.policy, self._streak)
+
+    def _escalate(self, decision: Decision, errors: dict[str, str | None]) -> Decision:
+        """A restart that would repeat the last one's failure exactly is no restart: give up."""
+        if decision.action not in (Action.RESTART, Action.RESTART_TASKS) or not decision.tasks:
+            return decision
+        first = decision.tasks[0]
+        fault = supervise.Fault.of(first, None if decision.stalled else errors.get(first), self.life.checkpoint_step())
+        escalated = supervise.escalate(decision, self._last_fault, fault)
+        self._last_fault = fault
+        return escalated
+
+    def _warn_quiet(self) -> None:
+        """Half way to the stall limit with no new global step: say so once, and what the
+        training waits for, so a long silence is never a mystery."""
+        p = self._progress()
+        if p.step is None or p.step >= p.total or p.quiet_secs < self.policy.stall_secs / 2 \
+                or self._warned_step == p.step:
+            return
+        self._warned_step = p.step
+        names = tuple(r.name for r in self.records if self.backends[r.backend].status(r).alive)
+        text, _ = self._explain_stall(names)
+        self.say(f'warning: no new global step for {p.quiet_secs:.0f}s (at {p.step}/{p.total}); {text}; '
+                 f'a stall is declared at {self.policy.stall_secs:g}s (supervise.stall_secs)')
 
     def _check_tail(self, statuses: list[TaskStatus], deadline: float | None) -> float | None:
         """Once one side (all workers, or all ps tasks) has finished, the other gets --finish-timeout
@@ -346,9 +430,10 @@ class SupervisedRun(Strategy):
             return -1
         return deadline
 
-    def _explain_stall(self, decision: Decision) -> str:
-        """Name what each stuck task is doing: stopped, not answering, or answering (waiting)."""
-        running = [r for r in self.records if r.name in decision.tasks]
+    def _explain_stall(self, names: tuple[str, ...]) -> tuple[str, list[str]]:
+        """Name what each of these tasks is doing: stopped, not answering, or answering (waiting);
+        returns the words and the tasks that do not answer (or are stopped)."""
+        running = [r for r in self.records if r.name in names]
 
         def probe(r: TaskRecord) -> tuple[TaskRecord, bool, str | None]:
             backend = self.backends[r.backend]
@@ -364,49 +449,85 @@ class SupervisedRun(Strategy):
         if silent and waiting:
             parts.append(f'{", ".join(waiting)} answer{"s" if len(waiting) == 1 else ""} and '
                          f'wait{"s" if len(waiting) == 1 else ""} for {"it" if len(silent) == 1 else "them"}')
-        return '; '.join(parts)
+        return '; '.join(parts), [r.name for r, answers, how in found if not answers or how]
 
-    def _cause(self, decision: Decision) -> str:
-        return f'stall: {decision.reason}; {self._explain_stall(decision)}' if decision.stalled else decision.reason
+    def _cause(self, decision: Decision) -> tuple[str, bool]:
+        """The fault in words, and whether the chief can still save a checkpoint (it and every ps
+        answer): a checkpoint the frozen or lost ps cannot write is not waited for."""
+        if decision.stalled:
+            text, silent = self._explain_stall(decision.tasks)
+            return f'stall: {decision.reason}; {text}', not any(self._holds_variables(n) for n in silent)
+        return decision.reason, not any(self._holds_variables(n) for n in decision.tasks)
+
+    @staticmethod
+    def _holds_variables(name: str) -> bool:
+        """The ps tasks hold the variables, the chief writes the checkpoint: both for a save."""
+        return name.startswith('ps:') or name == 'worker:0'
 
     def _restart_cluster(self, decision: Decision) -> None:
         """Stop every task (the chief checkpoints first if it can), then start them all again: the
-        chief restores the newest checkpoint and training goes on to the requested step."""
-        self.restarts += 1
-        self.say(f'restart {self.restarts}/{self.policy.max_restarts}: {self._cause(decision)}; '
-                 'stopping every task')
-        self._teardown()
-        step = self.life.checkpoint_step()
-        self.say(f'restart {self.restarts}/{self.policy.max_restarts}: resuming from '
-                 + (f'the checkpoint at global step {step}' if step is not None else
-                    'step 0 (no checkpoint was written yet)'))
-        cause = f'restart {self.restarts}/{self.policy.max_restarts}: {decision.reason}'
-        ended = RunResult(state='failed', exit_code=EXIT_FAILED, restarts=self.restarts - 1,
-                          failures=list(self.failures), global_step=self._step)
-        self.life.next_attempt(cause, step, ended=ended)
-        self.failures = []
-        # The next attempt's logs are files of their own; the chief notes the restart in TensorBoard.
-        self.plans = [dataclasses.replace(p, attempt=self.life.attempt, env={**p.env, rundir.RESTART_ENV: cause})
-                      for p in self.plans]
-        self.tolerated.clear()
-        self._unknown_since.clear()
-        with self._progress_lock:
-            self._step, self._step_at = None, time.monotonic()
-        self._state.progress = None
-        t0 = time.monotonic()
-        self._start([dataclasses.replace(p, restart=self.restarts) for p in self.plans])
-        self._wait_ready(t0)
+        chief restores the newest checkpoint and training goes on to the requested step. A task
+        lost while they start again is one more fault, under the same policy."""
+        while True:
+            self.restarts += 1
+            cause, can_save = self._cause(decision)
+            self.say(f'restart {self.restarts}/{self.policy.max_restarts}: {cause}; stopping every task'
+                     + ('' if can_save else ' (no checkpoint can be saved without the lost task)'))
+            self._teardown(checkpoint=can_save)
+            step = self.life.checkpoint_step()
+            delay = self._backoff()
+            self.say(f'restart {self.restarts}/{self.policy.max_restarts}: resuming from '
+                     + (f'the checkpoint at global step {step}' if step is not None else
+                        'step 0 (no checkpoint was written yet)')
+                     + (f' in {delay:g}s (supervise.backoff_secs, doubling with each restart in a row)' if delay else ''))
+            reason = f'restart {self.restarts}/{self.policy.max_restarts}: {decision.reason}'
+            ended = RunResult(state='failed', exit_code=EXIT_FAILED, restarts=self.restarts - 1,
+                              failures=list(self.failures), global_step=self._step)
+            self.life.next_attempt(reason, step, ended=ended)
+            self.failures = []
+            # The next attempt's logs are files of their own; the chief notes the restart in TensorBoard.
+            self.plans = [dataclasses.replace(p, attempt=self.life.attempt, env={**p.env, rundir.RESTART_ENV: reason})
+                          for p in self.plans]
+            self.tolerated.clear()
+            self._due.clear()
+            self._unknown_since.clear()
+            with self._progress_lock:
+                self._step, self._step_at = None, time.monotonic()
+            self._warned_step = -1
+            self._state.progress = None
+            if self.interrupted.wait(delay):
+                return
+            self._check_run_dir()
+            t0 = time.monotonic()
+            try:
+                self._start([dataclasses.replace(p, restart=self.restarts) for p in self.plans])
+                self._wait_ready(t0)
+                return
+            except TaskFailed as e:
+                if e.task is None:          # not a task lost on the way (a port, a timeout): as before
+                    raise
+                statuses = self._observe()
+                lost = next((t for t in statuses if t.name == e.task), None)
+                how = (supervise.how_lost(lost) if lost and lost.state is TaskState.FAILED
+                       else f'{e.task} {describe_exit(e.exit_code)}') + ' while the cluster started again'
+                decision = supervise.during_recovery(self.policy, self.restarts, e.task, how, e.exit_code)
+                errors = self._record_faults(decision, statuses)
+                decision = self._escalate(decision, errors)
+                if decision.action is Action.GIVE_UP:
+                    raise self._give_up(decision) from None
 
     def _wait_ready(self, t0: float) -> None:
         wait_for_servers(self.records, self.backends, t0 + self.start_timeout, self.interrupted,
                          reported=lambda name: self._serving[name].is_set())
 
-    def _record_faults(self, decision: Decision, statuses: list[TaskStatus]) -> None:
-        """The event log's account of a fault, before anything is done about it."""
+    def _record_faults(self, decision: Decision, statuses: list[TaskStatus]) -> dict[str, str | None]:
+        """The event log's account of a fault, before anything is done about it; returns each lost
+        task's last error line (None: it logged none)."""
         if decision.stalled:
             self.life.emit('stall', tasks=list(decision.tasks), cause=decision.reason)
-            return
+            return {}
         by_name = {t.name: t for t in statuses}
+        errors = {}
         for name in decision.tasks:
             t = by_name.get(name)
             record = next((r for r in self.records if r.name == name), None)
@@ -417,47 +538,64 @@ class SupervisedRun(Strategy):
                     signame = signal.Signals(-code).name
                 except ValueError:
                     signame = str(-code)
-            error = rundir.last_error_line(_log_tail(record, self.backends, 200)) if record else None
-            cause = supervise.how_lost(t) if t else decision.reason
+            error = errors[name] = rundir.last_error_line(_log_tail(record, self.backends, 200)) if record else None
+            cause = supervise.how_lost(t) if t and t.state is not TaskState.RUNNING else decision.reason
             self.life.emit('task_lost', task=name, cause=cause, exit_code=code, signal=signame, error=error)
-            self.failures.append(Failure(name, cause + (f'; its last error: {error}' if error else ''),
+            self.failures.append(Failure(name, cause + (f'; its last error: {_short(error, 300)}' if error else ''),
                                          record.host if record else '', record.pid if record else None))
+        return errors
 
     def _give_up(self, decision: Decision) -> TaskFailed:
-        """The one line a lost run ends with: which task, how, its last Python error, and where
-        a new `launch up` would resume."""
-        message = self._cause(decision)
+        """The one line a lost run ends with (under ~300 characters): which task, how, its last
+        Python error, and what a new `launch up` would do. The whole error is in the task's log."""
+        message, can_save = self._cause(decision)
         code = EXIT_FAILED
         failures = [Failure(name, message) for name in decision.tasks]
+        no_restore = False
+        error = None
         if not decision.stalled:
             first = next(r for r in self.records if r.name == decision.tasks[0])
             seen = self.backends[first.backend].status(first)
             exit_code = seen.exit_code if seen.state == ENDED else None
+            no_restore = exit_code == EXIT_NO_RESTART
             if self.policy.user_command and first.job == 'worker' and (exit_code or 0) > 0:
                 code = exit_code        # a user command's run ends with its workers' exit code
             message = message.replace(first.name, f'{first.name} (pid {first.pid} on {first.host})', 1)
             error = rundir.last_error_line(_log_tail(first, self.backends, 200))
-            if error:
-                message += f'; its last error: {error}'
-            failures = [Failure(first.name, message, first.host, first.pid)]
+            if error and error.startswith(f'{first.name}: '):       # the task is named already
+                error = error[len(first.name) + 2:]
+            failures = [Failure(first.name, message + (f'; its last error: {_short(error, 300)}' if error else ''),
+                                first.host, first.pid)]
+        after = f'; {decision.note}' if decision.note else ''
         if self.restarts >= self.policy.max_restarts and self.policy.restart == 'on-failure':
-            message += f'; {self.restarts} restart(s) made, the most supervise.max_restarts allows'
-        self._teardown()        # the chief's checkpoint first, so the step below is current
-        failed = TaskFailed(f'{message}; {resume_hint(self.life.checkpoint_step())}', code=code)
+            after += f'; {self.restarts} restart(s) made, the most supervise.max_restarts allows'
+        self._teardown(checkpoint=can_save)      # the chief's checkpoint first, so the step below is current
+        if no_restore:
+            hint = 'no checkpoint restores, so a new `launch up` fails the same way until they are moved away'
+        else:
+            hint = resume_hint(self.life.checkpoint_step())
+        if error:       # as much of it as fits one line of ~300 characters; the whole is in the log
+            room = max(70, FINAL_LINE - len(message) - len(after) - len(hint) - len('error: ; its last error: ; '))
+            short = _short(error, room)
+            if short != error:
+                short = _short(error, room - len(' (see its log)')) + ' (see its log)'
+            message += f'; its last error: {short}'
+        message += after
+        failed = TaskFailed(f'{message}; {hint}', code=code)
         failed.failures = failures
         return failed
 
-    def _stop(self, records: list[TaskRecord]) -> None:
+    def _stop(self, records: list[TaskRecord], checkpoint: bool = True) -> None:
         """Stop these tasks: the chief first, with time to write its checkpoint while the ps tasks
-        still run (only then can it save), then everything else at once."""
+        still run (only then can it save; `checkpoint`: and they answer), then everything else at once."""
         live = [r for r in records if self.backends[r.backend].status(r).alive]
         ps_alive = all(self.backends[r.backend].status(r).alive for r in self.records if r.job == 'ps')
-        first = [r for r in live if r.is_chief] if ps_alive else []
+        first = [r for r in live if r.is_chief] if ps_alive and checkpoint else []
         if first:
             self.backends[first[0].backend].stop(first, grace=CHECKPOINT_GRACE_SECS)
         stop_all([r for r in live if r not in first], self.backends)
 
-    def _teardown(self) -> None:
+    def _teardown(self, checkpoint: bool = True) -> None:
         """Stop every task and stop following their logs once all is read."""
-        self._stop(self.records)
+        self._stop(self.records, checkpoint)
         self.life.unfollow([r.name for r in self.records])

@@ -247,3 +247,31 @@ def test_a_worker_cut_off_the_network_does_not_hang_the_launcher(tmp_path, compo
     assert re.search(r'stall: .*worker:1 does not answer|worker:1 .*exited with code 1', error[0]), error
     assert stopped < 8 + 60, f'the launcher took {stopped:.0f}s to stop'
     assert not project_leftovers(project), out
+
+
+@pytest.mark.slow
+def test_a_killed_launcher_leaves_no_containers_or_network_for_long(tmp_path, compose_project):
+    """kill -9 of `launch up`: the tasks stop by their lease, and the next `launch status` removes
+    the exited containers and the project's network (idempotently), saying so."""
+    spec = write_spec(tmp_path, steps=100000)
+    project = compose_project(spec)
+    proc = launch_bg('up', spec, '--backend', 'compose')
+    try:
+        read_until(proc, '  loss ')
+        proc.kill()
+        proc.wait()
+    finally:
+        proc.kill()
+    deadline = time.monotonic() + 90
+    while docker('ps', '-q', '--filter', f'label=com.docker.compose.project={project}').stdout.strip():
+        assert time.monotonic() < deadline, 'the tasks did not stop by their lease'
+        time.sleep(1)
+    assert project_leftovers(project)            # exited containers and the network, until ...
+    status = launch('status', spec)
+    assert 'is gone; its tasks have ended, and what they left on compose is removed' in status.stdout, \
+        status.stdout + status.stderr
+    assert not project_leftovers(project)
+    again = launch('status', spec)
+    assert again.returncode in (0, 1) and 'Traceback' not in again.stdout + again.stderr
+    down = launch('down', spec)
+    assert down.returncode == 0, down.stdout + down.stderr

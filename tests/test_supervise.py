@@ -190,3 +190,58 @@ def test_a_stall_limit_the_progress_lines_cannot_meet_is_refused(tmp_path):
         load_spec(spec)
     with pytest.raises(SpecError, match=r'--set train.log_every_secs=30: train.log_every_secs: the stall limit'):
         load_spec(write_spec(tmp_path), ['train.log_every_secs=30'])
+
+
+# -- backoff, the repeat rule, faults during recovery ------------------------------------------
+
+def test_backoff_doubles_with_each_restart_in_a_row_up_to_its_cap():
+    pol = Policy(sync=True, num_workers=2, replicas_to_aggregate=2, restart='on-failure',
+                 backoff_secs=1.0, backoff_max_secs=30.0)
+    assert [supervise.backoff_delay(pol, n) for n in range(1, 8)] == [1, 2, 4, 8, 16, 30, 30]
+    assert supervise.backoff_delay(pol, 10 ** 6) == 30          # no overflow on a very long streak
+    off = Policy(sync=True, num_workers=2, replicas_to_aggregate=2, backoff_secs=0)
+    assert supervise.backoff_delay(off, 5) == 0
+
+
+def test_the_streak_starts_again_after_a_healthy_period():
+    assert supervise.next_streak(0, None) == 1
+    assert supervise.next_streak(3, 5.0) == 4
+    assert supervise.next_streak(3, supervise.HEALTHY_SECS) == 1
+
+
+RESTART = supervise.Decision(Action.RESTART, ('worker:0',), 'worker:0 exited with code 1')
+
+
+@pytest.mark.parametrize('previous, fault, repeated', [
+    (None, ('worker:0', 'OSError: disk full', 30), False),                     # the first fault
+    (('worker:0', 'OSError: disk full', 30), ('worker:0', 'OSError: disk full', 30), True),
+    (('worker:0', 'OSError: disk full', 30), ('worker:0', 'OSError: disk full', 40), False),   # progress made
+    (('worker:0', 'OSError: disk full', 30), ('ps:0', 'OSError: disk full', 30), False),       # another task
+    (('worker:0', 'OSError: disk full', 30), ('worker:0', 'ValueError: nan', 30), False),      # another error
+    (('worker:0', None, 30), ('worker:0', None, 30), False),       # a kill: from outside, never a repeat
+    (('worker:0', 'E: at 0x7f01', None), ('worker:0', 'E: at 0x7f99', None), True),   # addresses differ
+])
+def test_a_fault_that_repeats_the_last_one_ends_the_run(previous, fault, repeated):
+    before = supervise.Fault.of(*previous) if previous else None
+    decision = supervise.escalate(RESTART, before, supervise.Fault.of(*fault))
+    assert (decision.action is Action.GIVE_UP) == repeated
+    if repeated:
+        assert 'the same failure as before the last restart' in decision.note
+
+
+def test_escalate_leaves_other_decisions_alone():
+    same = supervise.Fault.of('worker:1', 'E', 1)
+    tolerate = supervise.Decision(Action.TOLERATE, ('worker:1',), 'lost')
+    assert supervise.escalate(tolerate, same, same) is tolerate
+
+
+@pytest.mark.parametrize('restart, restarts, code, action', [
+    ('on-failure', 1, -9, Action.RESTART),
+    ('on-failure', 3, -9, Action.GIVE_UP),                          # none left
+    ('never', 0, -9, Action.GIVE_UP),
+    ('on-failure', 1, rundir.EXIT_NO_RESTART, Action.GIVE_UP),      # the task said a restart cannot help
+])
+def test_a_task_lost_during_recovery_is_one_more_fault(restart, restarts, code, action):
+    pol = policy(restart=restart, max_restarts=3)
+    decision = supervise.during_recovery(pol, restarts, 'ps:0', 'ps:0 was killed', code)
+    assert decision.action is action and decision.tasks == ('ps:0',)

@@ -1,0 +1,170 @@
+"""Supervision under harder faults, on real local clusters: a second fault while a restart starts
+the cluster again, a failure that repeats exactly, a frozen ps, checkpoints that do not restore,
+a train_dir removed under the run, and a launcher killed hard. Each asserts the outcome, the line
+the user reads, and (through the autouse guard) that nothing is left running."""
+from __future__ import annotations
+
+import datetime
+import glob
+import json
+import os
+import re
+import shutil
+import signal
+import time
+
+import pytest
+
+from tests.conftest import launch, launch_bg, read_until, write_spec
+from tests.test_faults import finish, kill_when, task_pid, until_step
+from tests.test_local import checkpoint_step, worker_results
+
+pytestmark = pytest.mark.slow     # real local clusters
+
+
+def events(run: str) -> list[dict]:
+    with open(os.path.join(run, 'events.jsonl')) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def error_lines(out: str) -> list[str]:
+    return [line for line in out.splitlines() if line.startswith('[launch]   error:')]
+
+
+def test_a_task_lost_while_a_restart_starts_up_is_one_more_fault(tmp_path):
+    """kill -9 of the ps, then kill -9 of the new ps before its server is up: the second fault is
+    handled by the same policy (restart 2/3), and the run reaches its last step."""
+    spec = write_spec(tmp_path, steps=60, checkpoint_secs=600,
+                      supervise={'restart': 'on-failure', 'max_restarts': 3, 'backoff_secs': 0.5})
+    run = str(tmp_path / 'run')
+    proc = launch_bg('up', spec)
+    lines = kill_when(proc, run, 1, 'ps:0')
+    first = task_pid(run, 'ps:0')
+    lines += read_until(proc, 'resuming from')
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:          # the new ps, as soon as the launcher records it
+        try:
+            pid = task_pid(run, 'ps:0')
+        except (OSError, ValueError, StopIteration):
+            pid = first
+        if pid != first:
+            os.kill(pid, signal.SIGKILL)
+            break
+        time.sleep(0.01)
+    else:
+        pytest.fail('the restarted ps never appeared in the state file')
+    out = ''.join(lines) + finish(proc)
+    assert proc.returncode == 0, out
+    assert 'restart 1/3: ps:0 was killed by SIGKILL' in out
+    assert 'restart 2/3: ps:0 was killed by SIGKILL while the cluster started again' in out, out
+    assert 'restart 3/3' not in out and not error_lines(out), out
+    assert all(r['global_step'] == 60 for r in worker_results(run))
+    found = events(run)
+    assert [e['task'] for e in found if e['event'] == 'task_lost'].count('ps:0') == 2, found
+    assert len([e for e in found if e['event'] == 'restart']) == 2, found
+
+
+PROGRAM = '''
+import time
+
+
+def train(ctx):
+    time.sleep(3)           # after the launcher has seen every server up
+    raise RuntimeError('the same failure, every time')
+'''
+
+
+def test_restarts_back_off_and_an_identical_failure_ends_the_run_early(tmp_path):
+    """A chief that fails the same way at the same step: one restart (after the backoff), then the
+    run ends with that error instead of spending every restart."""
+    (tmp_path / 'same_failure.py').write_text(PROGRAM)
+    spec = write_spec(tmp_path, workers=1, program='same_failure:train',
+                      supervise={'restart': 'on-failure', 'max_restarts': 5, 'backoff_secs': 2})
+    result = launch('up', spec, cwd=str(tmp_path), timeout=300)
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out
+    assert out.count('restart 1/5') >= 1 and 'restart 2/5' not in out, out
+    assert 'in 2s (supervise.backoff_secs' in out, out
+    [error] = error_lines(out)
+    assert 'RuntimeError: the same failure, every time' in error
+    assert 'the same failure as before the last restart' in error and len(error) < 400, error
+    found = events(str(tmp_path / 'run'))
+    restart = next(e for e in found if e['event'] == 'restart')
+    at = {id(e): datetime.datetime.fromisoformat(e['time']).timestamp() for e in found}
+    again = [at[id(e)] for e in found if e['event'] == 'task_started' and at[id(e)] > at[id(restart)]]
+    assert again and min(again) - at[id(restart)] >= 1.9, found
+
+
+def test_a_frozen_ps_is_announced_and_its_checkpoint_is_not_waited_for(tmp_path):
+    """SIGSTOP of the ps: half way to the stall limit the launcher says what the training waits
+    for; at the limit it restarts at once (no checkpoint can be written while the ps holds the
+    variables frozen), and the run reaches its last step."""
+    spec = write_spec(tmp_path, steps=60, supervise={'restart': 'on-failure', 'max_restarts': 1, 'stall_secs': 8})
+    run = str(tmp_path / 'run')
+    proc = launch_bg('up', spec)
+    lines = kill_when(proc, run, 1, 'ps:0', signal.SIGSTOP)
+    lines += read_until(proc, 'warning: no new global step')
+    assert re.search(r'warning: no new global step for \d+s \(at \d+/60\); ps:0 is stopped \(SIGSTOP, or a '
+                     r'debugger\) and does not answer on localhost:\d+; worker:0, worker:1 answer and wait for it; '
+                     r'a stall is declared at 8s', lines[-1]), lines[-1]
+    lines += read_until(proc, 'stopping every task')
+    stopping = time.monotonic()
+    assert 'no checkpoint can be saved without the lost task' in lines[-1], lines[-1]
+    lines += read_until(proc, 'resuming from')
+    assert time.monotonic() - stopping < 12, ''.join(lines)       # not the chief's 20 s checkpoint grace
+    out = ''.join(lines) + finish(proc)
+    assert proc.returncode == 0, out
+    assert all(r['global_step'] == 60 for r in worker_results(run))
+
+
+def test_checkpoints_that_do_not_restore_end_with_a_short_true_line(tmp_path):
+    """Every checkpoint damaged: the run ends with one line under 300 characters that does not
+    recommend resuming from any of them."""
+    spec = write_spec(tmp_path, steps=6, checkpoint_steps=3)
+    run = str(tmp_path / 'run')
+    assert launch('up', spec).returncode == 0
+    for path in glob.glob(os.path.join(run, 'model.ckpt-*.data-*')):
+        with open(path, 'r+b') as f:
+            f.truncate(8)
+    result = launch('up', spec, '--set', 'train.steps=12', '--set', 'supervise.restart=on-failure')
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out
+    [error] = error_lines(out)
+    assert 'no checkpoint in' in error and 'restores' in error, error
+    assert 'resumes from the checkpoint' not in error and 'moved away' in error, error
+    assert len(error) < 300 + len('[launch]   '), error
+    assert 'restart 1/' not in out          # a restart cannot help, and is not tried
+
+
+def test_a_train_dir_removed_mid_run_is_one_line_and_a_clean_stop(tmp_path):
+    spec = write_spec(tmp_path, steps=100000, supervise={'restart': 'on-failure'})
+    run = str(tmp_path / 'run')
+    proc = launch_bg('up', spec)
+    lines = until_step(proc, 1)
+    shutil.rmtree(run)
+    out = ''.join(lines) + finish(proc, 120)
+    assert proc.returncode == 1, out
+    [error] = error_lines(out)
+    assert f"the run's directory {run} was removed while the run went on" in error, error
+    assert 'Traceback' not in out and 'Errno' not in out, out
+
+
+def test_a_new_up_takes_over_from_a_launcher_killed_hard(tmp_path):
+    """kill -9 of `launch up`, then `launch up` again at once: the dead launcher's tasks are
+    stopped (saying so) and the new run goes on from the checkpoint."""
+    spec = write_spec(tmp_path, steps=100000, checkpoint_steps=2)
+    run = str(tmp_path / 'run')
+    proc = launch_bg('up', spec)
+    try:
+        until_step(proc, 3)
+        dead = proc.pid
+        proc.kill()
+        proc.wait()
+    finally:
+        proc.kill()
+    result = launch('up', spec, '--set', 'train.steps=200', timeout=300)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    assert f'the launcher of an earlier run of this spec (pid {dead}) is gone; stopping what it left running' in out
+    assert 'already running' not in out
+    assert checkpoint_step(run) == 200
