@@ -84,6 +84,10 @@ def main(argv=None) -> int:
     except ValueError as e:       # SpecError, EvalError, DataError
         print(f'cluster.eval: error: {e}', file=sys.stderr)
         return rundir.EXIT_USAGE
+    except OSError as e:          # the synthetic test data, or its summaries, on a disk that refuses them
+        print(f'cluster.eval: error: cannot write {e.filename or "the evaluation files"}: {rundir.os_cause(e)}',
+              file=sys.stderr)
+        return rundir.EXIT_FAILED
     print(report(result))
     return rundir.EXIT_OK
 
