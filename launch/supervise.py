@@ -52,6 +52,7 @@ class TaskStatus:
     state: TaskState
     exit_code: int | None = None     # FAILED: the code (negative: killed by that signal)
     since: float = 0.0               # UNKNOWN: seconds it has been unknown
+    frozen: float = 0.0              # RUNNING: seconds it has been stopped (SIGSTOP, docker pause)
 
     @property
     def is_chief(self) -> bool:
@@ -109,8 +110,12 @@ class Policy:
                    backoff_max_secs=s.backoff_max_secs)
 
 
-def is_lost(t: TaskStatus, policy: Policy) -> bool:
-    return t.state is TaskState.FAILED or (t.state is TaskState.UNKNOWN and t.since >= policy.unreachable_secs)
+def is_lost(t: TaskStatus, policy: Policy, stalled: bool = False) -> bool:
+    """Ended badly, unreachable for `unreachable_secs`, or stopped for `stall_secs` while the global
+    step is not stalled (a frozen task the others train around: an async worker, or the chief once
+    the other workers are done; a stall is the stall rule's, which names the frozen task)."""
+    return t.state is TaskState.FAILED or (t.state is TaskState.UNKNOWN and t.since >= policy.unreachable_secs) \
+        or (t.state is TaskState.RUNNING and not stalled and t.frozen >= policy.stall_secs)
 
 
 def describe_exit(code: int | None) -> str:
@@ -125,6 +130,8 @@ def describe_exit(code: int | None) -> str:
 
 
 def how_lost(t: TaskStatus) -> str:
+    if t.state is TaskState.RUNNING and t.frozen:
+        return f'{t.name} has been stopped (SIGSTOP, or paused) for {t.frozen:.0f}s'
     if t.state is TaskState.UNKNOWN:
         return f'{t.name} could not be reached for {t.since:.0f}s'
     return f'{t.name} {describe_exit(t.exit_code)}'
@@ -135,12 +142,13 @@ def decide(policy: Policy, tasks: list[TaskStatus], tolerated: frozenset[str] | 
     """What to do now. `tolerated`: workers already lost and let go (not counted again);
     `restarts`: restarts made so far in this run."""
     can_restart = policy.restart == 'on-failure' and restarts < policy.max_restarts
-    newly_lost = [t for t in tasks if is_lost(t, policy) and t.name not in tolerated]
+    stalled = progress.step is not None and progress.step < progress.total and progress.quiet_secs >= policy.stall_secs
+    newly_lost = [t for t in tasks if is_lost(t, policy, stalled) and t.name not in tolerated]
     if newly_lost:
         fatal = [t for t in newly_lost if t.job == 'ps' or t.is_chief or policy.user_command]
         why = ''
         if policy.sync and not fatal:
-            lost_workers = {t.name for t in tasks if t.job == 'worker' and is_lost(t, policy)} | set(tolerated)
+            lost_workers = {t.name for t in tasks if t.job == 'worker' and is_lost(t, policy, stalled)} | set(tolerated)
             left = policy.num_workers - len(lost_workers)
             if left < policy.replicas_to_aggregate:
                 fatal = [t for t in newly_lost if t.job == 'worker']
@@ -159,7 +167,7 @@ def decide(policy: Policy, tasks: list[TaskStatus], tolerated: frozenset[str] | 
             can_restart = False
         if fatal:
             return Decision(Action.RESTART if can_restart else Action.GIVE_UP, names, reason + why)
-        reachable = all(t.state is TaskState.FAILED for t in newly_lost)
+        reachable = all(t.state in (TaskState.FAILED, TaskState.RUNNING) for t in newly_lost)   # not UNKNOWN
         return Decision(Action.RESTART_TASKS if can_restart and reachable else Action.TOLERATE, names, reason)
 
     workers = [t for t in tasks if t.job == 'worker']

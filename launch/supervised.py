@@ -131,6 +131,7 @@ class SupervisedRun(Strategy):
         self.failures: list[Failure] = []            # every task lost in this attempt
         self.life: Lifecycle | None = None
         self._unknown_since: dict[str, float] = {}
+        self._frozen_since: dict[str, float] = {}     # tasks seen stopped (SIGSTOP, paused), since
         self._serving: dict[str, threading.Event] = {}   # set once a task's own log says it serves
         self._done = threading.Event()
         self._progress_lock = threading.Lock()
@@ -307,8 +308,13 @@ class SupervisedRun(Strategy):
                 state = TaskState.SUCCEEDED if seen.exit_code == 0 else TaskState.FAILED
             else:
                 state = TaskState.RUNNING
+            frozen = 0.0
+            if state is TaskState.RUNNING and (seen.stopped or '').startswith(('is stopped', 'is paused')):
+                frozen = now - self._frozen_since.setdefault(r.name, now)
+            else:
+                self._frozen_since.pop(r.name, None)
             out.append(TaskStatus(r.name, r.job, r.index, state,
-                                  exit_code=seen.exit_code if seen.state == ENDED else None))
+                                  exit_code=seen.exit_code if seen.state == ENDED else None, frozen=frozen))
         return out
 
     def _supervise(self) -> None:
@@ -375,6 +381,10 @@ class SupervisedRun(Strategy):
             if time.monotonic() < due or self.interrupted.is_set():
                 continue
             del self._due[name]
+            earlier = [r for r in self.records if r.name == name and self.backends[r.backend].status(r).alive]
+            if earlier:         # a frozen copy still holds its port: it goes first
+                stop_all(earlier, self.backends)
+            self._frozen_since.pop(name, None)
             try:
                 self._start([dataclasses.replace(p, restart=self.restarts) for p in self.plans if p.name == name])
             except BackendError as e:
@@ -491,6 +501,7 @@ class SupervisedRun(Strategy):
             self.tolerated.clear()
             self._due.clear()
             self._unknown_since.clear()
+            self._frozen_since.clear()
             with self._progress_lock:
                 self._step, self._step_at = None, time.monotonic()
             self._warned_step = -1

@@ -168,3 +168,18 @@ def test_a_new_up_takes_over_from_a_launcher_killed_hard(tmp_path):
     assert f'the launcher of an earlier run of this spec (pid {dead}) is gone; stopping what it left running' in out
     assert 'already running' not in out
     assert checkpoint_step(run) == 200
+
+
+def test_an_async_chief_frozen_while_the_other_worker_trains_is_restarted(tmp_path):
+    """SIGSTOP of the chief in async mode: worker:1's steps go on, so the global step never
+    stalls, and once worker:1 is done the run would wait for ever. Stopped for stall_secs, the
+    chief is a lost task: the cluster restarts and reaches its last step."""
+    spec = write_spec(tmp_path, steps=150, sync=False, learning_rate=0.05,
+                      supervise={'restart': 'on-failure', 'max_restarts': 1, 'stall_secs': 6})
+    run = str(tmp_path / 'run')
+    proc = launch_bg('up', spec)
+    lines = kill_when(proc, run, 1, 'worker:0', signal.SIGSTOP)
+    out = ''.join(lines) + finish(proc, 300)
+    assert proc.returncode == 0, out
+    assert re.search(r'restart 1/1: worker:0 has been stopped \(SIGSTOP, or paused\) for \d+s', out), out
+    assert all(r['global_step'] >= 150 for r in worker_results(run)), out

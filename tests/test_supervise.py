@@ -245,3 +245,23 @@ def test_a_task_lost_during_recovery_is_one_more_fault(restart, restarts, code, 
     pol = policy(restart=restart, max_restarts=3)
     decision = supervise.during_recovery(pol, restarts, 'ps:0', 'ps:0 was killed', code)
     assert decision.action is action and decision.tasks == ('ps:0',)
+
+
+def test_a_task_frozen_while_the_others_train_on_is_lost_after_stall_secs():
+    """Async: a SIGSTOPped chief does not stop the global step (worker:1 trains on), and once
+    worker:1 is done nothing would end the run: frozen for stall_secs, it is lost."""
+    pol = policy(sync=False, restart='on-failure', stall=10.0)
+    chief = TaskStatus('worker:0', 'worker', 0, R, frozen=10.0)
+    tasks = [TaskStatus('ps:0', 'ps', 0, R), chief, TaskStatus('worker:1', 'worker', 1, S)]
+    decision = decide(pol, tasks, frozenset(), 0, Progress(step=100, total=100, quiet_secs=0.0))
+    assert decision.action is Action.RESTART and decision.tasks == ('worker:0',)
+    assert 'worker:0 has been stopped (SIGSTOP, or paused) for 10s' in decision.reason
+    worker = [TaskStatus('ps:0', 'ps', 0, R), TaskStatus('worker:0', 'worker', 0, R),
+              TaskStatus('worker:1', 'worker', 1, R, frozen=12.0)]
+    assert decide(pol, worker, frozenset(), 0, QUIET).action is Action.RESTART_TASKS     # it is stopped first
+    not_yet = [TaskStatus('ps:0', 'ps', 0, R), TaskStatus('worker:0', 'worker', 0, R, frozen=9.0)]
+    assert decide(pol, not_yet, frozenset(), 0, QUIET).action is Action.CONTINUE
+    # When the global step stalls, the stall rule speaks (and names the frozen task).
+    stalled = decide(pol, not_yet[:1] + [TaskStatus('worker:0', 'worker', 0, R, frozen=30.0)], frozenset(), 0,
+                     Progress(step=10, total=100, quiet_secs=31.0))
+    assert stalled.stalled and stalled.action is Action.RESTART
