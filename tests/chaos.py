@@ -53,14 +53,13 @@ import yaml
 
 from cluster import rundir
 from launch.events import read_events, read_run_record
-from tests.parts import free_ports
+from tests.parts import free_ports, task_processes
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TASKS = ('ps:0', 'worker:0', 'worker:1')
 KINDS = {'local': ('kill', 'stop'), 'ssh': ('kill', 'stop'), 'compose': ('kill', 'pause', 'disconnect')}
 FREEZES = ('stop', 'pause', 'disconnect')
 SSH_LAYOUT = ('127.0.0.2', '127.0.0.2', '127.0.0.3')      # ps:0, worker:0, worker:1 (as tests/test_ssh.py)
-MARKERS = ('cluster.task', '-m launch ', 'launch.cli')
 POLL = 0.25
 
 
@@ -208,25 +207,6 @@ def event_time(event: dict) -> float:
 
 
 # -- what is left of a run -----------------------------------------------------------------------
-def processes(marker: str) -> dict[int, str]:
-    """pid -> command line of every live task or launcher whose command line names `marker` (the
-    run's folder), from /proc (psutil may not be installed)."""
-    out = {}
-    for entry in os.listdir('/proc'):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f'/proc/{entry}/cmdline', 'rb') as f:
-                cmd = f.read().replace(b'\0', b' ').decode(errors='replace')
-            with open(f'/proc/{entry}/stat') as f:
-                state = f.read().rsplit(')', 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if state != 'Z' and marker in cmd and any(m in cmd for m in MARKERS):
-            out[int(entry)] = cmd
-    return out
-
-
 def listeners(ports: list[int]) -> list[int]:
     """The ports among `ports` that something on this machine listens on (/proc/net/tcp{,6})."""
     found = set()
@@ -314,7 +294,7 @@ class Driver:
 
     def leftovers(self, spec: str) -> dict:
         found = {}
-        procs = processes(self.workdir)
+        procs = task_processes(self.workdir)
         if procs:
             found['processes'] = [f'{p}: {c[:160]}' for p, c in sorted(procs.items())]
         ports = listeners(self.ports)
@@ -326,7 +306,7 @@ class Driver:
         """Remove whatever a broken run left (after the leftovers were counted)."""
         subprocess.run([sys.executable, '-m', 'launch', 'down', spec, *self.down_args()], cwd=self.cwd(sub),
                        capture_output=True, timeout=120)
-        for pid in processes(self.workdir):
+        for pid in task_processes(self.workdir):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:

@@ -12,11 +12,10 @@ import pytest
 import yaml
 
 from tests.slurm import slurm_cluster  # noqa: F401  (the real-Slurm fixture, for the Slurm tests)
-from tests.parts import free_ports  # noqa: F401  (tests import it from here)
+from tests.parts import free_ports, task_processes  # noqa: F401  (tests import free_ports from here)
 from tests.sshd import ssh_hosts  # noqa: F401  (the real-sshd fixture, for the SSH tests)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TASK_MARKERS = ('cluster.task', 'cluster/task.py', 'launch.cli', 'bin/launch ', '-m launch ')
 _session_dir = ''    # this pytest session's temporary root: every spec a test writes lies below it
 
 
@@ -28,20 +27,7 @@ def pytest_sessionstart(session):
 def project_processes() -> dict[int, str]:
     """pid -> command line of every running task or launcher of this test session (its spec lies
     under the session's temporary root, so another session's processes are never counted)."""
-    out = {}
-    for entry in os.listdir('/proc'):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f'/proc/{entry}/cmdline', 'rb') as f:
-                cmd = f.read().replace(b'\0', b' ').decode(errors='replace')
-            with open(f'/proc/{entry}/stat') as f:
-                state = f.read().rsplit(')', 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != 'Z' and _session_dir + os.sep in cmd and any(m in cmd for m in TASK_MARKERS):
-            out[int(entry)] = cmd
-    return out
+    return task_processes(_session_dir + os.sep)
 
 
 @pytest.fixture(autouse=True)

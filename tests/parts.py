@@ -30,3 +30,26 @@ def unavailable(message: str, ci_note: str):
     if os.environ.get('CI') == 'true':
         pytest.fail(f'{message} (CI=true: {ci_note})', pytrace=False)
     pytest.skip(message)
+
+
+# What a task's or a launcher's command line holds, however it was started.
+TASK_MARKERS = ('cluster.task', 'cluster/task.py', 'launch.cli', 'bin/launch ', '-m launch ')
+
+
+def task_processes(within: str) -> dict[int, str]:
+    """pid -> command line of every live (not zombie) task or launcher whose command line names
+    `within` (a folder its spec lies below), from /proc: psutil may not be installed."""
+    out = {}
+    for entry in os.listdir('/proc'):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f'/proc/{entry}/cmdline', 'rb') as f:
+                cmd = f.read().replace(b'\0', b' ').decode(errors='replace')
+            with open(f'/proc/{entry}/stat') as f:
+                state = f.read().rsplit(')', 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != 'Z' and within in cmd and any(m in cmd for m in TASK_MARKERS):
+            out[int(entry)] = cmd
+    return out

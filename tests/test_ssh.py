@@ -391,31 +391,43 @@ def _sshd_connections(ssh_hosts) -> list[int]:
     return out
 
 
-def test_remote_faults_a_dropped_connection_and_a_lost_worker(ssh_hosts, tmp_path):
-    """Every SSH connection of the launcher is cut mid-run (a transient fault: retried, not a
-    failure), then the remote non-chief worker is killed (async: tolerated); the run ends at the
-    requested step with exit 0 and nothing left on either host."""
-    spec = remote_spec(ssh_hosts, tmp_path, steps=80, sync=False, learning_rate=0.05)
+def _up_and_kill_remote_worker(ssh_hosts, tmp_path, spec, before=lambda proc: []) -> tuple[int, str]:
+    """`launch up` of a remote spec; once it trains (and `before(proc)` has added its lines),
+    kill -9 of worker:1 on 127.0.0.3: its own process, the pid the state file records and its log
+    prints, not its shell wrapper. (exit code, the whole output); `launch down` whatever happens."""
     proc = launch_bg('up', spec, '--ssh-config', str(ssh_hosts.ssh_config), cwd=str(tmp_path))
     try:
         lines = read_until(proc, '  loss ')
-        for pid in _sshd_connections(ssh_hosts):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:      # a connection that closed since it was listed
-                pass
-        lines += read_until(proc, '  loss ')          # progress goes on over new connections
+        lines += before(proc)
         with open(tmp_path / 'run' / 'launch-state.json') as f:
             worker = next(t for t in json.load(f)['tasks'] if t['name'] == 'worker:1')
         assert worker['host'] == '127.0.0.3'
-        os.kill(worker['pid'], signal.SIGKILL)      # the task's own process, the pid its log prints
+        with open(f'/proc/{worker["pid"]}/cmdline', 'rb') as f:
+            assert b'cluster.task' in f.read()
+        os.kill(worker['pid'], signal.SIGKILL)
         out, _ = proc.communicate(timeout=300)
     finally:
         proc.kill()
         proc.wait()
         run(ssh_hosts, tmp_path, 'down', spec, timeout=60)
-    out = ''.join(lines) + out
-    assert proc.returncode == 0, out
+    return proc.returncode, ''.join(lines) + out
+
+
+def test_remote_faults_a_dropped_connection_and_a_lost_worker(ssh_hosts, tmp_path):
+    """Every SSH connection of the launcher is cut mid-run (a transient fault: retried, not a
+    failure), then the remote non-chief worker is killed (async: tolerated); the run ends at the
+    requested step with exit 0 and nothing left on either host."""
+    spec = remote_spec(ssh_hosts, tmp_path, steps=80, sync=False, learning_rate=0.05)
+
+    def cut_connections(proc) -> list[str]:
+        for pid in _sshd_connections(ssh_hosts):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:      # a connection that closed since it was listed
+                pass
+        return read_until(proc, '  loss ')          # progress goes on over new connections
+    code, out = _up_and_kill_remote_worker(ssh_hosts, tmp_path, spec, before=cut_connections)
+    assert code == 0, out
     assert 'worker:1 was killed by SIGKILL; training goes on with 1 worker(s)' in out
     assert re.search(r'done in .*global step (8\d|9\d).*\(lost worker:1\)', out), out
     assert_nothing_left(ssh_hosts)
@@ -427,21 +439,8 @@ def test_one_remote_kill_is_one_restart_and_the_worker_rejoins(ssh_hosts, tmp_pa
     run's summary says the worker finished, not that it was lost."""
     spec = remote_spec(ssh_hosts, tmp_path, steps=150, sync=False, learning_rate=0.05,
                        supervise={'restart': 'on-failure', 'max_restarts': 3})
-    proc = launch_bg('up', spec, '--ssh-config', str(ssh_hosts.ssh_config), cwd=str(tmp_path))
-    try:
-        lines = read_until(proc, '  loss ')
-        with open(tmp_path / 'run' / 'launch-state.json') as f:
-            worker = next(t for t in json.load(f)['tasks'] if t['name'] == 'worker:1')
-        with open(f'/proc/{worker["pid"]}/cmdline', 'rb') as f:
-            assert b'cluster.task' in f.read()       # the task itself, not its shell wrapper
-        os.kill(worker['pid'], signal.SIGKILL)
-        out, _ = proc.communicate(timeout=300)
-    finally:
-        proc.kill()
-        proc.wait()
-        run(ssh_hosts, tmp_path, 'down', spec, timeout=60)
-    out = ''.join(lines) + out
-    assert proc.returncode == 0, out
+    code, out = _up_and_kill_remote_worker(ssh_hosts, tmp_path, spec)
+    assert code == 0, out
     assert out.count('restart 1/3: worker:1 was killed by SIGKILL') == 1, out
     assert 'restart 2/3' not in out and 'already in use' not in out, out
     assert re.search(r'done in .*global step 150', out) and 'lost worker:1' not in out, out
