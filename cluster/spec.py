@@ -22,6 +22,7 @@ from typing import Any, Mapping
 import yaml
 
 JOBS = ('ps', 'worker')
+SECTIONS = ('cluster', 'train', 'supervise', 'hosts', 'isolation', 'env', 'tasks', 'gpus')
 DEFAULT_SPEC = os.path.join('specs', 'local2.yaml')
 _HOSTNAME = re.compile(r'^(?=.{1,253}$)[A-Za-z0-9_]([A-Za-z0-9_-]{0,62})(\.[A-Za-z0-9_-]{1,63})*$')
 _DEVICE = re.compile(r'^(cpu|gpu):(\d+)$')
@@ -120,6 +121,9 @@ class ClusterSpec:
     hosts: Mapping[str, HostConfig] = field(default_factory=lambda: types.MappingProxyType({}))
     supervise: SuperviseConfig = SuperviseConfig()
     isolation: str = 'none'          # one of ISOLATION_MODES
+    env: Mapping[str, str] = field(default_factory=lambda: types.MappingProxyType({}))   # every task's
+    job_env: Mapping[str, Mapping[str, str]] = field(default_factory=lambda: types.MappingProxyType({}))
+    gpus: Mapping[str, int] = field(default_factory=lambda: types.MappingProxyType({}))  # host -> GPU count
     origins: Any = field(default=None, compare=False, repr=False)   # _Origins: where each key was given
 
     def error(self, key: str, message: str) -> 'SpecError':
@@ -153,6 +157,15 @@ class ClusterSpec:
         return json.dumps({'cluster': self.cluster_def(), 'task': {'type': task.job, 'index': task.index}},
                           sort_keys=True)
 
+    def task_env(self, job: str) -> dict[str, str]:
+        """The environment the spec gives a task of `job`: `env`, then `tasks.<job>.env` over it."""
+        return {**self.env, **self.job_env.get(job, {})}
+
+    def gpu_count(self, host: str) -> int | None:
+        """The GPU count `gpus:` gives `host` (any loopback name is this machine), else None."""
+        key = same_machine_key(host)
+        return next((n for h, n in self.gpus.items() if same_machine_key(h) == key), None)
+
     def task(self, job: str, index: int) -> TaskSpec:
         if job not in JOBS:
             raise SpecError(f'{self.path}: unknown job {job!r}; expected one of {", ".join(JOBS)}')
@@ -178,6 +191,12 @@ class ClusterSpec:
             out['hosts'] = hosts
         if self.isolation != 'none':
             out['isolation'] = self.isolation
+        if self.env:
+            out['env'] = dict(self.env)
+        if self.job_env:
+            out['tasks'] = {job: {'env': dict(env)} for job, env in self.job_env.items()}
+        if self.gpus:
+            out['gpus'] = dict(self.gpus)
         return out
 
     def to_yaml(self) -> str:
@@ -489,6 +508,8 @@ def _shorten(text: str, limit: int = 200) -> str:
 
 def _apply_override(raw: dict, text: str, origins: _Origins) -> None:
     parts, value = parse_override(text)
+    if parts[0] == 'gpus' and len(parts) > 2:      # gpus.10.0.0.5=4: the rest is one host name
+        parts = ['gpus', '.'.join(parts[1:])]
     if parts[0] == 'hosts' and len(parts) > 2:
         # Host names have dots of their own: hosts.10.0.0.5.user is host 10.0.0.5, setting user.
         # The whole rest names a host only when it is given a section (or null) and its last part
@@ -511,14 +532,20 @@ def _apply_override(raw: dict, text: str, origins: _Origins) -> None:
 
 
 def _build(raw: dict, origins: _Origins) -> ClusterSpec:
-    _no_unknown(raw, ('cluster', 'train', 'supervise', 'hosts', 'isolation'), '', origins)
+    _no_unknown(raw, SECTIONS, '', origins)
     tasks = _parse_cluster(raw.get('cluster'), origins)
     train = _parse_train(raw.get('train') or {}, origins)
     supervise = _parse_supervise(raw.get('supervise') or {}, origins)
     hosts = _parse_hosts(raw.get('hosts') or {}, origins)
     isolation = _parse_isolation(raw.get('isolation', 'none'), tasks, hosts, origins)
-    spec = ClusterSpec(path=origins.path, tasks=tasks, train=train, hosts=types.MappingProxyType(hosts),
-                       supervise=supervise, isolation=isolation, origins=origins)
+    env = _parse_env(raw.get('env'), 'env', origins)
+    job_env = _parse_job_settings(raw.get('tasks'), origins)
+    gpus = _parse_gpus(raw.get('gpus'), tasks, origins)
+    frozen = types.MappingProxyType
+    spec = ClusterSpec(path=origins.path, tasks=tasks, train=train, hosts=frozen(hosts),
+                       supervise=supervise, isolation=isolation, env=frozen(env),
+                       job_env=frozen({job: frozen(e) for job, e in job_env.items()}), gpus=frozen(gpus),
+                       origins=origins)
     if supervise.stall_secs < 3 * train.log_every_secs:
         key = 'supervise.stall_secs' if 'stall_secs' in (raw.get('supervise') or {}) else 'train.log_every_secs'
         raise origins.error(key, f'the stall limit ({supervise.stall_secs:g}s) must be at least 3 times '
@@ -558,7 +585,7 @@ def _parse_cluster(cluster, origins: _Origins) -> tuple[TaskSpec, ...]:
         for index, address in enumerate(addresses):
             key = f'cluster.{job}[{index}]'
             host, port = parse_address(address, lambda msg: origins.error(key, msg))
-            ident = (_same_machine_key(host), port)
+            ident = (same_machine_key(host), port)
             if ident in seen:
                 raise origins.error(key, f'{address} is used twice (also {seen[ident]}): '
                                          'every task needs its own host:port')
@@ -596,7 +623,8 @@ def _valid_host(host: str) -> bool:
 LOOPBACK_NAMES = ('localhost', '127.0.0.1', '::1')
 
 
-def _same_machine_key(host: str) -> str:
+def same_machine_key(host: str) -> str:
+    """One name per machine for the names a spec may give it: every loopback name is localhost."""
     return 'localhost' if host in LOOPBACK_NAMES else host
 
 
@@ -732,6 +760,90 @@ def _parse_isolation(value, tasks, hosts, origins: _Origins) -> str:
     return value
 
 
+# The variables the launcher sets itself in every task: the cluster, the GPUs it gives out, its
+# lease and restart notes, and unbuffered output (the launcher reads task logs as they grow).
+LAUNCHER_ENV = ('TF_CONFIG', 'CUDA_VISIBLE_DEVICES', 'NVIDIA_VISIBLE_DEVICES', 'PYTHONUNBUFFERED',
+                'TFCLUSTER_LEASE', 'TFCLUSTER_LEASE_SECS', 'TFCLUSTER_RESTART')
+_ENV_NAME = re.compile(r'^[A-Za-z_][A-Za-z0-9_]*$')
+
+
+def _parse_env(env, key: str, origins: _Origins) -> dict[str, str]:
+    """A mapping of variable name to a string or a number (kept as text); null drops a name (so
+    `--set env.NAME=null` undoes the file's)."""
+    if env is None:
+        return {}
+    if not isinstance(env, dict):
+        raise origins.error(key, 'expected a mapping of variable name to value, e.g. {OMP_NUM_THREADS: 4}')
+    out = {}
+    for name, value in env.items():
+        dotted = f'{key}.{name}'
+        if not isinstance(name, str) or not _ENV_NAME.match(name):
+            shown = name if isinstance(name, str) and name.isprintable() else repr(name)
+            raise origins.error(f'{key}.{shown}', f'{name!r} is not a valid environment variable name '
+                                                  '(letters, digits and _, not starting with a digit)')
+        if name in LAUNCHER_ENV:
+            why = ('the launcher gives each worker its own GPUs (train.devices, gpus:)'
+                   if 'VISIBLE_DEVICES' in name else 'the launcher sets it for every task')
+            raise origins.error(dotted, f'{name} cannot be set in a spec: {why}')
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            hint = f' (quote it: "{str(value).lower()}")' if isinstance(value, bool) else ''
+            raise origins.error(dotted, f'expected a string or a number, got {value!r}{hint}')
+        text = str(value)
+        if '\0' in text:
+            raise origins.error(dotted, 'a value cannot hold a NUL character')
+        out[name] = text
+    return out
+
+
+def _parse_job_settings(tasks, origins: _Origins) -> dict[str, dict[str, str]]:
+    """`tasks: {ps: {env: {...}}, worker: {env: {...}}}`: settings for every task of one job."""
+    if tasks is None:
+        return {}
+    if not isinstance(tasks, dict):
+        raise origins.error('tasks', 'expected a mapping of job (ps, worker) to its settings, '
+                                     'e.g. {worker: {env: {OMP_NUM_THREADS: 4}}}')
+    _no_unknown(tasks, JOBS, 'tasks', origins)
+    out = {}
+    for job, settings in tasks.items():
+        settings = settings or {}
+        if not isinstance(settings, dict):
+            raise origins.error(f'tasks.{job}', 'expected a mapping with env')
+        _no_unknown(settings, ('env',), f'tasks.{job}', origins)
+        env = _parse_env(settings.get('env'), f'tasks.{job}.env', origins)
+        if env:
+            out[job] = env
+    return out
+
+
+def _parse_gpus(gpus, tasks, origins: _Origins) -> dict[str, int]:
+    """`gpus: {node1: 4, localhost: 2}`: how many GPUs a host has, so that `launch plan` (which
+    asks no host) shows the GPUs each worker gets; `up` and `check` compare it with the host's."""
+    if gpus is None:
+        return {}
+    if not isinstance(gpus, dict):
+        raise origins.error('gpus', 'expected a mapping of host name to its number of GPUs, e.g. {node1: 4}')
+    hosts = {same_machine_key(t.host) for t in tasks}
+    out: dict[str, int] = {}
+    for name, count in gpus.items():
+        key = f'gpus.{name}'
+        if not _valid_host(str(name)):
+            raise origins.error(key, f'invalid host name {name!r}')
+        if count is None:       # --set gpus.HOST=null: not given
+            continue
+        v = _expect(count, (int,), key, origins, 'a number of GPUs (a whole number >= 0)')
+        if v < 0:
+            raise origins.error(key, f'expected a whole number >= 0, got {v}')
+        if same_machine_key(str(name)) not in hosts:
+            raise origins.error(key, f'no task runs on {name}: the hosts of the cluster are '
+                                     f'{", ".join(sorted({t.host for t in tasks}))}')
+        if same_machine_key(str(name)) in {same_machine_key(h) for h in out}:
+            raise origins.error(key, f'{name} is the same machine as another entry of gpus')
+        out[str(name)] = v
+    return out
+
+
 def _positive_int(value, key, origins) -> int:
     v = _expect(value, (int,), key, origins, 'a positive whole number')
     if v < 1:
@@ -750,6 +862,9 @@ def _parse_devices(value, key, origins):
         devices = []
         for i, item in enumerate(value):
             m = _DEVICE.match(str(item).strip().lower())
+            if str(item).strip().lower() == 'auto':
+                raise origins.error(f'{key}[{i}]', 'auto cannot be mixed with a list: write devices: auto, or '
+                                                   'list the towers (e.g. [gpu:0, gpu:1])')
             if not m:
                 raise origins.error(f'{key}[{i}]', f'expected a device like gpu:0 or cpu:0, got {item!r}')
             devices.append(f'{m.group(1)}:{int(m.group(2))}')

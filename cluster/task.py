@@ -140,6 +140,24 @@ def import_tensorflow(keras: bool):
     return tensorflow
 
 
+_SECRET = ('KEY', 'TOKEN', 'SECRET', 'PASSWORD', 'PASSWD', 'CREDENTIAL')
+
+
+def environment_line(spec: ClusterSpec, task: TaskSpec, environ) -> str:
+    """What the task got of the spec's `env:` (as it sees it: a backend that lost one shows up
+    here) and the GPUs it may use; '' when there is neither. Values of names that look secret
+    are not written to the log."""
+    words = []
+    gpus = environ.get('CUDA_VISIBLE_DEVICES')
+    if task.job == 'worker' and gpus:
+        words.append(f'CUDA_VISIBLE_DEVICES={gpus}')
+    for name in sorted(spec.task_env(task.job)):
+        value = environ.get(name)
+        shown = '(not set)' if value is None else '***' if any(s in name.upper() for s in _SECRET) else repr(value)
+        words.append(f'{name}={shown}')
+    return f'environment: {" ".join(words)}' if words else ''
+
+
 def main(argv=None) -> int:
     # A task started in the background by a shell (the SSH backend's wrapper) inherits SIGINT and
     # SIGQUIT ignored; give them back their usual meaning, so `kill -INT` stops a task anywhere.
@@ -164,6 +182,9 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, handlers=[handler])
     if os.environ.get(LEASE_ENV):
         watch_lease(os.environ[LEASE_ENV], float(os.environ.get(LEASE_SECS_ENV) or 10))
+    line = environment_line(spec, task, os.environ)
+    if line:
+        log.info('%s: %s', task.name, line)
     if spec.train.command:        # the user's process is the task: no TensorFlow in this one
         # With no launcher (Slurm, TFJob, by hand), a command's ps ends once its workers have.
         return run_command(spec, task, port_in_use, CHILDREN, stop_with_workers=not os.environ.get(LEASE_ENV))

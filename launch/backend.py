@@ -94,24 +94,6 @@ def parse_gpu_count(output: str) -> int | None:
     return None
 
 
-def gpus_needed(devices) -> int:
-    """How many GPUs a worker's host must have for train.devices: gpu:N needs N+1 (each worker sees
-    the GPUs its towers name by their index on the host)."""
-    if not isinstance(devices, tuple):
-        return 0
-    return max((int(d.split(':')[1]) + 1 for d in devices if d.startswith('gpu:')), default=0)
-
-
-def gpu_shortage(devices, count: int, host: str = 'the host') -> str | None:
-    """One line when a host with `count` GPUs cannot run workers with these train.devices, else None."""
-    need = gpus_needed(devices)
-    if count >= need:
-        return None
-    gpus = [d for d in devices if d.startswith('gpu:')]
-    has = 'no GPU' if count == 0 else f'{count} GPU{"s" if count > 1 else ""} (gpu:0..gpu:{count - 1})'
-    return f'train.devices names {", ".join(gpus)} but {host} has {has}'
-
-
 @dataclass
 class TaskRecord:
     """A started task as the state file remembers it: enough to find, check and stop it later."""
@@ -211,6 +193,11 @@ class Backend(abc.ABC):
         ports free), all hosts checked even when one fails; starts nothing. With `imports`, the
         tasks' Python imports TensorFlow and this package for real (seconds per host); without,
         it only finds them."""
+
+    def gpu_counts(self, plans: list[TaskPlan]) -> dict[str, int]:
+        """How many GPUs the hosts of these tasks have: spec host -> count, a host that cannot
+        be asked left out (its pre-flight says why). Called only when train.devices wants GPUs."""
+        return {}
 
     def preflight(self, spec, plans: list[TaskPlan]) -> None:
         """What stops `launch up` before anything starts (`check` without imports, every host's

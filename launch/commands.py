@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from cluster import rundir
 from cluster.rundir import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from cluster.spec import ClusterSpec, SpecError, load_spec
-from launch import netns, registry, runs
-from launch.backend import BackendError, stop_all
+from launch import gpus, netns, registry, runs
+from launch.backend import BackendError, HostCheck, stop_all
 from launch.errors import UsageError
 from launch.lifecycle import Console, Lifecycle
 from launch.plan import TaskPlan, effective_spec_path, log_path, state_path
@@ -64,6 +64,13 @@ def plans_of(spec: ClusterSpec, req: Request) -> list[TaskPlan]:
     return registry.plans(spec, req.backend, req.options)
 
 
+def with_gpus(spec: ClusterSpec, req: Request, plans: list[TaskPlan], backends) -> list[TaskPlan]:
+    """The plans again with the GPUs the workers' hosts say they have (launch/gpus.py): each
+    worker of a host its own. Raises SpecError when a host has too few."""
+    counts = registry.gpu_counts(spec, plans, backends)
+    return registry.plans(spec, req.backend, req.options, counts) if counts else plans
+
+
 def backends_for(spec: ClusterSpec, req: Request, plans: list[TaskPlan], state: LaunchState | None = None):
     """The backends the plans need, and those of any task the state file remembers."""
     names = {p.backend for p in plans} | {r.backend for r in (state.tasks if state else [])}
@@ -95,9 +102,11 @@ def cmd_up(spec: ClusterSpec, req: Request) -> int:
     from launch.supervised import SupervisedRun
     plans = plans_of(spec, req)
     spec_yaml = registry.tasks_spec_yaml(spec, req.backend, req.options)
-    life = Lifecycle(spec, console, ','.join(sorted({p.backend for p in plans})), spec_yaml,
-                     overrides=args.overrides)
     with backends_for(spec, req, plans) as backends:
+        plans = with_gpus(spec, req, plans, backends)     # too few GPUs: SpecError, nothing started
+        life = Lifecycle(spec, console, ','.join(sorted({p.backend for p in plans})), spec_yaml,
+                         overrides=args.overrides)
+
         def checks():
             preflight(spec, plans, backends, say=console.say)
             prepare_data(spec, plans)
@@ -362,6 +371,21 @@ def cmd_check(spec: ClusterSpec, req: Request) -> int:
     with backends_for(spec, req, plans) as backends:
         checks = [c for name, b in backends.items()
                   for c in b.check([p for p in plans if p.backend == name], imports=True)]
+        try:
+            given = [p for p in with_gpus(spec, req, plans, backends) if p.slot and p.slot.gpus]
+            if given:
+                checks.append(HostCheck('gpus', True, '; '.join(f'{p.name} {p.slot.describe(0)}' for p in given)))
+        except gpus.GPUShortage as e:     # said in the host's own line where it has one
+            for machine, names, text in e.problems:
+                problem = f'train.devices: {names}: {text}'
+                same = next((i for i, c in enumerate(checks) if c.host == machine), None)
+                if same is None:
+                    checks.append(HostCheck(machine, False, problem))
+                else:
+                    c = checks[same]
+                    checks[same] = HostCheck(machine, False, problem if c.ok else f'{c.detail}; {problem}')
+        except SpecError as e:
+            checks.append(HostCheck('gpus', False, str(e)))
     code = 0 if all(c.ok for c in checks) else 1
     if req.args.json:
         print(json.dumps({'ok': code == 0, 'hosts': [dataclasses.asdict(c) for c in checks]}, indent=1))
@@ -373,9 +397,9 @@ def cmd_check(spec: ClusterSpec, req: Request) -> int:
 
 
 def cmd_plan(spec: ClusterSpec, req: Request) -> int:
+    plans = plans_of(spec, req)
     if req.args.json:
-        print(json.dumps([_plan_json(task, plan, req) for task, plan in zip(spec.tasks, plans_of(spec, req))],
-                         indent=1))
+        print(json.dumps([_plan_json(task, plan, req) for task, plan in zip(spec.tasks, plans)], indent=1))
         return 0
     print(f'# {spec.path}: {spec.num_ps} ps, {spec.num_workers} workers, '
           f'{"sync" if spec.train.sync else "async"}; `launch up` writes the effective spec to '
@@ -386,16 +410,23 @@ def cmd_plan(spec: ClusterSpec, req: Request) -> int:
         print(f'# every task runs `{shlex.join(spec.train.command)}` plus --job_name, --task_index, --ps_hosts and '
               '--worker_hosts (python: the task\'s own interpreter); the ps tasks are stopped once every worker '
               'exited 0')
-    for task, plan in zip(spec.tasks, plans_of(spec, req)):
+    for task, plan in zip(spec.tasks, plans):
         where = registry.kind(plan.backend).where(plan, task, req.options)
         reach = f' -> {plan.endpoint}' if plan.endpoint != plan.task.address else ''
         print(f'{plan.name}  {plan.task.address}{reach}  ({where})')
         print(f'  cwd:  {plan.cwd}')
         print(f'  run:  {shlex.join(netns.wrap(plan.netns, plan.argv) if plan.netns else plan.argv)}')
+        if plan.slot is not None and plan.task.job == 'worker':
+            print(f'  gpus: {plan.slot.describe(workers_on(plans, plan))}')
         for k, v in plan.env.items():
             print(f'  env:  {k}={shlex.quote(v)}')
         print(f'  log:  {plan.log_path}')
     return 0
+
+
+def workers_on(plans: list[TaskPlan], plan: TaskPlan) -> int:
+    """How many workers share `plan`'s machine (its GPUs are split among them)."""
+    return sum(1 for p in plans if p.task.job == 'worker' and p.slot and p.slot.machine == plan.slot.machine)
 
 
 def _plan_json(task, plan: TaskPlan, req: Request) -> dict:
@@ -403,6 +434,7 @@ def _plan_json(task, plan: TaskPlan, req: Request) -> dict:
     return {'task': plan.name, 'address': task.address, 'endpoint': plan.endpoint, 'backend': plan.backend,
             'where': registry.kind(plan.backend).where(plan, task, req.options), 'cwd': plan.cwd,
             'argv': list(netns.wrap(plan.netns, plan.argv) if plan.netns else plan.argv), 'env': dict(plan.env),
+            'gpus': None if plan.slot is None or plan.slot.gpus is None else list(plan.slot.gpus),
             'log': plan.log_path}
 
 

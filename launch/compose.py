@@ -196,6 +196,11 @@ class ComposeBackend(Backend):
         return out.stdout.split() if out.returncode == 0 else []
 
     # -- pre-flight -----------------------------------------------------------------------
+    def gpu_counts(self, plans: list[TaskPlan]) -> dict[str, int]:
+        """Every container runs on this machine (the docker engine's)."""
+        from launch.local import gpu_count
+        return {'localhost': gpu_count()} if plans else {}
+
     def check(self, plans: list[TaskPlan], imports: bool = False) -> list[HostCheck]:
         """The engine answers, a compose tool is installed, no container of this project is left
         over, and the image exists: `launch up` (imports=False) builds it when missing, `launch

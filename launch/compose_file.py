@@ -66,6 +66,20 @@ def mounts(spec: ClusterSpec) -> list[tuple[str, str, bool]]:
     return out
 
 
+def _gpu_reservation(plan: TaskPlan) -> list[str]:
+    """A worker's GPUs as a device request (its physical GPUs; it sees them as 0, 1, ...): the
+    Compose Specification's form, which docker-compose 1.28+ and Compose v2 both read."""
+    if plan.slot is None or not plan.slot.gpus:
+        return []
+    return ['    deploy:',
+            '      resources:',
+            '        reservations:',
+            '          devices:',
+            '            - driver: nvidia',
+            f'              device_ids: {_flow(plan.slot.gpus)}',
+            '              capabilities: [gpu]']
+
+
 def render(spec: ClusterSpec, plans: list[TaskPlan], source: str = '') -> str:
     """The compose file for `plans` (from plan.plan_compose(spec)); `spec` is the
     mapped spec the tasks read. `source` names the spec file in the header comment."""
@@ -108,6 +122,7 @@ def render(spec: ClusterSpec, plans: list[TaskPlan], source: str = '') -> str:
             f'      {SPEC_VARIABLE}: *spec',
         ]
         lines += [f'      {k}: {_scalar(v)}' for k, v in plan.env.items()]
+        lines += _gpu_reservation(plan)
         lines += [
             f'    expose: [{_scalar(t.port)}]',
             '    labels:',

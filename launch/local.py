@@ -16,7 +16,7 @@ from launch import netns
 from launch.errors import UsageError
 from cluster.rundir import read_text, write_atomically
 from launch.backend import (ENDED, GPU_COUNT_SH, HOST_PROBE, RUNNING, STOP_GRACE_SECS, Backend, BackendError, HostCheck,
-                            Observation, TaskRecord, follow_file, gpu_shortage, handle_of, link_attempt_log,
+                            Observation, TaskRecord, follow_file, handle_of, link_attempt_log,
                             parse_gpu_count, planned_record, touch_leases, wait_all)
 from launch.plan import TaskPlan
 
@@ -34,12 +34,20 @@ def gpu_count() -> int:
     return parse_gpu_count(out) or 0
 
 
-def gpus_wanted(plans) -> list[int]:
-    """The GPU indices the plans' tasks are given (CUDA_VISIBLE_DEVICES), sorted."""
-    wanted = set()
-    for p in plans:
-        wanted.update(int(i) for i in p.env.get('CUDA_VISIBLE_DEVICES', '').split(',') if i.strip().isdigit())
-    return sorted(wanted)
+# What a local task takes from the launcher's environment: what running the same Python needs
+# (the search paths, the virtualenv or conda environment, the locale, home and temporary folder),
+# the proxies, and tfcluster's own knobs (TFCLUSTER_PROFILE). Anything else a task should see is
+# the spec's `env:`, which every backend passes alike; an SSH task sees its login environment.
+INHERITED = frozenset({'PATH', 'HOME', 'USER', 'LOGNAME', 'SHELL', 'LANG', 'LANGUAGE', 'TZ', 'TMPDIR', 'TERM',
+                       'LD_LIBRARY_PATH', 'VIRTUAL_ENV', 'SSL_CERT_FILE', 'SSL_CERT_DIR'}
+                      | {f'{name}_proxy' for name in ('http', 'https', 'ftp', 'no', 'all')}
+                      | {f'{name}_PROXY' for name in ('HTTP', 'HTTPS', 'FTP', 'NO', 'ALL')})
+INHERITED_PREFIXES = ('LC_', 'PYTHON', 'CONDA_', 'PYENV_', 'TFCLUSTER_')
+
+
+def inherited(environ) -> dict[str, str]:
+    """The part of the launcher's environment a local task starts with (INHERITED)."""
+    return {k: v for k, v in environ.items() if k in INHERITED or k.startswith(INHERITED_PREFIXES)}
 
 
 def _stat_fields(pid: int) -> list[str] | None:
@@ -110,9 +118,6 @@ class LocalBackend(Backend):
 
     def preflight(self, spec, plans):
         """Named by task, where `launch check` says it per host."""
-        missing = self.missing_gpus(plans)
-        if missing:
-            raise spec.error('train.devices', missing.removeprefix('train.devices '))
         busy = self.busy(plans)
         if busy:
             task = busy[0].task
@@ -122,9 +127,6 @@ class LocalBackend(Backend):
         if not plans:
             return []
         problems = [f'port {p.task.port} ({p.name}) already in use' for p in self.busy(plans)]
-        missing = self.missing_gpus(plans)
-        if missing:
-            problems.append(missing)
         version = ''
         if imports:
             python = plans[0].argv[0]
@@ -149,21 +151,15 @@ class LocalBackend(Backend):
                                              f'{", ".join(str(p.task.port) for p in plans)} free'
                                              + (f' (in network namespace {where[0]})' if where else ''))]
 
-    @staticmethod
-    def missing_gpus(plans) -> str | None:
-        """One line when train.devices names GPUs this machine does not have (and it runs a
-        worker), else None."""
-        devices = tuple(f'gpu:{i}' for i in gpus_wanted(plans))     # as the tasks are given them
-        if not devices:
-            return None
-        return gpu_shortage(devices, gpu_count(), 'this machine')
+    def gpu_counts(self, plans: list[TaskPlan]) -> dict[str, int]:
+        return {p.task.host: gpu_count() for p in plans[:1]}
 
     def start(self, plan: TaskPlan) -> TaskRecord:
         log_file = link_attempt_log(plan.cwd, plan)
         with open(log_file, 'ab') as out:       # a task restarted in the same attempt appends
             offset = out.tell()
             argv = netns.wrap(plan.netns, plan.argv) if plan.netns else plan.argv
-            proc = subprocess.Popen(argv, cwd=plan.cwd, env={**os.environ, **plan.env},
+            proc = subprocess.Popen(argv, cwd=plan.cwd, env={**inherited(os.environ), **plan.env},
                                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True)
         self._children[proc.pid] = proc

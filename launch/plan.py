@@ -10,9 +10,11 @@ import sys
 from dataclasses import dataclass
 from typing import Mapping
 
-from cluster.spec import LOOPBACK_NAMES, ClusterSpec, HostConfig, SpecError, TaskSpec, address
+from cluster.spec import LOOPBACK_NAMES, ClusterSpec, HostConfig, SpecError, TaskSpec, address, same_machine_key
 from cluster import rundir
 from cluster.rundir import LEASE_ENV, LEASE_SECS_ENV
+from launch import gpus as gpu_slots
+from launch.gpus import Slot
 
 DEFAULT_REMOTE_PYTHON = 'python3'
 DEFAULT_REMOTE_WORKDIR = 'tfcluster'     # relative to the remote user's home
@@ -37,6 +39,7 @@ class TaskPlan:
     attempt: int = 1                 # the run's attempt: its log is logs/attempt-N/, log_path links to it
     address: str = ''                # the host other tasks reach this one at ('': task.host)
     netns: str | None = None         # the private network namespace a local task runs in (isolation: netns)
+    slot: Slot | None = None         # its physical GPUs on its machine (launch/gpus.py)
 
     @property
     def name(self) -> str:
@@ -79,15 +82,17 @@ def netns_name(spec: ClusterSpec, cwd: str = '.') -> str:
     return 'tfcluster-' + hashlib.sha256(where.encode()).hexdigest()[:12]
 
 
-def task_env(spec: ClusterSpec, task: TaskSpec, backend: str = 'local') -> dict[str, str]:
-    env = {'TF_CONFIG': spec.tf_config(task), 'PYTHONUNBUFFERED': '1', 'TF_CPP_MIN_LOG_LEVEL': '2',
+def task_env(spec: ClusterSpec, task: TaskSpec, backend: str = 'local', slot: Slot | None = None) -> dict[str, str]:
+    """What the launcher sets in a task's environment: the spec's `env` (and its job's), then the
+    launcher's own variables, which a spec cannot name (cluster/spec.py LAUNCHER_ENV). GPUs: the
+    task's slot (launch/gpus.py); ps tasks and CPU towers see none; unset only for `auto` on a
+    machine whose count is unknown."""
+    env = {'PYTHONUNBUFFERED': '1', 'TF_CPP_MIN_LOG_LEVEL': '2', **spec.task_env(task.job),
+           'TF_CONFIG': spec.tf_config(task),
            LEASE_ENV: rundir.lease_path(spec.train.train_dir), LEASE_SECS_ENV: str(LEASE_SECS.get(backend, 20))}
-    devices = spec.train.devices
-    if task.job == 'ps' or devices != 'auto':
-        # ps tasks keep variables in host memory; workers see only the GPUs their towers name
-        # (none for CPU towers), so several tasks on one host never share a GPU by accident.
-        gpus = devices if task.job == 'worker' and isinstance(devices, tuple) else ()
-        env['CUDA_VISIBLE_DEVICES'] = ','.join(d.split(':')[1] for d in gpus if d.startswith('gpu:'))
+    slot = slot or gpu_slots.assign(spec)[task.name]
+    if slot.gpus is not None:
+        env['CUDA_VISIBLE_DEVICES'] = ','.join(map(str, slot.gpus))
     return env
 
 
@@ -95,7 +100,7 @@ def task_spec(spec: ClusterSpec, addresses: Mapping[str, str] | None = None) -> 
     """The spec as the tasks read it (the effective spec uploaded to every host, and TF_CONFIG):
     each host replaced by the address tasks reach it at (`addresses`: spec host -> address, e.g.
     an ssh config alias -> its HostName), and no `hosts` section: users, keys and SSH ports are the
-    launcher's business, not every host's. Raises SpecError when two tasks end up at one address."""
+    launcher's business, not every host's; no `gpus` (the launcher gives them out). Raises SpecError when two tasks end up at one address."""
     addresses = addresses or {}
     tasks = tuple(dataclasses.replace(t, host=addresses.get(t.host, t.host)) for t in spec.tasks)
     seen: dict[tuple[str, int], TaskSpec] = {}
@@ -105,13 +110,15 @@ def task_spec(spec: ClusterSpec, addresses: Mapping[str, str] | None = None) -> 
             raise SpecError(f'{spec.path}: cluster: {before.name} ({before.address}) and {other.name} '
                             f'({other.address}) both resolve to {after.address}: every task needs its own '
                             'address:port (check HostName in the ssh config and hosts.*.address)')
-    return dataclasses.replace(spec, tasks=tasks, hosts=type(spec.hosts)({}))
+    return dataclasses.replace(spec, tasks=tasks, hosts=type(spec.hosts)({}), gpus=type(spec.gpus)({}))
 
 
 def plan_task(spec: ClusterSpec, task: TaskSpec, python: str | None = None, cwd: str = '.',
-              net: ClusterSpec | None = None) -> TaskPlan:
-    """One task's plan; `net` is task_spec(spec, addresses) (default: no address differs)."""
+              net: ClusterSpec | None = None, slot: Slot | None = None) -> TaskPlan:
+    """One task's plan; `net` is task_spec(spec, addresses) (default: no address differs), `slot`
+    its GPUs (default: assigned with the counts the spec gives)."""
     net = net or task_spec(spec)
+    slot = slot or gpu_slots.assign(spec)[task.name]
     reach = net.task(task.job, task.index)
     local = is_local(spec, task.host)
     host = None if local else spec.hosts.get(task.host, HostConfig(name=task.host))
@@ -124,9 +131,9 @@ def plan_task(spec: ClusterSpec, task: TaskSpec, python: str | None = None, cwd:
     argv = (python, '-m', 'cluster.task', '--spec', spec_file, '--job', task.job, '--index', str(task.index))
     backend = 'local' if local else 'ssh'
     netns = netns_name(spec, cwd) if local and spec.isolation == 'netns' else None
-    return TaskPlan(task=task, backend=backend, argv=argv, env=task_env(net, reach, backend),
+    return TaskPlan(task=task, backend=backend, argv=argv, env=task_env(net, reach, backend, slot),
                     cwd=cwd, spec_path=spec_file, log_path=log_path(spec, task), host=host, address=reach.host,
-                    netns=netns)
+                    netns=netns, slot=slot)
 
 
 def service_name(task: TaskSpec) -> str:
@@ -136,31 +143,48 @@ def service_name(task: TaskSpec) -> str:
 
 def compose_spec(spec: ClusterSpec) -> ClusterSpec:
     """The spec as the containers see it: each task is its own host, named for its service, on the
-    port the spec gives it (whatever host the spec names: localhost, node1, ...). SSH settings and
-    network namespaces mean nothing there (the project's network is internal) and are dropped."""
+    port the spec gives it (whatever host the spec names: localhost, node1, ...). SSH settings,
+    GPU counts (the plans hold each worker's GPUs) and network namespaces mean nothing there (the
+    project's network is internal) and are dropped."""
     tasks = tuple(dataclasses.replace(t, host=service_name(t)) for t in spec.tasks)
-    return dataclasses.replace(spec, tasks=tasks, hosts=type(spec.hosts)({}), isolation='none')
+    return dataclasses.replace(spec, tasks=tasks, hosts=type(spec.hosts)({}), gpus=type(spec.gpus)({}), isolation='none')
 
 
-def plan_compose_task(spec: ClusterSpec, task: TaskSpec) -> TaskPlan:
+def plan_compose_task(spec: ClusterSpec, task: TaskSpec, slot: Slot) -> TaskPlan:
     """One container's task; `spec` is already mapped by compose_spec. Relative paths (spec, log,
     train_dir) are below COMPOSE_WORKDIR, where the compose backend mounts the train_dir."""
-    # Inside its container a task is a local process: the same argv, environment and paths.
-    plan = plan_task(spec, dataclasses.replace(task, host='localhost'), COMPOSE_PYTHON, COMPOSE_WORKDIR)
-    return dataclasses.replace(plan, task=task, backend='compose')
+    # Inside its container a task is a local process: the same argv, environment and paths; its
+    # GPUs are the devices the compose file reserves for it, which it sees as 0, 1, ...
+    plan = plan_task(spec, dataclasses.replace(task, host='localhost'), COMPOSE_PYTHON, COMPOSE_WORKDIR, slot=slot)
+    env = dict(plan.env)
+    if slot.gpus is not None:
+        env['CUDA_VISIBLE_DEVICES'] = ','.join(str(i) for i in range(len(slot.gpus)))
+    return dataclasses.replace(plan, task=task, backend='compose', env=env)
 
 
-def plan_compose(spec: ClusterSpec) -> tuple[TaskPlan, ...]:
-    """Every task of the spec as a container of one compose project (see compose_spec)."""
+def plan_compose(spec: ClusterSpec, counts: Mapping[str, int] | None = None) -> tuple[TaskPlan, ...]:
+    """Every task of the spec as a container of one compose project (see compose_spec). They all
+    run on the machine of the docker engine, this one: its GPUs (`counts`, else gpus.localhost)
+    are shared out among all the workers, whatever hosts the spec names."""
+    here = {t.host: 'localhost' for t in spec.tasks}
+    slots = gpu_slots.assign(spec, here, counts)
     mapped = compose_spec(spec)
-    return tuple(plan_compose_task(mapped, t) for t in mapped.tasks)
+    return tuple(plan_compose_task(mapped, t, slots[t.name]) for t in mapped.tasks)
 
 
 def plan_cluster(spec: ClusterSpec, python: str | None = None, cwd: str = '.',
-                 addresses: Mapping[str, str] | None = None) -> tuple[TaskPlan, ...]:
+                 addresses: Mapping[str, str] | None = None,
+                 counts: Mapping[str, int] | None = None) -> tuple[TaskPlan, ...]:
     """Every task of the spec, ps tasks first (they hold the variables everyone waits for), each
     a local process or an SSH task as its host says (is_local). `addresses` maps a spec host to the
     address tasks reach it at (see task_spec); the caller resolves them (the ssh config), so
-    planning reads no files."""
+    planning reads no files. `counts` maps a machine (an address, localhost for this one) to the
+    GPUs it has, where a host was asked (launch/gpus.py); else the spec's `gpus:` or unknown."""
     net = task_spec(spec, addresses)
-    return tuple(plan_task(spec, t, python, cwd, net) for t in spec.tasks)
+    slots = gpu_slots.assign(spec, addresses, counts)
+    return tuple(plan_task(spec, t, python, cwd, net, slots[t.name]) for t in spec.tasks)
+
+
+def machine(spec: ClusterSpec, host: str, addresses: Mapping[str, str] | None = None) -> str:
+    """The machine a spec host is (launch/gpus.py): its address, every loopback name as localhost."""
+    return same_machine_key((addresses or {}).get(host, host))

@@ -16,7 +16,8 @@ from typing import Callable
 from cluster.spec import ClusterSpec, TaskSpec
 from launch.backend import Backend
 from launch.errors import UsageError
-from launch.plan import TaskPlan, is_local, plan_cluster, plan_compose, service_name, task_spec
+from launch import gpus
+from launch.plan import TaskPlan, is_local, machine, plan_cluster, plan_compose, service_name, task_spec
 
 SUPERVISED, DELEGATED = 'supervised', 'delegated'
 
@@ -36,7 +37,8 @@ class Kind:
     name: str
     strategy: str                                   # SUPERVISED | DELEGATED
     addresses: Callable[[ClusterSpec, Options], dict[str, str]] = lambda spec, opts: {}
-    plan: Callable[[ClusterSpec, dict[str, str]], tuple[TaskPlan, ...]] | None = None
+    # spec, addresses, GPU counts (a spec host or machine -> count, where asked) -> the task plans
+    plan: Callable[[ClusterSpec, dict[str, str], dict[str, int]], tuple[TaskPlan, ...]] | None = None
     make: Callable[[ClusterSpec, Options], Backend] | None = None           # supervised: the backend
     delegate: Callable[[ClusterSpec, Options], object] | None = None        # delegated: the lifecycle.Strategy
     where: Callable[[TaskPlan, TaskSpec, Options], str] = lambda plan, task, opts: ''
@@ -62,8 +64,14 @@ def _ssh_addresses(spec: ClusterSpec, opts: Options) -> dict[str, str]:
     return host_addresses(spec, opts.ssh_config)
 
 
-def _plan_hosts(spec: ClusterSpec, addresses: dict[str, str]) -> tuple[TaskPlan, ...]:
-    return plan_cluster(spec, addresses=addresses)
+def _plan_hosts(spec: ClusterSpec, addresses: dict[str, str], counts: dict[str, int]) -> tuple[TaskPlan, ...]:
+    found = {machine(spec, host, addresses): n for host, n in counts.items()}
+    return plan_cluster(spec, addresses=addresses, counts=gpus.machine_counts(spec, found, addresses))
+
+
+def _plan_compose(spec: ClusterSpec, addresses: dict[str, str], counts: dict[str, int]) -> tuple[TaskPlan, ...]:
+    here = {t.host: 'localhost' for t in spec.tasks}       # every container runs on the docker engine's machine
+    return plan_compose(spec, gpus.machine_counts(spec, counts, here))
 
 
 def _make_local(spec: ClusterSpec, opts: Options) -> Backend:
@@ -121,7 +129,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind('local', **_HOSTS, make=_make_local, where=lambda plan, task, opts: 'local process', on_this_machine=True,
          logs_here=True),
     Kind('ssh', **_HOSTS, make=_make_ssh, where=_ssh_where),
-    Kind('compose', SUPERVISED, plan=lambda spec, addresses: plan_compose(spec), make=_make_compose,
+    Kind('compose', SUPERVISED, plan=_plan_compose, make=_make_compose,
          where=lambda plan, task, opts: f'compose service {service_name(task)}, was {task.address} in the spec',
          isolates_ports=True, logs_here=True, remembered=True, leaves_resources=True,
          user_code_refusal='the compose backend runs the stock tfcluster image, which does not hold your code: '
@@ -147,12 +155,23 @@ def kind(name: str | None) -> Kind:
     return KINDS[name or DEFAULT]
 
 
-def plans(spec: ClusterSpec, name: str | None, opts: Options) -> list[TaskPlan]:
-    """What every task of the spec runs where, for the backend chosen (None: per host)."""
+def plans(spec: ClusterSpec, name: str | None, opts: Options, counts: dict[str, int] | None = None) -> list[TaskPlan]:
+    """What every task of the spec runs where, for the backend chosen (None: per host). `counts`:
+    the GPUs the hosts said they have (Backend.gpu_counts); without, the spec's `gpus:` or unknown."""
     k = kind(name)
     if k.plan is None:
         raise UsageError(f'the {k.name} backend places the tasks itself; nothing is planned here')
-    return list(k.plan(spec, k.addresses(spec, opts)))
+    return list(k.plan(spec, k.addresses(spec, opts), counts or {}))
+
+
+def gpu_counts(spec: ClusterSpec, plans: list[TaskPlan], backends) -> dict[str, int]:
+    """Ask the hosts of the workers how many GPUs they have, when train.devices wants any."""
+    if not gpus.wants_gpus(spec):
+        return {}
+    counts: dict[str, int] = {}
+    for name, backend in backends.items():
+        counts.update(backend.gpu_counts([p for p in plans if p.backend == name and p.task.job == 'worker']))
+    return counts
 
 
 def tasks_spec_yaml(spec: ClusterSpec, name: str | None, opts: Options) -> str:

@@ -27,10 +27,24 @@ SPEC_MARK = 'TFCLUSTER_SPEC'     # ends the here-document that carries the effec
 # limit send SIGTERM to every task at once, and the chief can only write its checkpoint while the
 # ps tasks still hold the variables; Slurm's SIGKILL (KillWait seconds later) ends them. Workers
 # keep SIGTERM: the chief saves and exits on it, the others just exit.
-# $1: the number of ps tasks, $2: the logs directory, then the command.
-RANK_WRAPPER = ('if [ "$SLURM_PROCID" -lt "$1" ]; then task=ps-$SLURM_PROCID; trap "" TERM; '
-                'else task=worker-$((SLURM_PROCID - $1)); fi; '
-                'logs=$2; shift 2; exec "$@" >"$logs/$task.log" 2>&1')
+# $1: the number of ps tasks, $2: the logs directory, then the command. `ps` and `worker` are
+# what each job does besides (rank_wrapper: its own `env:` variables, its GPUs).
+_WRAPPER = ('if [ "$SLURM_PROCID" -lt "$1" ]; then task=ps-$SLURM_PROCID; trap "" TERM;{ps} '
+            'else task=worker-$((SLURM_PROCID - $1));{worker} fi; '
+            'logs=$2; shift 2; exec "$@" >"$logs/$task.log" 2>&1')
+
+
+def rank_wrapper(ps: str = '', worker: str = '') -> str:
+    """The wrapper with shell commands of each job's own (each ending in `;`)."""
+    return _WRAPPER.format(ps=f' {ps}' if ps else '', worker=f' {worker}' if worker else '')
+
+
+RANK_WRAPPER = rank_wrapper()
+
+
+def exports(env) -> str:
+    """`export K=V ...;` for a mapping (values quoted), '' for none."""
+    return f'export {" ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())};' if env else ''
 
 
 def job_name(spec: ClusterSpec, name: str | None = None) -> str:
@@ -84,6 +98,7 @@ def render(spec: ClusterSpec, args, attempt: int | None = None) -> str:
     if getattr(args, 'time_limit', None):
         sbatch.append(f'--time={args.time_limit}')
     spec_yaml = placed.to_yaml()
+    wrapper = rank_wrapper(exports(spec.job_env.get('ps', {})), exports(spec.job_env.get('worker', {})))
     lines = [
         '#!/bin/bash',
         f'# tfcluster: {spec.path} as one Slurm job: {spec.num_ps} ps + {spec.num_workers} worker(s), '
@@ -113,6 +128,8 @@ def render(spec: ClusterSpec, args, attempt: int | None = None) -> str:
         'mv -f "$train_dir/spec.yaml.$SLURM_JOB_ID" "$train_dir/spec.yaml"',
         f'export PYTHONPATH={q(package_root())}${{PYTHONPATH:+:$PYTHONPATH}}',
         'export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2',
+        *(['# The spec\'s env: (every task; tasks.<job>.env is set by the rank wrapper below)',
+           exports(spec.env).rstrip(';')] if spec.env else []),
         f'echo "tfcluster: job $SLURM_JOB_ID: {spec.num_ps} ps + {spec.num_workers} worker(s) '
         'on $SLURM_JOB_NODELIST"',
         '# --kill-on-bad-exit: a task that fails ends the step (a lost ps or worker would leave the',
@@ -120,7 +137,7 @@ def render(spec: ClusterSpec, args, attempt: int | None = None) -> str:
         '# The ps tasks exit by themselves once every worker is done, so the job ends with training.',
         *_attempt_links(spec, attempt),
         f'srun --ntasks={ntasks} --distribution=block --kill-on-bad-exit=1 \\',
-        f'    bash -c {q(RANK_WRAPPER)} tfcluster-task {spec.num_ps} "$train_dir/logs/{attempt_dirname("$attempt")}" \\',
+        f'    bash -c {q(wrapper)} tfcluster-task {spec.num_ps} "$train_dir/logs/{attempt_dirname("$attempt")}" \\',
         f'    {q(python)} -m cluster.task --spec "$train_dir/spec.yaml" --slurm --port-base {port_base}',
     ]
     return '\n'.join(lines) + '\n'

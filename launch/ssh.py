@@ -46,8 +46,8 @@ from cluster import rundir
 from cluster.rundir import LEASE_ENV
 from cluster.spec import ClusterSpec, HostConfig
 from launch.backend import (ENDED, GPU_COUNT_SH, HOST_PROBE, RUNNING, STOP_GRACE_SECS, UNKNOWN, Backend, BackendError,
-                            HostCheck, Observation, TaskRecord, decode_exit, gpu_shortage, gpus_needed, handle_of,
-                            parse_gpu_count, planned_record)
+                            HostCheck, Observation, TaskRecord, decode_exit, handle_of, parse_gpu_count,
+                            planned_record)
 from launch.plan import LEASE_SECS, TaskPlan, is_local
 
 log = logging.getLogger(__name__)
@@ -384,7 +384,7 @@ class SSHBackend(Backend):
     def _check_host(self, name: str, plans: list[TaskPlan], imports: bool) -> HostCheck:
         python = plans[0].argv[0]
         args = ' '.join(['--import'] * imports + [str(p.task.port) for p in plans])
-        script = (f'{GPU_COUNT_SH}; cd {_q(_remote_dir(plans[0].cwd))} 2>/dev/null; '
+        script = (f'cd {_q(_remote_dir(plans[0].cwd))} 2>/dev/null; '
                   f'exec {_shell_path(python)} -c {_q(HOST_PROBE)} {args}')
         try:
             conn = self._connect(name)
@@ -407,11 +407,6 @@ class SSHBackend(Backend):
                             f'install tensorflow and tfcluster there, or set hosts.{name}.python')
         names = {p.task.port: p.name for p in plans}
         problems += [f'port {port} ({names.get(port, "?")}) already in use' for port in found['busy']]
-        devices = self.spec.train.devices
-        if gpus_needed(devices) and any(p.task.job == 'worker' for p in plans):
-            shortage = gpu_shortage(devices, parse_gpu_count(result.stdout) or 0)
-            if shortage:
-                problems.append(shortage)
         try:
             self._sftp_call(name, lambda sftp: sftp.normalize('.'))
         except SSHError as e:
@@ -420,6 +415,16 @@ class SSHBackend(Backend):
             return HostCheck(name, False, '; '.join(problems))
         return HostCheck(name, True, f'{where}, Python {found["python"]}, tensorflow {found.get("tensorflow")}, '
                                      f'{len(plans)} task(s), ports {", ".join(str(p.task.port) for p in plans)} free')
+
+    def gpu_counts(self, plans: list[TaskPlan]) -> dict[str, int]:
+        """GPU_COUNT_SH on every host at once; a host that cannot be asked is left out."""
+        def count(name: str) -> tuple[str, int | None]:
+            try:
+                return name, parse_gpu_count(self._run(name, GPU_COUNT_SH).stdout)
+            except SSHError:
+                return name, None
+        found = self._parallel(count, sorted({p.task.host for p in plans}))
+        return {name: n for name, n in found if n is not None}
 
     # -- prepare and start ----------------------------------------------------------------
     def prepare(self, plans: list[TaskPlan], spec_yaml: str) -> None:

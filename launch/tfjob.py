@@ -142,6 +142,9 @@ def gpu_count(spec: ClusterSpec) -> int:
 def _replica(spec: ClusterSpec, job: str, image: str) -> dict:
     container = {'name': CONTAINER, 'image': image, 'command': list(COMMAND), 'args': train_args(spec),
                  'ports': [{'name': PORT_NAME, 'containerPort': PORT}]}
+    env = spec.task_env(job)
+    if env:
+        container['env'] = [{'name': k, 'value': v} for k, v in env.items()]
     pod: dict = {'containers': [container]}
     if job == 'worker':
         gpus = gpu_count(spec)

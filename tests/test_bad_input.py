@@ -89,7 +89,7 @@ CASES = {
                        'train.devices[0]: expected a device like gpu:0'),
     'device twice': (lambda t: ['up', _spec(t, train={'devices': ['cpu:0', 'cpu:0']})], 'train.devices'),
     'gpu the machine lacks': (lambda t: ['up', _spec(t, train={'devices': ['gpu:0']})],
-                              'train.devices: names gpu:0 but this machine has no GPU'),
+                              'train.devices: localhost (worker:0): names gpu:0 but the host has no GPU'),
     'too many replicas': (lambda t: ['up', _spec(t, train={'replicas_to_aggregate': 3})],
                           'train.replicas_to_aggregate: must be between 1 and the number of workers'),
     'train_dir with ~': (lambda t: ['up', _spec(t, train={'train_dir': '~/run'})], 'train.train_dir:'),

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from cluster.spec import HostConfig, SpecError, load_spec
-from launch.backend import GPU_COUNT_SH, gpu_shortage, gpus_needed, parse_gpu_count
+from launch.backend import GPU_COUNT_SH, parse_gpu_count
 from launch.plan import is_local, plan_cluster, task_spec
 
 PYTHON = '/opt/venv/bin/python3.11'
@@ -86,27 +86,29 @@ def test_tf_config_ipv6_and_remote(tmp_path):
             'ps': ['[::1]:2222'], 'worker': ['node1:2223', '10.0.0.5:2224']}
 
 
-# devices -> CUDA_VISIBLE_DEVICES of (ps, workers); None: not set, so the task inherits it.
-# Workers see exactly the GPUs their towers name: none for CPU towers.
+# devices -> CUDA_VISIBLE_DEVICES of (ps, worker 0, worker 1), both workers on localhost, whose GPU
+# count the plan does not know; None: not set. Each worker takes its own block of the host's GPUs.
 CUDA = [
-    ('auto', '', None),
-    (2, '', ''),
-    (['gpu:0', 'gpu:2'], '', '0,2'),
-    (['gpu:1'], '', '1'),
-    (['cpu:0', 'cpu:1'], '', ''),
-    (['cpu:0', 'gpu:3'], '', '3'),
+    ('auto', '', None, None),
+    (2, '', '', ''),
+    (['gpu:0'], '', '0', '1'),
+    (['gpu:0', 'gpu:1'], '', '0,1', '2,3'),
+    (['gpu:0', 'gpu:2'], '', '0,2', '3,5'),
+    (['gpu:1'], '', '1', '3'),
+    (['cpu:0', 'cpu:1'], '', '', ''),
+    (['cpu:0', 'gpu:3'], '', '3', '7'),
 ]
 
 
-@pytest.mark.parametrize('devices, ps_cuda, worker_cuda', CUDA, ids=[str(c[0]) for c in CUDA])
-def test_cuda_visible_devices(tmp_path, devices, ps_cuda, worker_cuda):
+@pytest.mark.parametrize('devices, ps_cuda, worker0, worker1', CUDA, ids=[str(c[0]) for c in CUDA])
+def test_cuda_visible_devices(tmp_path, devices, ps_cuda, worker0, worker1):
     plans = plan_cluster(make_spec(tmp_path, LOCAL2, train={'devices': devices}))
     ps, workers = plans[0], plans[1:]
     assert ps.task.job == 'ps'
     assert ps.env['CUDA_VISIBLE_DEVICES'] == ps_cuda
-    for plan in workers:
-        assert plan.env.get('CUDA_VISIBLE_DEVICES') == worker_cuda
-        assert ('CUDA_VISIBLE_DEVICES' in plan.env) == (worker_cuda is not None)
+    for plan, cuda in zip(workers, (worker0, worker1)):
+        assert plan.env.get('CUDA_VISIBLE_DEVICES') == cuda
+        assert ('CUDA_VISIBLE_DEVICES' in plan.env) == (cuda is not None)
 
 
 # (task host, hosts section, local?)
@@ -243,20 +245,7 @@ def test_two_tasks_resolving_to_one_address_are_refused(tmp_path):
                             'ssh config and hosts.*.address)')
 
 
-# -- GPUs a host must have (the shared pre-flight helpers) -------------------------------------------
-
-@pytest.mark.parametrize('devices, need', [('auto', 0), (2, 0), (('cpu:0', 'cpu:1'), 0), (('gpu:0',), 1),
-                                           (('gpu:1',), 2), (('gpu:0', 'gpu:3', 'cpu:0'), 4)])
-def test_gpus_needed(devices, need):
-    assert gpus_needed(devices) == need
-
-
-def test_gpu_shortage_names_what_the_host_has():
-    assert gpu_shortage(('gpu:0',), 1) is None and gpu_shortage('auto', 0) is None
-    assert gpu_shortage(('gpu:0',), 0) == 'train.devices names gpu:0 but the host has no GPU'
-    assert gpu_shortage(('gpu:0', 'gpu:2'), 2) == \
-        'train.devices names gpu:0, gpu:2 but the host has 2 GPUs (gpu:0..gpu:1)'
-
+# -- how a host says how many GPUs it has -----------------------------------------------------
 
 @pytest.mark.slow
 def test_gpu_count_shell_snippet_runs_and_parses():

@@ -179,13 +179,14 @@ def test_gpus_a_host_does_not_have_are_refused(ssh_hosts, tmp_path):
     spec = remote_spec(ssh_hosts, tmp_path, devices=['gpu:0'])
     check = run(ssh_hosts, tmp_path, 'check', spec, timeout=180)
     assert check.returncode == 1, check.stdout + check.stderr
-    for host in ('127.0.0.2', '127.0.0.3'):
-        assert f'{host}: error: train.devices names gpu:0 but the host has no GPU' in check.stdout.splitlines(), \
-            check.stdout
+    lines = check.stdout.splitlines()
+    for host, worker in (('127.0.0.2', 'worker:0'), ('127.0.0.3', 'worker:1')):
+        assert f'{host}: error: train.devices: {worker}: names gpu:0 but the host has no GPU' in lines, check.stdout
     up = run(ssh_hosts, tmp_path, 'up', spec, timeout=180)
     assert up.returncode == 2, up.stdout + up.stderr
     assert up.stderr.count('\n') == 1, up.stderr
-    assert '127.0.0.3: error: train.devices names gpu:0 but the host has no GPU' in up.stderr, up.stderr
+    for host, worker in (('127.0.0.2', 'worker:0'), ('127.0.0.3', 'worker:1')):
+        assert f'{host} ({worker}): names gpu:0 but the host has no GPU' in up.stderr, up.stderr
     assert not any(workdir(tmp_path, h).exists() for h in ('127.0.0.2', '127.0.0.3'))
     # a host with only ps tasks needs no GPU
     ps_only = write_spec(tmp_path, task_hosts=['127.0.0.3', '127.0.0.2', '127.0.0.2'],
