@@ -19,6 +19,7 @@ import cluster
 from cluster.rundir import attempt_dirname
 from cluster.slurm_env import DEFAULT_PORT_BASE
 from cluster.spec import ClusterSpec
+from launch.gpus import tower_gpus
 
 SPEC_MARK = 'TFCLUSTER_SPEC'     # ends the here-document that carries the effective spec
 
@@ -40,6 +41,23 @@ def rank_wrapper(ps: str = '', worker: str = '') -> str:
 
 
 RANK_WRAPPER = rank_wrapper()
+# A ps task sees no GPU; a worker sees the GPUs Slurm bound to it (CUDA_VISIBLE_DEVICES, set per
+# task by --gpus-per-task), and none when the job asked for none: never the whole node's.
+PS_GPUS = 'export CUDA_VISIBLE_DEVICES=;'
+WORKER_GPUS = 'export CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES-}";'
+
+
+def gpus_per_worker(spec: ClusterSpec) -> int:
+    """The GPUs each worker asks Slurm for: one per gpu:N tower (Slurm picks which; the task
+    numbers its towers from 0 among them). `auto` asks for none: Slurm gives GPUs on request only."""
+    return len(tower_gpus(spec.train.devices))
+
+
+def heterogeneous(spec: ClusterSpec) -> bool:
+    """GPU towers make the job heterogeneous: a ps component asking no GPU, a worker component
+    asking --gpus-per-task. One srun step runs both, ranks numbered across them (ps first), so the
+    layout rules hold; Slurm gives each component its own nodes."""
+    return gpus_per_worker(spec) > 0
 
 
 def exports(env) -> str:
@@ -57,14 +75,14 @@ def slurm_spec(spec: ClusterSpec, cwd: str | None = None) -> ClusterSpec:
     """The effective spec a Slurm job's tasks read: train_dir (and a data directory) absolute, so
     the script runs wherever it is submitted from; no `hosts` (Slurm places the tasks). The
     cluster section keeps the spec's tasks: their counts decide the layout, their hosts and ports
-    are replaced by Slurm's at run time."""
+    are replaced by Slurm's at run time. No `gpus` either: Slurm gives out the GPUs."""
     cwd = cwd or os.getcwd()
     train = spec.train
     absolute = {'train_dir': os.path.join(cwd, os.path.expanduser(train.train_dir))}
     if train.data != 'synthetic':
         absolute['data'] = os.path.join(cwd, os.path.expanduser(train.data))
     train = dataclasses.replace(train, **{k: os.path.normpath(v) for k, v in absolute.items()})
-    return dataclasses.replace(spec, train=train, hosts=type(spec.hosts)({}))
+    return dataclasses.replace(spec, train=train, hosts=type(spec.hosts)({}), gpus=type(spec.gpus)({}))
 
 
 def package_root() -> str:
@@ -91,14 +109,20 @@ def render(spec: ClusterSpec, args, attempt: int | None = None) -> str:
     port_base = getattr(args, 'port_base', None) or DEFAULT_PORT_BASE
     python = sys.executable or 'python3'
     q = shlex.quote
-    sbatch = [f'--job-name={job_name(spec, getattr(args, "name", None))}', f'--ntasks={ntasks}',
-              '--output=/dev/null', f'--chdir={cwd}']
-    if getattr(args, 'partition', None):
-        sbatch.append(f'--partition={args.partition}')
+    sbatch = [f'--job-name={job_name(spec, getattr(args, "name", None))}', '--output=/dev/null', f'--chdir={cwd}']
     if getattr(args, 'time_limit', None):
         sbatch.append(f'--time={args.time_limit}')
+    partition = [f'--partition={args.partition}'] if getattr(args, 'partition', None) else []
+    if heterogeneous(spec):     # each component asks for its own: the ps tasks no GPU
+        sbatch += [f'--ntasks={spec.num_ps}', *partition, 'hetjob', f'--ntasks={spec.num_workers}',
+                   f'--gpus-per-task={gpus_per_worker(spec)}', *partition]
+        step = '--het-group=0,1'
+    else:
+        sbatch += [f'--ntasks={ntasks}', *partition]
+        step = f'--ntasks={ntasks}'
     spec_yaml = placed.to_yaml()
-    wrapper = rank_wrapper(exports(spec.job_env.get('ps', {})), exports(spec.job_env.get('worker', {})))
+    wrapper = rank_wrapper(f'{PS_GPUS} {exports(spec.job_env.get("ps", {}))}'.strip(),
+                           f'{WORKER_GPUS} {exports(spec.job_env.get("worker", {}))}'.strip())
     lines = [
         '#!/bin/bash',
         f'# tfcluster: {spec.path} as one Slurm job: {spec.num_ps} ps + {spec.num_workers} worker(s), '
@@ -111,6 +135,7 @@ def render(spec: ClusterSpec, args, attempt: int | None = None) -> str:
         f'# order; {_slice(0, spec.num_ps, "ps")}; {_slice(spec.num_ps, spec.num_workers, "worker")} '
         '(worker:0 is the chief);',
         f'# every task listens on port {port_base} + its position among its node\'s tasks.',
+        *(_gpu_comment(spec) if heterogeneous(spec) else []),
         f'# Output: {train_dir}/logs/ (slurm-JOBID.out; attempt-N/ps-0.log, worker-0.log, ... with',
         '# ps-0.log, worker-0.log, ... in logs/ leading to the newest attempt\'s).',
         '# The train_dir, this Python and the tfcluster package must be at the same paths on every',
@@ -130,17 +155,25 @@ def render(spec: ClusterSpec, args, attempt: int | None = None) -> str:
         'export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2',
         *(['# The spec\'s env: (every task; tasks.<job>.env is set by the rank wrapper below)',
            exports(spec.env).rstrip(';')] if spec.env else []),
-        f'echo "tfcluster: job $SLURM_JOB_ID: {spec.num_ps} ps + {spec.num_workers} worker(s) '
-        'on $SLURM_JOB_NODELIST"',
+        f'echo "tfcluster: job $SLURM_JOB_ID: {spec.num_ps} ps + {spec.num_workers} worker(s) on '
+        + ('$SLURM_JOB_NODELIST_HET_GROUP_0 (ps) and $SLURM_JOB_NODELIST_HET_GROUP_1 (workers)"'
+           if heterogeneous(spec) else '$SLURM_JOB_NODELIST"'),
         '# --kill-on-bad-exit: a task that fails ends the step (a lost ps or worker would leave the',
         '# others waiting for ever); --distribution=block: ranks in node order, as the layout assumes.',
         '# The ps tasks exit by themselves once every worker is done, so the job ends with training.',
         *_attempt_links(spec, attempt),
-        f'srun --ntasks={ntasks} --distribution=block --kill-on-bad-exit=1 \\',
+        f'srun {step} --distribution=block --kill-on-bad-exit=1 \\',
         f'    bash -c {q(wrapper)} tfcluster-task {spec.num_ps} "$train_dir/logs/{attempt_dirname("$attempt")}" \\',
         f'    {q(python)} -m cluster.task --spec "$train_dir/spec.yaml" --slurm --port-base {port_base}',
     ]
     return '\n'.join(lines) + '\n'
+
+
+def _gpu_comment(spec: ClusterSpec) -> list[str]:
+    n = gpus_per_worker(spec)
+    return [f'# GPUs: a heterogeneous job: the ps tasks (component 0) ask for none, each worker (component 1)',
+            f'# for {n} (--gpus-per-task) and trains on the ones Slurm binds to it (CUDA_VISIBLE_DEVICES).',
+            '# Slurm gives the two components separate nodes, and schedules such jobs with sched/backfill.']
 
 
 def _attempt_links(spec: ClusterSpec, attempt: int | None) -> list[str]:

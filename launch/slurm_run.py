@@ -26,6 +26,7 @@ from cluster.spec import ClusterSpec
 from launch.errors import UsageError
 from launch.backend import follow_file
 from launch.lifecycle import CHECKPOINT_GRACE_SECS, Failure, Lifecycle, Outcome, Strategy, resume_hint
+from launch.slurm import heterogeneous
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +135,11 @@ def _ranks(text: str) -> list[int]:
 
 def name_ranks(line: str, spec: ClusterSpec) -> str:
     """srun's lines name ranks ('task 0: Exited with exit code 2', 'tasks 1-2: Terminated'): add
-    the task each one is."""
+    the task each one is. Not in a heterogeneous job (GPU towers): srun numbers each component's
+    tasks from 0 there, so a rank does not tell the task; the tasks' own logs do."""
+    if heterogeneous(spec):
+        return line
+
     def named(m: re.Match) -> str:
         ranks = _ranks(m.group(2))
         if not ranks or max(ranks) >= spec.num_ps + spec.num_workers:
@@ -147,7 +152,9 @@ def name_ranks(line: str, spec: ClusterSpec) -> str:
 def first_failure(lines, spec: ClusterSpec) -> str | None:
     """The first task srun reports as failed, from the batch log: 'ps:0 (Exited with exit code 2)'.
     (The job's exit code is srun's, the highest of all its tasks', often the 143 of the tasks
-    that were stopped because of this one.)"""
+    that were stopped because of this one.) None in a heterogeneous job (see name_ranks)."""
+    if heterogeneous(spec):
+        return None
     for line in lines:
         m = re.search(r'srun: error: \S+: tasks? ([\d,-]+): (.+)$', line)
         ranks = _ranks(m.group(1)) if m else []

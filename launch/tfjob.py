@@ -196,7 +196,7 @@ def header(spec: ClusterSpec, job: dict) -> str:
         'registry, and render with --image REGISTRY/tfcluster:TAG, e.g.',
         '  docker build -f docker/Dockerfile -t REGISTRY/tfcluster:TAG . && docker push REGISTRY/tfcluster:TAG',
         '',
-        'The spec\'s host:port addresses, hosts and isolation are not used: the operator gives every',
+        'The spec\'s host:port addresses, hosts, gpus and isolation are not used: the operator gives every',
         f'task a pod and a service, {name}-ps-0:{PORT}, {name}-worker-0:{PORT} and so on.',
         f'Restarts: {restart}.',
         '',

@@ -94,9 +94,11 @@ def fast_tests_start_no_process(request):
 
 
 def write_spec(path, workers: int = 2, ps: int = 1, host: str = 'localhost', hosts: dict | None = None,
-               task_hosts: list[str] | None = None, supervise: dict | None = None, **train) -> str:
+               task_hosts: list[str] | None = None, supervise: dict | None = None, top: dict | None = None,
+               **train) -> str:
     """A spec file with free ports and a train_dir next to it; `train` overrides the defaults.
-    `task_hosts` gives each task's host (ps tasks first, then workers) instead of `host` for all."""
+    `task_hosts` gives each task's host (ps tasks first, then workers) instead of `host` for all;
+    `top` adds sections (env, tasks, gpus)."""
     ports = free_ports(ps + workers)
     where = list(task_hosts) if task_hosts else [host] * (ps + workers)
     assert len(where) == ps + workers, where
@@ -110,9 +112,40 @@ def write_spec(path, workers: int = 2, ps: int = 1, host: str = 'localhost', hos
         spec['supervise'] = supervise
     if hosts:
         spec['hosts'] = hosts
+    spec.update(top or {})
     file = path / 'spec.yaml'
     file.write_text(yaml.safe_dump(spec, sort_keys=False))
     return str(file)
+
+
+# The spec's env: as the backends' tests give it (values that need quoting, a number, a per-job
+# override), and the line each task then logs (cluster/task.py environment_line).
+TASK_ENV = {'env': {'TFC_TEST_WORDS': 'a b "c" $HOME \'d\'', 'TFC_TEST_NUM': 4, 'TFC_TEST_JOB': 'any'},
+            'tasks': {'worker': {'env': {'TFC_TEST_JOB': 'worker'}}}}
+
+
+def envs_through(backend, spec, plans, timeout: float = 60) -> dict[str, dict[str, str]]:
+    """Each plan started through `backend` with `env` as its task (the plan's environment, as the
+    backend passes it): task name -> the environment the task saw."""
+    import dataclasses
+    plans = [dataclasses.replace(p, argv=('env',)) for p in plans]
+    records = []
+    try:
+        backend.prepare(plans, spec.to_yaml())
+        records = [backend.start(p) for p in plans]
+        deadline = time.monotonic() + timeout
+        while any(backend.status(r).alive for r in records):
+            assert time.monotonic() < deadline, 'the `env` tasks did not end'
+            time.sleep(0.1)
+        return {r.name: dict(line.split('=', 1) for line in backend.read_log(r) if '=' in line) for r in records}
+    finally:
+        backend.stop(records, grace=1)
+
+
+def environment_words(job: str) -> list[str]:
+    """What a task of `job` logs of TASK_ENV (each variable as name=repr(value))."""
+    env = {**TASK_ENV['env'], **TASK_ENV['tasks'].get(job, {}).get('env', {})}
+    return [f'{k}={str(v)!r}' for k, v in sorted(env.items())]
 
 
 def run_by_hand(spec: str, env: dict | None = None, timeout: float = 240) -> tuple[list[int], list[str]]:

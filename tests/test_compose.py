@@ -20,7 +20,7 @@ from launch.compose import project_name
 from launch.compose_file import render
 from launch.plan import compose_spec, plan_cluster, plan_compose
 from launch.events import read_events
-from tests.conftest import REPO, launch, launch_bg, read_until, write_spec
+from tests.conftest import REPO, TASK_ENV, environment_words, launch, launch_bg, read_until, write_spec
 from tests.dockerd import compose_image, docker, docker_engine, project_leftovers, remove_project  # noqa: F401
 from tests.test_local import checkpoint_step, worker_results
 
@@ -171,10 +171,14 @@ def _container(project: str, service: str) -> str:
 
 @pytest.mark.slow
 def test_a_sync_compose_cluster_trains_evaluates_and_resumes(tmp_path, compose_project):
-    spec = write_spec(tmp_path, steps=20)
+    """... with the spec's env: in every container, as the compose file gives it."""
+    spec = write_spec(tmp_path, steps=20, top=TASK_ENV)
     project = compose_project(spec)
     out = launch('up', spec, '--backend', 'compose')
     assert out.returncode == 0, out.stdout + out.stderr
+    for task, job in (('ps:0', 'ps'), ('worker:1', 'worker')):
+        said = next(x for x in out.stdout.splitlines() if f'{task}: environment:' in x)
+        assert said.split(' environment: ')[1] == ' '.join(environment_words(job)), said
     assert '[worker:1]' in out.stdout and '[ps:0]' in out.stdout and 'step 20/20' in out.stdout
     assert 'all 3 servers are up' in out.stdout and 'serving on worker-1:' in out.stdout
     assert not project_leftovers(project)

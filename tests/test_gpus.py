@@ -12,7 +12,7 @@ import yaml
 
 from cluster.spec import SpecError, load_spec
 from cluster.task import environment_line
-from launch import gpus, slurm, tfjob
+from launch import gpus, slurm, slurm_run, tfjob
 from launch.cli import main
 from launch.compose_file import render as render_compose
 from launch.plan import compose_spec, plan_cluster, plan_compose
@@ -279,3 +279,44 @@ def test_sbatch_exports_the_env_of_every_task_and_of_each_job(tmp_path):
     out = subprocess.run(['bash', '-c', wrapper, 'tfcluster-task', '1', str(tmp_path), 'sh', '-c', 'echo "$P"'],
                          env={**os.environ, 'SLURM_PROCID': '0'}, check=True)
     assert out.returncode == 0 and (tmp_path / 'ps-0.log').read_text() == '1\n'
+
+
+SBATCH = [
+    # devices, ps, workers -> the #SBATCH lines that ask for tasks and GPUs, and srun's step
+    ('auto', 1, 2, ['--ntasks=3'], '--ntasks=3'),
+    (2, 1, 2, ['--ntasks=3'], '--ntasks=3'),
+    (['gpu:0', 'gpu:1'], 1, 2, ['--ntasks=1', 'hetjob', '--ntasks=2', '--gpus-per-task=2'], '--het-group=0,1'),
+    (['gpu:0'], 2, 4, ['--ntasks=2', 'hetjob', '--ntasks=4', '--gpus-per-task=1'], '--het-group=0,1'),
+    (['gpu:3', 'cpu:0'], 1, 1, ['--ntasks=1', 'hetjob', '--ntasks=1', '--gpus-per-task=1'], '--het-group=0,1'),
+]
+
+
+@pytest.mark.parametrize('devices, ps, workers, asks, step', SBATCH, ids=[f'{s[0]}-{s[1]}ps-{s[2]}w' for s in SBATCH])
+def test_sbatch_asks_slurm_for_each_workers_gpus_and_none_for_the_ps(tmp_path, devices, ps, workers, asks, step):
+    raw = {'cluster': {'ps': [f'localhost:{2000 + i}' for i in range(ps)],
+                       'worker': [f'localhost:{3000 + i}' for i in range(workers)]},
+           'train': {'devices': devices, 'train_dir': str(tmp_path / 'run')}}
+    (tmp_path / 'spec.yaml').write_text(yaml.safe_dump(raw))
+    script = slurm.render(load_spec(str(tmp_path / 'spec.yaml')), Args()).splitlines()
+    sbatch = [x.removeprefix('#SBATCH ') for x in script if x.startswith('#SBATCH ')]
+    assert [x for x in sbatch if x.startswith(('--ntasks', 'hetjob', '--gpus', '--gres'))] == asks
+    srun = next(x for x in script if x.startswith('srun '))
+    assert srun.startswith(f'srun {step} --distribution=block ')
+    wrapper = next(x for x in script if "bash -c 'if" in x)
+    assert 'trap "" TERM; export CUDA_VISIBLE_DEVICES=; else' in wrapper      # ps: never a GPU
+    assert 'export CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES-}"; fi' in wrapper
+    if 'hetjob' in asks:     # srun numbers each component's tasks from 0: its lines cannot name them
+        spec = load_spec(str(tmp_path / 'spec.yaml'))
+        line = 'srun: error: node2: task 1: Exited with exit code 3'
+        assert slurm_run.name_ranks(line, spec) == line and slurm_run.first_failure([line], spec) is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('given, seen', [('3,4', '3,4'), (None, '')])
+def test_a_slurm_worker_keeps_the_gpus_slurm_bound_to_it_and_none_else(tmp_path, given, seen):
+    wrapper = slurm.rank_wrapper(slurm.PS_GPUS, slurm.WORKER_GPUS)
+    env = {k: v for k, v in os.environ.items() if k != 'CUDA_VISIBLE_DEVICES'}
+    env.update({'SLURM_PROCID': '1', **({'CUDA_VISIBLE_DEVICES': given} if given else {})})
+    subprocess.run(['bash', '-c', wrapper, 'tfcluster-task', '1', str(tmp_path), 'sh', '-c',
+                    'echo "${CUDA_VISIBLE_DEVICES-unset}"'], env=env, check=True)
+    assert (tmp_path / 'worker-0.log').read_text() == f'{seen}\n'

@@ -13,7 +13,8 @@ import time
 import pytest
 import yaml
 
-from tests.conftest import REPO, launch, launch_bg, project_processes, read_until, run_by_hand, write_spec
+from tests.conftest import (REPO, TASK_ENV, environment_words, envs_through, launch, launch_bg, project_processes,
+                            read_until, run_by_hand, write_spec)
 
 pytestmark = pytest.mark.slow     # real local clusters and `python -m cluster.task`
 
@@ -173,3 +174,23 @@ def test_check_imports_tensorflow_and_names_a_busy_port(tmp_path):
         busy = launch('check', spec, timeout=120)
     assert busy.returncode == 1
     assert busy.stdout == f'localhost: error: port {port} (worker:1) already in use\n', busy.stdout
+
+
+@pytest.mark.slow
+def test_a_local_task_gets_the_spec_env_and_only_an_allow_list_of_the_launchers(tmp_path, monkeypatch):
+    """The spec's env: reaches each task as given (per job), while the launcher's own environment
+    reaches it only through launch/local.py INHERITED: the same spec behaves alike on every backend."""
+    from cluster.spec import load_spec
+    from launch.local import LocalBackend
+    from launch.plan import plan_cluster
+    monkeypatch.setenv('TFC_TEST_LAUNCHER_ONLY', 'not for tasks')
+    monkeypatch.setenv('LC_TFC_TEST', 'kept')
+    spec = load_spec(write_spec(tmp_path, top=TASK_ENV))
+    seen = envs_through(LocalBackend(), spec, list(plan_cluster(spec)))
+    for task, job in (('ps:0', 'ps'), ('worker:0', 'worker'), ('worker:1', 'worker')):
+        env = seen[task]
+        assert [f'{k}={env.get(k)!r}' for k in sorted(TASK_ENV['env'])] == environment_words(job), env
+        assert 'TFC_TEST_LAUNCHER_ONLY' not in env and env['LC_TFC_TEST'] == 'kept', env
+        assert env['PATH'] == os.environ['PATH']
+        assert env.get('CUDA_VISIBLE_DEVICES') == ('' if job == 'ps' else None)     # auto, the count not asked
+        assert json.loads(env['TF_CONFIG'])['task'] == {'type': job, 'index': int(task[-1])}

@@ -19,7 +19,7 @@ from cluster.spec import load_spec
 from launch import slurm
 from launch.slurm_run import first_failure, name_ranks
 from launch.events import read_events
-from tests.conftest import REPO, launch, launch_bg, project_processes, read_until, write_spec
+from tests.conftest import REPO, TASK_ENV, environment_words, launch, launch_bg, project_processes, read_until, write_spec
 
 
 # -- host lists and tasks per node ---------------------------------------------------------------
@@ -263,8 +263,8 @@ def _port_base(n: int = 3) -> int:
     raise RuntimeError('no free port range')
 
 
-def _up(tmp_path, slurm_cluster, steps: int):
-    spec = write_spec(tmp_path, ps=1, workers=2, steps=steps, batch_size=16)
+def _up(tmp_path, slurm_cluster, steps: int, top: dict | None = None):
+    spec = write_spec(tmp_path, ps=1, workers=2, steps=steps, batch_size=16, top=top)
     env = {**os.environ, **slurm_cluster.env}
     args = ('up', spec, '--backend', 'slurm', '--port-base', str(_port_base()))
     return spec, args, env
@@ -282,11 +282,15 @@ def _nothing_left(slurm_cluster, tmp_path) -> None:
 
 @pytest.mark.slow
 def test_job_trains_to_the_end(tmp_path, slurm_cluster):
-    spec, args, env = _up(tmp_path, slurm_cluster, steps=30)
+    """... with the spec's env: in every task, as the batch script exports it."""
+    spec, args, env = _up(tmp_path, slurm_cluster, steps=30, top=TASK_ENV)
     out = launch(*args, env=env, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     _nothing_left(slurm_cluster, tmp_path)
     lines = out.stdout.splitlines()
+    for task, job in (('ps:0', 'ps'), ('worker:1', 'worker')):
+        said = next(x for x in lines if f'{task}: environment:' in x)
+        assert all(w in said.split(' environment: ')[1] for w in environment_words(job)), said
     assert any(line.startswith('[worker:0] ') and ' step 30/30 ' in line for line in lines), out.stdout
     assert any(line.startswith('[ps:0]     ') and 'ps:0 finished' in line for line in lines), out.stdout
     assert re.search(r'\[launch\] +job \d+ completed in [\d.]+s: global step 30,', out.stdout), out.stdout

@@ -18,7 +18,8 @@ import time
 import pytest
 import yaml
 
-from tests.conftest import free_ports, launch, launch_bg, project_processes, read_until, write_spec
+from tests.conftest import (TASK_ENV, environment_words, envs_through, free_ports, launch, launch_bg, project_processes,
+                            read_until, write_spec)
 
 pytestmark = pytest.mark.slow     # a real sshd (the ssh_hosts fixture) and real launchers
 
@@ -190,6 +191,28 @@ def test_backend_polls_once_per_host_quotes_values_and_stops_process_groups(ssh_
     finally:
         backend.stop(records, grace=1)
         backend.close()
+    assert_nothing_left(ssh_hosts)
+
+
+def test_an_ssh_task_gets_the_spec_env_quoted(ssh_hosts, tmp_path):
+    """The spec's env: (values needing quotes, a per-job override) reaches each remote task as the
+    local backend gives it, beside the task's own login environment."""
+    from cluster.spec import load_spec
+    from launch.plan import plan_cluster
+    from launch.ssh import SSHBackend
+
+    spec = load_spec(write_spec(tmp_path, task_hosts=LAYOUT, hosts=host_settings(ssh_hosts, tmp_path),
+                                train_dir='run', top=TASK_ENV))
+    backend = SSHBackend(spec, ssh_config=str(ssh_hosts.ssh_config))
+    try:
+        seen = envs_through(backend, spec, list(plan_cluster(spec)))
+    finally:
+        backend.close()
+    for task, job in (('ps:0', 'ps'), ('worker:0', 'worker'), ('worker:1', 'worker')):
+        env = seen[task]
+        assert [f'{k}={env.get(k)!r}' for k in sorted(TASK_ENV['env'])] == environment_words(job), env
+        assert env.get('CUDA_VISIBLE_DEVICES') == ('' if job == 'ps' else None)     # auto, the count not asked
+        assert json.loads(env['TF_CONFIG'])['task']['type'] == job
     assert_nothing_left(ssh_hosts)
 
 
