@@ -203,12 +203,16 @@ def fmt_run(r: dict) -> str:
         f', first step {num(r["first_step_s"], ".1f")}s, exit {r["exit_s"]:.1f}s'
 
 
+SCALING = ((1, 1), (1, 2), (1, 3), (2, 2))      # (ps, workers)
+QUICK_SCALING = ((1, 1), (2, 2))                # --quick (CI): the smallest and the 2-ps layout
+
+
 def bench_scaling(args, tmp: str) -> dict:
     """Cost growth: 1/2/3 workers with 1 ps, and 2 workers with 2 ps, async and sync, one run each."""
     out = {}
     print(f'\n== scaling: steady images/s, batch {args.batch} per worker, {args.steps} steps, one run each')
     for mode in ('async', 'sync'):
-        for ps, workers in ((1, 1), (1, 2), (1, 3), (2, 2)):
+        for ps, workers in QUICK_SCALING if args.quick else SCALING:
             name = f'{mode}-{ps}ps-{workers}w'
             sets = cluster_overrides(tmp, name, args.steps, args.batch, ps, workers, (f'train.sync={mode == "sync"}',))
             per_step = args.batch * (workers if mode == 'sync' else 1)
