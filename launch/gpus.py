@@ -22,24 +22,18 @@ from typing import Mapping
 
 from cluster.spec import ClusterSpec, SpecError, TaskSpec, same_machine_key
 
-UNKNOWN = None      # a GPU count or an assignment not known (plan asks no host)
-
 
 @dataclass(frozen=True)
 class Slot:
-    """One task's GPUs: the physical indices on its machine (() none; None: auto on a machine
-    whose count is unknown, the task gets block `block` of its machine's GPUs)."""
+    """One task's GPUs: the physical indices on its machine (() none; None: `auto` on a machine
+    whose count is unknown, where the worker would get share `block` of its machine's GPUs)."""
     machine: str
     gpus: tuple[int, ...] | None
     block: int = 0                  # the worker's position among its machine's workers
     count: int | None = None        # the machine's GPU count, where known
 
-    def visible(self) -> str | None:
-        """CUDA_VISIBLE_DEVICES for a process on the machine itself (None: leave it unset)."""
-        return None if self.gpus is None else ','.join(map(str, self.gpus))
-
     def describe(self, workers: int) -> str:
-        """A short phrase for `launch plan`."""
+        """A short phrase for `launch plan`; `workers`: how many share the machine."""
         if self.gpus is None:
             return (f'block {self.block + 1} of {workers} of the GPUs of {self.machine} '
                     f'(count unknown: set gpus.{self.machine} in the spec, or run `launch check`)')

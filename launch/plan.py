@@ -100,7 +100,8 @@ def task_spec(spec: ClusterSpec, addresses: Mapping[str, str] | None = None) -> 
     """The spec as the tasks read it (the effective spec uploaded to every host, and TF_CONFIG):
     each host replaced by the address tasks reach it at (`addresses`: spec host -> address, e.g.
     an ssh config alias -> its HostName), and no `hosts` section: users, keys and SSH ports are the
-    launcher's business, not every host's; no `gpus` (the launcher gives them out). Raises SpecError when two tasks end up at one address."""
+    launcher's business, not every host's; no `gpus` (the launcher gives them out). Raises
+    SpecError when two tasks end up at one address."""
     addresses = addresses or {}
     tasks = tuple(dataclasses.replace(t, host=addresses.get(t.host, t.host)) for t in spec.tasks)
     seen: dict[tuple[str, int], TaskSpec] = {}

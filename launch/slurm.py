@@ -171,7 +171,7 @@ def render(spec: ClusterSpec, args, attempt: int | None = None) -> str:
 
 def _gpu_comment(spec: ClusterSpec) -> list[str]:
     n = gpus_per_worker(spec)
-    return [f'# GPUs: a heterogeneous job: the ps tasks (component 0) ask for none, each worker (component 1)',
+    return ['# GPUs: a heterogeneous job: the ps tasks (component 0) ask for none, each worker (component 1)',
             f'# for {n} (--gpus-per-task) and trains on the ones Slurm binds to it (CUDA_VISIBLE_DEVICES).',
             '# Slurm gives the two components separate nodes, and schedules such jobs with sched/backfill.']
 

@@ -320,3 +320,13 @@ def test_a_slurm_worker_keeps_the_gpus_slurm_bound_to_it_and_none_else(tmp_path,
     subprocess.run(['bash', '-c', wrapper, 'tfcluster-task', '1', str(tmp_path), 'sh', '-c',
                     'echo "${CUDA_VISIBLE_DEVICES-unset}"'], env=env, check=True)
     assert (tmp_path / 'worker-0.log').read_text() == f'{seen}\n'
+
+
+def test_a_gpu_given_twice_is_refused_naming_both_tasks(tmp_path):
+    """The planner's last check, whatever produced the slots (e.g. two names of one machine
+    planned apart): one physical GPU never goes to two tasks."""
+    spec = spec_of(tmp_path, ['node1:1', 'node2:1'], ['gpu:0'])
+    slots = {'worker:0': gpus.Slot('10.0.0.5', (0,)), 'worker:1': gpus.Slot('10.0.0.5', (0,))}
+    with pytest.raises(SpecError, match=r'train.devices: worker:0 and worker:1 would both use GPU 0 of 10.0.0.5'):
+        gpus.check_disjoint(spec, slots)
+    gpus.check_disjoint(spec, {**slots, 'worker:1': gpus.Slot('10.0.0.6', (0,))})
