@@ -109,16 +109,16 @@ def render(spec: ClusterSpec, args, attempt: int | None = None) -> str:
     port_base = getattr(args, 'port_base', None) or DEFAULT_PORT_BASE
     python = sys.executable or 'python3'
     q = shlex.quote
-    sbatch = [f'--job-name={job_name(spec, getattr(args, "name", None))}', '--output=/dev/null', f'--chdir={cwd}']
-    if getattr(args, 'time_limit', None):
-        sbatch.append(f'--time={args.time_limit}')
-    partition = [f'--partition={args.partition}'] if getattr(args, 'partition', None) else []
+    sbatch = [f'--job-name={job_name(spec, getattr(args, "name", None))}']
+    # Where and how long: options of each component of a heterogeneous job.
+    where = [f'--partition={args.partition}'] if getattr(args, 'partition', None) else []
+    where += [f'--time={args.time_limit}'] if getattr(args, 'time_limit', None) else []
     if heterogeneous(spec):     # each component asks for its own: the ps tasks no GPU
-        sbatch += [f'--ntasks={spec.num_ps}', *partition, 'hetjob', f'--ntasks={spec.num_workers}',
-                   f'--gpus-per-task={gpus_per_worker(spec)}', *partition]
+        sbatch += ['--output=/dev/null', f'--chdir={cwd}', f'--ntasks={spec.num_ps}', *where, 'hetjob',
+                   f'--ntasks={spec.num_workers}', f'--gpus-per-task={gpus_per_worker(spec)}', *where]
         step = '--het-group=0,1'
     else:
-        sbatch += [f'--ntasks={ntasks}', *partition]
+        sbatch += [f'--ntasks={ntasks}', '--output=/dev/null', f'--chdir={cwd}', *where]
         step = f'--ntasks={ntasks}'
     spec_yaml = placed.to_yaml()
     wrapper = rank_wrapper(f'{PS_GPUS} {exports(spec.job_env.get("ps", {}))}'.strip(),
