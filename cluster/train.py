@@ -23,12 +23,14 @@ import tensorflow as tf
 
 from cluster import data, model, rundir, session, summaries
 from cluster.profiler import StepProfiler
+from cluster.membership import LIVE, DoneTracker
 from cluster.spec import ClusterSpec, TaskSpec
 
 v1 = tf.compat.v1
 log = logging.getLogger(__name__)
 
 PS_LINGER_SECS = 0.5                 # a ps stays this long after the last "done", so that reply arrives
+PS_POLL_MS = 1000                    # a ps waiting for "done" reports reads the live workers this often
 
 
 def tower_devices(spec: ClusterSpec, task: TaskSpec) -> list[str]:
@@ -71,15 +73,26 @@ def make_server(spec: ClusterSpec, task: TaskSpec):
 
 
 def run_ps(server, spec: ClusterSpec, task: TaskSpec) -> None:
-    """Serve variables until every worker has reported that it finished, then return."""
+    """Serve variables until every live worker has reported that it finished, then return. The
+    live set may change meanwhile (`launch scale`): it is read again at least every second."""
+    pool = spec.num_workers
+    tracker = DoneTracker()
     with tf.Graph().as_default():
-        dequeue = session.done_queue(task.index, spec.num_workers).dequeue()
+        dequeue = session.done_queue(task.index, pool).dequeue()
         config = v1.ConfigProto(device_filters=[f'/job:ps/task:{task.index}'])
         with v1.Session(server.target, config=config) as sess:
-            log.info('serving variables; exits once all %d workers are done', spec.num_workers)
-            for remaining in range(spec.num_workers - 1, -1, -1):
-                worker = sess.run(dequeue)
-                log.info('worker:%d is done; %d to go', worker, remaining)
+            members = LIVE.current(pool)
+            log.info('serving variables; exits once all %d live workers are done', members.count)
+            while not tracker.finished(members):
+                try:
+                    worker, generation = sess.run(dequeue, options=v1.RunOptions(timeout_in_ms=PS_POLL_MS))
+                except tf.errors.DeadlineExceededError:
+                    members = LIVE.current(pool)
+                    continue
+                tracker.report(int(worker), int(generation))
+                members = LIVE.current(pool)
+                left = tracker.waiting_for(members)
+                log.info('worker:%d is done; %d to go', worker, len(left))
     # The last worker's enqueue has completed, but its reply may still be on the wire: leaving at
     # once closes the socket under it, and that worker would see "Socket closed" for a report the
     # ps did get. (Workers also tolerate that; this keeps the common case clean.)
@@ -185,7 +198,7 @@ def build_graph(spec: ClusterSpec, task: TaskSpec, data_dir: str | None) -> _Gra
             sync_op = resync = None
         summary = v1.summary.merge([_scalar_summary('loss', loss), _scalar_summary('learning_rate', lr)])
 
-    done_ops = session.done_ops(spec.num_ps, spec.num_workers, task.index)
+    done_ops = session.done_ops(spec.num_ps, spec.num_workers, task.index, LIVE.generation(task.index, spec.num_workers))
     saver = v1.train.Saver(max_to_keep=5, sharded=True)
     return _Graph(global_step, step_after, loss, lr, train_op, local_init_op, ready_for_local_init_op,
                   resync, sync_op, summary, saver, done_ops, examples_per_run)
@@ -340,6 +353,9 @@ def _train_loop(sess, spec: ClusterSpec, task: TaskSpec, g: _Graph, start: float
     log_every = train.log_every_secs if task.is_chief else max(10.0, train.log_every_secs)
     loss = float('nan')
     while step < train.steps:
+        if LIVE.leaving(task.index, spec.num_workers):
+            log.info('%s leaves at global step %d: the launcher took it out of the live workers', task.name, step)
+            break
         due = time.monotonic() - last_log >= log_every or local_steps == 0
         fetches = [g.step_after, g.loss] + ([g.summary] if due and writer else [])
         with step_lock:

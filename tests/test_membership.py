@@ -1,0 +1,66 @@
+"""The live workers of a pool (cluster/membership.py): what the launcher writes into the lease,
+what a task reads back, and how a ps counts "every worker is done" as the set changes. Pure."""
+import pytest
+
+from cluster.membership import DoneTracker, LiveSet, Members
+from launch.backend import touch_leases
+from launch.plan import plan_cluster
+
+
+def test_the_live_set_goes_through_the_lease_text_and_back():
+    m = Members(7, {0: 1, 2: 7})
+    assert Members.parse(m.to_text(), pool=3) == m
+    assert m.to_text() == '{"epoch":7,"workers":{"0":1,"2":7}}'
+    assert (m.indices, m.count, m.rank(2), m.rank(1)) == ((0, 2), 2, 1, None)
+
+
+@pytest.mark.parametrize('text', ['', '   ', 'not json', '[]', '{"epoch": 1}', '{"epoch": 1, "workers": {"1": 0}}',
+                                  '{"epoch": 1, "workers": {"0": 0, "3": 0}}', '{"epoch": "x", "workers": {"0": 0}}',
+                                  '{"epoch": 1, "workers": {"a": 0}}', '{"epoch": 1, "workers": []}'])
+def test_a_lease_without_a_sound_live_set_means_every_worker(text):
+    """An older launcher's empty lease, a task started by hand, or nonsense (no chief, an index
+    outside the pool): the fixed cluster of before."""
+    assert Members.parse(text, pool=3) is None
+    live = LiveSet()
+    live.set(Members.parse(text, pool=3))
+    assert live.current(3) == Members.everyone(3) and not live.leaving(2, 3)
+
+
+def test_a_worker_taken_out_leaves_but_never_the_chief():
+    live = LiveSet()
+    assert live.set(Members(2, {0: 0, 1: 2})) and live.changed.is_set()
+    assert not live.set(Members(2, {0: 0, 1: 2}))
+    assert live.leaving(2, 3) and not live.leaving(1, 3) and not live.leaving(0, 3)
+    assert live.generation(1, 3) == 2 and live.generation(2, 3) == 0
+
+
+def test_the_ps_counts_the_live_workers_from_their_current_start():
+    t = DoneTracker()
+    one = Members(1, {0: 0})
+    three = Members(2, {0: 0, 1: 2, 2: 2})
+    t.report(1, 0)                      # worker 1 of an earlier start (it left, then came back)
+    assert t.waiting_for(three) == [0, 1, 2] and not t.finished(three)
+    t.report(0, 0)
+    assert t.finished(one)              # scaled back to the chief alone: done
+    t.report(2, 2)
+    t.report(1, 2)
+    assert t.finished(three) and t.waiting_for(three) == []
+    t.report(1, 0)                      # a late report of the old start does not undo the new one
+    assert t.finished(three)
+
+
+def test_leases_hold_the_live_set_and_a_change_is_written_whole(tmp_path):
+    import yaml
+    from cluster.spec import load_spec
+    (tmp_path / 's.yaml').write_text(yaml.safe_dump({'cluster': {'ps': ['localhost:2222'], 'worker': ['localhost:2223']},
+                                                     'train': {'train_dir': str(tmp_path / 'run')}}))
+    plans = plan_cluster(load_spec(str(tmp_path / 's.yaml')))
+    lease = tmp_path / 'run' / 'launcher.lease'
+    touch_leases(plans)
+    assert lease.read_text() == ''
+    text = Members(1, {0: 1}).to_text()
+    touch_leases(plans, text=text)
+    assert lease.read_text() == text
+    before = lease.stat().st_ino
+    touch_leases(plans, text=text)      # unchanged: only touched
+    assert lease.stat().st_ino == before and lease.read_text() == text
