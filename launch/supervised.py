@@ -21,8 +21,9 @@ import grpc
 
 from cluster import rundir
 from cluster.rundir import EXIT_FAILED, EXIT_NO_RESTART, EXIT_OK
+from cluster.membership import Members
 from cluster.spec import ClusterSpec
-from launch import supervise
+from launch import control, supervise
 from launch.backend import ENDED, UNKNOWN, Backend, BackendError, TaskRecord, stop_all, tail
 from launch.lifecycle import (CHECKPOINT_GRACE_SECS, Failure, Lifecycle, Outcome, RunResult, Strategy, is_chatter,
                               resume_hint)
@@ -119,8 +120,14 @@ class SupervisedRun(Strategy):
 
     def __init__(self, spec: ClusterSpec, spec_yaml: str, plans: list[TaskPlan], backends: Mapping[str, Backend],
                  start_timeout: float = 120.0, finish_timeout: float = 60.0,
-                 checks: Callable[[], None] | None = None, warn: Callable[[], None] | None = None):
+                 checks: Callable[[], None] | None = None, warn: Callable[[], None] | None = None,
+                 workers: int | None = None):
         self.spec, self.spec_yaml, self.plans, self.backends = spec, spec_yaml, plans, backends
+        # The spec's workers are a pool; these run (cluster/membership.py), each with the epoch
+        # of its start. `launch scale` changes the set while the run goes on (launch/control.py).
+        self.members = Members(1, {i: 1 for i in range(workers or spec.num_workers)})
+        self._scaling: dict | None = None             # the scale request being carried out
+        self._stepped: set[str] = set()               # workers whose current start logged a step
         self.start_timeout, self.finish_timeout = start_timeout, finish_timeout
         self._checks = checks                        # the pre-flight, run by prepare()
         self._warn = warn                            # once per run: what the user should know (exposure)
@@ -183,8 +190,10 @@ class SupervisedRun(Strategy):
             for name in self.backends:      # one thread each: a slow SSH host never delays local leases
                 self._renew(name)
                 threading.Thread(target=self._renew_leases, args=(name,), name=f'lease-{name}', daemon=True).start()
-            self._start(self.plans)
-            self.say(f'started {len(self.records)} tasks; waiting for their servers')
+            self._start(self._active_plans())
+            spares = self.spec.num_workers - self.members.count
+            self.say(f'started {len(self.records)} tasks; waiting for their servers'
+                     + (f' ({spares} more worker(s) of the pool can join: `launch scale`)' if spares else ''))
             self._wait_ready(t0)
             if not self.interrupted.is_set():
                 self.say(f'all {len(self.records)} servers are up after {time.monotonic() - t0:.1f}s')
@@ -195,7 +204,7 @@ class SupervisedRun(Strategy):
                 return self._outcome(128 + life.signum)
             mode = 'command' if self.spec.train.command else 'sync' if self.spec.train.sync else 'async'
             return self._outcome(EXIT_OK, f'done in {time.monotonic() - t0:.1f}s ({mode}, '
-                                          f'{self.spec.num_workers} workers)')
+                                          f'{self.members.count} workers)')
         except (TaskFailed, BackendError, OSError) as e:    # OSError: e.g. a train_dir we cannot write
             self.say(f'error: {e}')
             for line in getattr(e, 'log_tail', ()):
@@ -257,7 +266,11 @@ class SupervisedRun(Strategy):
     def _renew(self, name: str) -> None:
         plans = [p for p in self.plans if p.backend == name]
         if plans:
-            self.backends[name].renew(plans)
+            self.backends[name].renew(plans, text=self.members.to_text())
+
+    def _active_plans(self) -> list[TaskPlan]:
+        """The ps tasks and the live workers."""
+        return [p for p in self.plans if p.task.job == 'ps' or p.task.index in self.members.workers]
 
     def _renew_leases(self, name: str) -> None:
         while not self._done.wait(LEASE_RENEW_SECS):
@@ -268,6 +281,7 @@ class SupervisedRun(Strategy):
 
     def _follow(self, record: TaskRecord) -> None:
         serving = self._serving[record.name] = threading.Event()
+        self._stepped.discard(record.name)
         backend = self.backends[record.backend]
 
         def seen(line: str) -> None:
@@ -276,6 +290,7 @@ class SupervisedRun(Strategy):
             found = self.life.saw_line(record.name, line, record.job == 'worker', record.is_chief)
             if found is not None:
                 self._saw_step(found['step'])
+                self._stepped.add(record.name)
         self.life.follow(record.name,
                          lambda stop: backend.read_log(record, follow=True, stop=stop, offset=record.log_offset),
                          seen)
@@ -325,6 +340,7 @@ class SupervisedRun(Strategy):
             self._check_run_dir()
             self._start_due()
             statuses = self._observe()
+            self._scale_step(statuses)
             decision = supervise.decide(self.policy, statuses, frozenset(self.tolerated | set(self._due)),
                                         self.restarts, self._progress())
             if decision.action is Action.FINISH:
@@ -366,6 +382,74 @@ class SupervisedRun(Strategy):
                 self._save_state()
                 last_saved = time.monotonic()
             time.sleep(SUPERVISE_SECS)
+
+    # -- elastic workers: `launch scale` ----------------------------------------------------
+    def _scale_step(self, statuses: list[TaskStatus]) -> None:
+        """Take a scale request, or see the one under way to its end (launch/control.py)."""
+        train_dir = self.spec.train.train_dir
+        if self._scaling is None:
+            request = control.take(train_dir)
+            if request is not None:
+                self._begin_scale(request)
+            return
+        op = self._scaling
+        by_name = {t.name: t for t in statuses}
+        joined = all(name in self._stepped for name in op['add'])      # each has run a step
+        finished = self._step is not None and self._step >= self.spec.train.steps
+        left = all(by_name.get(name) is not None and by_name[name].state is not TaskState.RUNNING for name in op['remove'])
+        failed = [name for name in op['add'] if by_name.get(name) is not None and by_name[name].state is TaskState.FAILED]
+        if failed:
+            self._end_scale(control.FAILED, f'{", ".join(failed)} ended while joining the training')
+        elif (joined or finished) and left:
+            self._end_scale(control.DONE, f'{self.members.count} worker(s) train now '
+                                          f'({", ".join(f"worker:{i}" for i in self.members.indices)})')
+        elif time.monotonic() > op['deadline']:
+            self._end_scale(control.FAILED, f'the change did not take effect within {op["secs"]:.0f}s')
+
+    def _begin_scale(self, request: dict) -> None:
+        want, pool, now = request['workers'], self.spec.num_workers, self.members
+        refusal = (f'--workers {want}: expected 1..{pool} (the spec\'s pool of workers)' if not 1 <= want <= pool
+                   else 'sync training fixes its number of replicas: scaling a sync run is not supported yet'
+                   if self.spec.train.sync else
+                   'a train.command is a program of its own: its workers cannot be scaled' if self.spec.train.command
+                   else None)
+        if refusal:
+            self.say(f'scale refused: {refusal}')
+            control.answer(self.spec.train.train_dir, request, control.REFUSED, [refusal])
+            return
+        if want == now.count:
+            control.answer(self.spec.train.train_dir, request, control.DONE, [f'{want} worker(s) train already'])
+            return
+        epoch = now.epoch + 1
+        workers = dict(now.workers)
+        add = [i for i in range(pool) if i not in workers][:max(0, want - now.count)]
+        remove = sorted((i for i in workers if i != 0), reverse=True)[:max(0, now.count - want)]
+        for i in add:
+            workers[i] = epoch
+        for i in remove:
+            del workers[i]
+        self.members = Members(epoch, workers)
+        for name in self.backends:      # at once: the leaving ones stop after their current step
+            self._renew(name)
+        names_add, names_remove = [f'worker:{i}' for i in add], [f'worker:{i}' for i in remove]
+        line = (f'scaling {now.count} -> {want} workers: ' + (f'starting {", ".join(names_add)}' if add else
+                f'{", ".join(names_remove)} ' + ('finishes its step and leaves' if len(remove) == 1 else
+                                                'finish their step and leave')) + ' (async: the others train on)')
+        self.say(line)
+        self.life.emit('scale', to=want, add=names_add, remove=names_remove, pid=request.get('pid'))
+        for name in names_add:
+            self._due[name] = time.monotonic()
+            self._serving.pop(name, None)
+        secs = self.start_timeout + self.policy.stall_secs
+        self._scaling = {'request': request, 'add': names_add, 'remove': names_remove, 'lines': [line],
+                         'deadline': time.monotonic() + secs, 'secs': secs}
+        self._start_due()
+
+    def _end_scale(self, state: str, line: str) -> None:
+        op, self._scaling = self._scaling, None
+        self.say(f'scale {state}: {line}')
+        self.life.emit('scaled', state=state, workers=list(self.members.indices), cause=line)
+        control.answer(self.spec.train.train_dir, op['request'], state, op['lines'] + [line])
 
     def _check_run_dir(self) -> None:
         """The run's own directory (its state, events, and for local tasks their logs and
@@ -511,7 +595,7 @@ class SupervisedRun(Strategy):
             self._check_run_dir()
             t0 = time.monotonic()
             try:
-                self._start([dataclasses.replace(p, restart=self.restarts) for p in self.plans])
+                self._start([dataclasses.replace(p, restart=self.restarts) for p in self._active_plans()])
                 self._wait_ready(t0)
                 return
             except TaskFailed as e:
