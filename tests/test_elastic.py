@@ -1,0 +1,58 @@
+"""Elastic workers: `launch up --workers N` runs part of the spec's pool, `launch scale` changes
+the count while the run goes on (async: live). Bad input is refused before anything changes; a
+real local cluster grows and shrinks with the global step advancing throughout."""
+import re
+
+import pytest
+
+from cluster.membership import Members
+from launch.events import read_events
+from tests.conftest import launch, launch_bg, read_until, write_spec
+
+pytestmark = pytest.mark.slow      # real launchers (and, below, a real cluster)
+
+
+@pytest.mark.parametrize('args, words', [
+    (['up', '--workers', '0'], '--workers 0: expected 1..3'),
+    (['up', '--workers', '4'], '--workers 4: expected 1..3'),
+    (['up', '--workers', '1', '--set', 'train.sync=true'], 'a sync run with fewer workers'),
+    (['scale', '--workers', '2'], 'no launcher runs'),
+    (['scale', '--workers', '9'], '--workers 9: expected 1..3'),
+])
+def test_bad_worker_counts_are_one_line_and_change_nothing(tmp_path, args, words):
+    spec = write_spec(tmp_path, workers=3, sync=False)
+    out = launch(args[0], spec, *args[1:], timeout=120)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.count('\n') == 1 and words in out.stderr, out.stderr
+    assert not (tmp_path / 'run' / 'events.jsonl').exists()
+
+
+def test_an_async_pool_grows_and_shrinks_while_the_global_step_goes_on(tmp_path):
+    spec = write_spec(tmp_path, workers=3, sync=False, steps=100000, batch_size=8)
+    up = launch_bg('up', spec, '--workers', '1')
+    try:
+        read_until(up, 'step 2')
+        grow = launch('scale', spec, '--workers', '3', timeout=240)
+        assert grow.returncode == 0, grow.stdout + grow.stderr
+        assert 'starting worker:1, worker:2' in grow.stdout and '3 worker(s) train now' in grow.stdout
+        shrink = launch('scale', spec, '--workers', '2', timeout=240)
+        assert shrink.returncode == 0, shrink.stdout + shrink.stderr
+        assert 'worker:2 finishes its step and leaves' in shrink.stdout
+        again = launch('scale', spec, '--workers', '2', timeout=60)
+        assert again.returncode == 0 and '2 worker(s) train already' in again.stdout
+        lines = read_until(up, ' step ', timeout=60)        # still training
+    finally:
+        up.send_signal(2)
+        up.wait(timeout=240)
+        rest = up.stdout.read()     # not communicate(timeout=...): it would skip what readline buffered
+    events = read_events(str(tmp_path / 'run' / 'events.jsonl'))
+    assert [e['event'] for e in events if e['event'] in ('scale', 'scaled', 'restart')] == \
+        ['scale', 'scaled', 'scale', 'scaled']
+    steps = [e['step'] for e in events if e['event'] == 'progress']
+    assert steps == sorted(steps) and len(steps) > 5
+    out = '\n'.join(lines) + rest
+    assert re.search(r'\[worker:2\] .* worker:2 leaves at global step \d+', out), out
+    assert re.search(r'\[worker:2\] .* worker:2 finished', out), out
+    assert re.search(r'\[worker:1\] .* step \d+/100000', out), out
+    lease = (tmp_path / 'run' / 'launcher.lease').read_text()
+    assert Members.parse(lease, 3).indices == (0, 1)
