@@ -124,6 +124,7 @@ class ClusterSpec:
     env: Mapping[str, str] = field(default_factory=lambda: types.MappingProxyType({}))   # every task's
     job_env: Mapping[str, Mapping[str, str]] = field(default_factory=lambda: types.MappingProxyType({}))
     gpus: Mapping[str, int] = field(default_factory=lambda: types.MappingProxyType({}))  # host -> GPU count
+    live: int | None = None          # workers that run now, of the pool (None: every one; never in YAML)
     origins: Any = field(default=None, compare=False, repr=False)   # _Origins: where each key was given
 
     def error(self, key: str, message: str) -> 'SpecError':
@@ -145,8 +146,14 @@ class ClusterSpec:
         return len(self.job_tasks('ps'))
 
     @property
+    def live_workers(self) -> int:
+        """The workers that train now: the whole pool unless `launch up --workers` or `launch
+        scale` run fewer (cluster/membership.py)."""
+        return self.live or self.num_workers
+
+    @property
     def replicas_to_aggregate(self) -> int:
-        return self.train.replicas_to_aggregate or self.num_workers
+        return self.train.replicas_to_aggregate or self.live_workers
 
     def cluster_def(self) -> dict[str, list[str]]:
         """job -> addresses, the shape tf.train.ClusterSpec and TF_CONFIG take."""

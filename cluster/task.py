@@ -10,6 +10,7 @@ bad invocation fails in a fraction of a second with exit code 2 and nothing star
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import errno
 import logging
 import os
@@ -202,6 +203,8 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, handlers=[handler])
     if os.environ.get(LEASE_ENV):
         watch_lease(os.environ[LEASE_ENV], float(os.environ.get(LEASE_SECS_ENV) or 10), pool=spec.num_workers)
+        # Sync: the graph counts the workers that run (a scale restarts the cluster with the new count).
+        spec = dataclasses.replace(spec, live=LIVE.current(spec.num_workers).count)
     line = environment_line(spec, task, os.environ)
     if line:
         log.info('%s: %s', task.name, line)

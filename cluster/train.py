@@ -141,19 +141,23 @@ def build_graph(spec: ClusterSpec, task: TaskSpec, data_dir: str | None) -> _Gra
         ema = v1.train.ExponentialMovingAverage(model.MOVING_AVERAGE_DECAY, global_step)
         if train.sync:
             opt = v1.train.SyncReplicasOptimizer(
-                opt, replicas_to_aggregate=spec.replicas_to_aggregate, total_num_replicas=spec.num_workers,
+                opt, replicas_to_aggregate=spec.replicas_to_aggregate, total_num_replicas=spec.live_workers,
                 variable_averages=ema, variables_to_average=None)
 
+    # Input shards: a sync run's live workers split the records among them (a scale restarts it);
+    # an async worker keeps its shard of the pool (distinct from every other's, whoever runs).
+    members = LIVE.current(spec.num_workers)
+    shard, shards = (members.rank(task.index) or 0, members.count) if train.sync else (task.index, spec.num_workers)
     with v1.device(f'{worker_device}/device:CPU:0'):
         if data_dir is None:        # only the graph's shape is wanted (ps_bytes): no data is read
             images = tf.zeros([examples_per_run, data.IMAGE_SIZE, data.IMAGE_SIZE, 3])
             labels = tf.zeros([examples_per_run], tf.int32)
         elif train.deterministic:     # worker w reads batches w, w+W, ...: together one big batch a step
-            images, labels = data.deterministic_inputs(data_dir, examples_per_run, task.index * examples_per_run,
-                                                       stride=spec.num_workers * examples_per_run)
+            images, labels = data.deterministic_inputs(data_dir, examples_per_run, shard * examples_per_run,
+                                                       stride=shards * examples_per_run)
         else:
-            images, labels = data.train_inputs(data_dir, examples_per_run, shard_index=task.index,
-                                               num_shards=spec.num_workers, seed=train.seed)
+            images, labels = data.train_inputs(data_dir, examples_per_run, shard_index=shard,
+                                               num_shards=shards, seed=train.seed)
         image_parts, label_parts = tf.split(images, n), tf.split(labels, n)
 
     tower_grads, tower_losses = [], []

@@ -107,9 +107,10 @@ def cmd_up(spec: ClusterSpec, req: Request) -> int:
         if kind.strategy == registry.DELEGATED:
             raise UsageError(f'--workers {args.workers}: the {kind.name} scheduler runs every worker of the spec; '
                              'change the spec\'s worker list instead')
-        if spec.train.sync:
-            raise UsageError(f'--workers {args.workers}: a sync run with fewer workers than the spec lists is not '
-                             'supported yet (SyncReplicasOptimizer counts every worker); use train.sync=false')
+        r = spec.train.replicas_to_aggregate
+        if spec.train.sync and r and args.workers < r:
+            raise UsageError(f'--workers {args.workers}: fewer than train.replicas_to_aggregate ({r}), which each '
+                             'sync step needs')
         if spec.train.command:
             raise UsageError(f'--workers {args.workers}: a train.command gets every worker of the spec')
     if kind.strategy == registry.DELEGATED:     # a scheduler owns the tasks

@@ -131,7 +131,7 @@ class SupervisedRun(Strategy):
         self.start_timeout, self.finish_timeout = start_timeout, finish_timeout
         self._checks = checks                        # the pre-flight, run by prepare()
         self._warn = warn                            # once per run: what the user should know (exposure)
-        self.policy = Policy.of(spec, UNREACHABLE_SECS)
+        self.policy = Policy.of(dataclasses.replace(spec, live=workers), UNREACHABLE_SECS)
         self.records: list[TaskRecord] = []          # the current start of every task, in plan order
         self.restarts = 0
         self.tolerated: set[str] = set()
@@ -408,9 +408,10 @@ class SupervisedRun(Strategy):
 
     def _begin_scale(self, request: dict) -> None:
         want, pool, now = request['workers'], self.spec.num_workers, self.members
+        r = self.spec.train.replicas_to_aggregate
         refusal = (f'--workers {want}: expected 1..{pool} (the spec\'s pool of workers)' if not 1 <= want <= pool
-                   else 'sync training fixes its number of replicas: scaling a sync run is not supported yet'
-                   if self.spec.train.sync else
+                   else f'--workers {want}: fewer than train.replicas_to_aggregate ({r}), which each sync step needs'
+                   if self.spec.train.sync and r and want < r else
                    'a train.command is a program of its own: its workers cannot be scaled' if self.spec.train.command
                    else None)
         if refusal:
@@ -428,10 +429,13 @@ class SupervisedRun(Strategy):
             workers[i] = epoch
         for i in remove:
             del workers[i]
+        names_add, names_remove = [f'worker:{i}' for i in add], [f'worker:{i}' for i in remove]
+        if self.spec.train.sync:
+            self._scale_restart(request, Members(epoch, workers), names_add, names_remove)
+            return
         self.members = Members(epoch, workers)
         for name in self.backends:      # at once: the leaving ones stop after their current step
             self._renew(name)
-        names_add, names_remove = [f'worker:{i}' for i in add], [f'worker:{i}' for i in remove]
         line = (f'scaling {now.count} -> {want} workers: ' + (f'starting {", ".join(names_add)}' if add else
                 f'{", ".join(names_remove)} ' + ('finishes its step and leaves' if len(remove) == 1 else
                                                 'finish their step and leave')) + ' (async: the others train on)')
@@ -444,6 +448,46 @@ class SupervisedRun(Strategy):
         self._scaling = {'request': request, 'add': names_add, 'remove': names_remove, 'lines': [line],
                          'deadline': time.monotonic() + secs, 'secs': secs}
         self._start_due()
+
+    def _scale_restart(self, request: dict, members: Members, add: list[str], remove: list[str]) -> None:
+        """Sync: SyncReplicasOptimizer fixes the number of replicas in the graph, so the cluster
+        stops (the chief saves first) and starts again with the new live set, from the checkpoint;
+        replicas_to_aggregate and the default learning rate follow the count. Not a fault: no
+        restart of supervise.max_restarts is used."""
+        before, want = self.members.count, members.count
+        line = (f'scaling {before} -> {want} workers: sync training fixes its number of replicas '
+                '(SyncReplicasOptimizer), so the cluster restarts through a checkpoint; the chief saves first')
+        self.say(line)
+        self.life.emit('scale', to=want, add=add, remove=remove, pid=request.get('pid'))
+        self._teardown(checkpoint=True)
+        step = self.life.checkpoint_step()
+        ended = RunResult(state='done', exit_code=EXIT_OK, restarts=self.restarts, failures=list(self.failures),
+                          global_step=self._step)
+        self.members = members
+        self.records = [r for r in self.records if r.name not in remove]
+        self.policy = Policy.of(dataclasses.replace(self.spec, live=want), UNREACHABLE_SECS)
+        resumed = f'the checkpoint at global step {step}' if step is not None else 'step 0 (no checkpoint yet)'
+        self.life.next_attempt(f'scale {before} -> {want} workers', step, ended=ended)
+        self.failures = []
+        self.plans = [dataclasses.replace(p, attempt=self.life.attempt) for p in self.plans]
+        self.tolerated.clear()
+        self._due.clear()
+        self._unknown_since.clear()
+        self._frozen_since.clear()
+        with self._progress_lock:
+            self._step, self._step_at = None, time.monotonic()
+        self._warned_step = -1
+        self._state.progress = None
+        for name in self.backends:
+            self._renew(name)
+        self.say(f'scaling {before} -> {want} workers: starting the cluster again from {resumed}')
+        secs = self.start_timeout + self.policy.stall_secs
+        joining = [f'worker:{i}' for i in members.indices]
+        self._scaling = {'request': request, 'add': joining, 'remove': [], 'lines': [line],
+                         'deadline': time.monotonic() + secs, 'secs': secs}
+        t0 = time.monotonic()
+        self._start(self._active_plans())
+        self._wait_ready(t0)
 
     def _end_scale(self, state: str, line: str) -> None:
         op, self._scaling = self._scaling, None

@@ -15,7 +15,8 @@ pytestmark = pytest.mark.slow      # real launchers (and, below, a real cluster)
 @pytest.mark.parametrize('args, words', [
     (['up', '--workers', '0'], '--workers 0: expected 1..3'),
     (['up', '--workers', '4'], '--workers 4: expected 1..3'),
-    (['up', '--workers', '1', '--set', 'train.sync=true'], 'a sync run with fewer workers'),
+    (['up', '--workers', '1', '--set', 'train.sync=true', '--set', 'train.replicas_to_aggregate=2'],
+     '--workers 1: fewer than train.replicas_to_aggregate (2)'),
     (['scale', '--workers', '2'], 'no launcher runs'),
     (['scale', '--workers', '9'], '--workers 9: expected 1..3'),
 ])
@@ -56,3 +57,24 @@ def test_an_async_pool_grows_and_shrinks_while_the_global_step_goes_on(tmp_path)
     assert re.search(r'\[worker:1\] .* step \d+/100000', out), out
     lease = (tmp_path / 'run' / 'launcher.lease').read_text()
     assert Members.parse(lease, 3).indices == (0, 1)
+
+
+def test_a_sync_run_scales_through_checkpoints_and_its_step_goes_on(tmp_path):
+    """SyncReplicasOptimizer fixes the replicas in its graph: 2 -> 1 -> 2 workers is two restarts
+    through the chief's checkpoint, each attempt starting where the last one saved."""
+    spec = write_spec(tmp_path, workers=3, sync=True, steps=100000, batch_size=8)
+    up = launch_bg('up', spec, '--workers', '2')
+    try:
+        read_until(up, 'step 2')
+        for want in (1, 2):
+            out = launch('scale', spec, '--workers', str(want), timeout=300)
+            assert out.returncode == 0, out.stdout + out.stderr
+            assert 'restarts through a checkpoint' in out.stdout and f'{want} worker(s) train now' in out.stdout
+    finally:
+        up.send_signal(2)
+        up.wait(timeout=240)
+    events = read_events(str(tmp_path / 'run' / 'events.jsonl'))
+    restarts = [e for e in events if e['event'] == 'restart']
+    firsts = {e['attempt']: e['step'] for e in events if e['event'] == 'first_step'}
+    assert [r['from_step'] for r in restarts] == [firsts[2] - 1, firsts[3] - 1], (restarts, firsts)
+    assert all(r['cause'].startswith('scale ') for r in restarts)
