@@ -82,7 +82,7 @@ def check_request(spec: ClusterSpec, req: Request) -> Request:
     UsageError. Returns the request with the backend the state file remembers filled in."""
     registry.check_options(spec, req.command, req.backend, req.options)
     check_isolation(spec, req.command, req.backend)
-    if req.backend is None and req.command in ('status', 'down', 'logs'):
+    if req.backend is None and req.command in ('status', 'down', 'logs', 'scale'):
         state = LaunchState.load(state_path(spec))
         remembered = registry.remembered({r.backend for r in state.tasks}) if state else None
         if remembered:
@@ -183,7 +183,7 @@ def cmd_status(spec: ClusterSpec, req: Request) -> int:
         print(json.dumps({'run': info.to_json() if info else None,
                           'launcher': {'pid': state.launcher_pid, 'alive': launcher_alive(state)} if state else None,
                           'progress': state.progress if state else None, 'restarts': state.restarts if state else 0,
-                          'tasks': tasks}, indent=1))
+                          'workers': state.workers if state else None, 'tasks': tasks}, indent=1))
         return code
     if info is not None:
         print(f'run {info.id}: {info.state}, attempt {info.attempts}'
@@ -194,6 +194,11 @@ def cmd_status(spec: ClusterSpec, req: Request) -> int:
     elif launcher_alive(state):
         restarts = f', {state.restarts} restart(s)' if state.restarts else ''
         print(f'launcher pid {state.launcher_pid}, started {time.ctime(state.started)}{restarts}')
+        w = state.workers
+        if w and len(w.get('live', [])) != w.get('pool'):
+            print(f'workers: {len(w["live"])} of a pool of {w["pool"]} run '
+                  f'({", ".join(f"worker:{i}" for i in w["live"])})'
+                  + (f'; scaling to {w["scaling"]}' if w.get('scaling') else ''))
     else:
         cleaned = _clean_up_after(spec, req, plans, state, tasks)
         print(f'launcher pid {state.launcher_pid} is gone; '
@@ -244,6 +249,9 @@ def _task_status(spec: ClusterSpec, req: Request, plans: list[TaskPlan], state: 
             listening = backend.probe(r or backend.log_record(plan), 0.5, handshake=False)
             alive = {None: False, 'running': True, 'ended': False, 'unknown': None}[seen and seen.state]
             note = (seen.stopped or '') if alive else f'unknown: {seen.error}' if alive is None else ''
+            live = state.workers.get('live') if state and state.workers else None
+            if not note and plan.task.job == 'worker' and live is not None and plan.task.index not in live:
+                note = 'spare: in the pool, not running (`launch scale`)'
             out.append({'task': plan.name, 'address': plan.task.address, 'backend': plan.backend,
                         'pid': r.pid if r else None, 'alive': alive, 'listening': listening, 'note': note})
     return out

@@ -255,6 +255,8 @@ class SupervisedRun(Strategy):
                 self._state.progress = {'global_step': self._step, 'steps': self.spec.train.steps,
                                         'at': time.time() - (time.monotonic() - self._step_at)}
         self._state.restarts = self.restarts
+        self._state.workers = {'pool': self.spec.num_workers, 'live': list(self.members.indices),
+                               'scaling': self._scaling['request']['workers'] if self._scaling else None}
         try:
             self._state.save(state_path(self.spec))
             self._state_error = False
@@ -447,6 +449,7 @@ class SupervisedRun(Strategy):
         secs = self.start_timeout + self.policy.stall_secs
         self._scaling = {'request': request, 'add': names_add, 'remove': names_remove, 'lines': [line],
                          'deadline': time.monotonic() + secs, 'secs': secs}
+        self._save_state()
         self._start_due()
 
     def _scale_restart(self, request: dict, members: Members, add: list[str], remove: list[str]) -> None:
@@ -491,6 +494,7 @@ class SupervisedRun(Strategy):
 
     def _end_scale(self, state: str, line: str) -> None:
         op, self._scaling = self._scaling, None
+        self._save_state()
         self.say(f'scale {state}: {line}')
         self.life.emit('scaled', state=state, workers=list(self.members.indices), cause=line)
         control.answer(self.spec.train.train_dir, op['request'], state, op['lines'] + [line])
