@@ -12,6 +12,7 @@ from launch.events import read_events
 from tests.conftest import launch, launch_bg, read_until, write_spec
 from tests.dockerd import compose_image, docker_engine  # noqa: F401 (fixtures)
 from tests.test_compose import compose_project  # noqa: F401 (a fixture)
+from tests.sshd import ssh_hosts  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.slow      # real launchers (and, below, a real cluster)
 
@@ -96,3 +97,11 @@ def test_a_sync_run_scales_through_checkpoints_and_its_step_goes_on(tmp_path):
     firsts = {e['attempt']: e['step'] for e in events if e['event'] == 'first_step'}
     assert [r['from_step'] for r in restarts] == [firsts[2] - 1, firsts[3] - 1], (restarts, firsts)
     assert all(r['cause'].startswith('scale ') for r in restarts)
+
+
+def test_an_async_ssh_pool_grows_and_shrinks(tmp_path, ssh_hosts):
+    from tests.test_ssh import host_settings
+    spec = write_spec(tmp_path, workers=3, sync=False, steps=100000, batch_size=8, train_dir='run',
+                      task_hosts=['127.0.0.2', '127.0.0.2', '127.0.0.3', '127.0.0.3'],
+                      hosts=host_settings(ssh_hosts, tmp_path))
+    grow_and_shrink(tmp_path, spec, '--ssh-config', str(ssh_hosts.ssh_config), cwd=str(tmp_path))
