@@ -111,6 +111,7 @@ class _Graph:
     resync: object | None       # sync only: local step := global step; returns it
     sync_op: object | None      # chief only, sync only: aggregate one step, hand out tokens
     summary: object
+    reshard: object | None      # async: (sess, rank, count) -> chooses this worker's input shard
     saver: object
     done_ops: list
     examples_per_run: int
@@ -144,10 +145,11 @@ def build_graph(spec: ClusterSpec, task: TaskSpec, data_dir: str | None) -> _Gra
                 opt, replicas_to_aggregate=spec.replicas_to_aggregate, total_num_replicas=spec.live_workers,
                 variable_averages=ema, variables_to_average=None)
 
-    # Input shards: a sync run's live workers split the records among them (a scale restarts it);
-    # an async worker keeps its shard of the pool (distinct from every other's, whoever runs).
+    # Input shards: the live workers split the records among them, by their rank in index order
+    # (a sync scale restarts the cluster; an async worker switches shards at its next step).
     members = LIVE.current(spec.num_workers)
-    shard, shards = (members.rank(task.index) or 0, members.count) if train.sync else (task.index, spec.num_workers)
+    shard, shards = members.rank(task.index) or 0, members.count
+    reshard = None
     with v1.device(f'{worker_device}/device:CPU:0'):
         if data_dir is None:        # only the graph's shape is wanted (ps_bytes): no data is read
             images = tf.zeros([examples_per_run, data.IMAGE_SIZE, data.IMAGE_SIZE, 3])
@@ -155,9 +157,12 @@ def build_graph(spec: ClusterSpec, task: TaskSpec, data_dir: str | None) -> _Gra
         elif train.deterministic:     # worker w reads batches w, w+W, ...: together one big batch a step
             images, labels = data.deterministic_inputs(data_dir, examples_per_run, shard * examples_per_run,
                                                        stride=shards * examples_per_run)
-        else:
+        elif train.sync:     # a scale restarts a sync cluster: the shard is fixed for this start
             images, labels = data.train_inputs(data_dir, examples_per_run, shard_index=shard,
                                                num_shards=shards, seed=train.seed)
+        else:                # async: the live workers can change while it runs (launch scale)
+            (images, labels), reshard = data.train_inputs(data_dir, examples_per_run, seed=train.seed,
+                                                          reshardable=True)
         image_parts, label_parts = tf.split(images, n), tf.split(labels, n)
 
     tower_grads, tower_losses = [], []
@@ -205,7 +210,7 @@ def build_graph(spec: ClusterSpec, task: TaskSpec, data_dir: str | None) -> _Gra
     done_ops = session.done_ops(spec.num_ps, spec.num_workers, task.index, LIVE.generation(task.index, spec.num_workers))
     saver = v1.train.Saver(max_to_keep=5, sharded=True)
     return _Graph(global_step, step_after, loss, lr, train_op, local_init_op, ready_for_local_init_op,
-                  resync, sync_op, summary, saver, done_ops, examples_per_run)
+                  resync, sync_op, summary, reshard, saver, done_ops, examples_per_run)
 
 
 def _scalar_summary(tag: str, tensor):
@@ -356,10 +361,20 @@ def _train_loop(sess, spec: ClusterSpec, task: TaskSpec, g: _Graph, start: float
     last_log, last_log_step, last_save, last_saved_step = t0, first, t0, int(first)
     log_every = train.log_every_secs if task.is_chief else max(10.0, train.log_every_secs)
     loss = float('nan')
+    shard = None
     while step < train.steps:
         if LIVE.leaving(task.index, spec.num_workers):
             log.info('%s leaves at global step %d: the launcher took it out of the live workers', task.name, step)
             break
+        if g.reshard is not None and (shard is None or LIVE.changed.is_set()):
+            LIVE.changed.clear()
+            members = LIVE.current(spec.num_workers)
+            now = (members.rank(task.index) or 0, members.count)
+            if now != shard:
+                g.reshard(sess, *now)
+                if shard is not None:
+                    log.info('reading input shard %d of %d now (%d live workers)', now[0] + 1, now[1], now[1])
+                shard = now
         due = time.monotonic() - last_log >= log_every or local_steps == 0
         fetches = [g.step_after, g.loss] + ([g.summary] if due and writer else [])
         with step_lock:
