@@ -31,6 +31,7 @@ import enum
 import re
 import signal
 from dataclasses import dataclass
+from typing import Mapping
 
 from cluster.rundir import EXIT_NO_RESTART
 from cluster.spec import ClusterSpec, is_chief
@@ -116,6 +117,19 @@ def is_lost(t: TaskStatus, policy: Policy, stalled: bool = False) -> bool:
     the other workers are done; a stall is the stall rule's, which names the frozen task)."""
     return t.state is TaskState.FAILED or (t.state is TaskState.UNKNOWN and t.since >= policy.unreachable_secs) \
         or (t.state is TaskState.RUNNING and not stalled and t.frozen >= policy.stall_secs)
+
+
+def pick_spares(lost: list[str], host_of: Mapping[str, str], unreachable: set[str],
+                spares: list[str]) -> dict[str, str]:
+    """Failover: for each lost worker whose host cannot be reached, the first spare of the pool
+    (in index order) on a host that can be, each spare used once; workers with no such spare are
+    left out (they stay tolerated). Pure: names and hosts in, lost -> spare out."""
+    free = [s for s in spares if host_of.get(s) not in unreachable]
+    moves = {}
+    for name in lost:
+        if host_of.get(name) in unreachable and free:
+            moves[name] = free.pop(0)
+    return moves
 
 
 def describe_exit(code: int | None) -> str:

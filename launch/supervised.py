@@ -128,6 +128,7 @@ class SupervisedRun(Strategy):
         self.members = Members(1, {i: 1 for i in range(workers or spec.num_workers)})
         self._scaling: dict | None = None             # the scale request being carried out
         self._stepped: set[str] = set()               # workers whose current start logged a step
+        self._retired: set[str] = set()               # workers failed over: never started again
         self.start_timeout, self.finish_timeout = start_timeout, finish_timeout
         self._checks = checks                        # the pre-flight, run by prepare()
         self._warn = warn                            # once per run: what the user should know (exposure)
@@ -355,7 +356,9 @@ class SupervisedRun(Strategy):
                 decision = self._escalate(decision, errors)
             if decision.action is Action.GIVE_UP:
                 raise self._give_up(decision)
-            if decision.action is Action.TOLERATE:
+            if decision.action is Action.TOLERATE and self._failover(decision, statuses):
+                pass
+            elif decision.action is Action.TOLERATE:
                 self.tolerated.update(decision.tasks)
                 for name in decision.tasks:
                     self.life.emit('tolerated', task=name, cause=decision.reason)
@@ -491,6 +494,41 @@ class SupervisedRun(Strategy):
         t0 = time.monotonic()
         self._start(self._active_plans())
         self._wait_ready(t0)
+
+    def _failover(self, decision: Decision, statuses: list[TaskStatus]) -> bool:
+        """A lost worker whose host cannot be reached starts on a spare address of the pool
+        instead (supervise.restart: on-failure, restarts left); False when none can."""
+        if self.policy.restart != 'on-failure' or self.restarts >= self.policy.max_restarts or self.spec.train.command:
+            return False
+        host_of = {p.name: p.task.host for p in self.plans}
+        unreachable = {host_of[t.name] for t in statuses if t.state is TaskState.UNKNOWN}
+        spares = [f'worker:{i}' for i in range(self.spec.num_workers)
+                  if i not in self.members.workers and f'worker:{i}' not in self._retired]
+        moves = supervise.pick_spares(list(decision.tasks), host_of, unreachable, spares)
+        if not moves:
+            return False
+        self.restarts += 1
+        delay = self._backoff()
+        epoch = self.members.epoch + 1
+        workers = dict(self.members.workers)
+        for lost, spare in moves.items():
+            workers.pop(int(lost.split(':')[1]), None)
+            workers[int(spare.split(':')[1])] = epoch
+            self._retired.add(lost)
+            self.tolerated.add(lost)
+        self.members = Members(epoch, workers)
+        for name in self.backends:
+            self._renew(name)
+        for lost, spare in moves.items():
+            plan = next(p for p in self.plans if p.name == spare)
+            self.say(f'restart {self.restarts}/{self.policy.max_restarts}: {decision.reason}; starting {spare} on '
+                     f'{plan.task.address} in its place (a spare of the pool)')
+            self.life.emit('failover', task=lost, to=spare, host=plan.task.host, cause=decision.reason)
+            self._due[spare] = time.monotonic() + delay
+        gone = [r for r in self.records if r.name in moves]
+        threading.Thread(target=lambda: stop_all(gone, self.backends, grace=1), name='failover-stop', daemon=True).start()
+        self._start_due()
+        return True
 
     def _end_scale(self, state: str, line: str) -> None:
         op, self._scaling = self._scaling, None

@@ -64,3 +64,18 @@ def test_leases_hold_the_live_set_and_a_change_is_written_whole(tmp_path):
     before = lease.stat().st_ino
     touch_leases(plans, text=text)      # unchanged: only touched
     assert lease.stat().st_ino == before and lease.read_text() == text
+
+
+HOSTS = {'worker:0': 'a', 'worker:1': 'b', 'worker:2': 'b', 'worker:3': 'c', 'worker:4': 'd'}
+
+
+@pytest.mark.parametrize('lost, unreachable, spares, moves', [
+    (['worker:1'], {'b'}, ['worker:2', 'worker:3'], {'worker:1': 'worker:3'}),      # not onto the dead host
+    (['worker:1'], {'b'}, ['worker:2'], {}),                                           # no spare elsewhere
+    (['worker:1'], set(), ['worker:3'], {}),                                           # reachable: no failover
+    (['worker:1', 'worker:2'], {'b'}, ['worker:3', 'worker:4'], {'worker:1': 'worker:3', 'worker:2': 'worker:4'}),
+    (['worker:1', 'worker:2'], {'b'}, ['worker:3'], {'worker:1': 'worker:3'}),       # each spare once
+])
+def test_a_worker_on_an_unreachable_host_fails_over_to_a_spare_elsewhere(lost, unreachable, spares, moves):
+    from launch.supervise import pick_spares
+    assert pick_spares(lost, HOSTS, unreachable, spares) == moves
