@@ -105,3 +105,32 @@ def test_an_async_ssh_pool_grows_and_shrinks(tmp_path, ssh_hosts):
                       task_hosts=['127.0.0.2', '127.0.0.2', '127.0.0.3', '127.0.0.3'],
                       hosts=host_settings(ssh_hosts, tmp_path))
     grow_and_shrink(tmp_path, spec, '--ssh-config', str(ssh_hosts.ssh_config), cwd=str(tmp_path))
+
+
+def test_a_worker_whose_host_is_lost_fails_over_to_a_spare(tmp_path, ssh_hosts, tmp_path_factory):
+    """worker:1's host goes away (its sshd and everything under it killed): after the unreachable
+    limit the launcher starts the pool's spare worker:2 on another host in its place, and the
+    run trains on."""
+    from tests.sshd import SSHHosts
+    from tests.test_ssh import host_settings
+    with SSHHosts(tmp_path_factory.mktemp('sshd-lost'), addresses=('127.0.0.4',)) as lost:
+        config = tmp_path / 'ssh_config'
+        config.write_text(ssh_hosts.ssh_config.read_text() + '\n' + lost.ssh_config.read_text())
+        hosts = {**host_settings(ssh_hosts, tmp_path), **host_settings(lost, tmp_path)}
+        spec = write_spec(tmp_path, workers=3, sync=False, steps=100000, batch_size=8, train_dir='run',
+                          task_hosts=['127.0.0.2', '127.0.0.2', '127.0.0.4', '127.0.0.3'], hosts=hosts,
+                          supervise={'restart': 'on-failure'})
+        up = launch_bg('up', spec, '--workers', '2', '--ssh-config', str(config), cwd=str(tmp_path))
+        try:
+            read_until(up, 'step 2', timeout=300)
+            lost.stop()
+            said = read_until(up, 'in its place (a spare of the pool)', timeout=180)[-1]
+            assert 'worker:1 could not be reached' in said and 'starting worker:2 on 127.0.0.3:' in said, said
+            read_until(up, '[worker:2]', timeout=180)
+        finally:
+            up.send_signal(2)
+            up.wait(timeout=240)
+    events = read_events(str(tmp_path / 'run' / 'events.jsonl'))
+    moved = [e for e in events if e['event'] == 'failover']
+    assert [(e['task'], e['to'], e['host']) for e in moved] == [('worker:1', 'worker:2', '127.0.0.3')]
+    assert not [e for e in events if e['event'] == 'restart']
