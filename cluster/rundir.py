@@ -231,6 +231,7 @@ def progress_line(step: int, total: int, loss: float, rate: str = '') -> str:
 
 _LOSS = re.compile(r'\bloss (-?[\d.]+|nan|inf)\b')
 _RATE = re.compile(r'\b([\d.]+) images/s\b')
+_LIVE = re.compile(r'\b(\d+) of \d+ workers\b')
 
 
 def parse_progress(line: str) -> dict | None:
@@ -238,9 +239,12 @@ def parse_progress(line: str) -> dict | None:
     found = step_of(line)
     if found is None:
         return None
-    loss, rate = _LOSS.search(line), _RATE.search(line)
-    return {'step': found[0], 'total': found[1], 'loss': float(loss.group(1)) if loss else None,
-            'images_per_sec': float(rate.group(1)) if rate else None}
+    loss, rate, live = _LOSS.search(line), _RATE.search(line), _LIVE.search(line)
+    out = {'step': found[0], 'total': found[1], 'loss': float(loss.group(1)) if loss else None,
+           'images_per_sec': float(rate.group(1)) if rate else None}
+    if live:        # part of the pool runs (launch up --workers, launch scale)
+        out['workers'] = int(live.group(1))
+    return out
 
 
 _SAVED = re.compile(r'\bsaved a checkpoint at global step (\d+)\b')

@@ -390,7 +390,9 @@ def _train_loop(sess, spec: ClusterSpec, task: TaskSpec, g: _Graph, start: float
         now = time.monotonic()
         if due or step >= train.steps:
             rate = (step - last_log_step) * g.examples_per_run * _per_step(spec) / max(now - last_log, 1e-9)
-            session.log_progress(step, train.steps, loss, f'  {rate:.0f} images/s')
+            live = LIVE.current(spec.num_workers).count      # said when part of the pool runs
+            session.log_progress(step, train.steps, loss, f'  {rate:.0f} images/s'
+                                 + (f'  {live} of {spec.num_workers} workers' if live != spec.num_workers else ''))
             if len(out) > 2:
                 writer.add_summary(out[2], step)
             if writer:      # the global step's advance counts every worker's images

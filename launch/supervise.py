@@ -119,6 +119,16 @@ def is_lost(t: TaskStatus, policy: Policy, stalled: bool = False) -> bool:
         or (t.state is TaskState.RUNNING and not stalled and t.frozen >= policy.stall_secs)
 
 
+def scale_moves(pool: int, live: tuple[int, ...], retired: set[int], want: int) -> tuple[list[int], list[int]]:
+    """`launch scale` to `want` workers: (indices to start, indices to take out). New ones are the
+    lowest free indices of the pool (never a worker failed over: its host was lost); the ones
+    taken out are the highest, never the chief. Fewer than asked when the pool has no more."""
+    free = [i for i in range(pool) if i not in live and i not in retired]
+    add = free[:max(0, want - len(live))]
+    remove = sorted((i for i in live if i != 0), reverse=True)[:max(0, len(live) - want)]
+    return add, remove
+
+
 def pick_spares(lost: list[str], host_of: Mapping[str, str], unreachable: set[str],
                 spares: list[str]) -> dict[str, str]:
     """Failover: for each lost worker whose host cannot be reached, the first spare of the pool

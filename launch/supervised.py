@@ -428,8 +428,13 @@ class SupervisedRun(Strategy):
             return
         epoch = now.epoch + 1
         workers = dict(now.workers)
-        add = [i for i in range(pool) if i not in workers][:max(0, want - now.count)]
-        remove = sorted((i for i in workers if i != 0), reverse=True)[:max(0, now.count - want)]
+        retired = {int(name.split(':')[1]) for name in self._retired}
+        add, remove = supervise.scale_moves(pool, now.indices, retired, want)
+        if len(add) < want - now.count:
+            why = f'the pool has {len(add)} worker(s) left to start (failed over: {", ".join(sorted(self._retired))})'
+            self.say(f'scale refused: {why}')
+            control.answer(self.spec.train.train_dir, request, control.REFUSED, [why])
+            return
         for i in add:
             workers[i] = epoch
         for i in remove:

@@ -79,3 +79,17 @@ HOSTS = {'worker:0': 'a', 'worker:1': 'b', 'worker:2': 'b', 'worker:3': 'c', 'wo
 def test_a_worker_on_an_unreachable_host_fails_over_to_a_spare_elsewhere(lost, unreachable, spares, moves):
     from launch.supervise import pick_spares
     assert pick_spares(lost, HOSTS, unreachable, spares) == moves
+
+
+@pytest.mark.parametrize('live, retired, want, moves', [
+    ((0,), set(), 3, ([1, 2], [])),
+    ((0, 1, 2), set(), 2, ([], [2])),
+    ((0, 1, 2), set(), 1, ([], [2, 1])),
+    ((0, 2), set(), 3, ([1], [])),            # the lowest free index first
+    ((0, 2), {1}, 3, ([3], [])),              # a worker failed over is never started again
+    ((0, 3), {1}, 3, ([2], [])),
+    ((0, 1), set(), 2, ([], [])),
+])
+def test_scale_starts_the_lowest_free_workers_and_takes_out_the_highest_never_the_chief(live, retired, want, moves):
+    from launch.supervise import scale_moves
+    assert scale_moves(4, live, retired, want) == moves
