@@ -93,3 +93,50 @@ def test_a_worker_on_an_unreachable_host_fails_over_to_a_spare_elsewhere(lost, u
 def test_scale_starts_the_lowest_free_workers_and_takes_out_the_highest_never_the_chief(live, retired, want, moves):
     from launch.supervise import scale_moves
     assert scale_moves(4, live, retired, want) == moves
+
+
+def _pool_spec(tmp_path):
+    import yaml
+    path = tmp_path / 'pool.yaml'
+    path.write_text(yaml.safe_dump({'cluster': {'ps': ['localhost:2222'],
+                                                'worker': ['localhost:2223', 'localhost:2224', 'localhost:2225']},
+                                    'train': {'sync': False, 'train_dir': str(tmp_path / 'run')}}))
+    (tmp_path / 'run').mkdir()
+    return str(path)
+
+
+def test_scale_asks_the_running_launcher_and_says_what_it_answered(tmp_path, capsys):
+    """A stand-in launcher (it holds the run's lock and answers the request file) refuses: exit 1,
+    its words printed; a second scale while one is under way: exit 2, nothing sent."""
+    import threading
+    from launch import control
+    from launch.cli import main
+    from launch.state import TrainDirLock
+    spec = _pool_spec(tmp_path)
+    train_dir = str(tmp_path / 'run')
+    launcher = TrainDirLock(train_dir)
+    launcher.acquire('a test launcher')
+    stop = threading.Event()
+
+    def answer():
+        while not stop.is_set():
+            request = control.take(train_dir)
+            if request:
+                control.answer(train_dir, request, control.REFUSED, [f'not now ({request["workers"]})'])
+                return
+            stop.wait(0.05)
+    helper = threading.Thread(target=answer)
+    helper.start()
+    try:
+        assert main(['scale', spec, '--workers', '2']) == 1
+        assert capsys.readouterr().out == 'not now (2)\n'
+        busy = TrainDirLock(train_dir, control.LOCK_FILE)
+        busy.acquire('launch scale (pid 1) to 3 workers')
+        assert main(['scale', spec, '--workers', '3']) == 2
+        assert 'another scale of this run is under way (launch scale (pid 1) to 3 workers)' in capsys.readouterr().err
+        assert not (tmp_path / 'run' / control.REQUEST_FILE).exists()
+        busy.release()
+    finally:
+        stop.set()
+        helper.join()
+        launcher.release()
