@@ -204,14 +204,14 @@ def fmt_run(r: dict) -> str:
 
 
 SCALING = ((1, 1), (1, 2), (1, 3), (2, 2))      # (ps, workers)
-QUICK_SCALING = ((2, 2),)                      # --quick (CI): the 2-ps layout, which has the most parts
+QUICK_SCALING = ((2, 2),)                      # --quick (CI): sync on the 2-ps layout, which has the most parts
 
 
 def bench_scaling(args, tmp: str) -> dict:
     """Cost growth: 1/2/3 workers with 1 ps, and 2 workers with 2 ps, async and sync, one run each."""
     out = {}
     print(f'\n== scaling: steady images/s, batch {args.batch} per worker, {args.steps} steps, one run each')
-    for mode in ('async', 'sync'):
+    for mode in ('sync',) if args.quick else ('async', 'sync'):
         for ps, workers in QUICK_SCALING if args.quick else SCALING:
             name = f'{mode}-{ps}ps-{workers}w'
             sets = cluster_overrides(tmp, name, args.steps, args.batch, ps, workers, (f'train.sync={mode == "sync"}',))
@@ -316,7 +316,7 @@ def main() -> None:
     args.learn_steps, args.learn_every = 600, 50
     if args.quick:
         args.reps, args.steps, args.batch, args.single_steps = 1, 30, 16, 10
-        args.learn_steps, args.learn_every = 40, 20
+        args.learn_steps, args.learn_every = 40, 40     # one checkpoint, one eval per mode
     figures = {'quick': args.quick, 'cores': len(os.sched_getaffinity(0))}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.only or SECTIONS:
