@@ -1,5 +1,7 @@
 """The live workers of a pool (cluster/membership.py): what the launcher writes into the lease,
 what a task reads back, and how a ps counts "every worker is done" as the set changes. Pure."""
+import os
+
 import pytest
 
 from cluster.membership import DoneTracker, LiveSet, Members
@@ -140,3 +142,15 @@ def test_scale_asks_the_running_launcher_and_says_what_it_answered(tmp_path, cap
         stop.set()
         helper.join()
         launcher.release()
+
+
+def test_the_scheduler_backends_and_user_commands_refuse_a_worker_count(tmp_path, capsys):
+    from launch.cli import main
+    spec = _pool_spec(tmp_path)
+    assert main(['scale', spec, '--backend', 'slurm', '--workers', '2']) == 2
+    assert 'the Slurm scheduler owns the size of the job' in capsys.readouterr().err
+    assert main(['up', spec, '--workers', '2', '--set', 'train.command=python x.py']) == 2
+    assert '--workers 2: a train.command gets every worker of the spec' in capsys.readouterr().err
+    assert main(['up', spec, '--backend', 'slurm', '--workers', '2']) == 2
+    assert 'the slurm scheduler runs every worker of the spec' in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path / 'run')) == []
