@@ -168,11 +168,6 @@ class ClusterSpec:
         """The environment the spec gives a task of `job`: `env`, then `tasks.<job>.env` over it."""
         return {**self.env, **self.job_env.get(job, {})}
 
-    def gpu_count(self, host: str) -> int | None:
-        """The GPU count `gpus:` gives `host` (any loopback name is this machine), else None."""
-        key = same_machine_key(host)
-        return next((n for h, n in self.gpus.items() if same_machine_key(h) == key), None)
-
     def task(self, job: str, index: int) -> TaskSpec:
         if job not in JOBS:
             raise SpecError(f'{self.path}: unknown job {job!r}; expected one of {", ".join(JOBS)}')

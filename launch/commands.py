@@ -430,7 +430,7 @@ def cmd_check(spec: ClusterSpec, req: Request) -> int:
         try:
             given = [p for p in with_gpus(spec, req, plans, backends) if p.slot and p.slot.gpus]
             if given:
-                checks.append(HostCheck('gpus', True, '; '.join(f'{p.name} {p.slot.describe(0)}' for p in given)))
+                checks.append(HostCheck('gpus', True, '; '.join(f'{p.name} {p.slot.describe()}' for p in given)))
         except gpus.GPUShortage as e:     # said in the host's own line where it has one
             for machine, names, text in e.problems:
                 problem = f'train.devices: {names}: {text}'
@@ -473,16 +473,12 @@ def cmd_plan(spec: ClusterSpec, req: Request) -> int:
         print(f'  cwd:  {plan.cwd}')
         print(f'  run:  {shlex.join(netns.wrap(plan.netns, plan.argv) if plan.netns else plan.argv)}')
         if plan.slot is not None and plan.task.job == 'worker':
-            print(f'  gpus: {plan.slot.describe(workers_on(plans, plan))}')
+            print(f'  gpus: {plan.slot.describe()}')
         for k, v in plan.env.items():
             print(f'  env:  {k}={shlex.quote(v)}')
         print(f'  log:  {plan.log_path}')
     return 0
 
-
-def workers_on(plans: list[TaskPlan], plan: TaskPlan) -> int:
-    """How many workers share `plan`'s machine (its GPUs are split among them)."""
-    return sum(1 for p in plans if p.task.job == 'worker' and p.slot and p.slot.machine == plan.slot.machine)
 
 
 def _plan_json(task, plan: TaskPlan, req: Request) -> dict:

@@ -31,11 +31,12 @@ class Slot:
     gpus: tuple[int, ...] | None
     block: int = 0                  # the worker's position among its machine's workers
     count: int | None = None        # the machine's GPU count, where known
+    workers: int = 0                # how many workers share the machine's GPUs
 
-    def describe(self, workers: int) -> str:
-        """A short phrase for `launch plan`; `workers`: how many share the machine."""
+    def describe(self) -> str:
+        """A short phrase for `launch plan` and `launch check`."""
         if self.gpus is None:
-            return (f'block {self.block + 1} of {workers} of the GPUs of {self.machine} '
+            return (f'block {self.block + 1} of {self.workers} of the GPUs of {self.machine} '
                     f'(count unknown: set gpus.{self.machine} in the spec, or run `launch check`)')
         if not self.gpus:
             return 'none (CPU towers)'
@@ -60,29 +61,33 @@ def _plural(n: int, word: str) -> str:
     return f'{n} {word}{"" if n == 1 else "s"}'
 
 
+def machine(host: str, machine_of: Mapping[str, str] | None = None) -> str:
+    """The machine a spec host (or an address) is: `machine_of`'s address for it, every loopback
+    name as localhost."""
+    return same_machine_key((machine_of or {}).get(host, host))
+
+
 def assign(spec: ClusterSpec, machine_of: Mapping[str, str] | None = None,
            counts: Mapping[str, int] | None = None) -> dict[str, Slot]:
     """Task name -> Slot for every task. `machine_of` maps a spec host to its machine (default: the
-    host itself, loopback names as localhost); `counts` maps a machine to its GPU count (where a
-    host was asked), else `gpus:` in the spec gives it, else it is unknown. Raises SpecError (one
-    line naming the host, its workers and the counts) when a machine has too few GPUs."""
-    machine_of = machine_of or {}
-    counts = counts or {}
+    host itself, loopback names as localhost); `counts` maps a host (or its machine) to the GPUs it
+    said it has (Backend.gpu_counts), merged with the spec's `gpus:` (machine_counts); a machine
+    neither gives is unknown. Raises SpecError (one line naming the host, its workers and the
+    counts) when a machine has too few GPUs."""
+    counts = machine_counts(spec, counts or {}, machine_of)
     by_machine: dict[str, list[TaskSpec]] = {}
     for t in spec.job_tasks('worker'):
-        by_machine.setdefault(same_machine_key(machine_of.get(t.host, t.host)), []).append(t)
-    slots = {t.name: Slot(same_machine_key(machine_of.get(t.host, t.host)), ()) for t in spec.job_tasks('ps')}
+        by_machine.setdefault(machine(t.host, machine_of), []).append(t)
+    slots = {t.name: Slot(machine(t.host, machine_of), ()) for t in spec.job_tasks('ps')}
     problems: list[tuple[str, str, str]] = []
-    for machine, workers in by_machine.items():
-        count = counts.get(machine)
-        if count is None:
-            count = next((spec.gpu_count(t.host) for t in workers if spec.gpu_count(t.host) is not None), None)
+    for where, workers in by_machine.items():
+        count = counts.get(where)
         gpus, problem = _share(spec.train.devices, len(workers), count)
         if problem:
-            problems.append((machine, ', '.join(t.name for t in workers), problem))
+            problems.append((where, ', '.join(t.name for t in workers), problem))
             continue
         for k, t in enumerate(workers):
-            slots[t.name] = Slot(machine, gpus[k] if gpus else None, k, count)
+            slots[t.name] = Slot(where, gpus[k] if gpus else None, k, count, len(workers))
     if problems:
         raise GPUShortage(spec.error('train.devices', '; '.join(f'{m} ({names}): {text}' for m, names, text in problems)),
                           problems)
@@ -135,15 +140,21 @@ def check_disjoint(spec: ClusterSpec, slots: Mapping[str, Slot]) -> None:
 
 
 def machine_counts(spec: ClusterSpec, found: Mapping[str, int], machine_of: Mapping[str, str] | None = None) -> dict[str, int]:
-    """The counts to plan with, from what the hosts said (`found`: machine -> count) and `gpus:`.
-    A spec count may keep GPUs back from the run (fewer than the host has), never invent them:
-    SpecError when it names more than the host has."""
-    machine_of = machine_of or {}
-    out = dict(found)
+    """Machine -> the GPU count to plan with, from what the hosts said (`found`: a host or its
+    machine -> count) and `gpus:`. A spec count may keep GPUs back from the run (fewer than the
+    host has), never invent them: SpecError when it names more than the host has."""
+    said = {machine(host, machine_of): n for host, n in found.items()}
+    out = dict(said)
     for host, n in spec.gpus.items():
-        machine = same_machine_key(machine_of.get(host, host))
-        has = found.get(machine)
+        where = machine(host, machine_of)
+        has = said.get(where)
         if has is not None and n > has:
             raise spec.error(f'gpus.{host}', f'{host} has {_plural(has, "GPU")}, not {n}')
-        out[machine] = n
+        out[where] = n
     return out
+
+
+def scheduler_request(spec: ClusterSpec) -> int:
+    """The GPUs each worker asks a scheduler for (Slurm, Kubernetes): one per gpu:N tower, the
+    scheduler picks which and the worker numbers them from 0; `auto` asks for none."""
+    return len(tower_gpus(spec.train.devices))

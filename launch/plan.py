@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass
 from typing import Mapping
 
-from cluster.spec import LOOPBACK_NAMES, ClusterSpec, HostConfig, SpecError, TaskSpec, address, same_machine_key
+from cluster.spec import LOOPBACK_NAMES, ClusterSpec, HostConfig, SpecError, TaskSpec, address
 from cluster import rundir
 from cluster.rundir import LEASE_ENV, LEASE_SECS_ENV
 from launch import gpus as gpu_slots
@@ -82,7 +82,7 @@ def netns_name(spec: ClusterSpec, cwd: str = '.') -> str:
     return 'tfcluster-' + hashlib.sha256(where.encode()).hexdigest()[:12]
 
 
-def task_env(spec: ClusterSpec, task: TaskSpec, backend: str = 'local', slot: Slot | None = None) -> dict[str, str]:
+def task_env(spec: ClusterSpec, task: TaskSpec, backend: str, slot: Slot) -> dict[str, str]:
     """What the launcher sets in a task's environment: the spec's `env` (and its job's), then the
     launcher's own variables, which a spec cannot name (cluster/spec.py LAUNCHER_ENV). GPUs: the
     task's slot (launch/gpus.py); ps tasks and CPU towers see none; unset only for `auto` on a
@@ -90,7 +90,6 @@ def task_env(spec: ClusterSpec, task: TaskSpec, backend: str = 'local', slot: Sl
     env = {'PYTHONUNBUFFERED': '1', 'TF_CPP_MIN_LOG_LEVEL': '2', **spec.task_env(task.job),
            'TF_CONFIG': spec.tf_config(task),
            LEASE_ENV: rundir.lease_path(spec.train.train_dir), LEASE_SECS_ENV: str(LEASE_SECS.get(backend, 20))}
-    slot = slot or gpu_slots.assign(spec)[task.name]
     if slot.gpus is not None:
         env['CUDA_VISIBLE_DEVICES'] = ','.join(map(str, slot.gpus))
     return env
@@ -115,11 +114,10 @@ def task_spec(spec: ClusterSpec, addresses: Mapping[str, str] | None = None) -> 
 
 
 def plan_task(spec: ClusterSpec, task: TaskSpec, python: str | None = None, cwd: str = '.',
-              net: ClusterSpec | None = None, slot: Slot | None = None) -> TaskPlan:
+              net: ClusterSpec | None = None, *, slot: Slot) -> TaskPlan:
     """One task's plan; `net` is task_spec(spec, addresses) (default: no address differs), `slot`
-    its GPUs (default: assigned with the counts the spec gives)."""
+    its GPUs (launch/gpus.py assign)."""
     net = net or task_spec(spec)
-    slot = slot or gpu_slots.assign(spec)[task.name]
     reach = net.task(task.job, task.index)
     local = is_local(spec, task.host)
     host = None if local else spec.hosts.get(task.host, HostConfig(name=task.host))
@@ -179,13 +177,9 @@ def plan_cluster(spec: ClusterSpec, python: str | None = None, cwd: str = '.',
     """Every task of the spec, ps tasks first (they hold the variables everyone waits for), each
     a local process or an SSH task as its host says (is_local). `addresses` maps a spec host to the
     address tasks reach it at (see task_spec); the caller resolves them (the ssh config), so
-    planning reads no files. `counts` maps a machine (an address, localhost for this one) to the
-    GPUs it has, where a host was asked (launch/gpus.py); else the spec's `gpus:` or unknown."""
+    planning reads no files. `counts`: the GPUs the hosts said they have, by spec host (or
+    machine), where they were asked (launch/gpus.py assign); else the spec's `gpus:` or unknown."""
     net = task_spec(spec, addresses)
     slots = gpu_slots.assign(spec, addresses, counts)
-    return tuple(plan_task(spec, t, python, cwd, net, slots[t.name]) for t in spec.tasks)
+    return tuple(plan_task(spec, t, python, cwd, net, slot=slots[t.name]) for t in spec.tasks)
 
-
-def machine(spec: ClusterSpec, host: str, addresses: Mapping[str, str] | None = None) -> str:
-    """The machine a spec host is (launch/gpus.py): its address, every loopback name as localhost."""
-    return same_machine_key((addresses or {}).get(host, host))

@@ -17,7 +17,7 @@ from cluster.spec import ClusterSpec, TaskSpec
 from launch.backend import Backend
 from launch.errors import UsageError
 from launch import gpus
-from launch.plan import TaskPlan, is_local, machine, plan_cluster, plan_compose, service_name, task_spec
+from launch.plan import TaskPlan, is_local, plan_cluster, plan_compose, service_name, task_spec
 
 SUPERVISED, DELEGATED = 'supervised', 'delegated'
 
@@ -65,13 +65,11 @@ def _ssh_addresses(spec: ClusterSpec, opts: Options) -> dict[str, str]:
 
 
 def _plan_hosts(spec: ClusterSpec, addresses: dict[str, str], counts: dict[str, int]) -> tuple[TaskPlan, ...]:
-    found = {machine(spec, host, addresses): n for host, n in counts.items()}
-    return plan_cluster(spec, addresses=addresses, counts=gpus.machine_counts(spec, found, addresses))
+    return plan_cluster(spec, addresses=addresses, counts=counts)
 
 
 def _plan_compose(spec: ClusterSpec, addresses: dict[str, str], counts: dict[str, int]) -> tuple[TaskPlan, ...]:
-    here = {t.host: 'localhost' for t in spec.tasks}       # every container runs on the docker engine's machine
-    return plan_compose(spec, gpus.machine_counts(spec, counts, here))
+    return plan_compose(spec, counts)
 
 
 def _make_local(spec: ClusterSpec, opts: Options) -> Backend:

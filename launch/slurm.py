@@ -19,7 +19,7 @@ import cluster
 from cluster.rundir import attempt_dirname
 from cluster.slurm_env import DEFAULT_PORT_BASE
 from cluster.spec import ClusterSpec
-from launch.gpus import tower_gpus
+from launch.gpus import scheduler_request
 
 SPEC_MARK = 'TFCLUSTER_SPEC'     # ends the here-document that carries the effective spec
 
@@ -47,17 +47,11 @@ PS_GPUS = 'export CUDA_VISIBLE_DEVICES=;'
 WORKER_GPUS = 'export CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES-}";'
 
 
-def gpus_per_worker(spec: ClusterSpec) -> int:
-    """The GPUs each worker asks Slurm for: one per gpu:N tower (Slurm picks which; the task
-    numbers its towers from 0 among them). `auto` asks for none: Slurm gives GPUs on request only."""
-    return len(tower_gpus(spec.train.devices))
-
-
 def heterogeneous(spec: ClusterSpec) -> bool:
     """GPU towers make the job heterogeneous: a ps component asking no GPU, a worker component
     asking --gpus-per-task. One srun step runs both, ranks numbered across them (ps first), so the
     layout rules hold; Slurm gives each component its own nodes."""
-    return gpus_per_worker(spec) > 0
+    return scheduler_request(spec) > 0
 
 
 def exports(env) -> str:
@@ -115,7 +109,7 @@ def render(spec: ClusterSpec, args, attempt: int | None = None) -> str:
     where += [f'--time={args.time_limit}'] if getattr(args, 'time_limit', None) else []
     if heterogeneous(spec):     # each component asks for its own: the ps tasks no GPU
         sbatch += ['--output=/dev/null', f'--chdir={cwd}', f'--ntasks={spec.num_ps}', *where, 'hetjob',
-                   f'--ntasks={spec.num_workers}', f'--gpus-per-task={gpus_per_worker(spec)}', *where]
+                   f'--ntasks={spec.num_workers}', f'--gpus-per-task={scheduler_request(spec)}', *where]
         step = '--het-group=0,1'
     else:
         sbatch += [f'--ntasks={ntasks}', '--output=/dev/null', f'--chdir={cwd}', *where]
@@ -170,7 +164,7 @@ def render(spec: ClusterSpec, args, attempt: int | None = None) -> str:
 
 
 def _gpu_comment(spec: ClusterSpec) -> list[str]:
-    n = gpus_per_worker(spec)
+    n = scheduler_request(spec)
     return ['# GPUs: a heterogeneous job: the ps tasks (component 0) ask for none, each worker (component 1)',
             f'# for {n} (--gpus-per-task) and trains on the ones Slurm binds to it (CUDA_VISIBLE_DEVICES).',
             '# Slurm gives the two components separate nodes, and schedules such jobs with sched/backfill.']

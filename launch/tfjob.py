@@ -33,6 +33,7 @@ import yaml
 
 from cluster.spec import ClusterSpec, TrainConfig
 from launch.compose_file import DEFAULT_IMAGE
+from launch.gpus import scheduler_request
 from launch.errors import UsageError
 from launch.plan import COMPOSE_WORKDIR
 
@@ -134,11 +135,6 @@ def in_pod(path: str) -> str:
     return posixpath.normpath(posixpath.join(COMPOSE_WORKDIR, path))
 
 
-def gpu_count(spec: ClusterSpec) -> int:
-    devices = spec.train.devices
-    return sum(1 for d in devices if d.startswith('gpu:')) if isinstance(devices, tuple) else 0
-
-
 def _replica(spec: ClusterSpec, job: str, image: str) -> dict:
     container = {'name': CONTAINER, 'image': image, 'command': list(COMMAND), 'args': train_args(spec),
                  'ports': [{'name': PORT_NAME, 'containerPort': PORT}]}
@@ -147,7 +143,7 @@ def _replica(spec: ClusterSpec, job: str, image: str) -> dict:
         container['env'] = [{'name': k, 'value': v} for k, v in env.items()]
     pod: dict = {'containers': [container]}
     if job == 'worker':
-        gpus = gpu_count(spec)
+        gpus = scheduler_request(spec)
         if gpus:
             container['resources'] = {'limits': {GPU_RESOURCE: str(gpus)}}
         container['volumeMounts'] = [{'name': TRAIN_DIR_VOLUME, 'mountPath': in_pod(spec.train.train_dir)}]
