@@ -5,11 +5,13 @@ The spec's worker list is the pool: every server knows every pool address (TF_CO
 changes), and the live set is a subset of it that always holds the chief. The launcher writes
 the live set into the lease file it renews anyway (cluster/rundir.py LEASE_ENV), as one JSON line:
 
-    {"epoch": 7, "workers": {"0": 1, "2": 7}}
+    {"epoch": 7, "workers": {"0": 1, "2": 7}, "save": 2}
 
 `epoch` grows with every change; each worker's number is its generation, the epoch at which it
 was last started, so a ps can tell a report from a worker that left and came back from the report
-of its new start. An empty or unreadable lease (an older launcher, a task started by hand) means
+of its new start. `save` (optional) counts the launcher's requests for a checkpoint now: the chief
+saves between two steps once it sees the number grow (a sync scale, which restarts through a
+checkpoint, asks for one first). An empty or unreadable lease (an older launcher, a task started by hand) means
 "every pool worker, generation 0": a fixed cluster, as before.
 
 Pure: text in, sets out; no TensorFlow, no files.
@@ -26,6 +28,7 @@ from typing import Mapping
 class Members:
     epoch: int
     workers: Mapping[int, int] = field(default_factory=dict)     # worker index -> its generation
+    save: int = 0           # the launcher's requests for a checkpoint now, counted
 
     @classmethod
     def everyone(cls, pool: int) -> 'Members':
@@ -45,8 +48,10 @@ class Members:
         return self.indices.index(index) if index in self.workers else None
 
     def to_text(self) -> str:
-        return json.dumps({'epoch': self.epoch, 'workers': {str(i): g for i, g in sorted(self.workers.items())}},
-                          separators=(',', ':'))
+        raw = {'epoch': self.epoch, 'workers': {str(i): g for i, g in sorted(self.workers.items())}}
+        if self.save:
+            raw['save'] = self.save
+        return json.dumps(raw, separators=(',', ':'))
 
     @classmethod
     def parse(cls, text: str, pool: int) -> 'Members | None':
@@ -57,11 +62,12 @@ class Members:
             if not isinstance(raw, dict):
                 return None
             epoch, workers = raw['epoch'], {int(i): int(g) for i, g in raw['workers'].items()}
+            save = int(raw.get('save', 0))
         except (ValueError, KeyError, TypeError, AttributeError):
             return None
         if not isinstance(epoch, int) or 0 not in workers or any(not 0 <= i < pool for i in workers):
             return None
-        return cls(epoch, workers)
+        return cls(epoch, workers, save)
 
 
 @dataclass
@@ -90,13 +96,19 @@ class LiveSet:
         self.changed = threading.Event()
 
     def set(self, members: Members | None) -> bool:
-        """Remember `members`; True when that changed what this task sees."""
+        """Remember `members`; True when that changed which workers are live (a request for a
+        checkpoint alone changes no worker's input shard)."""
         with self._lock:
-            if members == self._members:
-                return False
-            self._members = members
+            before, self._members = self._members, members
+        if (before and (before.epoch, before.workers)) == (members and (members.epoch, members.workers)):
+            return False
         self.changed.set()
         return True
+
+    def save_requests(self) -> int:
+        """How many checkpoints the launcher has asked for so far (see Members.save)."""
+        with self._lock:
+            return self._members.save if self._members else 0
 
     def current(self, pool: int) -> Members:
         with self._lock:

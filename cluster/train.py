@@ -362,6 +362,7 @@ def _train_loop(sess, spec: ClusterSpec, task: TaskSpec, g: _Graph, start: float
     log_every = train.log_every_secs if task.is_chief else max(10.0, train.log_every_secs)
     loss = float('nan')
     shard = None
+    saves_asked = LIVE.save_requests()      # a request made before this start was for the last cluster
     while step < train.steps:
         if LIVE.leaving(task.index, spec.num_workers):
             log.info('%s leaves at global step %d: the launcher took it out of the live workers', task.name, step)
@@ -399,7 +400,11 @@ def _train_loop(sess, spec: ClusterSpec, task: TaskSpec, g: _Graph, start: float
                 writer.add_summary(summaries.scalar(summaries.IMAGES_PER_SEC, rate), step)
             own_writer.add_summary(summaries.scalar(summaries.WORKER_STEPS, local_steps), step)
             last_log, last_log_step = now, step
-        if task.is_chief and session.save_due(train, step, last_saved_step, now - last_save):
+        asked = LIVE.save_requests() if task.is_chief else saves_asked
+        if task.is_chief and (session.save_due(train, step, last_saved_step, now - last_save) or asked > saves_asked):
+            if asked > saves_asked:
+                log.info('saving a checkpoint at global step %d: the launcher asked for one', step)
+                saves_asked = asked
             with save_lock:
                 session.save_checkpoint(g.saver, sess, train.train_dir, step)
             last_save, last_saved_step = now, step

@@ -441,7 +441,12 @@ class SupervisedRun(Strategy):
             del workers[i]
         names_add, names_remove = [f'worker:{i}' for i in add], [f'worker:{i}' for i in remove]
         if self.spec.train.sync:
-            self._scale_restart(request, Members(epoch, workers), names_add, names_remove)
+            unsaved = self._checkpoint_now()
+            if unsaved:
+                self.say(f'scale refused: {unsaved}')
+                control.answer(self.spec.train.train_dir, request, control.REFUSED, [unsaved])
+                return
+            self._scale_restart(request, Members(epoch, workers, self.members.save), names_add, names_remove)
             return
         self.members = Members(epoch, workers)
         for name in self.backends:      # at once: the leaving ones stop after their current step
@@ -460,6 +465,24 @@ class SupervisedRun(Strategy):
         self._save_state()
         self._start_due()
 
+    def _checkpoint_now(self) -> str | None:
+        """Before a sync scale stops anything: ask the chief for a checkpoint (through the lease,
+        cluster/membership.py Members.save) and read it back as a restart would. Why it cannot be
+        done, or None once a new checkpoint is there; the cluster trains on either way."""
+        before = self.life.checkpoint_step()
+        self.members = dataclasses.replace(self.members, save=self.members.save + 1)
+        for name in self.backends:
+            self._renew(name)
+        secs = CHECKPOINT_GRACE_SECS
+        deadline = time.monotonic() + secs
+        while time.monotonic() < deadline:
+            step = self.life.checkpoint_step()
+            if step is not None and step != before:
+                return None
+            time.sleep(0.5)
+        return (f'sync training restarts through a checkpoint, but no new checkpoint of the chief could be '
+                f'read back from {self.spec.train.train_dir} within {secs:.0f}s; nothing was changed')
+
     def _scale_restart(self, request: dict, members: Members, add: list[str], remove: list[str]) -> None:
         """Sync: SyncReplicasOptimizer fixes the number of replicas in the graph, so the cluster
         stops (the chief saves first) and starts again with the new live set, from the checkpoint;
@@ -472,7 +495,7 @@ class SupervisedRun(Strategy):
         self.life.emit('scale', to=want, add=add, remove=remove, pid=request.get('pid'))
         self._teardown(checkpoint=True)
         step = self.life.checkpoint_step()
-        ended = RunResult(state='done', exit_code=EXIT_OK, restarts=self.restarts, failures=list(self.failures),
+        ended = RunResult(state='scaled', exit_code=EXIT_OK, restarts=self.restarts, failures=list(self.failures),
                           global_step=self._step)
         self.members = members
         self.records = [r for r in self.records if r.name not in remove]

@@ -3,6 +3,7 @@ the count while the run goes on (async: live). Bad input is refused before anyth
 real local cluster grows and shrinks with the global step advancing throughout."""
 import os
 import re
+import signal
 
 import pytest
 import yaml
@@ -10,6 +11,7 @@ import yaml
 from cluster.membership import Members
 from launch.events import read_events
 from tests.conftest import launch, launch_bg, read_until, write_spec
+from tests.test_faults import task_pid
 from tests.dockerd import compose_image, docker_engine  # noqa: F401 (fixtures)
 from tests.test_compose import compose_project  # noqa: F401 (a fixture)
 from tests.sshd import ssh_hosts  # noqa: F401 (a fixture)
@@ -85,6 +87,16 @@ def test_a_sync_run_scales_through_checkpoints_and_its_step_goes_on(tmp_path):
     up = launch_bg('up', spec, '--workers', '2')
     try:
         read_until(up, 'step 2')
+        # a chief that cannot save (frozen) makes the scale a refusal that stops nothing
+        chief = task_pid(str(tmp_path / 'run'), 'worker:0')
+        os.kill(chief, signal.SIGSTOP)
+        try:
+            refused = launch('scale', spec, '--workers', '1', timeout=300)
+        finally:
+            os.kill(chief, signal.SIGCONT)
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        assert 'no new checkpoint of the chief could be read back' in refused.stdout, refused.stdout
+        assert 'nothing was changed' in refused.stdout
         for want in (1, 2):
             out = launch('scale', spec, '--workers', str(want), timeout=300)
             assert out.returncode == 0, out.stdout + out.stderr
@@ -97,6 +109,7 @@ def test_a_sync_run_scales_through_checkpoints_and_its_step_goes_on(tmp_path):
     firsts = {e['attempt']: e['step'] for e in events if e['event'] == 'first_step'}
     assert [r['from_step'] for r in restarts] == [firsts[2] - 1, firsts[3] - 1], (restarts, firsts)
     assert all(r['cause'].startswith('scale ') for r in restarts)
+    assert [e['to'] for e in events if e['event'] == 'scale'] == [1, 2]       # the refused one changed nothing
 
 
 def test_an_async_ssh_pool_grows_and_shrinks(tmp_path, ssh_hosts):

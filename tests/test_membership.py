@@ -36,6 +36,20 @@ def test_a_worker_taken_out_leaves_but_never_the_chief():
     assert live.generation(1, 3) == 2 and live.generation(2, 3) == 0
 
 
+def test_a_request_for_a_checkpoint_travels_in_the_lease_and_moves_no_worker():
+    """A sync scale first asks the chief to save (Members.save): the chief sees the count grow,
+    while no worker's input shard or place changes."""
+    asked = Members(2, {0: 0, 1: 2}, save=3)
+    assert asked.to_text() == '{"epoch":2,"workers":{"0":0,"1":2},"save":3}'
+    assert Members.parse(asked.to_text(), pool=3) == asked
+    live = LiveSet()
+    assert live.save_requests() == 0
+    live.set(Members(2, {0: 0, 1: 2}))
+    live.changed.clear()
+    assert not live.set(asked) and not live.changed.is_set()
+    assert live.save_requests() == 3
+
+
 def test_the_ps_counts_the_live_workers_from_their_current_start():
     t = DoneTracker()
     one = Members(1, {0: 0})
