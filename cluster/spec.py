@@ -111,6 +111,7 @@ class SuperviseConfig:
     stall_secs: float = 60.0         # no new global step for this long (after the first) is a fault
     backoff_secs: float = 1.0        # the wait before a restart: this, doubling with each restart in a
     backoff_max_secs: float = 30.0   # row up to this; a run healthy for a while starts again at 1x
+    unreachable_secs: float = 30.0   # a host that cannot be asked for this long has lost its tasks
 
 
 @dataclass(frozen=True)
@@ -733,7 +734,7 @@ def _parse_supervise(supervise, origins: _Origins) -> SuperviseConfig:
             if v < 0:
                 raise origins.error(key, f'expected a whole number >= 0, got {v}')
             values[name] = v
-        elif name in ('stall_secs', 'backoff_max_secs'):
+        elif name in ('stall_secs', 'backoff_max_secs', 'unreachable_secs'):
             v = _expect(value, (int, float), key, origins, 'a positive number of seconds')
             if not v > 0 or v == float('inf'):
                 raise origins.error(key, f'expected a positive number of seconds, got {v}')

@@ -102,11 +102,11 @@ class Policy:
     backoff_max_secs: float = 30.0
 
     @classmethod
-    def of(cls, spec: ClusterSpec, unreachable_secs: float = 30.0) -> 'Policy':
+    def of(cls, spec: ClusterSpec) -> 'Policy':
         s = spec.supervise
         return cls(sync=spec.train.sync, num_workers=spec.live_workers,
                    replicas_to_aggregate=spec.replicas_to_aggregate, restart=s.restart,
-                   max_restarts=s.max_restarts, stall_secs=s.stall_secs, unreachable_secs=unreachable_secs,
+                   max_restarts=s.max_restarts, stall_secs=s.stall_secs, unreachable_secs=s.unreachable_secs,
                    user_command=spec.train.command is not None, backoff_secs=s.backoff_secs,
                    backoff_max_secs=s.backoff_max_secs)
 

@@ -36,7 +36,6 @@ log = logging.getLogger(__name__)
 
 LEASE_RENEW_SECS = 1.0          # how often the launcher renews its tasks' lease
 PROBE_SECS = 3.0                # a stall probe's deadline for each task's gRPC server
-UNREACHABLE_SECS = 30.0         # a host that cannot be asked for this long has lost its tasks
 SUPERVISE_SECS = 0.2            # how often the supervisor observes the tasks
 FINAL_LINE = 295                # characters the line a failed run ends with keeps to (its cause's detail: the log)
 
@@ -132,7 +131,7 @@ class SupervisedRun(Strategy):
         self.start_timeout, self.finish_timeout = start_timeout, finish_timeout
         self._checks = checks                        # the pre-flight, run by prepare()
         self._warn = warn                            # once per run: what the user should know (exposure)
-        self.policy = Policy.of(dataclasses.replace(spec, live=workers), UNREACHABLE_SECS)
+        self.policy = Policy.of(dataclasses.replace(spec, live=workers))
         self.records: list[TaskRecord] = []          # the current start of every task, in plan order
         self.restarts = 0
         self.tolerated: set[str] = set()
@@ -499,7 +498,7 @@ class SupervisedRun(Strategy):
                           global_step=self._step)
         self.members = members
         self.records = [r for r in self.records if r.name not in remove]
-        self.policy = Policy.of(dataclasses.replace(self.spec, live=want), UNREACHABLE_SECS)
+        self.policy = Policy.of(dataclasses.replace(self.spec, live=want))
         resumed = f'the checkpoint at global step {step}' if step is not None else 'step 0 (no checkpoint yet)'
         self.life.next_attempt(f'scale {before} -> {want} workers', step, ended=ended)
         self.failures = []

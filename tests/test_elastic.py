@@ -122,7 +122,7 @@ def test_an_async_ssh_pool_grows_and_shrinks(tmp_path, ssh_hosts):
 
 def test_a_worker_whose_host_is_lost_fails_over_to_a_spare(tmp_path, ssh_hosts, tmp_path_factory):
     """worker:1's host goes away (its sshd and everything under it killed): after the unreachable
-    limit the launcher starts the pool's spare worker:2 on another host in its place, and the
+    limit (supervise.unreachable_secs, 8 s here) the launcher starts the pool's spare worker:2 on another host in its place, and the
     run trains on."""
     from tests.sshd import SSHHosts
     from tests.test_ssh import host_settings
@@ -132,7 +132,7 @@ def test_a_worker_whose_host_is_lost_fails_over_to_a_spare(tmp_path, ssh_hosts, 
         hosts = {**host_settings(ssh_hosts, tmp_path), **host_settings(lost, tmp_path)}
         spec = write_spec(tmp_path, workers=3, sync=False, steps=100000, batch_size=8, train_dir='run',
                           task_hosts=['127.0.0.2', '127.0.0.2', '127.0.0.4', '127.0.0.3'], hosts=hosts,
-                          supervise={'restart': 'on-failure'})
+                          supervise={'restart': 'on-failure', 'unreachable_secs': 8})
         up = launch_bg('up', spec, '--workers', '2', '--ssh-config', str(config), cwd=str(tmp_path))
         try:
             read_until(up, 'step 2', timeout=300)
