@@ -267,6 +267,25 @@ def step_of(line: str) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
+_NOT_THE_CAUSE = re.compile(r"Graph execution error:|Detected at node|Node: '|File \"|\[\[\{\{node |"
+                            r"From /job:|Additional GRPC error information|\d+ root error|\d+ successful operations|"
+                            r"\d+ derived errors|\(\d+\) [A-Z][a-z]+:$")
+
+
+def cause_line(text: str, default: str = '') -> str:
+    """What an OpError says happened, in one line. TensorFlow 2's graph errors start with
+    `Graph execution error:` and the Python frames where the op was defined, and put the cause
+    after them: the first line that is neither of those, else the first line."""
+    lines = [line.strip() for line in (text or '').splitlines() if line.strip()]
+    if lines and lines[0].startswith('Graph execution error'):
+        frames = [i for i, line in enumerate(lines) if line.startswith('File "')]
+        rest = lines[frames[-1] + 2:] if frames else lines[1:]     # a frame is its File line and its code
+        found = next((line for line in rest if not _NOT_THE_CAUSE.match(line)), None)
+        if found:
+            return found
+    return lines[0] if lines else default
+
+
 def last_error_line(lines: list[str]) -> str | None:
     """The last Python error of a task's output: an exception line of a traceback, or an error the
     task logged itself. TensorFlow's C++ chatter (absl `E1122 ...` lines) is not an explanation."""

@@ -24,7 +24,7 @@ import traceback
 from cluster.membership import LIVE, Members
 from cluster.program import ProgramError, check_command, check_program, load_program, run_command, run_program
 from cluster.rundir import (EXIT_FAILED, EXIT_NO_RESTART, EXIT_OK, EXIT_USAGE, LEASE_ENV, LEASE_SECS_ENV,
-                            TaskLogFormatter, read_text, serving_line)
+                            TaskLogFormatter, cause_line, read_text, serving_line)
 from cluster.spec import (DEFAULT_SPEC, TF_CONFIG_ENV, ClusterSpec, SpecError, TaskSpec, load_spec,
                           read_tf_config)
 
@@ -240,7 +240,7 @@ def main(argv=None) -> int:
     except tf.errors.OpError as e:
         # A peer that went away (Unavailable, Aborted, a closed stream): one line, not 40 frames of
         # TensorFlow internals; the launcher names the task that was lost first.
-        log.error('%s: %s: %s', task.name, type(e).__name__, session.first_line(e.message, '(no message)'))
+        log.error('%s: %s: %s', task.name, type(e).__name__, cause_line(e.message, '(no message)'))
         return EXIT_FAILED
     except (session.CheckpointError, ProgramError, SpecError) as e:     # a restart would fail the same way
         log.error('%s', e)      # (a SpecError here: a batch too large for this host's memory)
