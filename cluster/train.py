@@ -378,11 +378,11 @@ def _train_loop(sess, spec: ClusterSpec, task: TaskSpec, g: _Graph, start: float
                 shard = now
         due = time.monotonic() - last_log >= log_every or local_steps == 0
         fetches = [g.step_after, g.loss] + ([g.summary] if due and writer else [])
-        with step_lock:
-            if profiler and profiler.wants(local_steps):
-                out = profiler.run(sess, fetches)
-            else:
-                out = sess.run(fetches)
+
+        def one_step():
+            with step_lock:
+                return profiler.run(sess, fetches) if profiler and profiler.wants(local_steps) else sess.run(fetches)
+        out = run_retrying(one_step, f'the step after global step {step}')
         applied.append(step)
         token, loss, local_steps = int(out[0]), float(out[1]), local_steps + 1
         if train.sync and token <= step:
@@ -425,6 +425,23 @@ def _train_loop(sess, spec: ClusterSpec, task: TaskSpec, g: _Graph, start: float
     return {'task': task.name, 'local_steps': local_steps, 'first_global_step': int(first),
             'global_step': final, 'loss': loss, 'seconds': elapsed,
             'images_per_sec': images / max(elapsed, 1e-9), 'applied_at': _runs(applied)}
+
+
+ABORT_RETRIES = 3       # TensorFlow's AbortedError in a row before a step's failure is the task's
+
+
+def run_retrying(run, what: str, tries: int = ABORT_RETRIES):
+    """run(), once more after each AbortedError, up to `tries` times, each with one warning line.
+    TensorFlow documents Aborted as a conflict to retry (its MonitoredSession retries it too); a
+    worker of an async pool saw one, rarely, in the seconds after another worker left."""
+    for attempt in range(tries + 1):
+        try:
+            return run()
+        except tf.errors.AbortedError as e:
+            if attempt == tries:
+                raise
+            log.warning('%s was aborted (%s); trying it again (%d of %d)', what,
+                        rundir.cause_line(e.message, '(no message)'), attempt + 1, tries)
 
 
 def _skip_to_next_step(sess, g: _Graph, step: int, steps: int) -> int:
