@@ -42,7 +42,6 @@ def first_line(text: str, default: str = '') -> str:
     return next((line.strip() for line in (text or '').splitlines() if line.strip()), default)
 
 
-
 # -- restore ----------------------------------------------------------------------------------
 def start_session(target: str, is_chief: bool, train_dir: str, saver, local_init_op, ready_for_local_init_op,
                   config) -> tuple:
