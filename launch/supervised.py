@@ -472,7 +472,7 @@ class SupervisedRun(Strategy):
         self.members = dataclasses.replace(self.members, save=self.members.save + 1)
         for name in self.backends:
             self._renew(name)
-        secs = CHECKPOINT_GRACE_SECS
+        secs = min(CHECKPOINT_GRACE_SECS, self.policy.stall_secs / 2)     # a chief stuck that long is stuck
         deadline = time.monotonic() + secs
         while time.monotonic() < deadline:
             step = self.life.checkpoint_step()

@@ -1,6 +1,7 @@
 """Elastic workers: `launch up --workers N` runs part of the spec's pool, `launch scale` changes
 the count while the run goes on (async: live). Bad input is refused before anything changes; a
 real local cluster grows and shrinks with the global step advancing throughout."""
+import datetime
 import os
 import re
 import signal
@@ -9,9 +10,11 @@ import pytest
 import yaml
 
 from cluster.membership import Members
+from cluster.rundir import step_of
 from launch.events import read_events
 from tests.conftest import launch, launch_bg, read_until, write_spec
 from tests.test_faults import task_pid
+from tests.test_training import results
 from tests.dockerd import compose_image, docker_engine  # noqa: F401 (fixtures)
 from tests.test_compose import compose_project  # noqa: F401 (a fixture)
 from tests.sshd import ssh_hosts  # noqa: F401 (a fixture)
@@ -35,14 +38,27 @@ def test_bad_worker_counts_are_one_line_and_change_nothing(tmp_path, args, words
     assert not (tmp_path / 'run' / 'events.jsonl').exists()
 
 
+ASYNC_STEPS = 800      # about 25 s of training here: both scales take effect by step 450 or so
+
+
+def until_chief_step(up, step: int) -> list[str]:
+    """The launcher's lines up to the chief's first progress line at or past global step `step`."""
+    lines = []
+    while not (lines and lines[-1].startswith('[worker:0]') and (step_of(lines[-1]) or (0, 0))[0] >= step):
+        lines += read_until(up, ' step ', timeout=300)
+    return lines
+
+
 def grow_and_shrink(tmp_path, spec: str, *backend: str, cwd: str | None = None) -> str:
-    """1 ps + a pool of 3 started with one worker, scaled to 3, then to 2: each scale exits 0
-    once it took effect, the global step never goes back, and no task restarts. Returns the
+    """1 ps + a pool of 3 started with one worker, scaled to 3 after step 20, then to 2: each scale
+    exits 0 once it took effect, workers 1 and 2 train, worker 2 leaves having logged that it
+    finished, the global step never stalls (the chief's progress lines keep coming and rising),
+    no task is lost or restarted, and the run ends at its last step with exit 0. Returns the
     launcher's output."""
     kw = {'cwd': cwd} if cwd else {}
     up = launch_bg('up', spec, '--workers', '1', *backend, **kw)
     try:
-        read_until(up, 'step 2', timeout=300)
+        lines = until_chief_step(up, 20)
         grow = launch('scale', spec, '--workers', '3', *backend, timeout=300, **kw)
         assert grow.returncode == 0, grow.stdout + grow.stderr
         assert 'starting worker:1, worker:2' in grow.stdout and '3 worker(s) train now' in grow.stdout
@@ -51,70 +67,92 @@ def grow_and_shrink(tmp_path, spec: str, *backend: str, cwd: str | None = None) 
         assert 'worker:2 finishes its step and leaves' in shrink.stdout
         again = launch('scale', spec, '--workers', '2', *backend, timeout=60, **kw)
         assert again.returncode == 0 and '2 worker(s) train already' in again.stdout
-        lines = read_until(up, ' step ', timeout=60)        # still training
+        assert up.wait(timeout=300) == 0
     finally:
-        up.send_signal(2)
-        up.wait(timeout=240)
+        if up.poll() is None:
+            up.send_signal(2)
+            up.wait(timeout=240)
         rest = up.stdout.read()     # not communicate(timeout=...): it would skip what readline buffered
+    out = ''.join(lines) + rest
     train_dir = os.path.join(cwd or '', yaml.safe_load(open(spec))['train']['train_dir'])
     events = read_events(os.path.join(train_dir, 'events.jsonl'))
-    assert [e['event'] for e in events if e['event'] in ('scale', 'scaled', 'restart')] == \
-        ['scale', 'scaled', 'scale', 'scaled']
-    steps = [e['step'] for e in events if e['event'] == 'progress']
-    assert steps == sorted(steps) and len(steps) > 5
-    out = ''.join(lines) + rest
+    assert [e['event'] for e in events if e['event'] in ('scale', 'scaled', 'restart', 'task_lost')] == \
+        ['scale', 'scaled', 'scale', 'scaled'], out
+    progress = [(datetime.datetime.fromisoformat(e['time']).timestamp(), e['step'])
+                for e in events if e['event'] == 'progress']
+    assert [s for _, s in progress] == sorted(s for _, s in progress) and progress[-1][1] >= ASYNC_STEPS, progress
+    # The chief logs every second (train.log_every_secs); 5 s of slack for two shared cores busy
+    # starting two new workers: a restart would stop it for far longer.
+    gaps = [b[0] - a[0] for a, b in zip(progress, progress[1:])]
+    assert max(gaps) < 5, gaps
+    for i in (1, 2):
+        assert re.search(rf'\[worker:{i}\] .* step \d+/{ASYNC_STEPS} ', out), out
     assert re.search(r'\[worker:2\] .* worker:2 leaves at global step \d+', out), out
     assert re.search(r'\[worker:2\] .* worker:2 finished', out), out
+    assert [e['result']['state'] for e in events if e['event'] == 'finished'] == ['done']
     return out
 
 
 def test_an_async_pool_grows_and_shrinks_while_the_global_step_goes_on(tmp_path):
-    spec = write_spec(tmp_path, workers=3, sync=False, steps=100000, batch_size=8)
+    spec = write_spec(tmp_path, workers=3, sync=False, steps=ASYNC_STEPS, batch_size=8)
     grow_and_shrink(tmp_path, spec)
     assert Members.parse((tmp_path / 'run' / 'launcher.lease').read_text(), 3).indices == (0, 1)
 
 
 def test_an_async_compose_pool_grows_and_shrinks(tmp_path, compose_project):
-    spec = write_spec(tmp_path, workers=3, sync=False, steps=100000, batch_size=8)
+    spec = write_spec(tmp_path, workers=3, sync=False, steps=ASYNC_STEPS, batch_size=8)
     compose_project(spec)
     grow_and_shrink(tmp_path, spec, '--backend', 'compose')
 
 
-def test_a_sync_run_scales_through_checkpoints_and_its_step_goes_on(tmp_path):
-    """SyncReplicasOptimizer fixes the replicas in its graph: 2 -> 1 -> 2 workers is two restarts
-    through the chief's checkpoint, each attempt starting where the last one saved."""
-    spec = write_spec(tmp_path, workers=3, sync=True, steps=100000, batch_size=8)
+def test_a_sync_run_scales_through_a_checkpoint_to_three_replicas_per_step(tmp_path):
+    """SyncReplicasOptimizer fixes the replicas in its graph: 2 -> 3 workers is a restart through
+    the chief's checkpoint, after which every step aggregates one gradient of each of the 3
+    workers (replicas_to_aggregate follows the count). Before that, a chief that cannot save
+    (frozen) makes the scale a refusal that stops nothing."""
+    steps = 200
+    spec = write_spec(tmp_path, workers=3, sync=True, steps=steps, batch_size=8, supervise={'stall_secs': 16})
+    train_dir = str(tmp_path / 'run')
     up = launch_bg('up', spec, '--workers', '2')
     try:
-        read_until(up, 'step 2')
-        # a chief that cannot save (frozen) makes the scale a refusal that stops nothing
-        chief = task_pid(str(tmp_path / 'run'), 'worker:0')
+        until_chief_step(up, 2)
+        chief = task_pid(train_dir, 'worker:0')
         os.kill(chief, signal.SIGSTOP)
         try:
-            refused = launch('scale', spec, '--workers', '1', timeout=300)
+            refused = launch('scale', spec, '--workers', '3', timeout=300)
         finally:
             os.kill(chief, signal.SIGCONT)
         assert refused.returncode == 1, refused.stdout + refused.stderr
         assert 'no new checkpoint of the chief could be read back' in refused.stdout, refused.stdout
         assert 'nothing was changed' in refused.stdout
-        for want in (1, 2):
-            out = launch('scale', spec, '--workers', str(want), timeout=300)
-            assert out.returncode == 0, out.stdout + out.stderr
-            assert 'restarts through a checkpoint' in out.stdout and f'{want} worker(s) train now' in out.stdout
+        out = launch('scale', spec, '--workers', '3', timeout=300)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert 'restarts through a checkpoint' in out.stdout and '3 worker(s) train now' in out.stdout
+        assert up.wait(timeout=300) == 0
     finally:
-        up.send_signal(2)
-        up.wait(timeout=240)
-    events = read_events(str(tmp_path / 'run' / 'events.jsonl'))
-    restarts = [e for e in events if e['event'] == 'restart']
+        if up.poll() is None:
+            up.send_signal(2)
+            up.wait(timeout=240)
+    events = read_events(os.path.join(train_dir, 'events.jsonl'))
+    assert [e['to'] for e in events if e['event'] == 'scale'] == [3]       # the refused one changed nothing
+    [restart] = [e for e in events if e['event'] == 'restart']
+    assert restart['cause'].startswith('scale 2 -> 3')
+    resumed = restart['from_step']
     firsts = {e['attempt']: e['step'] for e in events if e['event'] == 'first_step'}
-    assert [r['from_step'] for r in restarts] == [firsts[2] - 1, firsts[3] - 1], (restarts, firsts)
-    assert all(r['cause'].startswith('scale ') for r in restarts)
-    assert [e['to'] for e in events if e['event'] == 'scale'] == [1, 2]       # the refused one changed nothing
+    assert firsts[2] == resumed + 1, (restart, firsts)
+    per_step = {s: 0 for s in range(resumed, steps)}
+    for r in results(train_dir, 3):         # each worker's record of the last attempt
+        assert r['first_global_step'] == resumed and r['global_step'] == steps, r
+        applied = [s for lo, hi in r['applied_at'] for s in range(lo, hi + 1)]
+        assert applied == sorted(set(applied)), f'{r["task"]} contributed twice to a step: {r["applied_at"]}'
+        for s in applied:
+            per_step[s] += 1
+    assert set(per_step.values()) == {3}, per_step
 
 
 def test_an_async_ssh_pool_grows_and_shrinks(tmp_path, ssh_hosts):
     from tests.test_ssh import host_settings
-    spec = write_spec(tmp_path, workers=3, sync=False, steps=100000, batch_size=8, train_dir='run',
+    spec = write_spec(tmp_path, workers=3, sync=False, steps=ASYNC_STEPS, batch_size=8, train_dir='run',
                       task_hosts=['127.0.0.2', '127.0.0.2', '127.0.0.3', '127.0.0.3'],
                       hosts=host_settings(ssh_hosts, tmp_path))
     grow_and_shrink(tmp_path, spec, '--ssh-config', str(ssh_hosts.ssh_config), cwd=str(tmp_path))
