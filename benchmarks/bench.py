@@ -3,7 +3,7 @@ and noisy, so absolute seconds only mean something next to their baseline).
 
     python benchmarks/bench.py                 # everything, 3 repetitions, medians (about 25 min)
     python benchmarks/bench.py --quick         # every figure once, tiny runs (CI: no speed asserted)
-    python benchmarks/bench.py --only cluster  # or scaling, bytes, learning, towers
+    python benchmarks/bench.py --only cluster  # or scaling, bytes, learning, towers, elastic
 
 Baselines: the time one process takes to `import tensorflow` (start-up is mostly imports), and the
 images/s of the same model and input pipeline trained in one process with no cluster. Cluster
@@ -108,11 +108,13 @@ def loopback_bytes_per_sec(total: int = 256 << 20, chunk: int = 4 << 20) -> floa
 # ---------------------------------------------------------------------------------------------
 # One `launch up`, timed from the outside
 
-def launch_up(spec: str, overrides: list[str], images_per_step: int, on_step=None) -> dict:
+def launch_up(spec: str, overrides: list[str], images_per_step: int, on_step=None, up_args=(),
+              timeline: list | None = None) -> dict:
     """Run `launch up` and read, as lines arrive: the first global step, the steady-state rate,
-    the last step and the clean exit (every task gone: the launcher waits for them).
+    the last step and the clean exit (every task gone: the launcher waits for them). `timeline`,
+    if given, gets every (monotonic time, global step) of the chief's lines.
     on_step(launcher_pid, step, total), if given, is called at each of the chief's progress lines."""
-    args = [sys.executable, '-m', 'launch', 'up', spec]
+    args = [sys.executable, '-m', 'launch', 'up', spec, *up_args]
     for o in overrides:
         args += ['--set', o]
     t0 = time.monotonic()
@@ -126,6 +128,8 @@ def launch_up(spec: str, overrides: list[str], images_per_step: int, on_step=Non
             step, total = progress
             first_step = first_step if first_step is not None else now
             steps.append((now, step))
+            if timeline is not None:
+                timeline.append((t0 + now, step))
             if on_step:
                 on_step(proc.pid, step, total)
             if step >= total:
@@ -300,7 +304,50 @@ def bench_towers(args, tmp: str) -> dict:
     return out
 
 
-SECTIONS = ('cluster', 'scaling', 'bytes', 'learning', 'towers')
+def bench_elastic(args, tmp: str) -> dict:
+    """1 ps + a pool of 3 workers started with one (`launch up --workers 1`) and scaled to 3 a
+    quarter of the way (`launch scale`): steady images/s before and after, and how long the scale
+    took. Async scales live; sync restarts through a checkpoint (its replicas follow: 1, then 3)."""
+    out = {}
+    print(f'\n== elastic: 1 ps + a pool of 3 workers, batch {args.batch}: `launch up --workers 1`, then '
+          '`launch scale --workers 3`')
+    for mode in args.elastic_modes:
+        steps = args.elastic_steps
+        sets = cluster_overrides(tmp, f'elastic-{mode}', steps, args.batch, 1, 3, (f'train.sync={mode == "sync"}',))
+        scale: dict = {}
+
+        def ask(train_dir=f'{tmp}/elastic-{mode}'):
+            scale['asked'] = time.monotonic()
+            got = subprocess.run([sys.executable, '-m', 'launch', 'scale', train_dir, '--workers', '3'], cwd=REPO,
+                                 capture_output=True, text=True, env=QUIET)
+            scale['done'], scale['code'] = time.monotonic(), got.returncode
+            scale['said'] = (got.stdout + got.stderr).strip().splitlines()
+
+        def on_step(pid, step, total):
+            if step >= total // 4 and not scale:
+                scale['thread'] = threading.Thread(target=ask)
+                scale['thread'].start()
+        timeline: list = []
+        launch_up('specs/local2.yaml', sets, args.batch, on_step=on_step, up_args=('--workers', '1'), timeline=timeline)
+        scale['thread'].join()
+        if scale['code'] != 0:
+            raise SystemExit(f'launch scale ({mode}) failed ({scale["code"]}):\n' + '\n'.join(scale['said']))
+        before = [(t, s) for t, s in timeline if s >= steps * 0.1 and t <= scale['asked']]
+        after = [(t, s) for t, s in timeline if t >= scale['done'] + 2 and s < steps]
+        per_step_after = args.batch * (3 if mode == 'sync' else 1)      # a sync step aggregates every replica
+
+        def rate(points, per_step):
+            ok = len(points) >= 2 and points[-1][0] > points[0][0]
+            return (points[-1][1] - points[0][1]) * per_step / (points[-1][0] - points[0][0]) if ok else None
+        one, three = rate(before, args.batch), rate(after, per_step_after)
+        out[mode] = {'one_worker_images_per_sec': one, 'three_workers_images_per_sec': three,
+                     'scale_s': scale['done'] - scale['asked']}
+        print(f'{mode:<5}: 1 worker {num(one, "6.0f")} images/s   3 workers {num(three, "6.0f")} images/s   '
+              f'{ratio(three, one)}   `launch scale` took {scale["done"] - scale["asked"]:5.1f} s', flush=True)
+    return out
+
+
+SECTIONS = ('cluster', 'scaling', 'bytes', 'learning', 'towers', 'elastic')
 
 
 def main() -> None:
@@ -314,9 +361,11 @@ def main() -> None:
     args = p.parse_args()
     args.single_steps = 100
     args.learn_steps, args.learn_every = 600, 50
+    args.elastic_modes, args.elastic_steps = ('async', 'sync'), 800
     if args.quick:
         args.reps, args.steps, args.batch, args.single_steps = 1, 30, 16, 10
         args.learn_steps, args.learn_every = 40, 40     # one checkpoint, one eval per mode
+        args.elastic_modes, args.elastic_steps = ('async',), 600     # the scale takes some 15 s to join
     figures = {'quick': args.quick, 'cores': len(os.sched_getaffinity(0))}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.only or SECTIONS:

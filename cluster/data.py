@@ -286,31 +286,49 @@ def _get_next(dataset):
     return tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
 
 
-def train_inputs(data_dir, batch_size, shard_index=0, num_shards=1, seed=None):
+def train_inputs(data_dir, batch_size, shard_index=0, num_shards=1, seed=None, reshardable=False):
     """Endless shuffled, distorted training batches for worker `shard_index` of `num_shards`.
 
     Sharding is by record (record r goes to shard r % num_shards), so any number of shards works
     whatever the number of files.  With `seed` the stream (shuffle and distortions) is
     reproducible; without one every call draws a fresh seed.
+
+    With `reshardable`, the shard is chosen when the returned `initialize(sess, index, count)` is
+    run (again whenever the workers that share the records change): returns (batch, initialize).
     """
     import tensorflow as tf
+    if reshardable:
+        index_ph = tf.compat.v1.placeholder_with_default(tf.constant(0, tf.int64), [], name='shard_index')
+        count_ph = tf.compat.v1.placeholder_with_default(tf.constant(1, tf.int64), [], name='num_shards')
+        ds = _train_dataset(data_dir, batch_size, index_ph, count_ph, seed)
+        iterator = tf.compat.v1.data.make_initializable_iterator(
+            ds.prefetch(_PREFETCH_BATCHES).with_options(_options()))
+
+        def initialize(sess, index: int, count: int) -> None:
+            sess.run(iterator.initializer, feed_dict={index_ph: index, count_ph: count})
+        return iterator.get_next(), initialize
     if not 0 <= shard_index < num_shards:
         raise ValueError('shard_index %r is not in [0, %r)' % (shard_index, num_shards))
+    return _get_next(_train_dataset(data_dir, batch_size, shard_index, num_shards, seed))
+
+
+def _train_dataset(data_dir, batch_size, shard_index, num_shards, seed):
+    import tensorflow as tf
     files = check_data_dir(data_dir, 'train')
     if seed is None:
         seed = int.from_bytes(os.urandom(4), 'little') & 0x7FFFFFFF
     with tf.compat.v1.device('/cpu:0'):
         ds = tf.data.FixedLengthRecordDataset(files, RECORD_BYTES)
-        ds = ds.shard(num_shards, shard_index)
+        ds = ds.shard(tf.cast(num_shards, tf.int64), tf.cast(shard_index, tf.int64))
         ds = ds.shuffle(_SHUFFLE_BUFFER, seed=seed, reshuffle_each_iteration=True).repeat()
         # Element k of shard s gets the stateless seed (seed, k * num_shards + s): unique per record
         # visit across epochs and across workers.
         ds = ds.enumerate().map(
             lambda k, rec: _distorted(
-                tf.stack([tf.constant(seed, tf.int64), k * num_shards + shard_index]), rec),
+                tf.stack([tf.constant(seed, tf.int64),
+                          k * tf.cast(num_shards, tf.int64) + tf.cast(shard_index, tf.int64)]), rec),
             num_parallel_calls=_PARALLEL_CALLS)
-        ds = ds.batch(batch_size, drop_remainder=True)
-        return _get_next(ds)
+        return ds.batch(batch_size, drop_remainder=True)
 
 
 def eval_inputs(data_dir, batch_size):

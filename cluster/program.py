@@ -46,6 +46,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from cluster.membership import LIVE
 from cluster import rundir
 from cluster.spec import ClusterSpec, TaskSpec, TrainConfig, address
 
@@ -373,7 +374,8 @@ def run_program(server, spec: ClusterSpec, task: TaskSpec, fn: Callable[[Program
     fn(ctx)
     result = ctx.result()
     with tf.Graph().as_default():
-        done_ops = runtime.done_ops(spec.num_ps, spec.num_workers, task.index)
+        done_ops = runtime.done_ops(spec.num_ps, spec.num_workers, task.index,
+                                    LIVE.generation(task.index, spec.num_workers))
         sess = v1.Session(server.target, config=ctx.session_config)
         runtime.report_done(sess, done_ops)
     runtime.write_result(spec.train.train_dir, task.index, result)

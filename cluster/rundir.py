@@ -231,6 +231,7 @@ def progress_line(step: int, total: int, loss: float, rate: str = '') -> str:
 
 _LOSS = re.compile(r'\bloss (-?[\d.]+|nan|inf)\b')
 _RATE = re.compile(r'\b([\d.]+) images/s\b')
+_LIVE = re.compile(r'\b(\d+) of \d+ workers\b')
 
 
 def parse_progress(line: str) -> dict | None:
@@ -238,9 +239,12 @@ def parse_progress(line: str) -> dict | None:
     found = step_of(line)
     if found is None:
         return None
-    loss, rate = _LOSS.search(line), _RATE.search(line)
-    return {'step': found[0], 'total': found[1], 'loss': float(loss.group(1)) if loss else None,
-            'images_per_sec': float(rate.group(1)) if rate else None}
+    loss, rate, live = _LOSS.search(line), _RATE.search(line), _LIVE.search(line)
+    out = {'step': found[0], 'total': found[1], 'loss': float(loss.group(1)) if loss else None,
+           'images_per_sec': float(rate.group(1)) if rate else None}
+    if live:        # part of the pool runs (launch up --workers, launch scale)
+        out['workers'] = int(live.group(1))
+    return out
 
 
 _SAVED = re.compile(r'\bsaved a checkpoint at global step (\d+)\b')
@@ -261,6 +265,25 @@ def step_of(line: str) -> tuple[int, int] | None:
     """(global step, total) from a progress line."""
     m = _STEP.search(line)
     return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+_NOT_THE_CAUSE = re.compile(r"Graph execution error:|Detected at node|Node: '|File \"|\[\[\{\{node |"
+                            r"From /job:|Additional GRPC error information|\d+ root error|\d+ successful operations|"
+                            r"\d+ derived errors|\(\d+\) [A-Z][a-z]+:$")
+
+
+def cause_line(text: str, default: str = '') -> str:
+    """What an OpError says happened, in one line. TensorFlow 2's graph errors start with
+    `Graph execution error:` and the Python frames where the op was defined, and put the cause
+    after them: the first line that is neither of those, else the first line."""
+    lines = [line.strip() for line in (text or '').splitlines() if line.strip()]
+    if lines and lines[0].startswith('Graph execution error'):
+        frames = [i for i, line in enumerate(lines) if line.startswith('File "')]
+        rest = lines[frames[-1] + 2:] if frames else lines[1:]     # a frame is its File line and its code
+        found = next((line for line in rest if not _NOT_THE_CAUSE.match(line)), None)
+        if found:
+            return found
+    return lines[0] if lines else default
 
 
 def last_error_line(lines: list[str]) -> str | None:

@@ -259,16 +259,19 @@ def log_progress(step: int, total: int, loss: float, rate: str = '') -> None:
 
 
 def done_queue(ps_index: int, capacity: int):
-    """The queue on ps task `ps_index` where workers report "finished": the ps dequeues one report
-    per worker, then ends by itself (no launcher needs to stop it)."""
+    """The queue on ps task `ps_index` where workers report "finished" as (worker index, its
+    generation: cluster/membership.py): the ps ends by itself once every live worker has reported
+    from its current start (no launcher needs to stop it). `capacity`: the pool's size, the same
+    in every task (the queue is shared by name, and a second shape or size would be refused)."""
     with v1.device(f'/job:ps/task:{ps_index}'):
-        return v1.FIFOQueue(capacity, [tf.int32], shapes=[()], shared_name=DONE_QUEUE % ps_index,
+        return v1.FIFOQueue(capacity, [tf.int32, tf.int32], shapes=[(), ()], shared_name=DONE_QUEUE % ps_index,
                             name=f'done_queue_{ps_index}')
 
 
-def done_ops(num_ps: int, num_workers: int, worker_index: int) -> list:
-    """This worker's "done" report, one enqueue per ps task (built into the default graph)."""
-    return [done_queue(p, num_workers).enqueue(worker_index) for p in range(num_ps)]
+def done_ops(num_ps: int, pool: int, worker_index: int, generation) -> list:
+    """This worker's "done" report, one enqueue per ps task (built into the default graph);
+    `generation` a value or a tensor (fed when the worker reports)."""
+    return [done_queue(p, pool).enqueue([worker_index, generation]) for p in range(num_ps)]
 
 
 def report_done(sess, ops: list) -> None:

@@ -111,6 +111,7 @@ class SuperviseConfig:
     stall_secs: float = 60.0         # no new global step for this long (after the first) is a fault
     backoff_secs: float = 1.0        # the wait before a restart: this, doubling with each restart in a
     backoff_max_secs: float = 30.0   # row up to this; a run healthy for a while starts again at 1x
+    unreachable_secs: float = 30.0   # a host that cannot be asked for this long has lost its tasks
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,7 @@ class ClusterSpec:
     env: Mapping[str, str] = field(default_factory=lambda: types.MappingProxyType({}))   # every task's
     job_env: Mapping[str, Mapping[str, str]] = field(default_factory=lambda: types.MappingProxyType({}))
     gpus: Mapping[str, int] = field(default_factory=lambda: types.MappingProxyType({}))  # host -> GPU count
+    live: int | None = None          # workers that run now, of the pool (None: every one; never in YAML)
     origins: Any = field(default=None, compare=False, repr=False)   # _Origins: where each key was given
 
     def error(self, key: str, message: str) -> 'SpecError':
@@ -145,8 +147,14 @@ class ClusterSpec:
         return len(self.job_tasks('ps'))
 
     @property
+    def live_workers(self) -> int:
+        """The workers that train now: the whole pool unless `launch up --workers` or `launch
+        scale` run fewer (cluster/membership.py)."""
+        return self.live or self.num_workers
+
+    @property
     def replicas_to_aggregate(self) -> int:
-        return self.train.replicas_to_aggregate or self.num_workers
+        return self.train.replicas_to_aggregate or self.live_workers
 
     def cluster_def(self) -> dict[str, list[str]]:
         """job -> addresses, the shape tf.train.ClusterSpec and TF_CONFIG take."""
@@ -726,7 +734,7 @@ def _parse_supervise(supervise, origins: _Origins) -> SuperviseConfig:
             if v < 0:
                 raise origins.error(key, f'expected a whole number >= 0, got {v}')
             values[name] = v
-        elif name in ('stall_secs', 'backoff_max_secs'):
+        elif name in ('stall_secs', 'backoff_max_secs', 'unreachable_secs'):
             v = _expect(value, (int, float), key, origins, 'a positive number of seconds')
             if not v > 0 or v == float('inf'):
                 raise origins.error(key, f'expected a positive number of seconds, got {v}')

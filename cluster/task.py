@@ -10,6 +10,7 @@ bad invocation fails in a fraction of a second with exit code 2 and nothing star
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import errno
 import logging
 import os
@@ -20,9 +21,10 @@ import threading
 import time
 import traceback
 
+from cluster.membership import LIVE, Members
 from cluster.program import ProgramError, check_command, check_program, load_program, run_command, run_program
 from cluster.rundir import (EXIT_FAILED, EXIT_NO_RESTART, EXIT_OK, EXIT_USAGE, LEASE_ENV, LEASE_SECS_ENV,
-                            TaskLogFormatter, serving_line)
+                            TaskLogFormatter, cause_line, read_text, serving_line)
 from cluster.spec import (DEFAULT_SPEC, TF_CONFIG_ENV, ClusterSpec, SpecError, TaskSpec, load_spec,
                           read_tf_config)
 
@@ -86,16 +88,35 @@ def port_in_use(port: int) -> bool:
     return False
 
 
-def watch_lease(path: str, secs: float, poll: float = 1.0) -> None:
+def watch_lease(path: str, secs: float, poll: float = 1.0, pool: int = 0) -> None:
     """End this task (SIGTERM to itself, so a chief still saves its checkpoint) once `path` has
-    not been touched for `secs` seconds. A missing file counts from the task's start."""
+    not been touched for `secs` seconds. A missing file counts from the task's start. What the
+    file holds is the live workers of a pool of `pool` (cluster/membership.py): read now, and
+    again whenever it changes."""
     started = time.time()
+    seen = [None]
+
+    def read_members(touched) -> None:
+        if touched != seen[0]:
+            seen[0] = touched
+            if LIVE.set(Members.parse(read_text(path) or '', pool)):
+                log.info('live workers: %s', ', '.join(f'worker:{i}' for i in LIVE.current(pool).indices))
+
+    def key(stat):
+        return stat.st_mtime_ns, stat.st_size, stat.st_ino
+
+    try:
+        read_members(key(os.stat(path)))
+    except OSError:
+        pass
 
     def watch():
         while True:
             time.sleep(poll)
             try:
-                touched = os.stat(path).st_mtime
+                stat = os.stat(path)
+                touched = stat.st_mtime
+                read_members(key(stat))
             except OSError:
                 touched = started
             age = time.time() - touched
@@ -181,7 +202,9 @@ def main(argv=None) -> int:
     handler.setFormatter(TaskLogFormatter())
     logging.basicConfig(level=logging.INFO, handlers=[handler])
     if os.environ.get(LEASE_ENV):
-        watch_lease(os.environ[LEASE_ENV], float(os.environ.get(LEASE_SECS_ENV) or 10))
+        watch_lease(os.environ[LEASE_ENV], float(os.environ.get(LEASE_SECS_ENV) or 10), pool=spec.num_workers)
+        # Sync: the graph counts the workers that run (a scale restarts the cluster with the new count).
+        spec = dataclasses.replace(spec, live=LIVE.current(spec.num_workers).count)
     line = environment_line(spec, task, os.environ)
     if line:
         log.info('%s: %s', task.name, line)
@@ -217,7 +240,7 @@ def main(argv=None) -> int:
     except tf.errors.OpError as e:
         # A peer that went away (Unavailable, Aborted, a closed stream): one line, not 40 frames of
         # TensorFlow internals; the launcher names the task that was lost first.
-        log.error('%s: %s: %s', task.name, type(e).__name__, session.first_line(e.message, '(no message)'))
+        log.error('%s: %s: %s', task.name, type(e).__name__, cause_line(e.message, '(no message)'))
         return EXIT_FAILED
     except (session.CheckpointError, ProgramError, SpecError) as e:     # a restart would fail the same way
         log.error('%s', e)      # (a SpecError here: a batch too large for this host's memory)

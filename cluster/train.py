@@ -23,12 +23,14 @@ import tensorflow as tf
 
 from cluster import data, model, rundir, session, summaries
 from cluster.profiler import StepProfiler
+from cluster.membership import LIVE, DoneTracker
 from cluster.spec import ClusterSpec, TaskSpec
 
 v1 = tf.compat.v1
 log = logging.getLogger(__name__)
 
 PS_LINGER_SECS = 0.5                 # a ps stays this long after the last "done", so that reply arrives
+PS_POLL_MS = 1000                    # a ps waiting for "done" reports reads the live workers this often
 
 
 def tower_devices(spec: ClusterSpec, task: TaskSpec) -> list[str]:
@@ -71,15 +73,26 @@ def make_server(spec: ClusterSpec, task: TaskSpec):
 
 
 def run_ps(server, spec: ClusterSpec, task: TaskSpec) -> None:
-    """Serve variables until every worker has reported that it finished, then return."""
+    """Serve variables until every live worker has reported that it finished, then return. The
+    live set may change meanwhile (`launch scale`): it is read again at least every second."""
+    pool = spec.num_workers
+    tracker = DoneTracker()
     with tf.Graph().as_default():
-        dequeue = session.done_queue(task.index, spec.num_workers).dequeue()
+        dequeue = session.done_queue(task.index, pool).dequeue()
         config = v1.ConfigProto(device_filters=[f'/job:ps/task:{task.index}'])
         with v1.Session(server.target, config=config) as sess:
-            log.info('serving variables; exits once all %d workers are done', spec.num_workers)
-            for remaining in range(spec.num_workers - 1, -1, -1):
-                worker = sess.run(dequeue)
-                log.info('worker:%d is done; %d to go', worker, remaining)
+            members = LIVE.current(pool)
+            log.info('serving variables; exits once all %d live workers are done', members.count)
+            while not tracker.finished(members):
+                try:
+                    worker, generation = sess.run(dequeue, options=v1.RunOptions(timeout_in_ms=PS_POLL_MS))
+                except tf.errors.DeadlineExceededError:
+                    members = LIVE.current(pool)
+                    continue
+                tracker.report(int(worker), int(generation))
+                members = LIVE.current(pool)
+                left = tracker.waiting_for(members)
+                log.info('worker:%d is done; %d to go', worker, len(left))
     # The last worker's enqueue has completed, but its reply may still be on the wire: leaving at
     # once closes the socket under it, and that worker would see "Socket closed" for a report the
     # ps did get. (Workers also tolerate that; this keeps the common case clean.)
@@ -98,6 +111,7 @@ class _Graph:
     resync: object | None       # sync only: local step := global step; returns it
     sync_op: object | None      # chief only, sync only: aggregate one step, hand out tokens
     summary: object
+    reshard: object | None      # async: (sess, rank, count) -> chooses this worker's input shard
     saver: object
     done_ops: list
     examples_per_run: int
@@ -128,19 +142,27 @@ def build_graph(spec: ClusterSpec, task: TaskSpec, data_dir: str | None) -> _Gra
         ema = v1.train.ExponentialMovingAverage(model.MOVING_AVERAGE_DECAY, global_step)
         if train.sync:
             opt = v1.train.SyncReplicasOptimizer(
-                opt, replicas_to_aggregate=spec.replicas_to_aggregate, total_num_replicas=spec.num_workers,
+                opt, replicas_to_aggregate=spec.replicas_to_aggregate, total_num_replicas=spec.live_workers,
                 variable_averages=ema, variables_to_average=None)
 
+    # Input shards: the live workers split the records among them, by their rank in index order
+    # (a sync scale restarts the cluster; an async worker switches shards at its next step).
+    members = LIVE.current(spec.num_workers)
+    shard, shards = members.rank(task.index) or 0, members.count
+    reshard = None
     with v1.device(f'{worker_device}/device:CPU:0'):
         if data_dir is None:        # only the graph's shape is wanted (ps_bytes): no data is read
             images = tf.zeros([examples_per_run, data.IMAGE_SIZE, data.IMAGE_SIZE, 3])
             labels = tf.zeros([examples_per_run], tf.int32)
         elif train.deterministic:     # worker w reads batches w, w+W, ...: together one big batch a step
-            images, labels = data.deterministic_inputs(data_dir, examples_per_run, task.index * examples_per_run,
-                                                       stride=spec.num_workers * examples_per_run)
-        else:
-            images, labels = data.train_inputs(data_dir, examples_per_run, shard_index=task.index,
-                                               num_shards=spec.num_workers, seed=train.seed)
+            images, labels = data.deterministic_inputs(data_dir, examples_per_run, shard * examples_per_run,
+                                                       stride=shards * examples_per_run)
+        elif train.sync:     # a scale restarts a sync cluster: the shard is fixed for this start
+            images, labels = data.train_inputs(data_dir, examples_per_run, shard_index=shard,
+                                               num_shards=shards, seed=train.seed)
+        else:                # async: the live workers can change while it runs (launch scale)
+            (images, labels), reshard = data.train_inputs(data_dir, examples_per_run, seed=train.seed,
+                                                          reshardable=True)
         image_parts, label_parts = tf.split(images, n), tf.split(labels, n)
 
     tower_grads, tower_losses = [], []
@@ -185,10 +207,10 @@ def build_graph(spec: ClusterSpec, task: TaskSpec, data_dir: str | None) -> _Gra
             sync_op = resync = None
         summary = v1.summary.merge([_scalar_summary('loss', loss), _scalar_summary('learning_rate', lr)])
 
-    done_ops = session.done_ops(spec.num_ps, spec.num_workers, task.index)
+    done_ops = session.done_ops(spec.num_ps, spec.num_workers, task.index, LIVE.generation(task.index, spec.num_workers))
     saver = v1.train.Saver(max_to_keep=5, sharded=True)
     return _Graph(global_step, step_after, loss, lr, train_op, local_init_op, ready_for_local_init_op,
-                  resync, sync_op, summary, saver, done_ops, examples_per_run)
+                  resync, sync_op, summary, reshard, saver, done_ops, examples_per_run)
 
 
 def _scalar_summary(tag: str, tensor):
@@ -339,14 +361,28 @@ def _train_loop(sess, spec: ClusterSpec, task: TaskSpec, g: _Graph, start: float
     last_log, last_log_step, last_save, last_saved_step = t0, first, t0, int(first)
     log_every = train.log_every_secs if task.is_chief else max(10.0, train.log_every_secs)
     loss = float('nan')
+    shard = None
+    saves_asked = LIVE.save_requests()      # a request made before this start was for the last cluster
     while step < train.steps:
+        if LIVE.leaving(task.index, spec.num_workers):
+            log.info('%s leaves at global step %d: the launcher took it out of the live workers', task.name, step)
+            break
+        if g.reshard is not None and (shard is None or LIVE.changed.is_set()):
+            LIVE.changed.clear()
+            members = LIVE.current(spec.num_workers)
+            now = (members.rank(task.index) or 0, members.count)
+            if now != shard:
+                g.reshard(sess, *now)
+                if shard is not None:
+                    log.info('reading input shard %d of %d now (%d live workers)', now[0] + 1, now[1], now[1])
+                shard = now
         due = time.monotonic() - last_log >= log_every or local_steps == 0
         fetches = [g.step_after, g.loss] + ([g.summary] if due and writer else [])
-        with step_lock:
-            if profiler and profiler.wants(local_steps):
-                out = profiler.run(sess, fetches)
-            else:
-                out = sess.run(fetches)
+
+        def one_step():
+            with step_lock:
+                return profiler.run(sess, fetches) if profiler and profiler.wants(local_steps) else sess.run(fetches)
+        out = run_retrying(one_step, f'the step after global step {step}')
         applied.append(step)
         token, loss, local_steps = int(out[0]), float(out[1]), local_steps + 1
         if train.sync and token <= step:
@@ -355,14 +391,20 @@ def _train_loop(sess, spec: ClusterSpec, task: TaskSpec, g: _Graph, start: float
         now = time.monotonic()
         if due or step >= train.steps:
             rate = (step - last_log_step) * g.examples_per_run * _per_step(spec) / max(now - last_log, 1e-9)
-            session.log_progress(step, train.steps, loss, f'  {rate:.0f} images/s')
+            live = LIVE.current(spec.num_workers).count      # said when part of the pool runs
+            session.log_progress(step, train.steps, loss, f'  {rate:.0f} images/s'
+                                 + (f'  {live} of {spec.num_workers} workers' if live != spec.num_workers else ''))
             if len(out) > 2:
                 writer.add_summary(out[2], step)
             if writer:      # the global step's advance counts every worker's images
                 writer.add_summary(summaries.scalar(summaries.IMAGES_PER_SEC, rate), step)
             own_writer.add_summary(summaries.scalar(summaries.WORKER_STEPS, local_steps), step)
             last_log, last_log_step = now, step
-        if task.is_chief and session.save_due(train, step, last_saved_step, now - last_save):
+        asked = LIVE.save_requests() if task.is_chief else saves_asked
+        if task.is_chief and (session.save_due(train, step, last_saved_step, now - last_save) or asked > saves_asked):
+            if asked > saves_asked:
+                log.info('saving a checkpoint at global step %d: the launcher asked for one', step)
+                saves_asked = asked
             with save_lock:
                 session.save_checkpoint(g.saver, sess, train.train_dir, step)
             last_save, last_saved_step = now, step
@@ -383,6 +425,23 @@ def _train_loop(sess, spec: ClusterSpec, task: TaskSpec, g: _Graph, start: float
     return {'task': task.name, 'local_steps': local_steps, 'first_global_step': int(first),
             'global_step': final, 'loss': loss, 'seconds': elapsed,
             'images_per_sec': images / max(elapsed, 1e-9), 'applied_at': _runs(applied)}
+
+
+ABORT_RETRIES = 3       # TensorFlow's AbortedError in a row before a step's failure is the task's
+
+
+def run_retrying(run, what: str, tries: int = ABORT_RETRIES):
+    """run(), once more after each AbortedError, up to `tries` times, each with one warning line.
+    TensorFlow documents Aborted as a conflict to retry (its MonitoredSession retries it too); a
+    worker of an async pool saw one, rarely, in the seconds after another worker left."""
+    for attempt in range(tries + 1):
+        try:
+            return run()
+        except tf.errors.AbortedError as e:
+            if attempt == tries:
+                raise
+            log.warning('%s was aborted (%s); trying it again (%d of %d)', what,
+                        rundir.cause_line(e.message, '(no message)'), attempt + 1, tries)
 
 
 def _skip_to_next_step(sess, g: _Graph, step: int, steps: int) -> int:

@@ -18,7 +18,7 @@ import grpc
 
 from cluster.spec import address as host_port, is_chief
 from cluster import rundir
-from cluster.rundir import LEASE_ENV
+from cluster.rundir import LEASE_ENV, read_text, write_atomically
 from launch.errors import UsageError
 from launch.plan import TaskPlan
 
@@ -211,9 +211,11 @@ class Backend(abc.ABC):
         """Start the task detached (its own session), its output going to plan.log_path (appended
         to when plan.restart, with record.log_offset where this start's output begins)."""
 
-    def renew(self, plans: list[TaskPlan]) -> None:
+    def renew(self, plans: list[TaskPlan], text: str | None = None) -> None:
         """Touch the lease file of these tasks (LEASE_ENV in their environment): a task
-        whose lease goes stale stops itself, so none outlives a launcher that is gone."""
+        whose lease goes stale stops itself, so none outlives a launcher that is gone. With
+        `text`, the file holds it (the live workers, cluster/membership.py); a change is written
+        at once, whatever the backend's pace of renewals."""
 
     @abc.abstractmethod
     def status(self, record: TaskRecord) -> Observation:
@@ -361,9 +363,14 @@ def lease_files(plans: list[TaskPlan], root: str | None = None) -> set[str]:
     return {os.path.join(root or p.cwd, p.env[LEASE_ENV]) for p in plans if LEASE_ENV in p.env}
 
 
-def touch_leases(plans: list[TaskPlan], root: str | None = None) -> None:
-    """Renew the lease files of tasks whose files are on this machine."""
+def touch_leases(plans: list[TaskPlan], root: str | None = None, text: str | None = None) -> None:
+    """Renew the lease files of tasks whose files are on this machine; with `text`, make it their
+    content (written whole, under a temporary name first, only when it changed)."""
     for path in lease_files(plans, root):
+        if text is not None and read_text(path) != text:
+            os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
+            write_atomically(path, text)
+            continue
         try:
             os.utime(path)
         except FileNotFoundError:

@@ -17,7 +17,7 @@ from launch.runs import RunNotFound
 from launch.errors import UsageError
 
 
-RUN_COMMANDS = ('status', 'down', 'logs', 'eval', 'report')     # they take a run id or train_dir too
+RUN_COMMANDS = ('status', 'down', 'logs', 'eval', 'report', 'scale')     # they take a run id or train_dir too
 
 
 def _spec_args(p: argparse.ArgumentParser, run: bool = False) -> None:
@@ -57,7 +57,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="also show TensorFlow's C++ start-up messages (always kept in the log files)")
     up.add_argument('--finish-timeout', type=float, default=60.0, metavar='SECS',
                     help='how long ps tasks may take to exit after the workers finished (default 60)')
+    up.add_argument('--workers', type=int, default=None, metavar='N',
+                    help='start the first N workers of the spec\'s list (a pool; default: all); '
+                         '`launch scale` changes the number while the run goes on')
     _slurm_args(up, 'with --backend slurm: ')
+    sc = sub.add_parser('scale', help='change the number of running workers of a run (async: live)')
+    _spec_args(sc, run=True)
+    sc.add_argument('--workers', type=int, required=True, metavar='M', help='how many workers should run (1..the pool)')
     st = sub.add_parser('status', help="a run's state and each task's pid, whether it is alive and listening "
                                        '(exit 0: running or done, 1: failed or interrupted, 3: no such run)')
     _spec_args(st, run=True)

@@ -82,7 +82,7 @@ def check_request(spec: ClusterSpec, req: Request) -> Request:
     UsageError. Returns the request with the backend the state file remembers filled in."""
     registry.check_options(spec, req.command, req.backend, req.options)
     check_isolation(spec, req.command, req.backend)
-    if req.backend is None and req.command in ('status', 'down', 'logs'):
+    if req.backend is None and req.command in ('status', 'down', 'logs', 'scale'):
         state = LaunchState.load(state_path(spec))
         remembered = registry.remembered({r.backend for r in state.tasks}) if state else None
         if remembered:
@@ -91,10 +91,28 @@ def check_request(spec: ClusterSpec, req: Request) -> Request:
 
 
 # -- up ----------------------------------------------------------------------------------------
+def check_workers(spec: ClusterSpec, workers: int | None, flag: str = '--workers') -> None:
+    """A worker count for `up --workers` or `scale --workers`: 1..the spec's pool, else UsageError."""
+    if workers is not None and not 1 <= workers <= spec.num_workers:
+        raise UsageError(f'{flag} {workers}: expected 1..{spec.num_workers}, the workers {spec.path} lists '
+                         '(the pool; worker 0, the chief, always runs)')
+
+
 def cmd_up(spec: ClusterSpec, req: Request) -> int:
     args = req.args
+    check_workers(spec, args.workers)
     console = Console(verbose=args.verbose)
     kind = registry.kind(req.backend)
+    if args.workers not in (None, spec.num_workers):
+        if kind.strategy == registry.DELEGATED:
+            raise UsageError(f'--workers {args.workers}: the {kind.name} scheduler runs every worker of the spec; '
+                             'change the spec\'s worker list instead')
+        r = spec.train.replicas_to_aggregate
+        if spec.train.sync and r and args.workers < r:
+            raise UsageError(f'--workers {args.workers}: fewer than train.replicas_to_aggregate ({r}), which each '
+                             'sync step needs')
+        if spec.train.command:
+            raise UsageError(f'--workers {args.workers}: a train.command gets every worker of the spec')
     if kind.strategy == registry.DELEGATED:     # a scheduler owns the tasks
         strategy = kind.delegate(spec, req.options)
         life = Lifecycle(spec, console, kind.name, strategy.effective_spec, overrides=args.overrides)
@@ -112,8 +130,38 @@ def cmd_up(spec: ClusterSpec, req: Request) -> int:
             prepare_data(spec, plans)
         run = SupervisedRun(spec, spec_yaml, plans, backends, start_timeout=args.start_timeout,
                             finish_timeout=args.finish_timeout, checks=checks,
-                            warn=lambda: warn_exposure(plans, short=True))
+                            warn=lambda: warn_exposure(plans, short=True), workers=args.workers)
         return life.up(run).exit_code
+
+
+def cmd_scale(spec: ClusterSpec, req: Request) -> int:
+    """Ask the running launcher of the run for M workers; wait until the change took effect."""
+    from launch import control
+    from launch.state import LockBusy, TrainDirLock
+    workers = req.args.workers
+    check_workers(spec, workers)
+    train_dir = spec.train.train_dir
+    if registry.kind(req.backend).strategy == registry.DELEGATED:
+        raise UsageError(f'launch scale: the {registry.kind(req.backend).name} scheduler owns the size of the job')
+    if TrainDirLock.held(train_dir) is None:
+        raise UsageError(f'launch scale: no launcher runs {spec.path} (train_dir {train_dir}); '
+                         f'`launch up {spec.path} --workers {workers}` starts it with {workers}')
+    lock = TrainDirLock(train_dir, control.LOCK_FILE)
+    try:
+        lock.acquire(f'launch scale (pid {os.getpid()}) to {workers} workers')
+    except LockBusy as e:
+        raise UsageError(f'launch scale: another scale of this run is under way ({e})') from None
+    try:
+        ident = control.send(train_dir, workers)
+        reply = control.wait(train_dir, ident, lambda: TrainDirLock.held(train_dir) is not None)
+    finally:
+        lock.release()
+    if reply is None:
+        print(f'launch: error: the launcher of {spec.path} ended before it carried out the change', file=sys.stderr)
+        return EXIT_FAILED
+    for line in reply['lines']:
+        print(line)
+    return EXIT_OK if reply['state'] == control.DONE else EXIT_FAILED
 
 
 # -- status, down, logs --------------------------------------------------------------------------
@@ -135,7 +183,7 @@ def cmd_status(spec: ClusterSpec, req: Request) -> int:
         print(json.dumps({'run': info.to_json() if info else None,
                           'launcher': {'pid': state.launcher_pid, 'alive': launcher_alive(state)} if state else None,
                           'progress': state.progress if state else None, 'restarts': state.restarts if state else 0,
-                          'tasks': tasks}, indent=1))
+                          'workers': state.workers if state else None, 'tasks': tasks}, indent=1))
         return code
     if info is not None:
         print(f'run {info.id}: {info.state}, attempt {info.attempts}'
@@ -146,6 +194,11 @@ def cmd_status(spec: ClusterSpec, req: Request) -> int:
     elif launcher_alive(state):
         restarts = f', {state.restarts} restart(s)' if state.restarts else ''
         print(f'launcher pid {state.launcher_pid}, started {time.ctime(state.started)}{restarts}')
+        w = state.workers
+        if w and len(w.get('live', [])) != w.get('pool'):
+            print(f'workers: {len(w["live"])} of a pool of {w["pool"]} run '
+                  f'({", ".join(f"worker:{i}" for i in w["live"])})'
+                  + (f'; scaling to {w["scaling"]}' if w.get('scaling') else ''))
     else:
         cleaned = _clean_up_after(spec, req, plans, state, tasks)
         print(f'launcher pid {state.launcher_pid} is gone; '
@@ -196,6 +249,9 @@ def _task_status(spec: ClusterSpec, req: Request, plans: list[TaskPlan], state: 
             listening = backend.probe(r or backend.log_record(plan), 0.5, handshake=False)
             alive = {None: False, 'running': True, 'ended': False, 'unknown': None}[seen and seen.state]
             note = (seen.stopped or '') if alive else f'unknown: {seen.error}' if alive is None else ''
+            live = state.workers.get('live') if state and state.workers else None
+            if not note and plan.task.job == 'worker' and live is not None and plan.task.index not in live:
+                note = 'spare: in the pool, not running (`launch scale`)'
             out.append({'task': plan.name, 'address': plan.task.address, 'backend': plan.backend,
                         'pid': r.pid if r else None, 'alive': alive, 'listening': listening, 'note': note})
     return out
@@ -499,6 +555,6 @@ def cmd_download(args) -> int:
     return 0
 
 
-COMMANDS = {'up': cmd_up, 'status': cmd_status, 'down': cmd_down, 'logs': cmd_logs, 'plan': cmd_plan,
+COMMANDS = {'up': cmd_up, 'scale': cmd_scale, 'status': cmd_status, 'down': cmd_down, 'logs': cmd_logs, 'plan': cmd_plan,
             'check': cmd_check, 'eval': cmd_eval, 'compose': cmd_compose, 'render': cmd_render, 'report': cmd_report}
 ERRORS = (SpecError, UsageError, StateError)     # one line, exit code 2

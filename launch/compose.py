@@ -366,8 +366,8 @@ class ComposeBackend(Backend):
             return
         self._down(grace)
 
-    def renew(self, plans):
-        touch_leases(plans, self.project_dir)      # the bind-mounted train_dir, seen from the host
+    def renew(self, plans, text=None):
+        touch_leases(plans, self.project_dir, text)      # the bind-mounted train_dir, seen from the host
 
     def _down(self, grace: float = STOP_GRACE_SECS) -> None:
         problems = []

@@ -21,6 +21,9 @@ and the fields that event names:
     stall          tasks (list), cause
     restart        cause, from_step (checkpoint step or null); the next attempt's events follow (a
                    restart of some tasks inside an attempt names them in `tasks` and keeps the attempt)
+    scale          to (the worker count asked for), add, remove (task lists), pid (of `launch scale`)
+    scaled         state (done | failed), workers (the live worker indices), cause
+    failover       task (lost, its host unreachable), to (the spare of the pool started instead), host, cause
     interrupted    signal
     finished       result: the RunResult (see run.json)
 A reader skips a torn or damaged line (a launcher killed mid-write) with one warning, never a
@@ -41,7 +44,7 @@ from cluster import rundir
 log = logging.getLogger(__name__)
 
 EVENTS = ('run_started', 'task_started', 'serving', 'first_step', 'progress', 'checkpoint', 'task_lost',
-          'tolerated', 'stall', 'restart', 'interrupted', 'finished')
+          'tolerated', 'stall', 'restart', 'scale', 'scaled', 'failover', 'interrupted', 'finished')
 
 
 class EventLog:

@@ -90,7 +90,7 @@ class Failure:
 @dataclass
 class RunResult:
     """How an attempt ended: what `launch up` returns and the closing line is made of."""
-    state: str                          # 'done' | 'failed' | 'interrupted'
+    state: str                          # 'done' | 'failed' | 'interrupted' | 'scaled'
     exit_code: int
     seconds: float = 0.0
     global_step: int | None = None

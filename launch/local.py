@@ -169,8 +169,8 @@ class LocalBackend(Backend):
                           cwd=os.path.abspath(plan.cwd), log_offset=offset,
                           handle=LocalHandle(plan.netns))
 
-    def renew(self, plans):
-        touch_leases(plans)
+    def renew(self, plans, text=None):
+        touch_leases(plans, text=text)
 
     def probe(self, record, timeout, handshake=True, channel_ready=None):
         # A task in a namespace is out of the launcher's own reach: ask from inside (launch/netns.py).

@@ -100,6 +100,9 @@ def _slurm_unsupported(command: str, spec: ClusterSpec) -> str | None:
     through the launcher's state do not know its jobs: say where to look instead."""
     if command in ('up', 'render', 'eval', 'report'):
         return None
+    if command == 'scale':
+        return ('launch scale: the Slurm scheduler owns the size of the job (the spec\'s worker list): stop it '
+                'and submit it again with another worker list to change it')
     if command in ('plan', 'check', 'compose'):
         return (f'launch {command} --backend slurm is not supported: Slurm places the tasks when the job starts; '
                 f'`launch render {spec.path} --format sbatch` shows what the job runs')

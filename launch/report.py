@@ -50,6 +50,8 @@ MARKS = {
     'stall': ('stall', 'X', 13, WARN, 'black'),
     'restart': ('restarted', RESTART_MARK, 15, '#6a3d9a', '#6a3d9a'),
     'interrupted': ('interrupted', 'H', 10, WARN, 'black'),
+    'scale': ('scaled (launch scale)', 'd', 11, '#1f77b4', 'black'),
+    'failover': ('failed over to a spare', '^', 11, LOST, 'black'),
     'stopped': ('stopped', 's', 6, 'black', 'black'),
     'done': ('finished: done', '*', 15, '#2ca02c', 'black'),
     'ended': ('ended: interrupted', '*', 15, 'white', 'black'),
@@ -231,6 +233,11 @@ def _mark(e: dict, live: dict, seen: set, segments: list, marks: list, faults: l
         marks.append((RUN_ROW, t, 'stall'))
         tasks = ', '.join(map(str, e.get('tasks') or ()))
         faults.append(_fault(e, RUN_ROW, f'stall{" of " + tasks if tasks else ""}: {e.get("cause", "?")}'))
+    elif kind == 'scale':
+        marks.append((RUN_ROW, t, 'scale'))
+    elif kind == 'failover':
+        marks.append((task, t, 'failover'))
+        faults.append(_fault(e, task, f'{task}\'s host could not be reached: {e.get("to", "?")} started in its place'))
     elif kind == 'interrupted':
         marks.append((RUN_ROW, t, 'interrupted'))
         faults.append(_fault(e, RUN_ROW, f'interrupted by {e.get("signal") or "a signal"}'))

@@ -23,7 +23,8 @@ from launch.state import TrainDirLock
 
 log = logging.getLogger(__name__)
 
-RESULT_STATES = ('done', 'failed', 'interrupted')      # how an attempt ends (run.json's state)
+# How an attempt ends (run.json's state); 'scaled': a sync `launch scale` restarted the cluster.
+RESULT_STATES = ('done', 'failed', 'interrupted', 'scaled')
 STEP_EVENTS = ('progress', 'first_step')
 
 # Never searched for runs: a run's own output (task logs, checkpoints) and the usual big trees.

@@ -180,6 +180,7 @@ class _Host:
     states: dict[str, str] = field(default_factory=dict)        # task -> /proc state letter
     ending: dict[str, float] = field(default_factory=dict)      # task gone, its wrapper not yet: since
     renewed_at: float = 0.0
+    lease_text: str | None = None    # what the lease files on this host hold (the live workers)
     lock: threading.Lock = field(default_factory=threading.Lock)           # connection
     sftp_lock: threading.Lock = field(default_factory=threading.Lock)      # SFTP is not thread-safe
     snapshot_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -620,20 +621,27 @@ class SSHBackend(Backend):
             snapshot[r.name] = ('gone', None)
         return snapshot
 
-    def renew(self, plans):
+    def renew(self, plans, text=None):
         groups = self._by_host(plans, lambda p: p.task.host)
 
         def touch(item):
             name, mine = item
             h = self._host(name)
-            if time.monotonic() - h.renewed_at < LEASE_RENEW_SECS:
+            changed = text is not None and text != h.lease_text
+            if not changed and time.monotonic() - h.renewed_at < LEASE_RENEW_SECS:
                 return
             try:
                 paths = {posixpath.join(self._workdir(name, p.cwd), p.env[LEASE_ENV])
                          for p in mine if LEASE_ENV in p.env}
-                script = '; '.join(f'mkdir -p {_q(posixpath.dirname(x))}; touch {_q(x)}' for x in sorted(paths))
+                if changed:     # written whole under another name first: a task never reads half of it
+                    script = '; '.join(f'mkdir -p {_q(posixpath.dirname(x))} && printf %s {_q(text)} > {_q(x + ".new")} '
+                                       f'&& mv -f {_q(x + ".new")} {_q(x)}' for x in sorted(paths))
+                else:
+                    script = '; '.join(f'mkdir -p {_q(posixpath.dirname(x))}; touch {_q(x)}' for x in sorted(paths))
                 self._run(name, script or 'true', timeout=POLL_TIMEOUT)
                 h.renewed_at = time.monotonic()
+                if changed:
+                    h.lease_text = text
             except SSHError as e:
                 log.debug('lease renewal on %s failed: %s', name, e)
         self._parallel(touch, groups.items())

@@ -32,12 +32,13 @@ class LaunchState:
     tasks: list[TaskRecord] = field(default_factory=list)
     progress: dict | None = None     # {'global_step', 'steps', 'at' (epoch seconds)}: the newest step seen
     restarts: int = 0
+    workers: dict | None = None      # {'pool', 'live' (indices), 'scaling' (the count asked for, or null)}
 
     def save(self, path: str) -> None:
         os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
         data = {'format': FORMAT, 'spec': self.spec, 'launcher_pid': self.launcher_pid, 'launcher_ident': self.launcher_ident,
                 'started': self.started, 'tasks': [t.to_dict() for t in self.tasks],
-                'progress': self.progress, 'restarts': self.restarts}
+                'progress': self.progress, 'restarts': self.restarts, 'workers': self.workers}
         write_atomically(path, json.dumps(data, indent=1))
 
     @classmethod
@@ -79,8 +80,9 @@ class TrainDirLock:
     launcher's life (the kernel drops it when the process ends, however it ends). The file says
     who holds it, for the launcher that is refused."""
 
-    def __init__(self, train_dir: str):
-        self.path = lock_path(train_dir)
+    def __init__(self, train_dir: str, name: str | None = None):
+        """`name`: another lock file of the train_dir (`launch scale` takes scale.lock)."""
+        self.path = os.path.join(train_dir, name) if name else lock_path(train_dir)
         self._fd: int | None = None
 
     def acquire(self, holder: str) -> None:

@@ -31,6 +31,7 @@ import enum
 import re
 import signal
 from dataclasses import dataclass
+from typing import Mapping
 
 from cluster.rundir import EXIT_NO_RESTART
 from cluster.spec import ClusterSpec, is_chief
@@ -101,11 +102,11 @@ class Policy:
     backoff_max_secs: float = 30.0
 
     @classmethod
-    def of(cls, spec: ClusterSpec, unreachable_secs: float = 30.0) -> 'Policy':
+    def of(cls, spec: ClusterSpec) -> 'Policy':
         s = spec.supervise
-        return cls(sync=spec.train.sync, num_workers=spec.num_workers,
+        return cls(sync=spec.train.sync, num_workers=spec.live_workers,
                    replicas_to_aggregate=spec.replicas_to_aggregate, restart=s.restart,
-                   max_restarts=s.max_restarts, stall_secs=s.stall_secs, unreachable_secs=unreachable_secs,
+                   max_restarts=s.max_restarts, stall_secs=s.stall_secs, unreachable_secs=s.unreachable_secs,
                    user_command=spec.train.command is not None, backoff_secs=s.backoff_secs,
                    backoff_max_secs=s.backoff_max_secs)
 
@@ -116,6 +117,29 @@ def is_lost(t: TaskStatus, policy: Policy, stalled: bool = False) -> bool:
     the other workers are done; a stall is the stall rule's, which names the frozen task)."""
     return t.state is TaskState.FAILED or (t.state is TaskState.UNKNOWN and t.since >= policy.unreachable_secs) \
         or (t.state is TaskState.RUNNING and not stalled and t.frozen >= policy.stall_secs)
+
+
+def scale_moves(pool: int, live: tuple[int, ...], retired: set[int], want: int) -> tuple[list[int], list[int]]:
+    """`launch scale` to `want` workers: (indices to start, indices to take out). New ones are the
+    lowest free indices of the pool (never a worker failed over: its host was lost); the ones
+    taken out are the highest, never the chief. Fewer than asked when the pool has no more."""
+    free = [i for i in range(pool) if i not in live and i not in retired]
+    add = free[:max(0, want - len(live))]
+    remove = sorted((i for i in live if i != 0), reverse=True)[:max(0, len(live) - want)]
+    return add, remove
+
+
+def pick_spares(lost: list[str], host_of: Mapping[str, str], unreachable: set[str],
+                spares: list[str]) -> dict[str, str]:
+    """Failover: for each lost worker whose host cannot be reached, the first spare of the pool
+    (in index order) on a host that can be, each spare used once; workers with no such spare are
+    left out (they stay tolerated). Pure: names and hosts in, lost -> spare out."""
+    free = [s for s in spares if host_of.get(s) not in unreachable]
+    moves = {}
+    for name in lost:
+        if host_of.get(name) in unreachable and free:
+            moves[name] = free.pop(0)
+    return moves
 
 
 def describe_exit(code: int | None) -> str:

@@ -21,8 +21,9 @@ import grpc
 
 from cluster import rundir
 from cluster.rundir import EXIT_FAILED, EXIT_NO_RESTART, EXIT_OK
+from cluster.membership import Members
 from cluster.spec import ClusterSpec
-from launch import supervise
+from launch import control, supervise
 from launch.backend import ENDED, UNKNOWN, Backend, BackendError, TaskRecord, stop_all, tail
 from launch.lifecycle import (CHECKPOINT_GRACE_SECS, Failure, Lifecycle, Outcome, RunResult, Strategy, is_chatter,
                               resume_hint)
@@ -35,7 +36,6 @@ log = logging.getLogger(__name__)
 
 LEASE_RENEW_SECS = 1.0          # how often the launcher renews its tasks' lease
 PROBE_SECS = 3.0                # a stall probe's deadline for each task's gRPC server
-UNREACHABLE_SECS = 30.0         # a host that cannot be asked for this long has lost its tasks
 SUPERVISE_SECS = 0.2            # how often the supervisor observes the tasks
 FINAL_LINE = 295                # characters the line a failed run ends with keeps to (its cause's detail: the log)
 
@@ -119,12 +119,19 @@ class SupervisedRun(Strategy):
 
     def __init__(self, spec: ClusterSpec, spec_yaml: str, plans: list[TaskPlan], backends: Mapping[str, Backend],
                  start_timeout: float = 120.0, finish_timeout: float = 60.0,
-                 checks: Callable[[], None] | None = None, warn: Callable[[], None] | None = None):
+                 checks: Callable[[], None] | None = None, warn: Callable[[], None] | None = None,
+                 workers: int | None = None):
         self.spec, self.spec_yaml, self.plans, self.backends = spec, spec_yaml, plans, backends
+        # The spec's workers are a pool; these run (cluster/membership.py), each with the epoch
+        # of its start. `launch scale` changes the set while the run goes on (launch/control.py).
+        self.members = Members(1, {i: 1 for i in range(workers or spec.num_workers)})
+        self._scaling: dict | None = None             # the scale request being carried out
+        self._stepped: set[str] = set()               # workers whose current start logged a step
+        self._retired: set[str] = set()               # workers failed over: never started again
         self.start_timeout, self.finish_timeout = start_timeout, finish_timeout
         self._checks = checks                        # the pre-flight, run by prepare()
         self._warn = warn                            # once per run: what the user should know (exposure)
-        self.policy = Policy.of(spec, UNREACHABLE_SECS)
+        self.policy = Policy.of(dataclasses.replace(spec, live=workers))
         self.records: list[TaskRecord] = []          # the current start of every task, in plan order
         self.restarts = 0
         self.tolerated: set[str] = set()
@@ -183,8 +190,10 @@ class SupervisedRun(Strategy):
             for name in self.backends:      # one thread each: a slow SSH host never delays local leases
                 self._renew(name)
                 threading.Thread(target=self._renew_leases, args=(name,), name=f'lease-{name}', daemon=True).start()
-            self._start(self.plans)
-            self.say(f'started {len(self.records)} tasks; waiting for their servers')
+            self._start(self._active_plans())
+            spares = self.spec.num_workers - self.members.count
+            self.say(f'started {len(self.records)} tasks; waiting for their servers'
+                     + (f' ({spares} more worker(s) of the pool can join: `launch scale`)' if spares else ''))
             self._wait_ready(t0)
             if not self.interrupted.is_set():
                 self.say(f'all {len(self.records)} servers are up after {time.monotonic() - t0:.1f}s')
@@ -195,7 +204,7 @@ class SupervisedRun(Strategy):
                 return self._outcome(128 + life.signum)
             mode = 'command' if self.spec.train.command else 'sync' if self.spec.train.sync else 'async'
             return self._outcome(EXIT_OK, f'done in {time.monotonic() - t0:.1f}s ({mode}, '
-                                          f'{self.spec.num_workers} workers)')
+                                          f'{self.members.count} workers)')
         except (TaskFailed, BackendError, OSError) as e:    # OSError: e.g. a train_dir we cannot write
             self.say(f'error: {e}')
             for line in getattr(e, 'log_tail', ()):
@@ -246,6 +255,8 @@ class SupervisedRun(Strategy):
                 self._state.progress = {'global_step': self._step, 'steps': self.spec.train.steps,
                                         'at': time.time() - (time.monotonic() - self._step_at)}
         self._state.restarts = self.restarts
+        self._state.workers = {'pool': self.spec.num_workers, 'live': list(self.members.indices),
+                               'scaling': self._scaling['request']['workers'] if self._scaling else None}
         try:
             self._state.save(state_path(self.spec))
             self._state_error = False
@@ -257,7 +268,11 @@ class SupervisedRun(Strategy):
     def _renew(self, name: str) -> None:
         plans = [p for p in self.plans if p.backend == name]
         if plans:
-            self.backends[name].renew(plans)
+            self.backends[name].renew(plans, text=self.members.to_text())
+
+    def _active_plans(self) -> list[TaskPlan]:
+        """The ps tasks and the live workers."""
+        return [p for p in self.plans if p.task.job == 'ps' or p.task.index in self.members.workers]
 
     def _renew_leases(self, name: str) -> None:
         while not self._done.wait(LEASE_RENEW_SECS):
@@ -268,6 +283,7 @@ class SupervisedRun(Strategy):
 
     def _follow(self, record: TaskRecord) -> None:
         serving = self._serving[record.name] = threading.Event()
+        self._stepped.discard(record.name)
         backend = self.backends[record.backend]
 
         def seen(line: str) -> None:
@@ -276,6 +292,7 @@ class SupervisedRun(Strategy):
             found = self.life.saw_line(record.name, line, record.job == 'worker', record.is_chief)
             if found is not None:
                 self._saw_step(found['step'])
+                self._stepped.add(record.name)
         self.life.follow(record.name,
                          lambda stop: backend.read_log(record, follow=True, stop=stop, offset=record.log_offset),
                          seen)
@@ -325,6 +342,7 @@ class SupervisedRun(Strategy):
             self._check_run_dir()
             self._start_due()
             statuses = self._observe()
+            self._scale_step(statuses)
             decision = supervise.decide(self.policy, statuses, frozenset(self.tolerated | set(self._due)),
                                         self.restarts, self._progress())
             if decision.action is Action.FINISH:
@@ -337,7 +355,9 @@ class SupervisedRun(Strategy):
                 decision = self._escalate(decision, errors)
             if decision.action is Action.GIVE_UP:
                 raise self._give_up(decision)
-            if decision.action is Action.TOLERATE:
+            if decision.action is Action.TOLERATE and self._failover(decision, statuses):
+                pass
+            elif decision.action is Action.TOLERATE:
                 self.tolerated.update(decision.tasks)
                 for name in decision.tasks:
                     self.life.emit('tolerated', task=name, cause=decision.reason)
@@ -366,6 +386,183 @@ class SupervisedRun(Strategy):
                 self._save_state()
                 last_saved = time.monotonic()
             time.sleep(SUPERVISE_SECS)
+
+    # -- elastic workers: `launch scale` ----------------------------------------------------
+    def _scale_step(self, statuses: list[TaskStatus]) -> None:
+        """Take a scale request, or see the one under way to its end (launch/control.py)."""
+        train_dir = self.spec.train.train_dir
+        if self._scaling is None:
+            request = control.take(train_dir)
+            if request is not None:
+                self._begin_scale(request)
+            return
+        op = self._scaling
+        by_name = {t.name: t for t in statuses}
+        joined = all(name in self._stepped for name in op['add'])      # each has run a step
+        finished = self._step is not None and self._step >= self.spec.train.steps
+        left = all(by_name.get(name) is not None and by_name[name].state is not TaskState.RUNNING for name in op['remove'])
+        failed = [name for name in op['add'] if by_name.get(name) is not None and by_name[name].state is TaskState.FAILED]
+        if failed:
+            self._end_scale(control.FAILED, f'{", ".join(failed)} ended while joining the training')
+        elif (joined or finished) and left:
+            self._end_scale(control.DONE, f'{self.members.count} worker(s) train now '
+                                          f'({", ".join(f"worker:{i}" for i in self.members.indices)})')
+        elif time.monotonic() > op['deadline']:
+            self._end_scale(control.FAILED, f'the change did not take effect within {op["secs"]:.0f}s')
+
+    def _begin_scale(self, request: dict) -> None:
+        want, pool, now = request['workers'], self.spec.num_workers, self.members
+        r = self.spec.train.replicas_to_aggregate
+        refusal = (f'--workers {want}: expected 1..{pool} (the spec\'s pool of workers)' if not 1 <= want <= pool
+                   else f'--workers {want}: fewer than train.replicas_to_aggregate ({r}), which each sync step needs'
+                   if self.spec.train.sync and r and want < r else
+                   'a train.command is a program of its own: its workers cannot be scaled' if self.spec.train.command
+                   else None)
+        if refusal:
+            self.say(f'scale refused: {refusal}')
+            control.answer(self.spec.train.train_dir, request, control.REFUSED, [refusal])
+            return
+        if want == now.count:
+            control.answer(self.spec.train.train_dir, request, control.DONE, [f'{want} worker(s) train already'])
+            return
+        epoch = now.epoch + 1
+        workers = dict(now.workers)
+        retired = {int(name.split(':')[1]) for name in self._retired}
+        add, remove = supervise.scale_moves(pool, now.indices, retired, want)
+        if len(add) < want - now.count:
+            why = f'the pool has {len(add)} worker(s) left to start (failed over: {", ".join(sorted(self._retired))})'
+            self.say(f'scale refused: {why}')
+            control.answer(self.spec.train.train_dir, request, control.REFUSED, [why])
+            return
+        for i in add:
+            workers[i] = epoch
+        for i in remove:
+            del workers[i]
+        names_add, names_remove = [f'worker:{i}' for i in add], [f'worker:{i}' for i in remove]
+        if self.spec.train.sync:
+            unsaved = self._checkpoint_now()
+            if unsaved:
+                self.say(f'scale refused: {unsaved}')
+                control.answer(self.spec.train.train_dir, request, control.REFUSED, [unsaved])
+                return
+            self._scale_restart(request, Members(epoch, workers, self.members.save), names_add, names_remove)
+            return
+        self.members = Members(epoch, workers)
+        for name in self.backends:      # at once: the leaving ones stop after their current step
+            self._renew(name)
+        line = (f'scaling {now.count} -> {want} workers: ' + (f'starting {", ".join(names_add)}' if add else
+                f'{", ".join(names_remove)} ' + ('finishes its step and leaves' if len(remove) == 1 else
+                                                'finish their step and leave')) + ' (async: the others train on)')
+        self.say(line)
+        self.life.emit('scale', to=want, add=names_add, remove=names_remove, pid=request.get('pid'))
+        for name in names_add:
+            self._due[name] = time.monotonic()
+            self._serving.pop(name, None)
+        secs = self.start_timeout + self.policy.stall_secs
+        self._scaling = {'request': request, 'add': names_add, 'remove': names_remove, 'lines': [line],
+                         'deadline': time.monotonic() + secs, 'secs': secs}
+        self._save_state()
+        self._start_due()
+
+    def _checkpoint_now(self) -> str | None:
+        """Before a sync scale stops anything: ask the chief for a checkpoint (through the lease,
+        cluster/membership.py Members.save) and read it back as a restart would. Why it cannot be
+        done, or None once a new checkpoint is there; the cluster trains on either way."""
+        before = self.life.checkpoint_step()
+        self.members = dataclasses.replace(self.members, save=self.members.save + 1)
+        for name in self.backends:
+            self._renew(name)
+        secs = min(CHECKPOINT_GRACE_SECS, self.policy.stall_secs / 2)     # a chief stuck that long is stuck
+        deadline = time.monotonic() + secs
+        while time.monotonic() < deadline:
+            step = self.life.checkpoint_step()
+            if step is not None and step != before:
+                return None
+            time.sleep(0.5)
+        return (f'sync training restarts through a checkpoint, but no new checkpoint of the chief could be '
+                f'read back from {self.spec.train.train_dir} within {secs:.0f}s; nothing was changed')
+
+    def _scale_restart(self, request: dict, members: Members, add: list[str], remove: list[str]) -> None:
+        """Sync: SyncReplicasOptimizer fixes the number of replicas in the graph, so the cluster
+        stops (the chief saves first) and starts again with the new live set, from the checkpoint;
+        replicas_to_aggregate and the default learning rate follow the count. Not a fault: no
+        restart of supervise.max_restarts is used."""
+        before, want = self.members.count, members.count
+        line = (f'scaling {before} -> {want} workers: sync training fixes its number of replicas '
+                '(SyncReplicasOptimizer), so the cluster restarts through a checkpoint; the chief saves first')
+        self.say(line)
+        self.life.emit('scale', to=want, add=add, remove=remove, pid=request.get('pid'))
+        self._teardown(checkpoint=True)
+        step = self.life.checkpoint_step()
+        ended = RunResult(state='scaled', exit_code=EXIT_OK, restarts=self.restarts, failures=list(self.failures),
+                          global_step=self._step)
+        self.members = members
+        self.records = [r for r in self.records if r.name not in remove]
+        self.policy = Policy.of(dataclasses.replace(self.spec, live=want))
+        resumed = f'the checkpoint at global step {step}' if step is not None else 'step 0 (no checkpoint yet)'
+        self.life.next_attempt(f'scale {before} -> {want} workers', step, ended=ended)
+        self.failures = []
+        self.plans = [dataclasses.replace(p, attempt=self.life.attempt) for p in self.plans]
+        self.tolerated.clear()
+        self._due.clear()
+        self._unknown_since.clear()
+        self._frozen_since.clear()
+        with self._progress_lock:
+            self._step, self._step_at = None, time.monotonic()
+        self._warned_step = -1
+        self._state.progress = None
+        for name in self.backends:
+            self._renew(name)
+        self.say(f'scaling {before} -> {want} workers: starting the cluster again from {resumed}')
+        secs = self.start_timeout + self.policy.stall_secs
+        joining = [f'worker:{i}' for i in members.indices]
+        self._scaling = {'request': request, 'add': joining, 'remove': [], 'lines': [line],
+                         'deadline': time.monotonic() + secs, 'secs': secs}
+        t0 = time.monotonic()
+        self._start(self._active_plans())
+        self._wait_ready(t0)
+
+    def _failover(self, decision: Decision, statuses: list[TaskStatus]) -> bool:
+        """A lost worker whose host cannot be reached starts on a spare address of the pool
+        instead (supervise.restart: on-failure, restarts left); False when none can."""
+        if self.policy.restart != 'on-failure' or self.restarts >= self.policy.max_restarts or self.spec.train.command:
+            return False
+        host_of = {p.name: p.task.host for p in self.plans}
+        unreachable = {host_of[t.name] for t in statuses if t.state is TaskState.UNKNOWN}
+        spares = [f'worker:{i}' for i in range(self.spec.num_workers)
+                  if i not in self.members.workers and f'worker:{i}' not in self._retired]
+        moves = supervise.pick_spares(list(decision.tasks), host_of, unreachable, spares)
+        if not moves:
+            return False
+        self.restarts += 1
+        delay = self._backoff()
+        epoch = self.members.epoch + 1
+        workers = dict(self.members.workers)
+        for lost, spare in moves.items():
+            workers.pop(int(lost.split(':')[1]), None)
+            workers[int(spare.split(':')[1])] = epoch
+            self._retired.add(lost)
+            self.tolerated.add(lost)
+        self.members = Members(epoch, workers)
+        for name in self.backends:
+            self._renew(name)
+        for lost, spare in moves.items():
+            plan = next(p for p in self.plans if p.name == spare)
+            self.say(f'restart {self.restarts}/{self.policy.max_restarts}: {decision.reason}; starting {spare} on '
+                     f'{plan.task.address} in its place (a spare of the pool)')
+            self.life.emit('failover', task=lost, to=spare, host=plan.task.host, cause=decision.reason)
+            self._due[spare] = time.monotonic() + delay
+        gone = [r for r in self.records if r.name in moves]
+        threading.Thread(target=lambda: stop_all(gone, self.backends, grace=1), name='failover-stop', daemon=True).start()
+        self._start_due()
+        return True
+
+    def _end_scale(self, state: str, line: str) -> None:
+        op, self._scaling = self._scaling, None
+        self._save_state()
+        self.say(f'scale {state}: {line}')
+        self.life.emit('scaled', state=state, workers=list(self.members.indices), cause=line)
+        control.answer(self.spec.train.train_dir, op['request'], state, op['lines'] + [line])
 
     def _check_run_dir(self) -> None:
         """The run's own directory (its state, events, and for local tasks their logs and
@@ -511,7 +708,7 @@ class SupervisedRun(Strategy):
             self._check_run_dir()
             t0 = time.monotonic()
             try:
-                self._start([dataclasses.replace(p, restart=self.restarts) for p in self.plans])
+                self._start([dataclasses.replace(p, restart=self.restarts) for p in self._active_plans()])
                 self._wait_ready(t0)
                 return
             except TaskFailed as e:

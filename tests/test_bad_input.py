@@ -108,6 +108,8 @@ CASES = {
                            'supervise.restart: expected one of never, on-failure'),
     'stall limit too short': (lambda t: ['up', _spec(t, top={'supervise': {'stall_secs': 1}})],
                               'supervise.stall_secs: the stall limit'),
+    'unreachable limit of 0': (lambda t: ['up', _spec(t, top={'supervise': {'unreachable_secs': 0}})],
+                               'supervise.unreachable_secs: expected a positive number of seconds, got 0'),
     'negative max_restarts': (lambda t: ['up', _spec(t, top={'supervise': {'max_restarts': -1}})],
                               'supervise.max_restarts: expected a whole number >= 0'),
     'unknown host key': (lambda t: ['up', _spec(t, top={'hosts': {'localhost': {'usr': 'me'}}})],

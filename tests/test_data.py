@@ -253,6 +253,21 @@ def test_train_inputs_shards_read_disjoint_records(tmp_path, num_shards):
 
 
 @pytest.mark.slow
+def test_a_reshardable_input_reads_the_shard_of_the_live_count_it_was_last_given(tmp_path):
+    """Elastic async workers: the same input, re-initialised as the live count changes (2, then
+    3, then 2 again), reads only its shard of the current count, so no two live workers share a
+    record. Record r carries label r % 6, and shard i of M (M divides 6) sees labels l % M == i."""
+    directory = write_labelled(str(tmp_path), np.arange(5 * 12).reshape(5, 12) % 6)
+    with tf.compat.v1.Graph().as_default():
+        (_, batch_labels), initialize = data.train_inputs(directory, 4, seed=0, reshardable=True)
+        with tf.compat.v1.Session() as sess:
+            for index, count in ((0, 2), (1, 2), (0, 3), (2, 3), (1, 2)):
+                initialize(sess, index, count)
+                seen = np.concatenate([sess.run(batch_labels) for _ in range(6)])
+                assert set(seen) == {l for l in range(6) if l % count == index}, (index, count, seen)
+
+
+@pytest.mark.slow
 def test_eval_inputs_covers_each_test_record_once(synth_dir):
     records = read_records(os.path.join(synth_dir, data.TEST_FILE))
     with tf.compat.v1.Graph().as_default():

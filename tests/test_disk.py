@@ -96,6 +96,20 @@ def test_os_cause_names_strerror_and_the_errno_name():
     assert rundir.os_cause(RuntimeError('Graph execution error:\nUnavailable: ps:0 is gone')) is None
 
 
+def test_a_tasks_error_line_is_the_cause_not_tensorflows_preamble():
+    """TensorFlow 2 starts a graph error with `Graph execution error:` and where the op was built
+    (as TensorFlow 2.15 writes it); a task's one error line is the cause after them."""
+    text = ("Graph execution error:\n\nDetected at node 'CheckNumerics' defined at (most recent call last):\n"
+            '    File "train.py", line 5, in <module>\n      y = check(x)\nNode: \'CheckNumerics\'\n'
+            'bad value : Tensor had NaN values\n\t [[{{node CheckNumerics}}]]')
+    assert rundir.cause_line(text) == 'bad value : Tensor had NaN values'
+    remote = 'Graph execution error:\n\nFrom /job:ps/replica:0/task:0:\nWorker session gone\n\t [[{{node x}}]]'
+    assert rundir.cause_line(remote) == 'Worker session gone'
+    assert rundir.cause_line('Socket closed\nmore') == 'Socket closed'
+    assert rundir.cause_line('', '(no message)') == '(no message)'
+    assert rundir.cause_line('Graph execution error:') == 'Graph execution error:'
+
+
 # -- checkpoints --------------------------------------------------------------------------------
 def _model(tf, floats: int):
     v1 = tf.compat.v1

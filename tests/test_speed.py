@@ -112,4 +112,5 @@ def test_the_benchmark_quick_mode_runs_and_writes_every_figure(tmp_path):
     assert set(figures['scaling']) == {'sync-2ps-2w'}
     assert figures['bytes']['loopback_bytes_per_sec'] > 0 and figures['bytes']['largest_ps_share']['2'] <= 0.6
     assert set(figures['learning']) == {'sync', 'async'}
+    assert set(figures['elastic']) == {'async'} and figures['elastic']['async']['scale_s'] > 0
     assert ' one process' in result.stdout and ' one import' in result.stdout     # n/a where a run was too short

@@ -291,3 +291,30 @@ def test_a_task_line_carries_the_full_time_with_its_utc_offset():
     assert rundir.last_error_line([error, line]) == 'worker:1: UnavailableError: Socket closed'
     assert rundir.logged_time('E1122 12:00:02.100 123 grpc.cc:1] chatter') is None
     assert rundir.logged_time('Traceback (most recent call last):') is None
+
+
+def test_an_aborted_step_is_tried_again_a_few_times_then_fails(tf, caplog):
+    """TensorFlow's AbortedError means "a conflict: retry" (MonitoredSession retries it too): a
+    step that raises it runs again, with one warning line naming the cause; a step that keeps
+    raising it fails the task on the fourth."""
+    from cluster import train
+    aborted = tf.errors.AbortedError(None, None, 'Graph execution error:\n\nFrom /job:ps/replica:0/task:0:\n'
+                                     'Step 7 cancelled\n\t [[{{node x}}]]')
+    calls = []
+
+    def flaky(failures):
+        def run():
+            calls.append(1)
+            if len(calls) <= failures:
+                raise aborted
+            return 'out'
+        return run
+    with caplog.at_level('WARNING'):
+        assert train.run_retrying(flaky(2), 'the step after global step 5') == 'out'
+    assert len(calls) == 3
+    assert [r.getMessage() for r in caplog.records] == [
+        f'the step after global step 5 was aborted (Step 7 cancelled); trying it again ({n} of 3)' for n in (1, 2)]
+    calls.clear()
+    with pytest.raises(tf.errors.AbortedError):
+        train.run_retrying(flaky(10), 'a step')
+    assert len(calls) == 4
