@@ -267,7 +267,7 @@ def bench_learning(args, tmp: str) -> dict:
     """Seconds to precision@1 >= 0.9 on the synthetic test split, sync and async, spec defaults."""
     out = {}
     print('\n== learning: seconds from `launch up` to a checkpoint with precision@1 >= 0.9 (defaults)')
-    for mode, spec in (('sync', 'specs/local2.yaml'), ('async', 'specs/local2-async.yaml')):
+    for mode, spec in (('sync', 'specs/local2.yaml'), ('async', 'specs/local2-async.yaml'))[:args.learn_modes]:
         train_dir = f'{tmp}/learn-{mode}'
         sets = cluster_overrides(tmp, f'learn-{mode}', args.learn_steps, 64,
                                  extra=(f'train.sync={mode == "sync"}', f'train.checkpoint_steps={args.learn_every}'))
@@ -360,12 +360,12 @@ def main() -> None:
     p.add_argument('--json', default=os.path.join(REPO, 'benchmarks', 'results.json'))
     args = p.parse_args()
     args.single_steps = 100
-    args.learn_steps, args.learn_every = 600, 50
+    args.learn_steps, args.learn_every, args.learn_modes = 600, 50, 2
     args.elastic_modes, args.elastic_steps = ('async', 'sync'), 800
     if args.quick:
         args.reps, args.steps, args.batch, args.single_steps = 1, 30, 16, 10
-        args.learn_steps, args.learn_every = 40, 40     # one checkpoint, one eval per mode
-        args.elastic_modes, args.elastic_steps = ('async',), 600     # the scale takes some 15 s to join
+        args.learn_steps, args.learn_every, args.learn_modes = 40, 40, 1     # sync: one checkpoint, one eval
+        args.elastic_modes, args.elastic_steps = ('async',), 450     # the scale takes some 12 s to join
     figures = {'quick': args.quick, 'cores': len(os.sched_getaffinity(0))}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.only or SECTIONS:
