@@ -363,6 +363,10 @@ def _train_loop(sess, spec: ClusterSpec, task: TaskSpec, g: _Graph, start: float
     loss = float('nan')
     shard = None
     saves_asked = LIVE.save_requests()      # a request made before this start was for the last cluster
+
+    def one_step():     # reads this iteration's fetches and local_steps
+        with step_lock:
+            return profiler.run(sess, fetches) if profiler and profiler.wants(local_steps) else sess.run(fetches)
     while step < train.steps:
         if LIVE.leaving(task.index, spec.num_workers):
             log.info('%s leaves at global step %d: the launcher took it out of the live workers', task.name, step)
@@ -378,11 +382,7 @@ def _train_loop(sess, spec: ClusterSpec, task: TaskSpec, g: _Graph, start: float
                 shard = now
         due = time.monotonic() - last_log >= log_every or local_steps == 0
         fetches = [g.step_after, g.loss] + ([g.summary] if due and writer else [])
-
-        def one_step():
-            with step_lock:
-                return profiler.run(sess, fetches) if profiler and profiler.wants(local_steps) else sess.run(fetches)
-        out = run_retrying(one_step, f'the step after global step {step}')
+        out = run_retrying(one_step, 'the step after global step %d', step)
         applied.append(step)
         token, loss, local_steps = int(out[0]), float(out[1]), local_steps + 1
         if train.sync and token <= step:
@@ -400,11 +400,11 @@ def _train_loop(sess, spec: ClusterSpec, task: TaskSpec, g: _Graph, start: float
                 writer.add_summary(summaries.scalar(summaries.IMAGES_PER_SEC, rate), step)
             own_writer.add_summary(summaries.scalar(summaries.WORKER_STEPS, local_steps), step)
             last_log, last_log_step = now, step
-        asked = LIVE.save_requests() if task.is_chief else saves_asked
-        if task.is_chief and (session.save_due(train, step, last_saved_step, now - last_save) or asked > saves_asked):
-            if asked > saves_asked:
-                log.info('saving a checkpoint at global step %d: the launcher asked for one', step)
-                saves_asked = asked
+        asked = LIVE.save_requests() if task.is_chief else 0
+        if asked > saves_asked:
+            log.info('saving a checkpoint at global step %d: the launcher asked for one', step)
+        if task.is_chief and (asked > saves_asked or session.save_due(train, step, last_saved_step, now - last_save)):
+            saves_asked = max(saves_asked, asked)
             with save_lock:
                 session.save_checkpoint(g.saver, sess, train.train_dir, step)
             last_save, last_saved_step = now, step
@@ -430,8 +430,9 @@ def _train_loop(sess, spec: ClusterSpec, task: TaskSpec, g: _Graph, start: float
 ABORT_RETRIES = 3       # TensorFlow's AbortedError in a row before a step's failure is the task's
 
 
-def run_retrying(run, what: str, tries: int = ABORT_RETRIES):
-    """run(), once more after each AbortedError, up to `tries` times, each with one warning line.
+def run_retrying(run, what: str, *args, tries: int = ABORT_RETRIES):
+    """run(), once more after each AbortedError, up to `tries` times, each with one warning line
+    naming `what % args` (formatted only then: this wraps every training step).
     TensorFlow documents Aborted as a conflict to retry (its MonitoredSession retries it too); a
     worker of an async pool saw one, rarely, in the seconds after another worker left."""
     for attempt in range(tries + 1):
@@ -440,7 +441,7 @@ def run_retrying(run, what: str, tries: int = ABORT_RETRIES):
         except tf.errors.AbortedError as e:
             if attempt == tries:
                 raise
-            log.warning('%s was aborted (%s); trying it again (%d of %d)', what,
+            log.warning('%s was aborted (%s); trying it again (%d of %d)', what % args if args else what,
                         rundir.cause_line(e.message, '(no message)'), attempt + 1, tries)
 
 

@@ -270,6 +270,11 @@ class SupervisedRun(Strategy):
         if plans:
             self.backends[name].renew(plans, text=self.members.to_text())
 
+    def _publish(self) -> None:
+        """Write the live set (and a request for a checkpoint) into every task's lease now."""
+        for name in self.backends:
+            self._renew(name)
+
     def _active_plans(self) -> list[TaskPlan]:
         """The ps tasks and the live workers."""
         return [p for p in self.plans if p.task.job == 'ps' or p.task.index in self.members.workers]
@@ -419,8 +424,7 @@ class SupervisedRun(Strategy):
                    'a train.command is a program of its own: its workers cannot be scaled' if self.spec.train.command
                    else None)
         if refusal:
-            self.say(f'scale refused: {refusal}')
-            control.answer(self.spec.train.train_dir, request, control.REFUSED, [refusal])
+            self._refuse(request, refusal)
             return
         if want == now.count:
             control.answer(self.spec.train.train_dir, request, control.DONE, [f'{want} worker(s) train already'])
@@ -431,8 +435,7 @@ class SupervisedRun(Strategy):
         add, remove = supervise.scale_moves(pool, now.indices, retired, want)
         if len(add) < want - now.count:
             why = f'the pool has {len(add)} worker(s) left to start (failed over: {", ".join(sorted(self._retired))})'
-            self.say(f'scale refused: {why}')
-            control.answer(self.spec.train.train_dir, request, control.REFUSED, [why])
+            self._refuse(request, why)
             return
         for i in add:
             workers[i] = epoch
@@ -442,14 +445,12 @@ class SupervisedRun(Strategy):
         if self.spec.train.sync:
             unsaved = self._checkpoint_now()
             if unsaved:
-                self.say(f'scale refused: {unsaved}')
-                control.answer(self.spec.train.train_dir, request, control.REFUSED, [unsaved])
+                self._refuse(request, unsaved)
                 return
             self._scale_restart(request, Members(epoch, workers, self.members.save), names_add, names_remove)
             return
         self.members = Members(epoch, workers)
-        for name in self.backends:      # at once: the leaving ones stop after their current step
-            self._renew(name)
+        self._publish()     # at once: the leaving ones stop after their current step
         line = (f'scaling {now.count} -> {want} workers: ' + (f'starting {", ".join(names_add)}' if add else
                 f'{", ".join(names_remove)} ' + ('finishes its step and leaves' if len(remove) == 1 else
                                                 'finish their step and leave')) + ' (async: the others train on)')
@@ -464,14 +465,17 @@ class SupervisedRun(Strategy):
         self._save_state()
         self._start_due()
 
+    def _refuse(self, request: dict, why: str) -> None:
+        self.say(f'scale refused: {why}')
+        control.answer(self.spec.train.train_dir, request, control.REFUSED, [why])
+
     def _checkpoint_now(self) -> str | None:
         """Before a sync scale stops anything: ask the chief for a checkpoint (through the lease,
         cluster/membership.py Members.save) and read it back as a restart would. Why it cannot be
         done, or None once a new checkpoint is there; the cluster trains on either way."""
         before = self.life.checkpoint_step()
         self.members = dataclasses.replace(self.members, save=self.members.save + 1)
-        for name in self.backends:
-            self._renew(name)
+        self._publish()
         secs = min(CHECKPOINT_GRACE_SECS, self.policy.stall_secs / 2)     # a chief stuck that long is stuck
         deadline = time.monotonic() + secs
         while time.monotonic() < deadline:
@@ -511,8 +515,7 @@ class SupervisedRun(Strategy):
             self._step, self._step_at = None, time.monotonic()
         self._warned_step = -1
         self._state.progress = None
-        for name in self.backends:
-            self._renew(name)
+        self._publish()
         self.say(f'scaling {before} -> {want} workers: starting the cluster again from {resumed}')
         secs = self.start_timeout + self.policy.stall_secs
         joining = [f'worker:{i}' for i in members.indices]
@@ -544,8 +547,7 @@ class SupervisedRun(Strategy):
             self._retired.add(lost)
             self.tolerated.add(lost)
         self.members = Members(epoch, workers)
-        for name in self.backends:
-            self._renew(name)
+        self._publish()
         for lost, spare in moves.items():
             plan = next(p for p in self.plans if p.name == spare)
             self.say(f'restart {self.restarts}/{self.policy.max_restarts}: {decision.reason}; starting {spare} on '
