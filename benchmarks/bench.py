@@ -138,13 +138,53 @@ def launch_up(spec: str, overrides: list[str], images_per_step: int, on_step=Non
     exit_s = time.monotonic() - t0
     if code != 0:
         raise SystemExit(f'launch up {spec} failed ({code}):\n' + ''.join(lines[-30:]))
+    return {'first_step_s': first_step, 'exit_s': exit_s, 'steady_images_per_sec': steady_rate(steps, images_per_step),
+            'last_step_to_gone_s': exit_s - last_step_at if last_step_at is not None else None}
+
+
+def steady_rate(steps: list[tuple[float, int]], images_per_step: int) -> float | None:
+    """images/s between the first progress line after warm-up (a tenth of the steps) and the last
+    one before the end, from (seconds, global step) pairs; None if the run was too short."""
     total = steps[-1][1] if steps else 0
     steady = [(t, s) for t, s in steps if total * 0.1 <= s < total]
-    rate = None
     if len(steady) >= 2 and steady[-1][0] > steady[0][0]:
-        rate = (steady[-1][1] - steady[0][1]) * images_per_step / (steady[-1][0] - steady[0][0])
-    return {'first_step_s': first_step, 'exit_s': exit_s, 'steady_images_per_sec': rate,
-            'last_step_to_gone_s': exit_s - last_step_at if last_step_at is not None else None}
+        return (steady[-1][1] - steady[0][1]) * images_per_step / (steady[-1][0] - steady[0][0])
+    return None
+
+
+def tf1_cluster(mode: str, steps: int, batch: int, ps: int = 1, workers: int = 2) -> dict:
+    """The peer baseline: the same model and input trained by a hand-written between-graph TF1
+    cluster (benchmarks/tf1_cluster.py, no launcher), its steady rate read from the chief's lines
+    as launch_up reads the launcher's. Every task is ended once the chief is done."""
+    ports = free_ports(ps + workers)
+    hosts = [f'localhost:{p}' for p in ports]
+    common = ['--ps', ','.join(hosts[:ps]), '--workers', ','.join(hosts[ps:]), '--steps', str(steps),
+              '--batch', str(batch)] + (['--sync'] if mode == 'sync' else [])
+    script = os.path.join(REPO, 'benchmarks', 'tf1_cluster.py')
+    tasks = [('ps', i) for i in range(ps)] + [('worker', i) for i in range(workers)]
+    procs = [subprocess.Popen([sys.executable, script, '--job', job, '--index', str(i), *common], cwd=REPO,
+                              stdout=subprocess.PIPE if (job, i) == ('worker', 0) else subprocess.DEVNULL,
+                              stderr=subprocess.STDOUT, text=True, env=QUIET)
+             for job, i in tasks]
+    chief = procs[ps]
+    t0 = time.monotonic()
+    points, first_step, lines = [], None, []
+    try:
+        for line in chief.stdout:
+            lines.append(line)
+            m = re.match(r'step (\d+)$', line.strip())
+            if m:
+                now = time.monotonic() - t0
+                first_step = first_step if first_step is not None else now
+                points.append((now, int(m.group(1))))
+        if chief.wait() != 0 or not points:
+            raise SystemExit(f'the hand-written TF1 cluster failed ({chief.returncode}):\n' + ''.join(lines[-30:]))
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    return {'first_step_s': first_step, 'exit_s': time.monotonic() - t0,
+            'steady_images_per_sec': steady_rate(points, batch * (workers if mode == 'sync' else 1))}
 
 
 def free_ports(n: int) -> list[int]:
@@ -170,29 +210,49 @@ def cluster_overrides(tmp: str, name: str, steps: int, batch: int, ps: int = 1, 
 # The sections
 
 def bench_cluster(args, tmp: str) -> dict:
-    """Baselines and 1 ps + 2 workers, sync and async, interleaved, `reps` times; medians."""
-    runs = {'tf_import_s': [], 'single_images_per_sec': [], 'sync': [], 'async': []}
+    """Baselines and 1 ps + 2 workers, sync and async, each mode by the launcher and by the
+    hand-written TF1 cluster, interleaved, `reps` times. Ratios are medians of each repetition's
+    ratio (each run against the baselines of its own repetition), figures medians of the runs."""
+    runs = {'tf_import_s': [], 'single_images_per_sec': [], 'sync': [], 'async': [], 'tf1_sync': [], 'tf1_async': []}
     for rep in range(args.reps):
         runs['tf_import_s'].append(tf_import_seconds())
         runs['single_images_per_sec'].append(single_process(args.batch, args.single_steps)['images_per_sec'])
         for mode in ('sync', 'async'):
+            runs[f'tf1_{mode}'].append(tf1_cluster(mode, args.steps, args.batch))
+            print(f'  rep {rep + 1}/{args.reps} {mode} hand-written TF1: {fmt_run(runs[f"tf1_{mode}"][-1])}', flush=True)
             sets = cluster_overrides(tmp, f'{mode}{rep}', args.steps, args.batch, extra=(f'train.sync={mode == "sync"}',))
             per_step = args.batch * (2 if mode == 'sync' else 1)
             runs[mode].append(launch_up('specs/local2.yaml', sets, per_step))
-            print(f'  rep {rep + 1}/{args.reps} {mode}: {fmt_run(runs[mode][-1])}', flush=True)
+            print(f'  rep {rep + 1}/{args.reps} {mode} launcher:        {fmt_run(runs[mode][-1])}', flush=True)
     out = {'tf_import_s': median(runs['tf_import_s']), 'single_images_per_sec': median(runs['single_images_per_sec'])}
-    for mode in ('sync', 'async'):
-        out[mode] = {k: median([r[k] for r in runs[mode] if r[k] is not None]) for k in runs[mode][0]}
+    for kind in ('sync', 'async', 'tf1_sync', 'tf1_async'):
+        out[kind] = {k: median([r[k] for r in runs[kind] if r.get(k) is not None]) for k in runs[kind][0]}
+
+    def per_rep(top, bottom):
+        """The median over repetitions of top's rate over bottom's (a run dict or a baseline list)."""
+        got = []
+        for rep in range(args.reps):
+            a = runs[top][rep]['steady_images_per_sec']
+            b = runs[bottom][rep] if bottom == 'single_images_per_sec' else runs[bottom][rep]['steady_images_per_sec']
+            if a and b:
+                got.append(a / b)
+        return median(got)
+    out['ratios'] = {mode: {'launcher_vs_one_process': per_rep(mode, 'single_images_per_sec'),
+                            'tf1_vs_one_process': per_rep(f'tf1_{mode}', 'single_images_per_sec'),
+                            'launcher_vs_tf1': per_rep(mode, f'tf1_{mode}')} for mode in ('sync', 'async')}
     out['runs'] = runs
     base, imp = out['single_images_per_sec'], out['tf_import_s']
     print(f'\n== 1 ps + 2 workers (specs/local2.yaml shapes), batch {args.batch} per worker, {args.steps} steps, '
-          f'{args.reps} rep(s), medians')
+          f'{args.reps} rep(s), medians (ratios: medians of each repetition\'s ratio)')
     print(f'baseline  import tensorflow, one process             {imp:7.2f} s')
     print(f'baseline  same model and input, one process          {base:7.0f} images/s')
     for mode in ('sync', 'async'):
-        r = out[mode]
-        print(f'{mode:<5}     steady state, both workers                {num(r["steady_images_per_sec"], "7.0f")} '
-              f'images/s   {ratio(r["steady_images_per_sec"], base)} one process')
+        q = out['ratios'][mode]
+        for kind, label, key in ((f'tf1_{mode}', 'hand-written TF1', 'tf1_vs_one_process'),
+                                 (mode, 'launcher', 'launcher_vs_one_process')):
+            print(f'{mode:<5}     {label:<16} steady, both workers {num(out[kind]["steady_images_per_sec"], "7.0f")} '
+                  f'images/s   {num(q[key], ".2f", "x")} one process')
+        print(f'{mode:<5}     launcher / hand-written TF1                     {num(q["launcher_vs_tf1"], "7.2f", "x")}')
     for mode in ('sync', 'async'):
         r = out[mode]
         print(f'{mode:<5}     launch up -> first global step             {num(r["first_step_s"], "7.2f")} s'

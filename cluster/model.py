@@ -26,22 +26,24 @@ CONV_FILTERS = 64            # conv1 and conv2
 LOCAL3, LOCAL4 = 384, 192   # the fully connected layers
 
 
-def _weight(name, shape, stddev, seed, partitions=1):
+def _weight(name, shape, stddev, seed, partitions=1, read=None):
     """The weights' value, read once: every use of a variable reads it anew, and where the
     variable lives on a ps task every read is one more transfer of it (the weight decay's
-    L2 loss would pull the local3 weights a second time each step)."""
+    L2 loss would pull the local3 weights a second time each step). `read(variable)`, if given,
+    makes that one read (a cluster worker shares it between its towers)."""
     import tensorflow as tf
     v1 = tf.compat.v1
     var = v1.get_variable(name, shape, dtype=tf.float32,
                           initializer=v1.truncated_normal_initializer(stddev=stddev, seed=seed),
                           partitioner=v1.fixed_size_partitioner(partitions) if partitions > 1 else None)
-    return tf.identity(var, name=f'{name}_value')
+    return read(var) if read else tf.identity(var, name=f'{name}_value')
 
 
-def _bias(name, size, value):
+def _bias(name, size, value, read=None):
     import tensorflow as tf
     v1 = tf.compat.v1
-    return v1.get_variable(name, [size], dtype=tf.float32, initializer=v1.constant_initializer(value))
+    var = v1.get_variable(name, [size], dtype=tf.float32, initializer=v1.constant_initializer(value))
+    return read(var) if read else var
 
 
 def _pooled(size: int) -> int:
@@ -54,13 +56,14 @@ def _lrn(x, name):
     return tf.nn.lrn(x, 4, bias=1.0, alpha=0.001 / 9.0, beta=0.75, name=name)
 
 
-def inference(images, seed=None, partitions=1):
+def inference(images, seed=None, partitions=1, read=None):
     """images [batch, 24, 24, 3] -> (logits [batch, 10], weight-decay loss of this tower).
 
     Variables live under the `cifar10` scope with AUTO_REUSE, so the first tower creates them
     and the others share them. `partitions` > 1 splits the local3 weights (83% of the model's
     bytes) into that many row blocks, so a byte-balancing placement can spread them over the ps
-    tasks; a checkpoint holds them whole either way.
+    tasks; a checkpoint holds them whole either way. `read(variable)`, if given, is how every
+    variable's value is read (see _weight).
     """
     import tensorflow as tf
     v1 = tf.compat.v1
@@ -70,26 +73,26 @@ def inference(images, seed=None, partitions=1):
 
     with v1.variable_scope('cifar10', reuse=v1.AUTO_REUSE):
         with v1.variable_scope('conv1'):
-            w = _weight('weights', [5, 5, 3, CONV_FILTERS], 5e-2, s(1))
-            x = tf.nn.relu(tf.nn.conv2d(images, w, [1, 1, 1, 1], 'SAME') + _bias('biases', CONV_FILTERS, 0.0))
+            w = _weight('weights', [5, 5, 3, CONV_FILTERS], 5e-2, s(1), read=read)
+            x = tf.nn.relu(tf.nn.conv2d(images, w, [1, 1, 1, 1], 'SAME') + _bias('biases', CONV_FILTERS, 0.0, read))
         x = tf.nn.max_pool2d(x, 3, 2, 'SAME', name='pool1')
         x = _lrn(x, 'norm1')
         with v1.variable_scope('conv2'):
-            w = _weight('weights', [5, 5, CONV_FILTERS, CONV_FILTERS], 5e-2, s(2))
-            x = tf.nn.relu(tf.nn.conv2d(x, w, [1, 1, 1, 1], 'SAME') + _bias('biases', CONV_FILTERS, 0.1))
+            w = _weight('weights', [5, 5, CONV_FILTERS, CONV_FILTERS], 5e-2, s(2), read=read)
+            x = tf.nn.relu(tf.nn.conv2d(x, w, [1, 1, 1, 1], 'SAME') + _bias('biases', CONV_FILTERS, 0.1, read))
         x = _lrn(x, 'norm2')
         x = tf.nn.max_pool2d(x, 3, 2, 'SAME', name='pool2')
         flat = _pooled(_pooled(IMAGE_SIZE)) ** 2 * CONV_FILTERS     # 6 x 6 x 64
         x = tf.reshape(x, [-1, flat])
         with v1.variable_scope('local3'):
-            w3 = _weight('weights', [flat, LOCAL3], 0.04, s(3), partitions)
-            x = tf.nn.relu(tf.matmul(x, w3) + _bias('biases', LOCAL3, 0.1))
+            w3 = _weight('weights', [flat, LOCAL3], 0.04, s(3), partitions, read)
+            x = tf.nn.relu(tf.matmul(x, w3) + _bias('biases', LOCAL3, 0.1, read))
         with v1.variable_scope('local4'):
-            w4 = _weight('weights', [LOCAL3, LOCAL4], 0.04, s(4))
-            x = tf.nn.relu(tf.matmul(x, w4) + _bias('biases', LOCAL4, 0.1))
+            w4 = _weight('weights', [LOCAL3, LOCAL4], 0.04, s(4), read=read)
+            x = tf.nn.relu(tf.matmul(x, w4) + _bias('biases', LOCAL4, 0.1, read))
         with v1.variable_scope('softmax_linear'):
-            w = _weight('weights', [LOCAL4, NUM_CLASSES], 1 / float(LOCAL4), s(5))
-            logits = tf.matmul(x, w) + _bias('biases', NUM_CLASSES, 0.0)
+            w = _weight('weights', [LOCAL4, NUM_CLASSES], 1 / float(LOCAL4), s(5), read=read)
+            logits = tf.matmul(x, w) + _bias('biases', NUM_CLASSES, 0.0, read)
     decay = tf.add(tf.nn.l2_loss(w3) * WEIGHT_DECAY, tf.nn.l2_loss(w4) * WEIGHT_DECAY, name='weight_decay')
     return logits, decay
 

@@ -92,11 +92,15 @@ class TrainConfig:
     log_every_secs: float = 2.0
     seed: int | None = None
     deterministic: bool = False      # plain record order, no distortions: for exactness checks
+    transfer_dtype: str = 'float32'  # bfloat16: weights and gradients cross between tasks in half the bytes
     # The user's own training instead of the built-in CIFAR-10 trainer (at most one of the two):
     program: str | None = None       # 'package.module:function', called in each worker (cluster/program.py)
     command: tuple[str, ...] | None = None   # argv run in every task with TF_CONFIG and the TF1 flags
 
 
+# What the weights and gradients are sent between the ps tasks and the workers as; the variables
+# and their updates stay float32 on the ps either way (cluster/train.py WeightReads).
+TRANSFER_DTYPES = ('float32', 'bfloat16')
 RESTART_POLICIES = ('never', 'on-failure')
 # none: tasks are plain local processes (their ports reachable from the network); netns: every
 # task of a local cluster runs in one private network namespace nothing outside can reach.
@@ -677,6 +681,10 @@ def _parse_train(train, origins: _Origins) -> TrainConfig:
             values[name] = v
         elif name == 'devices':
             values[name] = _parse_devices(value, key, origins)
+        elif name == 'transfer_dtype':
+            if value not in TRANSFER_DTYPES:
+                raise origins.error(key, f'expected one of {", ".join(TRANSFER_DTYPES)}, got {value!r}')
+            values[name] = value
         elif name == 'program':
             values[name] = _parse_program(value, key, origins)
         elif name == 'command':

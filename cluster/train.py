@@ -166,16 +166,17 @@ def build_graph(spec: ClusterSpec, task: TaskSpec, data_dir: str | None) -> _Gra
         image_parts, label_parts = tf.split(images, n), tf.split(labels, n)
 
     tower_grads, tower_losses = [], []
+    reads = WeightReads(f'{worker_device}/device:CPU:0', train.transfer_dtype)
     for k, device in enumerate(devices):
         with v1.device(setter(device)), tf.name_scope(f'tower_{k}'):
             # The largest weights come in one block per ps task, for the placement to spread.
-            logits, decay = model.inference(image_parts[k], seed=train.seed, partitions=spec.num_ps)
+            logits, decay = model.inference(image_parts[k], seed=train.seed, partitions=spec.num_ps, read=reads)
             tower_loss = model.loss(logits, label_parts[k], decay)
             tower_losses.append(tower_loss)
             tower_grads.append(opt.compute_gradients(tower_loss))
 
     with v1.device(setter(worker_device)):
-        grads = _average(tower_grads)
+        grads = reads.send_gradients(_average(tower_grads))
         loss = tf.add_n(tower_losses) / n
         if train.sync:
             train_op = opt.apply_gradients(grads, global_step=global_step)
@@ -217,6 +218,51 @@ def _scalar_summary(tag: str, tensor):
     """A scalar summary op tagged exactly `tag`: tf.summary.scalar makes its tag unique like an op
     name, and `learning_rate` is the schedule's own name, so it wrote `learning_rate_1`."""
     return tf.raw_ops.ScalarSummary(tags=tag, values=tensor, name=f'{tag}_summary')
+
+
+class WeightReads:
+    """How a worker's towers read the variables, and how its gradients go back (`read` is the
+    `read` of model.inference, `send_gradients` wraps what is applied).
+
+    Each variable is read once per step on the worker's CPU and that value is shared by every
+    tower: a read per tower would pull the model from the ps tasks once per tower. With
+    `transfer_dtype: bfloat16` the read is cast to bfloat16 on the variable's ps task and back to
+    float32 on the worker, and each gradient is cast to bfloat16 on the worker and back to
+    float32 on its variable's ps task: the bytes on the wire halve both ways, while the variables,
+    the accumulators of sync mode, the updates and the moving averages stay float32 on the ps (so
+    rounding never accumulates in the weights; each step's forward pass and gradient carry
+    bfloat16's 8 bits of precision)."""
+
+    def __init__(self, device: str, transfer_dtype: str):
+        self.device, self.half = device, transfer_dtype == 'bfloat16'
+        self.values: dict[str, object] = {}
+
+    def __call__(self, var):
+        if var.name not in self.values:
+            parts = [var] if isinstance(var, tf.Variable) else list(var)     # a partitioned one: its parts
+            with v1.device(self.device):
+                values = [self._pull(part) for part in parts]
+                self.values[var.name] = values[0] if len(values) == 1 else tf.concat(values, axis=0)
+        return self.values[var.name]
+
+    def _pull(self, part):
+        if not self.half:
+            return tf.identity(part)
+        with v1.device(part.device):
+            half = tf.cast(part, tf.bfloat16)
+        return tf.cast(half, tf.float32)
+
+    def send_gradients(self, grads):
+        if not self.half:
+            return grads
+        out = []
+        for grad, var in grads:
+            if isinstance(grad, tf.Tensor):
+                half = tf.cast(grad, tf.bfloat16)
+                with v1.device(var.device):
+                    grad = tf.cast(half, tf.float32)
+            out.append((grad, var))
+        return out
 
 
 class ByteBalance:

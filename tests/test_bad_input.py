@@ -83,6 +83,8 @@ CASES = {
     'steps zero': (lambda t: ['up', _spec(t, train={'steps': 0})], 'train.steps: expected a positive whole number'),
     'steps text': (lambda t: ['up', _spec(t, train={'steps': 'many'})], 'train.steps: expected a positive'),
     'sync not a bool': (lambda t: ['up', _spec(t, train={'sync': 'maybe'})], 'train.sync: expected true or false'),
+    'transfer dtype unknown': (lambda t: ['up', _spec(t, train={'transfer_dtype': 'float16'})],
+                               "train.transfer_dtype: expected one of float32, bfloat16, got 'float16'"),
     'negative learning rate': (lambda t: ['up', _spec(t, train={'learning_rate': -0.1})],
                                'train.learning_rate: expected a positive number'),
     'unknown device': (lambda t: ['up', _spec(t, train={'devices': ['tpu:0']})],
