@@ -286,8 +286,8 @@ def bench_scaling(args, tmp: str) -> dict:
     return out
 
 
-def bench_bytes(args) -> dict:
-    """What crosses the link per global step, next to what computing a step costs."""
+def model_bytes_and_shares() -> tuple[int, dict[int, list[int]]]:
+    """The model's bytes (float32), and the bytes each ps task holds with 1, 2 and 3 ps tasks."""
     code = '''
 import json, logging, sys, tensorflow as tf
 tf.get_logger().setLevel(logging.FATAL)
@@ -306,7 +306,12 @@ print(json.dumps(out))
 '''
     got = json.loads(subprocess.run([sys.executable, '-c', code], cwd=REPO, check=True, capture_output=True,
                                     text=True, env=QUIET).stdout.splitlines()[-1])
-    model_bytes = got.pop('model')
+    return got.pop('model'), {int(ps): b for ps, b in got.items()}
+
+
+def bench_bytes(args) -> dict:
+    """What crosses the link per global step, next to what computing a step costs."""
+    model_bytes, got = model_bytes_and_shares()
     link = loopback_bytes_per_sec()
     per_update = 2 * model_bytes        # every update pulls every weight and pushes a gradient for each
     out = {'model_bytes': model_bytes, 'bytes_per_update_per_worker': per_update, 'loopback_bytes_per_sec': link,
@@ -407,30 +412,131 @@ def bench_elastic(args, tmp: str) -> dict:
     return out
 
 
+LINK_RATES = (1000, 10000)      # Mbit/s each way: gigabit and ten-gigabit Ethernet
+
+
+def cluster_on_links(links, tmp: str, name: str, mode: str, ps: int, workers: int, steps: int, batch: int,
+                     dtype: str) -> dict:
+    """Train 1 ps + `workers` in `links`' hosts (task k on host k), each task started by hand as
+    `python -m cluster.task`; the steady rate from the chief's progress lines."""
+    import yaml
+    spec = {'cluster': {'ps': [f'{links.addr(k)}:{links.port}' for k in range(ps)],
+                        'worker': [f'{links.addr(ps + k)}:{links.port}' for k in range(workers)]},
+            'train': {'sync': mode == 'sync', 'steps': steps, 'batch_size': batch, 'data': 'synthetic',
+                      'train_dir': f'{tmp}/{name}', 'log_every_secs': 1.0, 'transfer_dtype': dtype}}
+    path = f'{tmp}/{name}.yaml'
+    with open(path, 'w') as f:
+        yaml.safe_dump(spec, f)
+    tasks = [('ps', i) for i in range(ps)] + [('worker', i) for i in range(workers)]
+    t0 = time.monotonic()
+    procs = [subprocess.Popen(links.wrap(k, [sys.executable, '-m', 'cluster.task', '--spec', path, '--job', job,
+                                             '--index', str(i)]),
+                              cwd=REPO, stdout=subprocess.PIPE if (job, i) == ('worker', 0) else subprocess.DEVNULL,
+                              stderr=subprocess.STDOUT, text=True, env=QUIET)
+             for k, (job, i) in enumerate(tasks)]
+    points, lines = [], []
+    for line in procs[ps].stdout:
+        lines.append(line)
+        got = rundir.step_of(line)
+        if got:
+            points.append((time.monotonic() - t0, got[0]))
+    codes = [p.wait(timeout=120) for p in procs]
+    if any(codes):
+        raise SystemExit(f'{name}: tasks exited {codes}:\n' + ''.join(lines[-30:]))
+    return {'steady_images_per_sec': steady_rate(points, batch * (workers if mode == 'sync' else 1)),
+            'first_step_s': points[0][0] if points else None}
+
+
+def bench_links(args, tmp: str) -> dict:
+    """Each task in a network namespace of its own, on links of LINK_RATES (benchmarks/links.py):
+    measured images/s against the cost model's, which starts from the same cluster's images/s with
+    unlimited links (measured just before) and adds the bytes over the busiest link."""
+    sys.path.insert(0, os.path.join(REPO, 'benchmarks'))
+    import links as emulated
+    why = emulated.netns.unavailable()
+    if why:
+        raise SystemExit(f'--only links {why}')
+    emulated.remove_stale()
+    model_bytes, shares = model_bytes_and_shares()
+    workers, rows, measured_links = 2, [], {}
+    batch = args.link_batch
+    print(f'\n== links: 2 workers, batch {batch}, each task in a namespace of its own on a link of '
+          f'R Mbit/s each way; the model is {model_bytes / 1e6:.2f} MB in float32')
+    for rate in args.link_rates:
+        with emulated.Links(2, rate) as links:
+            measured_links[rate] = links.measure()
+        print(f'a {rate} Mbit/s link carries {measured_links[rate][0]:.0f} Mbit/s (one TCP connection), '
+              f'round trip {measured_links[rate][1]:.3f} ms', flush=True)
+    for dtype in args.link_dtypes:
+        for ps in args.link_ps:
+            largest = max(shares[ps]) / sum(shares[ps])
+            wire = model_bytes * (0.5 if dtype == 'bfloat16' else 1.0)
+            for mode in ('sync', 'async'):
+                steps = args.link_steps * (1 if mode == 'sync' else 3)     # async steps are one batch
+                with emulated.Links(ps + workers, None) as links:
+                    free = cluster_on_links(links, tmp, f'links-{mode}-{ps}ps-{dtype}-free', mode, ps, workers,
+                                            steps, batch, dtype)['steady_images_per_sec']
+                print(f'{mode:<5} {ps} ps {dtype:<8} unlimited links {num(free, "6.0f")} images/s', flush=True)
+                for rate in args.link_rates:
+                    with emulated.Links(ps + workers, rate) as links:
+                        got = cluster_on_links(links, tmp, f'links-{mode}-{ps}ps-{dtype}-{rate}', mode, ps, workers,
+                                               steps, batch, dtype)['steady_images_per_sec']
+                    predicted = emulated.predict(mode, workers, batch, free, wire, largest, rate) if free else None
+                    rows.append({'rate_mbit': rate, 'latency_ms': measured_links[rate][1] / 2, 'mode': mode,
+                                 'num_ps': ps, 'transfer_dtype': dtype, 'measured_images_per_sec': got,
+                                 'predicted_images_per_sec': predicted, 'unlimited_images_per_sec': free,
+                                 'link_measured_mbit': measured_links[rate][0]})
+                    err = got / predicted - 1 if got and predicted else None
+                    print(f'{mode:<5} {ps} ps {dtype:<8} {rate:>6} Mbit/s  measured {num(got, "6.0f")}  predicted '
+                          f'{num(predicted, "6.0f")} images/s  ({num(err, "+.0%")})', flush=True)
+    gains = {}
+    if 'bfloat16' in args.link_dtypes and 'float32' in args.link_dtypes:
+        print('bfloat16 transfers, images/s against float32 (same mode, ps tasks and link):')
+        for r in rows:
+            if r['transfer_dtype'] != 'bfloat16':
+                continue
+            base = next(b for b in rows if b['transfer_dtype'] == 'float32' and
+                        (b['mode'], b['num_ps'], b['rate_mbit']) == (r['mode'], r['num_ps'], r['rate_mbit']))
+            key = f'{r["mode"]}-{r["num_ps"]}ps-{r["rate_mbit"]}'
+            gains[key] = r['measured_images_per_sec'] / base['measured_images_per_sec']
+            print(f'  {r["mode"]:<5} {r["num_ps"]} ps {r["rate_mbit"]:>6} Mbit/s: {gains[key]:.2f}x')
+    return {'links': rows, 'bfloat16_gain': gains, 'model_bytes': model_bytes}
+
+
 SECTIONS = ('cluster', 'scaling', 'bytes', 'learning', 'towers', 'elastic')
+BY_HAND = ('links',)        # long: only with --only
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument('--quick', action='store_true', help='every figure once with tiny runs (CI: checks it runs)')
-    p.add_argument('--only', choices=SECTIONS, action='append', help='run only these sections')
+    p.add_argument('--only', choices=SECTIONS + BY_HAND, action='append',
+                   help='run only these sections (links runs only when named: emulated links, about 25 min, '
+                        '6 with --quick)')
     p.add_argument('--reps', type=int, default=3)
     p.add_argument('--steps', type=int, default=300, help='global steps of each cluster run')
     p.add_argument('--batch', type=int, default=64, help='batch per worker (per tower)')
-    p.add_argument('--json', default=os.path.join(REPO, 'benchmarks', 'results.json'))
+    p.add_argument('--json', '--out', default=os.path.join(REPO, 'benchmarks', 'results.json'),
+                   help='where the figures go as JSON (default benchmarks/results.json)')
     args = p.parse_args()
     args.single_steps = 100
     args.learn_steps, args.learn_every, args.learn_modes = 600, 50, 2
     args.elastic_modes, args.elastic_steps = ('async', 'sync'), 800
+    args.link_rates, args.link_ps, args.link_dtypes, args.link_steps = LINK_RATES, (1, 2), ('float32', 'bfloat16'), 100
+    args.link_batch = args.batch
     if args.quick:
         args.reps, args.steps, args.batch, args.single_steps = 1, 30, 16, 10
         args.learn_steps, args.learn_every, args.learn_modes = 40, 40, 1     # sync: one checkpoint, one eval
         args.elastic_modes, args.elastic_steps = ('async',), 450     # the scale takes some 12 s to join
+        args.link_ps, args.link_dtypes, args.link_steps = (1,), ('float32',), 60
     figures = {'quick': args.quick, 'cores': len(os.sched_getaffinity(0))}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.only or SECTIONS:
             if name in ('bytes',):
                 figures[name] = bench_bytes(args)
+            elif name == 'links':       # the `links` list at the top, as --out promises
+                got = bench_links(args, tmp)
+                figures['links'], figures['links_bfloat16_gain'] = got['links'], got['bfloat16_gain']
             else:
                 figures[name] = globals()[f'bench_{name}'](args, tmp)
     with open(args.json, 'w') as f:

@@ -109,6 +109,8 @@ def test_the_benchmark_quick_mode_runs_and_writes_every_figure(tmp_path):
     assert cluster['tf_import_s'] > 0 and cluster['single_images_per_sec'] > 0
     for mode in ('sync', 'async'):
         assert cluster[mode]['first_step_s'] > 0 and cluster[mode]['last_step_to_gone_s'] is not None
+        assert cluster[f'tf1_{mode}']['first_step_s'] > 0      # the hand-written TF1 peer ran too
+        assert set(cluster['ratios'][mode]) == {'launcher_vs_one_process', 'tf1_vs_one_process', 'launcher_vs_tf1'}
     assert set(figures['scaling']) == {'sync-2ps-2w'}
     assert figures['bytes']['loopback_bytes_per_sec'] > 0 and figures['bytes']['largest_ps_share']['2'] <= 0.6
     assert set(figures['learning']) == {'sync'}      # the full mode adds async (test_async_run_learns learns)

@@ -1,0 +1,100 @@
+"""The emulated links of `benchmarks/bench.py --only links`: the cost model (fast) and the
+namespaces, veth pairs and rate limits on this machine (real, root), which must give the rate
+asked for and leave nothing behind, also when the benchmark is stopped."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+sys.path.insert(0, os.path.join(REPO, 'benchmarks'))
+import links  # noqa: E402
+
+MODEL = 4.27e6      # the CIFAR-10 model's float32 bytes
+
+
+def ours() -> list[str]:
+    return sorted(n for n in (os.listdir('/run/netns') if os.path.isdir('/run/netns') else [])
+                  if n.startswith(links.PREFIX))
+
+
+def test_on_a_link_without_cost_the_model_predicts_the_unlimited_rate():
+    for mode in ('sync', 'async'):
+        assert links.predict(mode, 2, 64, 600.0, MODEL, 1.0, 1e12) == pytest.approx(600.0, rel=1e-6)
+
+
+def test_sync_pays_every_pull_and_push_through_the_busiest_link():
+    # 1 Gbit/s = 125 MB/s: 4.27 MB takes 34.2 ms; a step of 2 x 64 images computes in 128/600 s.
+    step = 128 / 600 + 2 * 2 * MODEL / 125e6
+    assert links.predict('sync', 2, 64, 600.0, MODEL, 1.0, 1000) == pytest.approx(128 / step)
+    # Two ps tasks with about half the bytes each: the workers' own links bound it (max(2 x 0.5, 1)).
+    step = 128 / 600 + 2 * 1 * MODEL / 125e6
+    assert links.predict('sync', 2, 64, 600.0, MODEL, 0.5, 1000) == pytest.approx(128 / step)
+    # Half the bytes on the wire (bfloat16) cost half the link time.
+    assert links.predict('sync', 2, 64, 600.0, MODEL / 2, 1.0, 1000) > links.predict('sync', 2, 64, 600.0, MODEL, 1.0, 1000)
+
+
+def test_async_is_capped_by_the_busiest_ps_link():
+    # Fast compute, slow link, 3 workers: the ps link carries one model per update each way, so
+    # 125e6 / 4.27e6 updates/s, fewer than the 3 workers' own links would allow.
+    assert links.predict('async', 3, 64, 1e9, MODEL, 1.0, 1000) == pytest.approx(125e6 / MODEL * 64)
+    cycle = 128 / 600 + 2 * MODEL / 125e6
+    assert links.predict('async', 2, 64, 600.0, MODEL, 1.0, 1000) == pytest.approx(2 / cycle * 64)
+
+
+def test_the_bucket_holds_several_segments_and_2_ms_at_high_rates():
+    assert links.burst_bytes(100) == 256 << 10
+    assert links.burst_bytes(10000) == 2_500_000
+
+
+needs_root = pytest.mark.skipif(bool(links.netns.unavailable()), reason=f'emulated links: {links.netns.unavailable()}')
+
+
+@pytest.mark.slow
+@needs_root
+def test_a_link_carries_the_rate_asked_for_and_leaves_nothing():
+    before = ours()
+    with links.Links(2, 200) as net:
+        assert set(ours()) - set(before) == {*net.hosts, net.hub}
+        mbit, rtt_ms = net.measure(total=16 << 20)
+        assert 150 < mbit < 210, mbit       # tbf gives about the rate, never much more
+        assert 0 < rtt_ms < 5
+    with links.Links(2, None) as net:
+        assert net.measure(total=16 << 20)[0] > 400     # no limit: far past the 200 Mbit/s above
+    assert ours() == before
+
+
+@pytest.mark.slow
+@needs_root
+@pytest.mark.parametrize('sig', [signal.SIGINT, signal.SIGTERM])
+def test_a_stopped_benchmark_removes_its_namespaces(sig):
+    code = ('import sys, time; sys.path.insert(0, "benchmarks"); import links\n'
+            'with links.Links(3, 100):\n    print("up", flush=True); time.sleep(60)\n')
+    proc = subprocess.Popen([sys.executable, '-c', code], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == 'up'
+        assert [n for n in ours() if n.startswith(f'{links.PREFIX}-{proc.pid}-')]
+        proc.send_signal(sig)
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not [n for n in ours() if n.startswith(f'{links.PREFIX}-{proc.pid}-')]
+
+
+@pytest.mark.slow
+@needs_root
+def test_namespaces_of_a_killed_benchmark_are_removed_by_the_next():
+    code = ('import os, sys; sys.path.insert(0, "benchmarks"); import links\n'
+            'links.Links(2, None).__enter__(); os._exit(0)\n')      # gone without cleaning up
+    proc = subprocess.Popen([sys.executable, '-c', code], cwd=REPO)
+    assert proc.wait(timeout=60) == 0
+    left = [n for n in ours() if n.startswith(f'{links.PREFIX}-{proc.pid}-')]
+    assert len(left) == 3       # two hosts and the hub
+    assert set(left) <= set(links.remove_stale())
+    assert not [n for n in ours() if n.startswith(f'{links.PREFIX}-{proc.pid}-')]
