@@ -120,9 +120,15 @@ def launch_up(spec: str, overrides: list[str], images_per_step: int, on_step=Non
     t0 = time.monotonic()
     proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=QUIET)
     steps, lines, first_step, last_step_at = [], [], None, None
+    startup: dict[str, float] = {}      # when each stage of the start-up was first seen
     for line in proc.stdout:
         now = time.monotonic() - t0
         lines.append(line)
+        for stage, marks in STARTUP_STAGES.items():
+            if stage not in startup and all(m in line for m in marks):
+                startup[stage] = now
+        if ' serving on ' in line:      # the last task's server up, as that task says it
+            startup['servers_up_s'] = now
         progress = rundir.step_of(line) if line.startswith('[worker:0]') else None     # the chief's lines
         if progress:
             step, total = progress
@@ -139,7 +145,11 @@ def launch_up(spec: str, overrides: list[str], images_per_step: int, on_step=Non
     if code != 0:
         raise SystemExit(f'launch up {spec} failed ({code}):\n' + ''.join(lines[-30:]))
     return {'first_step_s': first_step, 'exit_s': exit_s, 'steady_images_per_sec': steady_rate(steps, images_per_step),
-            'last_step_to_gone_s': exit_s - last_step_at if last_step_at is not None else None}
+            'last_step_to_gone_s': exit_s - last_step_at if last_step_at is not None else None, 'startup': startup}
+
+
+# The launcher's and the chief's lines that mark where `launch up` -> first global step goes.
+STARTUP_STAGES = {'tasks_started_s': ('[launch]', ' started '), 'chief_session_ready_s': ('[worker:0]', 'session ready')}
 
 
 def steady_rate(steps: list[tuple[float, int]], images_per_step: int) -> float | None:
@@ -226,7 +236,8 @@ def bench_cluster(args, tmp: str) -> dict:
             print(f'  rep {rep + 1}/{args.reps} {mode} launcher:        {fmt_run(runs[mode][-1])}', flush=True)
     out = {'tf_import_s': median(runs['tf_import_s']), 'single_images_per_sec': median(runs['single_images_per_sec'])}
     for kind in ('sync', 'async', 'tf1_sync', 'tf1_async'):
-        out[kind] = {k: median([r[k] for r in runs[kind] if r.get(k) is not None]) for k in runs[kind][0]}
+        out[kind] = {k: median([r[k] for r in runs[kind] if r.get(k) is not None]) for k in runs[kind][0]
+                     if k != 'startup'}
 
     def per_rep(top, bottom):
         """The median over repetitions of top's rate over bottom's (a run dict or a baseline list)."""
@@ -258,6 +269,13 @@ def bench_cluster(args, tmp: str) -> dict:
         print(f'{mode:<5}     launch up -> first global step             {num(r["first_step_s"], "7.2f")} s'
               f'        {ratio(r["first_step_s"], imp)} one import')
         print(f'{mode:<5}     last global step -> every process gone     {num(r["last_step_to_gone_s"], "7.2f")} s')
+    for mode in ('sync', 'async'):
+        stages = {k: median([r['startup'][k] for r in runs[mode] if k in r['startup']])
+                  for k in ('tasks_started_s', 'servers_up_s', 'chief_session_ready_s')}
+        out[mode]['startup'] = stages
+        print(f'{mode:<5}     start-up: launcher to tasks started {num(stages["tasks_started_s"], ".2f")} s, every '
+              f'server up (their imports) {num(stages["servers_up_s"], ".2f")} s, chief\'s session ready (graph) '
+              f'{num(stages["chief_session_ready_s"], ".2f")} s, first step {num(out[mode]["first_step_s"], ".2f")} s')
     return out
 
 
@@ -332,10 +350,14 @@ def bench_learning(args, tmp: str) -> dict:
     """Seconds to precision@1 >= 0.9 on the synthetic test split, sync and async, spec defaults."""
     out = {}
     print('\n== learning: seconds from `launch up` to a checkpoint with precision@1 >= 0.9 (defaults)')
-    for mode, spec in (('sync', 'specs/local2.yaml'), ('async', 'specs/local2-async.yaml'))[:args.learn_modes]:
+    runs = (('sync', 'specs/local2.yaml', 'float32'), ('async', 'specs/local2-async.yaml', 'float32'),
+            ('sync', 'specs/local2.yaml', 'bfloat16'))
+    for run_mode, spec, dtype in runs[:args.learn_modes]:
+        mode = run_mode if dtype == 'float32' else f'{run_mode}-{dtype}'
         train_dir = f'{tmp}/learn-{mode}'
         sets = cluster_overrides(tmp, f'learn-{mode}', args.learn_steps, 64,
-                                 extra=(f'train.sync={mode == "sync"}', f'train.checkpoint_steps={args.learn_every}'))
+                                 extra=(f'train.sync={run_mode == "sync"}', f'train.checkpoint_steps={args.learn_every}',
+                                        f'train.transfer_dtype={dtype}'))
         t0 = time.time()
         launch_up(spec, sets, 64)
         reached = None
@@ -352,7 +374,7 @@ def bench_learning(args, tmp: str) -> dict:
                            'seconds': os.path.getmtime(prefix + '.index') - t0}
                 break
         out[mode] = reached
-        print(f'{mode:<5}: ' + (f'{reached["seconds"]:.1f} s (global step {reached["step"]}, precision@1 '
+        print(f'{mode:<14}: ' + (f'{reached["seconds"]:.1f} s (global step {reached["step"]}, precision@1 '
                                 f'{reached["precision_at_1"]:.3f})' if reached else
                                 f'not reached in {args.learn_steps} steps'), flush=True)
     return out
@@ -520,7 +542,7 @@ def main() -> None:
                    help='where the figures go as JSON (default benchmarks/results.json)')
     args = p.parse_args()
     args.single_steps = 100
-    args.learn_steps, args.learn_every, args.learn_modes = 600, 50, 2
+    args.learn_steps, args.learn_every, args.learn_modes = 600, 50, 3     # sync, async, sync in bfloat16
     args.elastic_modes, args.elastic_steps = ('async', 'sync'), 800
     args.link_rates, args.link_ps, args.link_dtypes, args.link_steps = LINK_RATES, (1, 2), ('float32', 'bfloat16'), 100
     args.link_batch = args.batch
