@@ -5,10 +5,12 @@ the TF_CONFIG the operator would set."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -252,3 +254,25 @@ def test_rendered_pods_train_as_the_operator_would_start_them(tmp_path):
     with open(run / 'checkpoint') as f:
         assert re.search(r'^model_checkpoint_path: ".*ckpt-20"', f.read(), re.M)
     assert 'worker:0 is done' in outs[0] and 'worker:1 is done' in outs[0]
+
+
+def test_pvc_puts_the_workers_train_dir_on_the_claim():
+    """--pvc: the checkpoints outlive the pods, and the header says so instead of how to edit the file."""
+    job = rendered(LOCAL2, pvc='ckpt.team-ml')
+    pods = {kind: r['template']['spec'] for kind, r in job['spec']['tfReplicaSpecs'].items()}
+    assert pods['Worker']['volumes'] == [{'name': 'train-dir', 'persistentVolumeClaim': {'claimName': 'ckpt.team-ml'}}]
+    assert 'volumes' not in pods['PS']
+    head = ' '.join(line[1:].strip() for line in render(load_spec(LOCAL2), SimpleNamespace(pvc='ckpt')).splitlines()
+                    if line.startswith('#'))
+    assert 'on the PersistentVolumeClaim ckpt' in head and 'emptyDir' not in head
+    with pytest.raises(UsageError, match="--pvc 'Ckpt': a PersistentVolumeClaim name is a DNS-1123 subdomain"):
+        tfjob(load_spec(LOCAL2), pvc='Ckpt')
+
+
+def test_hosts_and_isolation_are_a_warning(caplog):
+    with caplog.at_level(logging.WARNING):
+        render(load_spec(os.path.join(SPECS, 'two-hosts.yaml')), None)
+        render(load_spec(LOCAL2, ['isolation=netns']), None)
+    assert [r.getMessage().split(': ', 1)[1] for r in caplog.records] == [
+        'hosts not used by a TFJob: Kubernetes places and names the pods',
+        'isolation: netns not used by a TFJob: Kubernetes places and names the pods']
