@@ -102,7 +102,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                      help='; '.join(f'{name}: {what}' for name, (_, what) in RENDERERS.items()))
     ren.add_argument('-o', '--output', metavar='FILE', help='where to write it (default: standard output)')
     ren.add_argument('--name', help='the job name (default: from the spec file name)')
-    kube = 'jobset, tfjob: '
+    kube = 'jobset, trainjob, tfjob: '
     ren.add_argument('--image', help=f'{kube}the container image (default: the compose image, tfcluster:latest)')
     ren.add_argument('--namespace', help=f'{kube}the Kubernetes namespace (default: none, kubectl\'s current one)')
     ren.add_argument('--pvc', metavar='CLAIM',

@@ -516,14 +516,15 @@ def write_output(text: str, path: str | None) -> bool:
 
 RENDERERS = {'sbatch': ('launch.slurm', 'a Slurm batch script (`launch up --backend slurm` submits it)'),
              'jobset': ('launch.jobset', 'a Kubernetes JobSet (jobset.x-k8s.io/v1alpha2) to `kubectl apply -f`'),
+             'trainjob': ('launch.trainjob', 'a Kubeflow Trainer v2 TrainingRuntime and TrainJob to `kubectl apply -f`'),
              'tfjob': ('launch.tfjob', 'a Kubeflow TFJob (kubeflow.org/v1, Training Operator 1.9) to '
                                        '`kubectl apply -f`')}
-KUBERNETES_FORMATS = ('jobset', 'tfjob')
+KUBERNETES_FORMATS = ('jobset', 'trainjob', 'tfjob')
 
 
 def cmd_render(spec: ClusterSpec, req: Request) -> int:
-    """The spec in the scheduler's own format: launch/slurm.py (sbatch), launch/jobset.py (jobset)
-    or launch/tfjob.py (tfjob)."""
+    """The spec in the scheduler's own format: launch/slurm.py (sbatch), launch/jobset.py (jobset),
+    launch/trainjob.py (trainjob) or launch/tfjob.py (tfjob)."""
     import importlib
     from launch.slurm import option_problem     # the --partition, --time-limit, --port-base given
     problem = option_problem(spec, req.options)

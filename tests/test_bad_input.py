@@ -169,6 +169,8 @@ CASES = {
     # -- Kubernetes: the rendered files' names and claims, a JobSet pod's environment
     'jobset name no DNS label': (lambda t: ['render', _spec(t), '--format', 'jobset', '--name', 'Run_1'],
                                  "--name 'Run_1': a JobSet name must be a DNS-1035 label"),
+    'trainjob name too long': (lambda t: ['render', _spec(t), '--format', 'trainjob', '--name', 'r' * 50],
+                               'at most 48 characters here (JobSet names its pods NAME-node-0-0-xxxxx'),
     'jobset claim no DNS name': (lambda t: ['render', _spec(t), '--format', 'jobset', '--pvc', 'My_Claim'],
                                  "--pvc 'My_Claim': a PersistentVolumeClaim name is a DNS-1123 subdomain"),
     'tfjob claim no DNS name': (lambda t: ['render', _spec(t), '--format', 'tfjob', '--pvc', 'claim-'],
