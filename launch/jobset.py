@@ -234,8 +234,6 @@ def warn_restarts(spec: ClusterSpec, claim: str | None) -> None:
 
 def render(spec: ClusterSpec, args) -> str:
     """The JobSet as YAML for `kubectl apply -f`, with a comment header saying how to run it."""
-    claim = getattr(args, 'pvc', None)
-    obj = jobset(spec, name=getattr(args, 'name', None), image=getattr(args, 'image', None),
-                 namespace=getattr(args, 'namespace', None), pvc=claim)
+    obj, claim, unused = k8s.build(spec, args, jobset, KIND)
     warn_restarts(spec, claim)
-    return header(spec, obj, claim, k8s.warn_unused(spec, KIND)) + k8s.dump(obj)
+    return header(spec, obj, claim, unused) + k8s.dump(obj)

@@ -57,12 +57,16 @@ def object_name(spec: ClusterSpec, name: str | None, limit: int, kind: str, deri
     return name
 
 
+def _check(value: str | None, pattern: re.Pattern, limit: int, flag: str, what: str) -> str | None:
+    if value is not None and (not pattern.fullmatch(value) or len(value) > limit):
+        raise UsageError(f'{flag} {value!r}: {what}, starting and ending with a letter or digit, at most {limit} '
+                         'characters')
+    return value
+
+
 def check_namespace(namespace: str | None) -> str | None:
-    if namespace is not None and (not DNS1123.fullmatch(namespace) or len(namespace) > MAX_LABEL):
-        raise UsageError(f'--namespace {namespace!r}: a Kubernetes namespace is a DNS-1123 label: lower-case '
-                         f'letters, digits and "-", starting and ending with a letter or digit, at most '
-                         f'{MAX_LABEL} characters')
-    return namespace
+    return _check(namespace, DNS1123, MAX_LABEL, '--namespace',
+                  'a Kubernetes namespace is a DNS-1123 label: lower-case letters, digits and "-"')
 
 
 def check_image(image: str | None) -> str:
@@ -75,11 +79,16 @@ def check_image(image: str | None) -> str:
 
 def check_claim(claim: str | None) -> str | None:
     """--pvc: a PersistentVolumeClaim's name is a DNS-1123 subdomain."""
-    if claim is not None and (not DNS1123_SUBDOMAIN.fullmatch(claim) or len(claim) > MAX_SUBDOMAIN):
-        raise UsageError(f'--pvc {claim!r}: a PersistentVolumeClaim name is a DNS-1123 subdomain: lower-case '
-                         f'letters, digits, "-" and ".", starting and ending with a letter or digit, at most '
-                         f'{MAX_SUBDOMAIN} characters')
-    return claim
+    return _check(claim, DNS1123_SUBDOMAIN, MAX_SUBDOMAIN, '--pvc',
+                  'a PersistentVolumeClaim name is a DNS-1123 subdomain: lower-case letters, digits, "-" and "."')
+
+
+def build(spec: ClusterSpec, args, make, kind: str):
+    """What a renderer's `render` starts with: `make(spec, name=, image=, namespace=, pvc=)` with
+    the render command's options (argparse's namespace, or None: all defaults), then the warning
+    about settings Kubernetes does not use. Returns (the object(s), the claim, those settings)."""
+    given = {flag: getattr(args, flag, None) for flag in ('name', 'image', 'namespace', 'pvc')}
+    return make(spec, **given), given['pvc'], warn_unused(spec, kind)
 
 
 def set_value(value) -> str:

@@ -117,8 +117,5 @@ def header(spec: ClusterSpec, job: dict, claim: str | None = None) -> str:
 
 def render(spec: ClusterSpec, args) -> str:
     """The TFJob as YAML for `kubectl apply -f`, with a comment header saying how to run it."""
-    claim = getattr(args, 'pvc', None)
-    job = tfjob(spec, name=getattr(args, 'name', None), image=getattr(args, 'image', None),
-                namespace=getattr(args, 'namespace', None), pvc=claim)
-    k8s.warn_unused(spec, KIND)
+    job, claim, _ = k8s.build(spec, args, tfjob, KIND)
     return header(spec, job, claim) + k8s.dump(job)

@@ -83,8 +83,6 @@ def header(spec: ClusterSpec, runtime: dict, claim: str | None, unused: list[str
 
 def render(spec: ClusterSpec, args) -> str:
     """Both objects as one YAML stream for `kubectl apply -f`, the runtime first."""
-    claim = getattr(args, 'pvc', None)
-    runtime, train_job = objects(spec, name=getattr(args, 'name', None), image=getattr(args, 'image', None),
-                                 namespace=getattr(args, 'namespace', None), pvc=claim)
+    (runtime, train_job), claim, unused = k8s.build(spec, args, objects, KIND)
     jobset.warn_restarts(spec, claim)
-    return header(spec, runtime, claim, k8s.warn_unused(spec, KIND)) + k8s.dump(runtime) + '---\n' + k8s.dump(train_job)
+    return header(spec, runtime, claim, unused) + k8s.dump(runtime) + '---\n' + k8s.dump(train_job)

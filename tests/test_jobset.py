@@ -21,7 +21,7 @@ from cluster.jobset_env import JobSetEnvError, place
 from cluster.spec import SpecError, load_spec
 from launch.errors import UsageError
 from launch.jobset import jobset, render
-from tests.conftest import REPO, free_ports, launch
+from tests.conftest import REPO, check_trained, free_ports, launch, run_tasks
 from tests.k8s_models import check_jobset_spec, kubernetes_round_trip, schema_errors, trainer_round_trip
 
 LOCAL2 = os.path.join(REPO, 'specs', 'local2.yaml')
@@ -354,38 +354,36 @@ def test_output_file_holds_a_commented_jobset_and_bad_options_are_one_line(tmp_p
 
 
 @pytest.mark.slow
-def test_rendered_pods_train_with_nothing_but_a_jobset_pods_environment(tmp_path):
+@pytest.mark.parametrize('fmt', ['jobset', 'trainjob'])
+def test_rendered_pods_train_with_nothing_but_a_jobset_pods_environment(tmp_path, fmt):
     """1 ps and 2 workers run each pod's command and arguments verbatim, with the environment a
     JobSet pod would have (labels through the downward API, JOB_COMPLETION_INDEX) and no spec or
     TF_CONFIG; only TFCLUSTER_JOBSET_RESOLVE points the DNS names the layout computes at local
-    ports. All end with 0, and the chief wrote its final checkpoint."""
+    ports. All end with 0, and the chief wrote its final checkpoint. For a TrainJob, the JobSet is
+    the one the Trainer makes: the TrainJob's name, the runtime's template."""
+    from launch.trainjob import objects
     run = tmp_path / 'run'
-    obj = jobset(load_spec(LOCAL2, [f'train.train_dir={run}', 'train.steps=20', 'train.batch_size=16']), name='t')
-    names = ['t-ps-0-0.t', 't-worker-0-0.t', 't-worker-0-1.t']      # as JobSet names the pods
+    spec = load_spec(LOCAL2, [f'train.train_dir={run}', 'train.steps=20', 'train.batch_size=16'])
+    if fmt == 'jobset':
+        obj, workers = jobset(spec, name='t'), 'worker'
+    else:
+        runtime, train_job = objects(spec, name='t')
+        obj, workers = {'metadata': train_job['metadata'], 'spec': runtime['spec']['template']['spec']}, 'node'
+    names = ['t-ps-0-0.t', f't-{workers}-0-0.t', f't-{workers}-0-1.t']     # as JobSet names the pods
     resolve = ','.join(f'{n}=127.0.0.1:{p}' for n, p in zip(names, free_ports(3)))
     pod_dir = tmp_path / 'pod'          # the image's WORKDIR
     pod_dir.mkdir()
     base_env = {k: v for k, v in os.environ.items()
                 if k not in ('TF_CONFIG', 'CLUSTER_SPEC', 'JOB_COMPLETION_INDEX') and not k.startswith('TFCLUSTER_')}
     base_env.update(PYTHONPATH=REPO, TFCLUSTER_JOBSET_RESOLVE=resolve)      # this tree's cluster.task
-    procs = []
-    try:
-        for rjob in obj['spec']['replicatedJobs']:
-            c = container(rjob)
-            assert c['command'][0] == 'python'
-            for index in range(rjob['template']['spec']['completions']):
-                env = {**base_env, **environment_of(obj, rjob, index)}
-                procs.append(subprocess.Popen([sys.executable, *c['command'][1:], *c['args']], cwd=pod_dir, env=env,
-                                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-        outs = [p.communicate(timeout=150)[0] for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
-    assert [p.returncode for p in procs] == [0, 0, 0], '\n'.join(o[-3000:] for o in outs)
-    with open(run / 'checkpoint') as f:
-        assert re.search(r'^model_checkpoint_path: ".*ckpt-20"', f.read(), re.M)
-    assert 'worker:0 is done' in outs[0] and 'worker:1 is done' in outs[0]
+    tasks = []
+    for rjob in obj['spec']['replicatedJobs']:
+        c = container(rjob)
+        assert c['command'][0] == 'python'
+        for index in range(rjob['template']['spec']['completions']):
+            tasks.append(([sys.executable, *c['command'][1:], *c['args']],
+                          {**base_env, **environment_of(obj, rjob, index)}))
+    check_trained(run, *run_tasks(tasks, cwd=pod_dir), steps=20)
 
 
 @pytest.mark.slow

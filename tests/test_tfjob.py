@@ -8,7 +8,6 @@ import json
 import logging
 import os
 import re
-import subprocess
 import sys
 from types import SimpleNamespace
 
@@ -18,7 +17,7 @@ import yaml
 from cluster.spec import SpecError, TrainConfig, load_spec
 from launch.errors import UsageError
 from launch.tfjob import render, tfjob
-from tests.conftest import REPO, free_ports, launch
+from tests.conftest import REPO, check_trained, free_ports, launch, run_tasks
 
 SPECS = os.path.join(REPO, 'specs')
 LOCAL2 = os.path.join(SPECS, 'local2.yaml')
@@ -235,25 +234,15 @@ def test_rendered_pods_train_as_the_operator_would_start_them(tmp_path):
     base_env = {k: v for k, v in os.environ.items()
                 if k not in ('TF_CONFIG', 'CLUSTER_SPEC') and not k.startswith('TFCLUSTER_')}
     base_env['PYTHONPATH'] = REPO       # this tree's cluster.task, as the image holds it
-    procs = []
-    try:
-        for kind, replica in job['spec']['tfReplicaSpecs'].items():
-            c = replica['template']['spec']['containers'][0]
-            assert c['command'][0] == 'python'
-            argv = [sys.executable, *c['command'][1:], *c['args']]
-            for index in range(replica['replicas']):
-                tf_config = {'cluster': cluster, 'task': {'type': kind.lower(), 'index': index}, 'environment': 'cloud'}
-                procs.append(subprocess.Popen(argv, cwd=pod_dir, env={**base_env, 'TF_CONFIG': json.dumps(tf_config)},
-                                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-        outs = [p.communicate(timeout=150)[0] for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
-    assert [p.returncode for p in procs] == [0, 0, 0], '\n'.join(o[-3000:] for o in outs)
-    with open(run / 'checkpoint') as f:
-        assert re.search(r'^model_checkpoint_path: ".*ckpt-20"', f.read(), re.M)
-    assert 'worker:0 is done' in outs[0] and 'worker:1 is done' in outs[0]
+    tasks = []
+    for kind, replica in job['spec']['tfReplicaSpecs'].items():
+        c = replica['template']['spec']['containers'][0]
+        assert c['command'][0] == 'python'
+        argv = [sys.executable, *c['command'][1:], *c['args']]
+        for index in range(replica['replicas']):
+            tf_config = {'cluster': cluster, 'task': {'type': kind.lower(), 'index': index}, 'environment': 'cloud'}
+            tasks.append((argv, {**base_env, 'TF_CONFIG': json.dumps(tf_config)}))
+    check_trained(run, *run_tasks(tasks, cwd=pod_dir), steps=20)
 
 
 def test_pvc_puts_the_workers_train_dir_on_the_claim():
