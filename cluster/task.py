@@ -1,7 +1,8 @@
 """Run one task of a cluster: `python -m cluster.task --spec SPEC --job worker --index 0`.
 
 Without --job and --index the task comes from $TF_CONFIG (its cluster too), so the image runs
-unchanged where a scheduler sets TF_CONFIG (Kubeflow's TFJob, SageMaker, Vertex).
+unchanged where a scheduler sets TF_CONFIG (Kubeflow's TFJob, SageMaker, Vertex); with --slurm
+from Slurm's environment, with --jobset from a JobSet pod's (launch render --format jobset).
 
 The same entry point runs everywhere: started by hand, by `launch up` as a local process, over
 SSH, or in a container. Everything that can be checked without TensorFlow is checked first, so a

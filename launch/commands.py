@@ -516,7 +516,8 @@ def write_output(text: str, path: str | None) -> bool:
 
 RENDERERS = {'sbatch': ('launch.slurm', 'a Slurm batch script (`launch up --backend slurm` submits it)'),
              'jobset': ('launch.jobset', 'a Kubernetes JobSet (jobset.x-k8s.io/v1alpha2) to `kubectl apply -f`'),
-             'trainjob': ('launch.trainjob', 'a Kubeflow Trainer v2 TrainingRuntime and TrainJob to `kubectl apply -f`'),
+             'trainjob': ('launch.trainjob', 'a Kubeflow Trainer v2 TrainingRuntime and TrainJob to '
+                                             '`kubectl apply -f`'),
              'tfjob': ('launch.tfjob', 'a Kubeflow TFJob (kubeflow.org/v1, Training Operator 1.9) to '
                                        '`kubectl apply -f`')}
 KUBERNETES_FORMATS = ('jobset', 'trainjob', 'tfjob')
