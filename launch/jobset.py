@@ -150,7 +150,7 @@ def jobset(spec: ClusterSpec, name: str | None = None, image: str | None = None,
             'spec': set_spec(spec, both, k8s.check_image(image), k8s.check_claim(pvc))}
 
 
-def places(name: str, both: tuple[Role, Role]) -> jobset_env.Place:
+def worker_place(name: str, both: tuple[Role, Role]) -> jobset_env.Place:
     """What worker 1 (else worker 0) computes in its pod: the environment JobSet gives it, put
     through the very function cluster.task --jobset calls."""
     worker = both[1]
@@ -160,7 +160,7 @@ def places(name: str, both: tuple[Role, Role]) -> jobset_env.Place:
 
 
 def layout_lines(name: str, both: tuple[Role, Role]) -> list[str]:
-    place = places(name, both)
+    place = worker_place(name, both)
     return ['Every pod computes the whole cluster from its JobSet labels, JOB_COMPLETION_INDEX and the',
             'TFCLUSTER_JOBSET_* values below (cluster/jobset_env.py); here, with each task\'s DNS name:',
             *(f'  {job}: {", ".join(addresses)}' for job, addresses in place.cluster.items()),
