@@ -433,14 +433,15 @@ def _check_expansion(root: yaml.Node, error) -> None:
 
 
 def load_spec(path: str | None, overrides: list[str] | tuple[str, ...] = (),
-              cluster: dict | None = None) -> ClusterSpec:
+              cluster: dict | None = None, cluster_source: str | None = None) -> ClusterSpec:
     """Read, override and validate a spec file. Raises SpecError (one line) on any user error.
-    `cluster` (from TF_CONFIG) replaces the file's cluster section; with it, `path` may be None:
-    the train settings are then the defaults and the overrides."""
+    `cluster` (from TF_CONFIG, or `cluster_source` if named) replaces the file's cluster section;
+    with it, `path` may be None: the train settings are then the defaults and the overrides."""
+    source = cluster_source or TF_CONFIG_ENV
     if path is None:
-        origins = _Origins(TF_CONFIG_ENV)
+        origins = _Origins(source)
         raw: dict = {'cluster': cluster}
-        origins.record_value('cluster', TF_CONFIG_ENV)
+        origins.record_value('cluster', source)
         for text_override in overrides:
             _apply_override(raw, text_override, origins)
         return _build(raw, origins)
@@ -454,7 +455,7 @@ def load_spec(path: str | None, overrides: list[str] | tuple[str, ...] = (),
         raise SpecError(f'{path}:1: the spec must be a mapping with a "cluster" section')
     if cluster is not None:
         raw['cluster'] = cluster
-        origins.record_value('cluster', TF_CONFIG_ENV)
+        origins.record_value('cluster', source)
     for text_override in overrides:
         _apply_override(raw, text_override, origins)
     return _build(raw, origins)

@@ -1,7 +1,8 @@
 """Run one task of a cluster: `python -m cluster.task --spec SPEC --job worker --index 0`.
 
 Without --job and --index the task comes from $TF_CONFIG (its cluster too), so the image runs
-unchanged where a scheduler sets TF_CONFIG (Kubeflow's TFJob, SageMaker, Vertex).
+unchanged where a scheduler sets TF_CONFIG (Kubeflow's TFJob, SageMaker, Vertex); with --slurm
+from Slurm's environment, with --jobset from a JobSet pod's (launch render --format jobset).
 
 The same entry point runs everywhere: started by hand, by `launch up` as a local process, over
 SSH, or in a container. Everything that can be checked without TensorFlow is checked first, so a
@@ -46,12 +47,18 @@ def parse_args(argv=None) -> argparse.Namespace:
                         '(ranks in node order, the spec\'s ps tasks first)')
     p.add_argument('--port-base', type=int, default=DEFAULT_PORT_BASE, metavar='PORT',
                    help=f'with --slurm: the first port on each node (default {DEFAULT_PORT_BASE})')
+    p.add_argument('--jobset', action='store_true',
+                   help="in a pod of a JobSet (launch render --format jobset|trainjob): every task's job, index "
+                        "and DNS name from the pod's labels and the rendered TFCLUSTER_JOBSET_* variables")
     args = p.parse_args(argv)
-    if args.slurm and (args.job is not None or args.index is not None):
-        p.error('--slurm takes the task from Slurm\'s environment: drop --job and --index')
+    if args.slurm and args.jobset:
+        p.error('give --slurm or --jobset, not both')
+    for flag, where in (('slurm', 'Slurm\'s environment'), ('jobset', 'the JobSet pod\'s environment')):
+        if getattr(args, flag) and (args.job is not None or args.index is not None):
+            p.error(f'--{flag} takes the task from {where}: drop --job and --index')
     if (args.job is None) != (args.index is None):
         p.error('give --job and --index together (or neither, to take both from $TF_CONFIG)')
-    if args.job is None and not args.slurm and not os.environ.get(TF_CONFIG_ENV):
+    if args.job is None and not (args.slurm or args.jobset) and not os.environ.get(TF_CONFIG_ENV):
         p.error(f'--job and --index are required unless ${TF_CONFIG_ENV} names the task')
     return args
 
@@ -60,11 +67,18 @@ def resolve_task(args: argparse.Namespace) -> tuple[ClusterSpec, TaskSpec]:
     """The spec and this process's task. --job/--index name the task in the spec's cluster (how
     `launch up` starts tasks); without them $TF_CONFIG names both the cluster and the task, as
     Kubeflow's TFJob, SageMaker and Vertex set it, and the spec (if any) gives the train settings;
-    with --slurm, Slurm's environment places every task (cluster/slurm_env.py)."""
+    with --slurm, Slurm's environment places every task (cluster/slurm_env.py); with --jobset, a
+    JobSet pod's labels and variables (cluster/jobset_env.py), the spec (if any) again giving only
+    the train settings."""
     path = args.spec or os.environ.get('CLUSTER_SPEC')
     if args.slurm:      # the spec's ps/worker counts, placed where srun started the ranks
         from cluster import slurm_env
         return slurm_env.resolve(load_spec(path or DEFAULT_SPEC, args.overrides), os.environ, args.port_base)
+    if args.jobset:
+        from cluster import jobset_env
+        place = jobset_env.place(os.environ)
+        spec = load_spec(path, args.overrides, cluster=place.cluster, cluster_source='the JobSet environment')
+        return spec, spec.task(place.job, place.index)
     if args.job is not None:
         spec = load_spec(path or DEFAULT_SPEC, args.overrides)
         return spec, spec.task(args.job, args.index)

@@ -95,15 +95,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     comp = sub.add_parser('compose', help='write the compose file `up --backend compose` runs, starting nothing')
     _spec_args(comp)
     comp.add_argument('-o', '--output', metavar='FILE', help='where to write it (default: standard output)')
-    ren = sub.add_parser('render', help='write the spec as a Slurm batch script or a Kubeflow TFJob, starting nothing')
+    ren = sub.add_parser('render', help='write the spec as a Slurm batch script or a Kubernetes object (JobSet, '
+                                        'Kubeflow TrainJob or TFJob), starting nothing')
     _spec_args(ren)
     ren.add_argument('--format', required=True, choices=tuple(RENDERERS),
-                     help='sbatch: a Slurm batch script (`launch up --backend slurm` submits it); '
-                          'tfjob: a Kubeflow TFJob (kubeflow.org/v1) to `kubectl apply -f`')
+                     help='; '.join(f'{name}: {what}' for name, (_, what) in RENDERERS.items()))
     ren.add_argument('-o', '--output', metavar='FILE', help='where to write it (default: standard output)')
     ren.add_argument('--name', help='the job name (default: from the spec file name)')
-    ren.add_argument('--image', help='tfjob: the container image (default: the compose image, tfcluster:latest)')
-    ren.add_argument('--namespace', help='tfjob: the Kubernetes namespace (default: none, kubectl\'s current one)')
+    kube = 'jobset, trainjob, tfjob: '
+    ren.add_argument('--image', help=f'{kube}the container image (default: the compose image, tfcluster:latest)')
+    ren.add_argument('--namespace', help=f'{kube}the Kubernetes namespace (default: none, kubectl\'s current one)')
+    ren.add_argument('--pvc', metavar='CLAIM',
+                     help=f'{kube}the workers\' train_dir on this PersistentVolumeClaim (ReadWriteMany when workers '
+                          'can land on different nodes), so checkpoints outlive the pods (default: an emptyDir)')
     _slurm_args(ren, 'sbatch: ')
     dl = sub.add_parser('download', help='download and verify the real CIFAR-10 (binary version, 170 MB); '
                                          'the only command that uses the network')

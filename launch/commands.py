@@ -515,16 +515,27 @@ def write_output(text: str, path: str | None) -> bool:
 
 
 RENDERERS = {'sbatch': ('launch.slurm', 'a Slurm batch script (`launch up --backend slurm` submits it)'),
-             'tfjob': ('launch.tfjob', 'a Kubeflow TFJob (kubeflow.org/v1) to `kubectl apply -f`')}
+             'jobset': ('launch.jobset', 'a Kubernetes JobSet (jobset.x-k8s.io/v1alpha2) to `kubectl apply -f`'),
+             'trainjob': ('launch.trainjob', 'a Kubeflow Trainer v2 TrainingRuntime and TrainJob to '
+                                             '`kubectl apply -f`'),
+             'tfjob': ('launch.tfjob', 'a Kubeflow TFJob (kubeflow.org/v1, Training Operator 1.9) to '
+                                       '`kubectl apply -f`')}
+KUBERNETES_FORMATS = ('jobset', 'trainjob', 'tfjob')
 
 
 def cmd_render(spec: ClusterSpec, req: Request) -> int:
-    """The spec in the scheduler's own format: launch/slurm.py (sbatch) or launch/tfjob.py (tfjob)."""
+    """The spec in the scheduler's own format: launch/slurm.py (sbatch), launch/jobset.py (jobset),
+    launch/trainjob.py (trainjob) or launch/tfjob.py (tfjob)."""
     import importlib
     from launch.slurm import option_problem     # the --partition, --time-limit, --port-base given
     problem = option_problem(spec, req.options)
     if problem:
         raise UsageError(problem)
+    if req.args.format not in KUBERNETES_FORMATS:
+        for flag in ('pvc', 'image', 'namespace'):
+            if getattr(req.args, flag, None) is not None:
+                raise UsageError(f'--{flag} is for the Kubernetes formats ({", ".join(KUBERNETES_FORMATS)}), '
+                                 f'not --format {req.args.format}')
     module = importlib.import_module(RENDERERS[req.args.format][0])
     if write_output(module.render(spec, req.args), req.args.output):
         print(f'wrote {req.args.output} ({req.args.format})')

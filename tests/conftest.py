@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -151,15 +152,33 @@ def environment_words(job: str) -> list[str]:
 def run_by_hand(spec: str, env: dict | None = None, timeout: float = 240) -> tuple[list[int], list[str]]:
     """ps:0, worker:0 and worker:1 started as three `python -m cluster.task` processes, as a user
     would in three shells; (their exit codes, their outputs) once all have ended."""
-    procs = [subprocess.Popen([sys.executable, '-m', 'cluster.task', '--spec', spec, '--job', job, '--index', str(i)],
-                              cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for job, i in (('ps', 0), ('worker', 0), ('worker', 1))]
+    return run_tasks([([sys.executable, '-m', 'cluster.task', '--spec', spec, '--job', job, '--index', str(i)], env)
+                      for job, i in (('ps', 0), ('worker', 0), ('worker', 1))], cwd=REPO, timeout=timeout)
+
+
+def run_tasks(tasks: list[tuple[list[str], dict | None]], cwd, timeout: float = 150) -> tuple[list[int], list[str]]:
+    """Every (argv, environment) started at once, as a scheduler starts a cluster's pods; (their
+    exit codes, their outputs) once all have ended. None survives, whatever happens."""
+    procs = []
     try:
+        for argv, env in tasks:
+            procs.append(subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                          text=True))
         outs = [p.communicate(timeout=timeout)[0] for p in procs]
     finally:
         for p in procs:
             p.kill()
+            p.wait()
     return [p.returncode for p in procs], outs
+
+
+def check_trained(train_dir, codes: list[int], outs: list[str], steps: int) -> None:
+    """1 ps and 2 workers all ended with 0, the chief wrote its last checkpoint, and the ps saw
+    both workers done (the first output is the ps task's)."""
+    assert codes == [0, 0, 0], '\n'.join(o[-3000:] for o in outs)
+    with open(os.path.join(train_dir, 'checkpoint')) as f:
+        assert re.search(rf'^model_checkpoint_path: ".*ckpt-{steps}"', f.read(), re.M)
+    assert 'worker:0 is done' in outs[0] and 'worker:1 is done' in outs[0]
 
 
 def launch(*args, timeout: float = 600, **kw) -> subprocess.CompletedProcess:

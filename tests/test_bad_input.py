@@ -168,6 +168,23 @@ CASES = {
     'TF_CONFIG with a bad address': (lambda t: ['task', {'TF_CONFIG': json.dumps(
         {'cluster': {'ps': ['localhost:1'], 'worker': ['localhost']}, 'task': {'type': 'ps', 'index': 0}})}],
         'TF_CONFIG: cluster.worker[0]: expected "host:port"'),
+    # -- Kubernetes: the rendered files' names and claims, a JobSet pod's environment
+    'jobset name no DNS label': (lambda t: ['render', _spec(t), '--format', 'jobset', '--name', 'Run_1'],
+                                 "--name 'Run_1': a JobSet name must be a DNS-1035 label"),
+    'trainjob name too long': (lambda t: ['render', _spec(t), '--format', 'trainjob', '--name', 'r' * 50],
+                               'at most 48 characters here (JobSet names its pods NAME-node-0-0-xxxxx'),
+    'jobset claim no DNS name': (lambda t: ['render', _spec(t), '--format', 'jobset', '--pvc', 'My_Claim'],
+                                 "--pvc 'My_Claim': a PersistentVolumeClaim name is a DNS-1123 subdomain"),
+    'tfjob claim no DNS name': (lambda t: ['render', _spec(t), '--format', 'tfjob', '--pvc', 'claim-'],
+                                "--pvc 'claim-': a PersistentVolumeClaim name is a DNS-1123 subdomain"),
+    'jobset variable in env:': (lambda t: ['render', _spec(t, top={'env': {'JOB_COMPLETION_INDEX': 1}}), '--format',
+                                           'jobset'], 'env.JOB_COMPLETION_INDEX: JOB_COMPLETION_INDEX cannot be set'),
+    'task --jobset outside a pod': (lambda t: ['task', '--jobset'], '$TFCLUSTER_JOBSET_NAME is not set'),
+    'task --jobset index too high': (lambda t: ['task', {
+        'TFCLUSTER_JOBSET_NAME': 'run', 'TFCLUSTER_JOBSET_REPLICATED_JOB': 'worker', 'JOB_COMPLETION_INDEX': '2',
+        'TFCLUSTER_JOBSET_PS_JOB': 'ps', 'TFCLUSTER_JOBSET_NUM_PS': '1', 'TFCLUSTER_JOBSET_WORKER_JOB': 'worker',
+        'TFCLUSTER_JOBSET_NUM_WORKERS': '2', 'TFCLUSTER_JOBSET_PORT': '2222'}, '--jobset'],
+        "$JOB_COMPLETION_INDEX='2': expected a whole number 0..1"),
 }
 
 
@@ -192,7 +209,8 @@ def test_bad_input_is_one_line_exit_2_and_nothing_started(tmp_path, case):
         assert lines[-1].endswith(expected + " (choose from 'ps', 'worker')") and 'Traceback' not in result.stderr
     else:
         assert len(lines) == 1 and expected in lines[0], result.stderr
-        assert any(where in lines[0] for where in ('spec.yaml', '--set', str(tmp_path), 'TF_CONFIG')), lines[0]
+        assert any(where in lines[0] for where in ('spec.yaml', '--set', str(tmp_path), 'TF_CONFIG', '--name', '--pvc',
+                                                   '$TFCLUSTER_JOBSET_', '$JOB_COMPLETION_INDEX')), lines[0]
     assert set(os.listdir(tmp_path)) == before, 'a failed command wrote files'
     assert not project_processes()
 

@@ -5,10 +5,11 @@ the TF_CONFIG the operator would set."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
-import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -16,7 +17,7 @@ import yaml
 from cluster.spec import SpecError, TrainConfig, load_spec
 from launch.errors import UsageError
 from launch.tfjob import render, tfjob
-from tests.conftest import REPO, free_ports, launch
+from tests.conftest import REPO, check_trained, free_ports, launch, run_tasks
 
 SPECS = os.path.join(REPO, 'specs')
 LOCAL2 = os.path.join(SPECS, 'local2.yaml')
@@ -233,22 +234,34 @@ def test_rendered_pods_train_as_the_operator_would_start_them(tmp_path):
     base_env = {k: v for k, v in os.environ.items()
                 if k not in ('TF_CONFIG', 'CLUSTER_SPEC') and not k.startswith('TFCLUSTER_')}
     base_env['PYTHONPATH'] = REPO       # this tree's cluster.task, as the image holds it
-    procs = []
-    try:
-        for kind, replica in job['spec']['tfReplicaSpecs'].items():
-            c = replica['template']['spec']['containers'][0]
-            assert c['command'][0] == 'python'
-            argv = [sys.executable, *c['command'][1:], *c['args']]
-            for index in range(replica['replicas']):
-                tf_config = {'cluster': cluster, 'task': {'type': kind.lower(), 'index': index}, 'environment': 'cloud'}
-                procs.append(subprocess.Popen(argv, cwd=pod_dir, env={**base_env, 'TF_CONFIG': json.dumps(tf_config)},
-                                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-        outs = [p.communicate(timeout=150)[0] for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
-    assert [p.returncode for p in procs] == [0, 0, 0], '\n'.join(o[-3000:] for o in outs)
-    with open(run / 'checkpoint') as f:
-        assert re.search(r'^model_checkpoint_path: ".*ckpt-20"', f.read(), re.M)
-    assert 'worker:0 is done' in outs[0] and 'worker:1 is done' in outs[0]
+    tasks = []
+    for kind, replica in job['spec']['tfReplicaSpecs'].items():
+        c = replica['template']['spec']['containers'][0]
+        assert c['command'][0] == 'python'
+        argv = [sys.executable, *c['command'][1:], *c['args']]
+        for index in range(replica['replicas']):
+            tf_config = {'cluster': cluster, 'task': {'type': kind.lower(), 'index': index}, 'environment': 'cloud'}
+            tasks.append((argv, {**base_env, 'TF_CONFIG': json.dumps(tf_config)}))
+    check_trained(run, *run_tasks(tasks, cwd=pod_dir), steps=20)
+
+
+def test_pvc_puts_the_workers_train_dir_on_the_claim():
+    """--pvc: the checkpoints outlive the pods, and the header says so instead of how to edit the file."""
+    job = rendered(LOCAL2, pvc='ckpt.team-ml')
+    pods = {kind: r['template']['spec'] for kind, r in job['spec']['tfReplicaSpecs'].items()}
+    assert pods['Worker']['volumes'] == [{'name': 'train-dir', 'persistentVolumeClaim': {'claimName': 'ckpt.team-ml'}}]
+    assert 'volumes' not in pods['PS']
+    head = ' '.join(line[1:].strip() for line in render(load_spec(LOCAL2), SimpleNamespace(pvc='ckpt')).splitlines()
+                    if line.startswith('#'))
+    assert 'on the PersistentVolumeClaim ckpt' in head and 'emptyDir' not in head
+    with pytest.raises(UsageError, match="--pvc 'Ckpt': a PersistentVolumeClaim name is a DNS-1123 subdomain"):
+        tfjob(load_spec(LOCAL2), pvc='Ckpt')
+
+
+def test_hosts_and_isolation_are_a_warning(caplog):
+    with caplog.at_level(logging.WARNING):
+        render(load_spec(os.path.join(SPECS, 'two-hosts.yaml')), None)
+        render(load_spec(LOCAL2, ['isolation=netns']), None)
+    assert [r.getMessage().split(': ', 1)[1] for r in caplog.records] == [
+        'hosts not used by a TFJob: Kubernetes places and names the pods',
+        'isolation: netns not used by a TFJob: Kubernetes places and names the pods']
