@@ -141,9 +141,11 @@ def build_graph(spec: ClusterSpec, task: TaskSpec, data_dir: str | None) -> _Gra
         opt = v1.train.GradientDescentOptimizer(lr)
         ema = v1.train.ExponentialMovingAverage(model.MOVING_AVERAGE_DECAY, global_step)
         if train.sync:
+            # The moving averages are applied below, each on its variable's ps task: given to the
+            # optimizer, every one would be computed on the global step's ps task (ps:0), so with
+            # 2 ps tasks half the model crossed from ps to ps twice on every step.
             opt = v1.train.SyncReplicasOptimizer(
-                opt, replicas_to_aggregate=spec.replicas_to_aggregate, total_num_replicas=spec.live_workers,
-                variable_averages=ema, variables_to_average=None)
+                opt, replicas_to_aggregate=spec.replicas_to_aggregate, total_num_replicas=spec.live_workers)
 
     # Input shards: the live workers split the records among them, by their rank in index order
     # (a sync scale restarts the cluster; an async worker switches shards at its next step).
@@ -184,18 +186,10 @@ def build_graph(spec: ClusterSpec, task: TaskSpec, data_dir: str | None) -> _Gra
             local_init_op = opt.chief_init_op if task.is_chief else opt.local_step_init_op
             ready_for_local_init_op = opt.ready_for_local_init_op
             resync = opt.local_step_init_op
-            sync_op = opt.get_chief_queue_runner().enqueue_ops[0] if task.is_chief else None
+            sync_op = _averaged(ema, opt.get_chief_queue_runner().enqueue_ops[0]) if task.is_chief else None
         else:
             apply = opt.apply_gradients(grads, global_step=global_step)
-            with tf.control_dependencies([apply]):
-                # Each average is computed where its variable lives: under the worker's device
-                # function, (v - average) * decay would pull both to the worker and push the result
-                # back, three times the model's bytes on every update of the chief.
-                averages = []
-                for var in v1.trainable_variables():
-                    with v1.device(var.device):
-                        averages.append(ema.apply([var]))
-                averages = tf.group(*averages)
+            averages = _averaged(ema, apply)
             # The moving averages move with the chief's updates only: every worker applying them on
             # every update did W times the work for averages that move no better (each apply is one
             # more read-modify-write of every variable on the ps). Every worker builds them, so all
@@ -212,6 +206,19 @@ def build_graph(spec: ClusterSpec, task: TaskSpec, data_dir: str | None) -> _Gra
     saver = v1.train.Saver(max_to_keep=5, sharded=True)
     return _Graph(global_step, step_after, loss, lr, train_op, local_init_op, ready_for_local_init_op,
                   resync, sync_op, summary, reshard, saver, done_ops, examples_per_run)
+
+
+def _averaged(ema, after):
+    """The moving average of every trainable variable, applied once `after` has run, each where
+    its variable lives: under a worker's device function, (v - average) * decay would pull both
+    to the worker and push the result back, three times the model's bytes per apply; under one
+    fixed device, every variable of another ps task would cross to it and back."""
+    averages = []
+    with tf.control_dependencies([after]):
+        for var in v1.trainable_variables():
+            with v1.device(var.device):
+                averages.append(ema.apply([var]))
+    return tf.group(*averages)
 
 
 def _scalar_summary(tag: str, tensor):

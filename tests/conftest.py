@@ -6,6 +6,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -159,16 +160,26 @@ def run_by_hand(spec: str, env: dict | None = None, timeout: float = 240) -> tup
 def run_tasks(tasks: list[tuple[list[str], dict | None]], cwd, timeout: float = 150) -> tuple[list[int], list[str]]:
     """Every (argv, environment) started at once, as a scheduler starts a cluster's pods; (their
     exit codes, their outputs) once all have ended. None survives, whatever happens."""
-    procs = []
+    procs, files = [], []
+    deadline = time.monotonic() + timeout
     try:
         for argv, env in tasks:
-            procs.append(subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            # Each output into a file of its own: a pipe read only after the task before it has
+            # ended could fill up and stop its task.
+            files.append(tempfile.TemporaryFile('w+'))
+            procs.append(subprocess.Popen(argv, cwd=cwd, env=env, stdout=files[-1], stderr=subprocess.STDOUT,
                                           text=True))
-        outs = [p.communicate(timeout=timeout)[0] for p in procs]
+        for p in procs:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
     finally:
         for p in procs:
             p.kill()
             p.wait()
+    outs = []
+    for f in files:
+        f.seek(0)
+        outs.append(f.read())
+        f.close()
     return [p.returncode for p in procs], outs
 
 
