@@ -503,14 +503,17 @@ def bench_links(args, tmp: str) -> dict:
                     with emulated.Links(ps + workers, rate) as links:
                         got = cluster_on_links(links, tmp, f'links-{mode}-{ps}ps-{dtype}-{rate}', mode, ps, workers,
                                                steps, batch, dtype)['steady_images_per_sec']
-                    predicted = emulated.predict(mode, workers, batch, free, wire, largest, rate) if free else None
+                    predicted, overlapped = (emulated.predict(mode, workers, batch, free, wire, largest, rate, overlap)
+                                             if free else None for overlap in (False, True))
                     rows.append({'rate_mbit': rate, 'latency_ms': measured_links[rate][1] / 2, 'mode': mode,
                                  'num_ps': ps, 'transfer_dtype': dtype, 'measured_images_per_sec': got,
-                                 'predicted_images_per_sec': predicted, 'unlimited_images_per_sec': free,
+                                 'predicted_images_per_sec': predicted,
+                                 'predicted_overlapped_images_per_sec': overlapped, 'unlimited_images_per_sec': free,
                                  'link_measured_mbit': measured_links[rate][0]})
                     err = got / predicted - 1 if got and predicted else None
                     print(f'{mode:<5} {ps} ps {dtype:<8} {rate:>6} Mbit/s  measured {num(got, "6.0f")}  predicted '
-                          f'{num(predicted, "6.0f")} images/s  ({num(err, "+.0%")})', flush=True)
+                          f'{num(predicted, "6.0f")} images/s  ({num(err, "+.0%")}; all overlapped: '
+                          f'{num(overlapped, "6.0f")})', flush=True)
     gains = {}
     if 'bfloat16' in args.link_dtypes and 'float32' in args.link_dtypes:
         print('bfloat16 transfers, images/s against float32 (same mode, ps tasks and link):')

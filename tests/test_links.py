@@ -98,3 +98,14 @@ def test_namespaces_of_a_killed_benchmark_are_removed_by_the_next():
     assert len(left) == 3       # two hosts and the hub
     assert set(left) <= set(links.remove_stale())
     assert not [n for n in ours() if n.startswith(f'{links.PREFIX}-{proc.pid}-')]
+
+
+def test_the_overlapped_bound_hides_transfers_behind_compute():
+    # Compute 213 ms a step; pulls and pushes of 34 ms each way on a 1 Gbit/s link fit behind it.
+    assert links.predict('sync', 2, 64, 600.0, MODEL, 0.5, 1000, overlap=True) == pytest.approx(600.0)
+    assert links.predict('async', 2, 64, 600.0, MODEL, 1.0, 1000, overlap=True) == pytest.approx(600.0)
+    # A 100 Mbit/s link: 342 ms each way, longer than the compute, so the link sets the pace.
+    assert links.predict('sync', 2, 64, 600.0, MODEL, 1.0, 100, overlap=True) == pytest.approx(128 / (2 * MODEL / 12.5e6))
+    for mode in ('sync', 'async'):
+        assert links.predict(mode, 2, 64, 600.0, MODEL, 1.0, 1000) < links.predict(mode, 2, 64, 600.0, MODEL, 1.0, 1000,
+                                                                                   overlap=True)
