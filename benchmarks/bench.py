@@ -1,12 +1,14 @@
 """Benchmarks: figures and ratios against baselines measured in the same run (machines are shared
 and noisy, so absolute seconds only mean something next to their baseline).
 
-    python benchmarks/bench.py                 # everything, 3 repetitions, medians (about 25 min)
+    python benchmarks/bench.py                 # everything but links, 3 repetitions, medians (about 45 min)
     python benchmarks/bench.py --quick         # every figure once, tiny runs (CI: no speed asserted)
     python benchmarks/bench.py --only cluster  # or scaling, bytes, learning, towers, elastic
+    python benchmarks/bench.py --only links    # emulated links, by hand (root; about 20 min, 3 with --quick)
 
-Baselines: the time one process takes to `import tensorflow` (start-up is mostly imports), and the
-images/s of the same model and input pipeline trained in one process with no cluster. Cluster
+Baselines: the time one process takes to `import tensorflow` (start-up is mostly imports), the
+images/s of the same model and input pipeline trained in one process with no cluster, and the
+hand-written TF1 cluster of the same model with no launcher (benchmarks/tf1_cluster.py). Cluster
 rates are steady state: read from the chief's progress lines as they arrive, from the first line
 after warm-up (a tenth of the steps) to the last one before the end. The figures also go to JSON
 (--json, default benchmarks/results.json).
