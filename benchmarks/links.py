@@ -94,7 +94,7 @@ class Links:
         tag = f'{PREFIX}-{os.getpid()}'
         self.hub, self.hosts = f'{tag}-hub', [f'{tag}-{k}' for k in range(n)]
         self.port = PORT        # every host has an address of its own: one port for all
-        self._old_term = None
+        self._old_handlers: dict = {}
 
     def addr(self, k: int) -> str:
         return f'{SUBNET}.{k + 1}'
@@ -105,7 +105,10 @@ class Links:
     def __enter__(self) -> 'Links':
         if threading.current_thread() is threading.main_thread():
             # SIGTERM ends the benchmark like Ctrl-C does: through __exit__, which removes everything.
-            self._old_term = signal.signal(signal.SIGTERM, _interrupt)
+            # SIGINT gets its usual meaning back too: a process started in the background by a
+            # shell inherits it ignored, and a stray namespace would outlive a Ctrl-C sent to it.
+            for sig, handler in ((signal.SIGTERM, _interrupt), (signal.SIGINT, signal.default_int_handler)):
+                self._old_handlers[sig] = signal.signal(sig, handler)
         try:
             netns.create(self.hub)
             _run('ip', '-n', self.hub, 'link', 'add', 'br0', 'type', 'bridge')
@@ -137,9 +140,9 @@ class Links:
                     except ProcessLookupError:
                         pass
                 netns.delete(ns)        # the veth pairs go with their namespaces
-        if self._old_term is not None:
-            signal.signal(signal.SIGTERM, self._old_term)
-            self._old_term = None
+        for sig, handler in self._old_handlers.items():
+            signal.signal(sig, handler)
+        self._old_handlers = {}
 
     def socket(self, k: int, kind: int = socket.SOCK_STREAM) -> socket.socket:
         return netns.socket_in(self.hosts[k], socket.AF_INET, kind)
