@@ -128,6 +128,7 @@ class SupervisedRun(Strategy):
         self._scaling: dict | None = None             # the scale request being carried out
         self._stepped: set[str] = set()               # workers whose current start logged a step
         self._retired: set[str] = set()               # workers failed over: never started again
+        self._run_dir_fd: int | None = None           # the run's directory, held open (_check_run_dir)
         self.start_timeout, self.finish_timeout = start_timeout, finish_timeout
         self._checks = checks                        # the pre-flight, run by prepare()
         self._warn = warn                            # once per run: what the user should know (exposure)
@@ -215,6 +216,9 @@ class SupervisedRun(Strategy):
                 self._teardown()
             except BackendError as e:
                 self.say(f'error: stopping the tasks failed: {e}; run `launch down {self.spec.path}`')
+            if self._run_dir_fd is not None:
+                os.close(self._run_dir_fd)
+                self._run_dir_fd = None
             self._done.set()
             unknown = [r.name for r in self.records if self.backends[r.backend].status(r).alive]
             if not unknown:
@@ -568,9 +572,18 @@ class SupervisedRun(Strategy):
 
     def _check_run_dir(self) -> None:
         """The run's own directory (its state, events, and for local tasks their logs and
-        checkpoints) removed under a running launcher: one line, and every task stopped."""
+        checkpoints) removed under a running launcher: one line, and every task stopped.
+        The directory is held open from the first check: once removed it has no links left,
+        even when a task that still writes there (a chief's checkpoint) has made a new one by
+        the same name before this check comes round."""
         train_dir = self.spec.train.train_dir
-        if not os.path.isdir(train_dir):
+        try:
+            if self._run_dir_fd is None:
+                self._run_dir_fd = os.open(train_dir, os.O_RDONLY | os.O_DIRECTORY)
+            removed = os.fstat(self._run_dir_fd).st_nlink == 0 or not os.path.isdir(train_dir)
+        except FileNotFoundError:
+            removed = True
+        if removed:
             raise TaskFailed(f'the run\'s directory {os.path.abspath(train_dir)} was removed while the run went on; '
                              'stopping every task (nothing of the run can be kept there any more)')
 
