@@ -538,8 +538,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument('--quick', action='store_true', help='every figure once with tiny runs (CI: checks it runs)')
     p.add_argument('--only', choices=SECTIONS + BY_HAND, action='append',
-                   help='run only these sections (links runs only when named: emulated links, about 25 min, '
-                        '6 with --quick)')
+                   help='run only these sections (links runs only when named: emulated links, about 20 min, '
+                        '3 with --quick)')
     p.add_argument('--reps', type=int, default=3)
     p.add_argument('--steps', type=int, default=300, help='global steps of each cluster run')
     p.add_argument('--batch', type=int, default=64, help='batch per worker (per tower)')

@@ -17,6 +17,7 @@ import textwrap
 
 import yaml
 
+from cluster.jobset_env import DNS1035, MAX_LABEL  # noqa: F401  (a label's rules, one definition)
 from cluster.spec import ClusterSpec, TrainConfig
 from launch.compose_file import DEFAULT_IMAGE
 from launch.errors import UsageError
@@ -28,9 +29,7 @@ log = logging.getLogger(__name__)
 COMMAND = ('python', '-m', 'cluster.task')   # the image's entry point, given so its CMD (--help) never runs
 GPU_RESOURCE = 'nvidia.com/gpu'
 TRAIN_DIR_VOLUME = 'train-dir'
-MAX_LABEL = 63              # a DNS-1035/1123 label: a service, pod or host name
 MAX_SUBDOMAIN = 253         # a DNS-1123 subdomain: most object names, a PersistentVolumeClaim's
-DNS1035 = re.compile(r'[a-z]([-a-z0-9]*[a-z0-9])?')
 DNS1123 = re.compile(r'[a-z0-9]([-a-z0-9]*[a-z0-9])?')
 DNS1123_SUBDOMAIN = re.compile(r'[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')
 

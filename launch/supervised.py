@@ -186,6 +186,7 @@ class SupervisedRun(Strategy):
         if self._warn is not None and life.attempt == 1:
             self._warn()
         try:
+            self._run_dir_fd = os.open(self.spec.train.train_dir, os.O_RDONLY | os.O_DIRECTORY)
             for name, backend in self.backends.items():
                 backend.prepare([p for p in self.plans if p.backend == name], self.spec_yaml)
             for name in self.backends:      # one thread each: a slow SSH host never delays local leases
@@ -573,17 +574,11 @@ class SupervisedRun(Strategy):
     def _check_run_dir(self) -> None:
         """The run's own directory (its state, events, and for local tasks their logs and
         checkpoints) removed under a running launcher: one line, and every task stopped.
-        The directory is held open from the first check: once removed it has no links left,
+        The directory is held open from the start of the run: once removed it has no links left,
         even when a task that still writes there (a chief's checkpoint) has made a new one by
         the same name before this check comes round."""
         train_dir = self.spec.train.train_dir
-        try:
-            if self._run_dir_fd is None:
-                self._run_dir_fd = os.open(train_dir, os.O_RDONLY | os.O_DIRECTORY)
-            removed = os.fstat(self._run_dir_fd).st_nlink == 0 or not os.path.isdir(train_dir)
-        except FileNotFoundError:
-            removed = True
-        if removed:
+        if os.fstat(self._run_dir_fd).st_nlink == 0 or not os.path.isdir(train_dir):
             raise TaskFailed(f'the run\'s directory {os.path.abspath(train_dir)} was removed while the run went on; '
                              'stopping every task (nothing of the run can be kept there any more)')
 
