@@ -30,7 +30,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-from cluster import rundir  # noqa: E402
+from cluster.runtime import rundir  # noqa: E402
 
 QUIET = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
 
@@ -62,7 +62,8 @@ def single_process(batch_size: int, steps: int) -> dict:
     its images/s, and the CPU time (every thread, user + system) one batch costs."""
     code = f'''
 import os, time, tempfile, tensorflow as tf
-from cluster import data, model
+from cluster.training import data
+from cluster.training import model
 v1 = tf.compat.v1
 v1.disable_eager_execution()
 tmp = tempfile.TemporaryDirectory()
@@ -312,14 +313,14 @@ def model_bytes_and_shares() -> tuple[int, dict[int, list[int]]]:
 import json, logging, sys, tensorflow as tf
 tf.get_logger().setLevel(logging.FATAL)
 tf.compat.v1.disable_eager_execution()
-from cluster import train
+from cluster.training import train
 from cluster.spec import load_spec
 out = {}
 for ps in (1, 2, 3):
     spec = load_spec("specs/local2.yaml", ["cluster.ps=[%s]" % ", ".join("localhost:%d" % (3000 + i) for i in range(ps))])
     out[ps] = train.ps_bytes(spec)
 with tf.Graph().as_default():
-    from cluster import model
+    from cluster.training import model
     model.inference(tf.zeros([1, 24, 24, 3]))
     out["model"] = sum(v.shape.num_elements() * 4 for v in tf.compat.v1.trainable_variables())
 print(json.dumps(out))

@@ -37,7 +37,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-from launch import netns  # noqa: E402
+from launch.backends import netns  # noqa: E402
 
 PREFIX = 'tfcl-link'            # every namespace this module makes: tfcl-link-<pid>-hub, -<pid>-<k>
 SUBNET = '10.213.0'             # addresses that exist only inside those namespaces

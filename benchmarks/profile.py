@@ -7,7 +7,7 @@ Three views of the same runs:
   in steady state, read from /proc, next to what one batch costs in one process with no cluster,
   and the cores' idle time. On a shared host this is the whole story: what the ps and the
   transfers cost comes out of the workers' compute.
-- the chief's step stats (TensorFlow's RunMetadata, full trace, cluster/profiler.py StepProfiler):
+- the chief's step stats (TensorFlow's RunMetadata, full trace, cluster/training/profiler.py StepProfiler):
   op-seconds per task and kind of op, and the bytes each task received. Op-seconds are summed over
   ops, so ops that run in parallel add up past the wall time, and a transfer's time includes
   waiting for its tensor to be produced (a ps waits for the worker's gradients).
@@ -25,9 +25,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench import QUIET, REPO, cluster_overrides, fmt_run, launch_up, single_process  # noqa: E402
-from cluster import rundir  # noqa: E402
-from cluster.profiler import PROFILE_ENV  # noqa: E402
-from launch.local import process_cmdline, process_cpu_seconds  # noqa: E402
+from cluster.runtime import rundir  # noqa: E402
+from cluster.training.profiler import PROFILE_ENV  # noqa: E402
+from launch.backends.local import process_cmdline, process_cpu_seconds  # noqa: E402
 
 
 def children(pid: int) -> list[int]:

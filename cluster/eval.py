@@ -10,7 +10,8 @@ import logging
 import os
 import sys
 
-from cluster import data, rundir
+from cluster.training import data
+from cluster.runtime import rundir
 from cluster.spec import DEFAULT_SPEC, ClusterSpec, load_spec
 
 log = logging.getLogger(__name__)
@@ -30,7 +31,8 @@ def evaluate(spec: ClusterSpec, checkpoint: str | None = None) -> dict:
     data_dir = data.resolve_data(spec.train.data, train_dir)
     data.check_data_dir(data_dir, 'test')
     import tensorflow as tf
-    from cluster import model, summaries
+    from cluster.training import model
+    from cluster.training import summaries
     v1 = tf.compat.v1
     checkpoint = checkpoint or tf.train.latest_checkpoint(train_dir)
     if not checkpoint:

@@ -46,8 +46,8 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from cluster.membership import LIVE
-from cluster import rundir
+from cluster.runtime.membership import LIVE
+from cluster.runtime import rundir
 from cluster.spec import ClusterSpec, TaskSpec, TrainConfig, address
 
 log = logging.getLogger('cluster.program')
@@ -280,7 +280,7 @@ class ProgramContext:
         `device_setter`. The chief saves checkpoints as train.checkpoint_steps/_secs ask (checked
         in `report`), when stopped by SIGTERM or SIGINT, and when the block ends."""
         import tensorflow as tf
-        from cluster import session as runtime
+        from cluster.runtime import session as runtime
         v1 = tf.compat.v1
         global_step = v1.train.get_global_step()
         if global_step is None:
@@ -317,7 +317,7 @@ class ProgramContext:
         """Tell the launcher this worker's newest global step and loss (and, optionally, how many
         examples this update used, for the images/s figures). Call it once per update: it prints
         the progress line the launcher's supervisor reads, and the chief saves when one is due."""
-        from cluster import session as runtime
+        from cluster.runtime import session as runtime
         p = self._progress
         now = time.monotonic()
         p.step, p.loss = int(step), float(loss)
@@ -346,7 +346,7 @@ class ProgramContext:
 def _note_restart(train_dir: str, step: int) -> None:
     """A restarted chief records the launcher's cause in TensorBoard, as the built-in trainer does
     (the program's own summaries, if any, are its business)."""
-    from cluster import summaries
+    from cluster.training import summaries
     if summaries.restart_cause():
         w = summaries.writer(train_dir)
         try:
@@ -359,8 +359,8 @@ def run_program(server, spec: ClusterSpec, task: TaskSpec, fn: Callable[[Program
     """Call the user's `train.program` function in this worker, then report done to the ps tasks
     as the built-in trainer does, so they end by themselves, and write this worker's figures."""
     import tensorflow as tf
-    from cluster import session as runtime
-    from cluster.train import tower_devices
+    from cluster.runtime import session as runtime
+    from cluster.training.train import tower_devices
     v1 = tf.compat.v1
     os.makedirs(spec.train.train_dir, exist_ok=True)
     cluster = v1.train.ClusterSpec(spec.cluster_def())

@@ -22,9 +22,9 @@ import threading
 import time
 import traceback
 
-from cluster.membership import LIVE, Members
+from cluster.runtime.membership import LIVE, Members
 from cluster.program import ProgramError, check_command, check_program, load_program, run_command, run_program
-from cluster.rundir import (EXIT_FAILED, EXIT_NO_RESTART, EXIT_OK, EXIT_USAGE, LEASE_ENV, LEASE_SECS_ENV,
+from cluster.runtime.rundir import (EXIT_FAILED, EXIT_NO_RESTART, EXIT_OK, EXIT_USAGE, LEASE_ENV, LEASE_SECS_ENV,
                             TaskLogFormatter, cause_line, read_text, serving_line)
 from cluster.spec import (DEFAULT_SPEC, TF_CONFIG_ENV, ClusterSpec, SpecError, TaskSpec, load_spec,
                           read_tf_config)
@@ -35,7 +35,7 @@ CHILDREN: list = []     # the train.command process this task runs, if any (kill
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    from cluster.slurm_env import DEFAULT_PORT_BASE
+    from cluster.env.slurm import DEFAULT_PORT_BASE
     p = argparse.ArgumentParser(prog='python -m cluster.task', description=__doc__.splitlines()[0])
     p.add_argument('--spec', help=f'cluster spec (default: $CLUSTER_SPEC, else {DEFAULT_SPEC})')
     p.add_argument('--job', choices=['ps', 'worker'], help='the task\'s job (default: from $TF_CONFIG)')
@@ -67,15 +67,15 @@ def resolve_task(args: argparse.Namespace) -> tuple[ClusterSpec, TaskSpec]:
     """The spec and this process's task. --job/--index name the task in the spec's cluster (how
     `launch up` starts tasks); without them $TF_CONFIG names both the cluster and the task, as
     Kubeflow's TFJob, SageMaker and Vertex set it, and the spec (if any) gives the train settings;
-    with --slurm, Slurm's environment places every task (cluster/slurm_env.py); with --jobset, a
-    JobSet pod's labels and variables (cluster/jobset_env.py), the spec (if any) again giving only
+    with --slurm, Slurm's environment places every task (cluster/env/slurm.py); with --jobset, a
+    JobSet pod's labels and variables (cluster/env/jobset.py), the spec (if any) again giving only
     the train settings."""
     path = args.spec or os.environ.get('CLUSTER_SPEC')
     if args.slurm:      # the spec's ps/worker counts, placed where srun started the ranks
-        from cluster import slurm_env
+        from cluster.env import slurm as slurm_env
         return slurm_env.resolve(load_spec(path or DEFAULT_SPEC, args.overrides), os.environ, args.port_base)
     if args.jobset:
-        from cluster import jobset_env
+        from cluster.env import jobset as jobset_env
         place = jobset_env.place(os.environ)
         spec = load_spec(path, args.overrides, cluster=place.cluster, cluster_source='the JobSet environment')
         return spec, spec.task(place.job, place.index)
@@ -105,7 +105,7 @@ def port_in_use(port: int) -> bool:
 def watch_lease(path: str, secs: float, poll: float = 1.0, pool: int = 0) -> None:
     """End this task (SIGTERM to itself, so a chief still saves its checkpoint) once `path` has
     not been touched for `secs` seconds. A missing file counts from the task's start. What the
-    file holds is the live workers of a pool of `pool` (cluster/membership.py): read now, and
+    file holds is the live workers of a pool of `pool` (cluster/runtime/membership.py): read now, and
     again whenever it changes."""
     started = time.time()
     seen = [None]
@@ -202,7 +202,7 @@ def main(argv=None) -> int:
     try:
         spec, task = resolve_task(args)
         check_user_code(spec, task)
-        from cluster import data   # no TensorFlow at import time
+        from cluster.training import data   # no TensorFlow at import time
         builtin = not (spec.train.program or spec.train.command)
         data_dir = data.resolve_spec_data(spec) if task.job == 'worker' and builtin else None
     except ValueError as e:       # SpecError
@@ -227,7 +227,8 @@ def main(argv=None) -> int:
         return run_command(spec, task, port_in_use, CHILDREN, stop_with_workers=not os.environ.get(LEASE_ENV))
     runs_program = bool(spec.train.program) and task.job == 'worker'
     tf = import_tensorflow(keras=runs_program)
-    from cluster import session, train
+    from cluster.runtime import session
+    from cluster.training import train
     tf.get_logger().setLevel(logging.ERROR)     # TF1 deprecation notices drown the progress lines
     tf.compat.v1.disable_eager_execution()
     program = None

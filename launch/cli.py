@@ -1,5 +1,5 @@
 """The `launch` command line: argparse and dispatch. The commands themselves are in
-launch/commands.py; what each backend can do is in launch/registry.py."""
+launch/commands.py; what each backend can do is in launch/run/registry.py."""
 from __future__ import annotations
 
 import argparse
@@ -8,12 +8,12 @@ import os
 import signal
 import sys
 
-from cluster.rundir import EXIT_USAGE
+from cluster.runtime.rundir import EXIT_USAGE
 from cluster.spec import load_spec
-from launch import registry
+from launch.run import registry
 from launch.commands import (COMMANDS, ERRORS, EXIT_NO_RUN, RENDERERS, Request, check_request, cmd_download, cmd_list,
                              load_target)
-from launch.runs import RunNotFound
+from launch.records.runs import RunNotFound
 from launch.errors import UsageError
 
 
@@ -38,7 +38,7 @@ def _spec_args(p: argparse.ArgumentParser, run: bool = False) -> None:
 
 
 def _slurm_args(p: argparse.ArgumentParser, what: str) -> None:
-    from cluster.slurm_env import DEFAULT_PORT_BASE
+    from cluster.env.slurm import DEFAULT_PORT_BASE
     p.add_argument('--partition', help=f'{what}the Slurm partition (default: the cluster\'s default)')
     p.add_argument('--time-limit', metavar='TIME', help=f'{what}the job\'s time limit, e.g. 1:00:00')
     p.add_argument('--port-base', type=int, default=None, metavar='PORT',

@@ -1,5 +1,5 @@
 """The bodies of the `launch` commands. launch/cli.py parses the command line and calls one of
-these with the loaded spec; the backends they need come from launch/registry.py."""
+these with the loaded spec; the backends they need come from launch/run/registry.py."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,17 +12,20 @@ import threading
 import time
 from dataclasses import dataclass
 
-from cluster import rundir
-from cluster.rundir import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from cluster.runtime import rundir
+from cluster.runtime.rundir import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from cluster.spec import ClusterSpec, SpecError, load_spec
-from launch import gpus, netns, registry, runs
-from launch.backend import BackendError, HostCheck, stop_all
+from launch.planning import gpus
+from launch.backends import netns
+from launch.run import registry
+from launch.records import runs
+from launch.backends.base import BackendError, HostCheck, stop_all
 from launch.errors import UsageError
-from launch.lifecycle import Console, Lifecycle
-from launch.plan import TaskPlan, effective_spec_path, log_path, state_path
-from launch.preflight import check_isolation, launcher_alive, prepare_data, preflight, warn_exposure
-from launch.events import read_events
-from launch.state import LaunchState, StateError
+from launch.run.lifecycle import Console, Lifecycle
+from launch.planning.plan import TaskPlan, effective_spec_path, log_path, state_path
+from launch.run.preflight import check_isolation, launcher_alive, prepare_data, preflight, warn_exposure
+from launch.records.events import read_events
+from launch.run.state import LaunchState, StateError
 
 EXIT_NO_RUN = 3         # `launch status` of a run that does not exist (like `systemctl status`)
 
@@ -65,7 +68,7 @@ def plans_of(spec: ClusterSpec, req: Request) -> list[TaskPlan]:
 
 
 def with_gpus(spec: ClusterSpec, req: Request, plans: list[TaskPlan], backends) -> list[TaskPlan]:
-    """The plans again with the GPUs the workers' hosts say they have (launch/gpus.py): each
+    """The plans again with the GPUs the workers' hosts say they have (launch/planning/gpus.py): each
     worker of a host its own. Raises SpecError when a host has too few."""
     counts = registry.gpu_counts(spec, plans, backends)
     return registry.plans(spec, req.backend, req.options, counts) if counts else plans
@@ -117,7 +120,7 @@ def cmd_up(spec: ClusterSpec, req: Request) -> int:
         strategy = kind.delegate(spec, req.options)
         life = Lifecycle(spec, console, kind.name, strategy.effective_spec, overrides=args.overrides)
         return life.up(strategy).exit_code
-    from launch.supervised import SupervisedRun
+    from launch.run.supervised import SupervisedRun
     plans = plans_of(spec, req)
     spec_yaml = registry.tasks_spec_yaml(spec, req.backend, req.options)
     with backends_for(spec, req, plans) as backends:
@@ -136,8 +139,8 @@ def cmd_up(spec: ClusterSpec, req: Request) -> int:
 
 def cmd_scale(spec: ClusterSpec, req: Request) -> int:
     """Ask the running launcher of the run for M workers; wait until the change took effect."""
-    from launch import control
-    from launch.state import LockBusy, TrainDirLock
+    from launch.run import control
+    from launch.run.state import LockBusy, TrainDirLock
     workers = req.args.workers
     check_workers(spec, workers)
     train_dir = spec.train.train_dir
@@ -399,7 +402,7 @@ def cmd_list(args) -> int:
 
 
 def cmd_report(spec: ClusterSpec, req: Request) -> int:
-    from launch import report
+    from launch.records import report
     train_dir = spec.train.train_dir
     if runs.describe(train_dir) is None:
         raise runs.RunNotFound(f'{os.path.abspath(train_dir)} holds no run (no events.jsonl or run.json)')
@@ -492,8 +495,8 @@ def _plan_json(task, plan: TaskPlan, req: Request) -> dict:
 
 # -- files: compose, render, download -------------------------------------------------------------
 def cmd_compose(spec: ClusterSpec, req: Request) -> int:
-    from launch.compose_file import render
-    from launch.plan import compose_spec, plan_compose
+    from launch.render.compose import render
+    from launch.planning.plan import compose_spec, plan_compose
     text = render(compose_spec(spec), list(plan_compose(spec)), spec.path)
     if write_output(text, req.args.output):
         print(f'wrote {req.args.output}: {spec.num_ps + spec.num_workers} services; run it with '
@@ -514,20 +517,20 @@ def write_output(text: str, path: str | None) -> bool:
     return True
 
 
-RENDERERS = {'sbatch': ('launch.slurm', 'a Slurm batch script (`launch up --backend slurm` submits it)'),
-             'jobset': ('launch.jobset', 'a Kubernetes JobSet (jobset.x-k8s.io/v1alpha2) to `kubectl apply -f`'),
-             'trainjob': ('launch.trainjob', 'a Kubeflow Trainer v2 TrainingRuntime and TrainJob to '
+RENDERERS = {'sbatch': ('launch.render.sbatch', 'a Slurm batch script (`launch up --backend slurm` submits it)'),
+             'jobset': ('launch.render.jobset', 'a Kubernetes JobSet (jobset.x-k8s.io/v1alpha2) to `kubectl apply -f`'),
+             'trainjob': ('launch.render.trainjob', 'a Kubeflow Trainer v2 TrainingRuntime and TrainJob to '
                                              '`kubectl apply -f`'),
-             'tfjob': ('launch.tfjob', 'a Kubeflow TFJob (kubeflow.org/v1, Training Operator 1.9) to '
+             'tfjob': ('launch.render.tfjob', 'a Kubeflow TFJob (kubeflow.org/v1, Training Operator 1.9) to '
                                        '`kubectl apply -f`')}
 KUBERNETES_FORMATS = ('jobset', 'trainjob', 'tfjob')
 
 
 def cmd_render(spec: ClusterSpec, req: Request) -> int:
-    """The spec in the scheduler's own format: launch/slurm.py (sbatch), launch/jobset.py (jobset),
-    launch/trainjob.py (trainjob) or launch/tfjob.py (tfjob)."""
+    """The spec in the scheduler's own format: launch/render/sbatch.py (sbatch), launch/render/jobset.py (jobset),
+    launch/render/trainjob.py (trainjob) or launch/render/tfjob.py (tfjob)."""
     import importlib
-    from launch.slurm import option_problem     # the --partition, --time-limit, --port-base given
+    from launch.render.sbatch import option_problem     # the --partition, --time-limit, --port-base given
     problem = option_problem(spec, req.options)
     if problem:
         raise UsageError(problem)
@@ -543,7 +546,7 @@ def cmd_render(spec: ClusterSpec, req: Request) -> int:
 
 
 def cmd_download(args) -> int:
-    from cluster import download
+    from cluster.training import download
     url, md5 = args.url or download.CIFAR10_URL, args.md5 or download.CIFAR10_MD5
     try:
         download.check_arguments(url, md5)

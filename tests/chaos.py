@@ -51,8 +51,8 @@ from typing import Callable
 
 import yaml
 
-from cluster import rundir
-from launch.events import read_events, read_run_record
+from cluster.runtime import rundir
+from launch.records.events import read_events, read_run_record
 from tests.parts import free_ports, task_processes
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -422,7 +422,7 @@ class ComposeDriver(Driver):
 
     def write_spec(self, sub, train, supervise):
         from cluster.spec import load_spec
-        from launch.compose import project_name
+        from launch.backends.compose import project_name
         path = super().write_spec(sub, train, supervise)
         self.project = project_name(load_spec(path))
         return path

@@ -37,7 +37,7 @@ def _state(tmp_path, text: str) -> str:
 
 
 def _cut_data(tmp_path) -> str:
-    from cluster import data
+    from cluster.training import data
     directory = tmp_path / 'cifar'
     data.write_synthetic(str(directory), records_per_file=4, test_records=4)
     os.remove(directory / data.SYNTHETIC_MANIFEST)        # as a copy of the real data set would be
@@ -255,7 +255,7 @@ def test_plan_prints_every_task_and_writes_nothing(tmp_path):
 def test_a_held_train_dir_names_its_launcher(tmp_path):
     """A second launcher of the same train_dir is refused at once, saying who holds it, and
     neither touches the holder's files."""
-    from launch.state import TrainDirLock
+    from launch.run.state import TrainDirLock
     spec = _spec(tmp_path)
     os.makedirs(tmp_path / 'run')
     lock = TrainDirLock(str(tmp_path / 'run'))

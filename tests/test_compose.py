@@ -16,10 +16,10 @@ import pytest
 import yaml
 
 from cluster.spec import load_spec
-from launch.compose import project_name
-from launch.compose_file import render
-from launch.plan import compose_spec, plan_cluster, plan_compose
-from launch.events import read_events
+from launch.backends.compose import project_name
+from launch.render.compose import render
+from launch.planning.plan import compose_spec, plan_cluster, plan_compose
+from launch.records.events import read_events
 from tests.conftest import REPO, TASK_ENV, environment_words, launch, launch_bg, read_until, write_spec
 from tests.dockerd import compose_image, docker, docker_engine, project_leftovers, remove_project  # noqa: F401
 from tests.test_local import checkpoint_step, worker_results

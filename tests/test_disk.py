@@ -19,7 +19,8 @@ import re
 import numpy as np
 import pytest
 
-from cluster import data, rundir
+from cluster.training import data
+from cluster.runtime import rundir
 from tests.conftest import launch, write_spec
 
 MS_RDONLY, MS_REMOUNT, MNT_DETACH = 1, 32, 2
@@ -125,7 +126,7 @@ def _model(tf, floats: int):
 
 
 def _restores(train_dir: str, step: int) -> None:
-    from cluster import session
+    from cluster.runtime import session
     prefix = session.restorable_checkpoint(train_dir)
     assert prefix == os.path.join(train_dir, f'model.ckpt-{step}')
     import tensorflow as tf
@@ -133,7 +134,7 @@ def _restores(train_dir: str, step: int) -> None:
 
 
 def test_a_full_disk_is_named_at_the_save_and_leaves_no_temp(tf, small_fs):
-    from cluster import session
+    from cluster.runtime import session
     train_dir = small_fs('600k')
     sess, saver = _model(tf, 100_000)       # 400 kB a checkpoint: one fits, a second does not
     with sess:
@@ -152,7 +153,7 @@ def test_a_full_disk_is_named_at_the_save_and_leaves_no_temp(tf, small_fs):
 
 
 def test_a_read_only_train_dir_is_named_at_the_save(tf, small_fs):
-    from cluster import session
+    from cluster.runtime import session
     train_dir = small_fs('2m')
     sess, saver = _model(tf, 1000)
     with sess:
@@ -165,7 +166,7 @@ def test_a_read_only_train_dir_is_named_at_the_save(tf, small_fs):
 
 
 def test_a_train_dir_the_task_may_not_write_is_named_at_the_save(tf, small_fs):
-    from cluster import session
+    from cluster.runtime import session
     if os.geteuid() != 0:
         pytest.skip('EACCES is shown as root acting as user nobody (root itself passes every permission)')
     train_dir = small_fs('2m')
@@ -180,7 +181,7 @@ def test_a_train_dir_the_task_may_not_write_is_named_at_the_save(tf, small_fs):
 
 
 def test_leftovers_of_a_failed_save_go_and_nothing_else(tmp_path):
-    from cluster import session
+    from cluster.runtime import session
     d = str(tmp_path)
     index = 'model_checkpoint_path: "model.ckpt-5"\nall_model_checkpoint_paths: "model.ckpt-5"\n'
     (tmp_path / 'checkpoint').write_text(index)
@@ -243,10 +244,10 @@ def test_synthetic_data_on_a_read_only_disk_names_the_folder(small_fs, tmp_path)
 
 # -- summaries ----------------------------------------------------------------------------------
 def test_summaries_on_a_full_disk_are_one_warning_and_training_goes_on(tf, small_fs, caplog):
-    from cluster import summaries
+    from cluster.training import summaries
     logdir = small_fs('128k')
     writer = summaries.writer(logdir)
-    with caplog.at_level(logging.WARNING, logger='cluster.summaries'):
+    with caplog.at_level(logging.WARNING, logger='cluster.training.summaries'):
         for step in range(12):
             writer.add_summary(summaries.text('restarts', 'x' * 30000), step)
             writer.flush()
@@ -257,11 +258,11 @@ def test_summaries_on_a_full_disk_are_one_warning_and_training_goes_on(tf, small
 
 
 def test_summaries_on_a_read_only_disk_are_one_warning(tf, small_fs, caplog):
-    from cluster import summaries
+    from cluster.training import summaries
     train_dir = small_fs('1m')
     os.mkdir(os.path.join(train_dir, 'eval'))
     small_fs.read_only(train_dir)
-    with caplog.at_level(logging.WARNING, logger='cluster.summaries'):
+    with caplog.at_level(logging.WARNING, logger='cluster.training.summaries'):
         summaries.write_precision(train_dir, 0.5, 300)      # the folder exists, its file cannot be made
         w = summaries.writer(rundir.worker_summary_dir(train_dir, 1))     # the folder cannot be made
         w.add_summary(summaries.scalar(summaries.WORKER_STEPS, 3), 3)
@@ -273,12 +274,12 @@ def test_summaries_on_a_read_only_disk_are_one_warning(tf, small_fs, caplog):
 
 # -- the launcher's files -----------------------------------------------------------------------
 def test_the_event_log_on_a_full_disk_warns_once_and_keeps_whole_lines(small_fs, caplog):
-    from launch.events import EventLog, read_events
+    from launch.records.events import EventLog, read_events
     train_dir = small_fs('64k')
     events = EventLog(rundir.events_path(train_dir), 'run-1', 1)
     events.emit('progress', step=1, total=9, loss=2.0, images_per_sec=None)
     fill(train_dir)
-    with caplog.at_level(logging.WARNING, logger='launch.events'):
+    with caplog.at_level(logging.WARNING, logger='launch.records.events'):
         for step in range(2, 40):
             events.emit('progress', step=step, total=9, loss=2.0, images_per_sec=None, pad='x' * 300)
         os.remove(os.path.join(train_dir, 'ballast'))
@@ -342,7 +343,7 @@ def test_a_full_disk_at_a_checkpoint_ends_the_run_naming_it(small_fs, tmp_path):
 
 
 def _events(train_dir: str) -> list[dict]:
-    from launch.events import read_events
+    from launch.records.events import read_events
     return read_events(rundir.events_path(train_dir))
 
 

@@ -9,9 +9,9 @@ import signal
 import pytest
 import yaml
 
-from cluster.membership import Members
-from cluster.rundir import step_of
-from launch.events import read_events
+from cluster.runtime.membership import Members
+from cluster.runtime.rundir import step_of
+from launch.records.events import read_events
 from tests.conftest import launch, launch_bg, read_until, write_spec
 from tests.test_faults import task_pid
 from tests.test_training import results

@@ -1,4 +1,4 @@
-"""GPU slots and task environments: the planner's tables (launch/gpus.py), the spec's `env:`,
+"""GPU slots and task environments: the planner's tables (launch/planning/gpus.py), the spec's `env:`,
 `tasks:` and `gpus:` sections, and how each renderer passes them on. Pure: no processes, except
 `launch plan` itself and docker-compose's own validation of a rendered file."""
 import json
@@ -12,10 +12,13 @@ import yaml
 
 from cluster.spec import SpecError, load_spec
 from cluster.task import environment_line
-from launch import gpus, slurm, slurm_run, tfjob
+from launch.planning import gpus
+from launch.render import sbatch as slurm
+from launch.run import slurm as slurm_run
+from launch.render import tfjob
 from launch.cli import main
-from launch.compose_file import render as render_compose
-from launch.plan import compose_spec, plan_cluster, plan_compose
+from launch.render.compose import render as render_compose
+from launch.planning.plan import compose_spec, plan_cluster, plan_compose
 
 PS = ['localhost:2222']
 

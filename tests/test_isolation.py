@@ -12,9 +12,10 @@ import pytest
 import yaml
 
 from cluster.spec import SpecError, load_spec
-from launch import exposure, netns
-from launch.backend import tcp_listening
-from launch.plan import netns_name, plan_cluster, plan_compose
+from launch.run import exposure
+from launch.backends import netns
+from launch.backends.base import tcp_listening
+from launch.planning.plan import netns_name, plan_cluster, plan_compose
 from tests.conftest import REPO, launch, launch_bg, project_processes, read_until, write_spec
 
 needs_netns = pytest.mark.skipif(netns.unavailable() is not None or shutil.which('setpriv') is None,
@@ -177,7 +178,7 @@ def test_check_warns_once_about_reachable_ports_and_not_when_isolated(tmp_path):
 def test_machine_addresses_lists_only_non_loopback_ones():
     if netns.unavailable():
         pytest.skip(netns.unavailable())
-    code = 'from launch.exposure import machine_addresses; print(machine_addresses())'
+    code = 'from launch.run.exposure import machine_addresses; print(machine_addresses())'
     env = {**os.environ, 'PYTHONPATH': REPO}
     with own_namespace(f'tfcluster-test-{os.getpid()}') as ns:
         bare = subprocess.run(['ip', 'netns', 'exec', ns, sys.executable, '-c', code], cwd=REPO, env=env,

@@ -16,17 +16,17 @@ import sys
 import pytest
 import yaml
 
-from cluster import jobset_env
-from cluster.jobset_env import JobSetEnvError, place
+from cluster.env import jobset as jobset_env
+from cluster.env.jobset import JobSetEnvError, place
 from cluster.spec import SpecError, load_spec
 from launch.errors import UsageError
-from launch.jobset import jobset, render
+from launch.render.jobset import jobset, render
 from tests.conftest import REPO, check_trained, free_ports, launch, run_tasks
 from tests.k8s_models import check_jobset_spec, kubernetes_round_trip, schema_errors, trainer_round_trip
 
 LOCAL2 = os.path.join(REPO, 'specs', 'local2.yaml')
 # JobSet's own rules (kubernetes-sigs/jobset api/jobset/v1alpha2/jobset_webhook.go), written out
-# here rather than taken from launch/jobset.py, so that a mistake there is not checked against itself.
+# here rather than taken from launch/render/jobset.py, so that a mistake there is not checked against itself.
 DNS1035_LABEL = re.compile(r'^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$')
 POD_NAME_SUFFIX = '-abcde'      # the webhook checks a pod name with five random characters added
 
@@ -361,7 +361,7 @@ def test_rendered_pods_train_with_nothing_but_a_jobset_pods_environment(tmp_path
     TF_CONFIG; only TFCLUSTER_JOBSET_RESOLVE points the DNS names the layout computes at local
     ports. All end with 0, and the chief wrote its final checkpoint. For a TrainJob, the JobSet is
     the one the Trainer makes: the TrainJob's name, the runtime's template."""
-    from launch.trainjob import objects
+    from launch.render.trainjob import objects
     run = tmp_path / 'run'
     spec = load_spec(LOCAL2, [f'train.train_dir={run}', 'train.steps=20', 'train.batch_size=16'])
     if fmt == 'jobset':

@@ -14,14 +14,14 @@ import time
 
 import pytest
 
-from cluster import rundir
+from cluster.runtime import rundir
 from cluster.spec import load_spec
-from launch import supervised
-from launch.backend import ENDED, RUNNING, Backend, Observation, TaskRecord
-from launch.lifecycle import Console, Lifecycle, resume_hint
-from launch.plan import plan_cluster
-from launch.ssh import SSHBackend, SSHError
-from launch.supervised import SupervisedRun
+from launch.run import supervised
+from launch.backends.base import ENDED, RUNNING, Backend, Observation, TaskRecord
+from launch.run.lifecycle import Console, Lifecycle, resume_hint
+from launch.planning.plan import plan_cluster
+from launch.backends.ssh import SSHBackend, SSHError
+from launch.run.supervised import SupervisedRun
 from tests.conftest import write_spec
 
 
@@ -236,7 +236,7 @@ def test_a_multi_host_operation_names_every_host_that_failed():
 
 
 def test_the_event_log_and_run_json_tell_a_restart(tmp_path):
-    from launch.events import read_events
+    from launch.records.events import read_events
     saved = ('log', f'{NOW} I {rundir.checkpoint_line(40)}')
     backend = ScriptedBackend({'ps:0': {1: [(0.4, 'exit', -9)], 2: [(0.6, 'exit', 0)]},
                                'worker:0': {1: [(0.3, *step(40)), (0.35, *saved)], 2: DONE},

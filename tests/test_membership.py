@@ -1,12 +1,12 @@
-"""The live workers of a pool (cluster/membership.py): what the launcher writes into the lease,
+"""The live workers of a pool (cluster/runtime/membership.py): what the launcher writes into the lease,
 what a task reads back, and how a ps counts "every worker is done" as the set changes. Pure."""
 import os
 
 import pytest
 
-from cluster.membership import DoneTracker, LiveSet, Members
-from launch.backend import touch_leases
-from launch.plan import plan_cluster
+from cluster.runtime.membership import DoneTracker, LiveSet, Members
+from launch.backends.base import touch_leases
+from launch.planning.plan import plan_cluster
 
 
 def test_the_live_set_goes_through_the_lease_text_and_back():
@@ -93,7 +93,7 @@ HOSTS = {'worker:0': 'a', 'worker:1': 'b', 'worker:2': 'b', 'worker:3': 'c', 'wo
     (['worker:1', 'worker:2'], {'b'}, ['worker:3'], {'worker:1': 'worker:3'}),       # each spare once
 ])
 def test_a_worker_on_an_unreachable_host_fails_over_to_a_spare_elsewhere(lost, unreachable, spares, moves):
-    from launch.supervise import pick_spares
+    from launch.run.policy import pick_spares
     assert pick_spares(lost, HOSTS, unreachable, spares) == moves
 
 
@@ -107,7 +107,7 @@ def test_a_worker_on_an_unreachable_host_fails_over_to_a_spare_elsewhere(lost, u
     ((0, 1), set(), 2, ([], [])),
 ])
 def test_scale_starts_the_lowest_free_workers_and_takes_out_the_highest_never_the_chief(live, retired, want, moves):
-    from launch.supervise import scale_moves
+    from launch.run.policy import scale_moves
     assert scale_moves(4, live, retired, want) == moves
 
 
@@ -125,9 +125,9 @@ def test_scale_asks_the_running_launcher_and_says_what_it_answered(tmp_path, cap
     """A stand-in launcher (it holds the run's lock and answers the request file) refuses: exit 1,
     its words printed; a second scale while one is under way: exit 2, nothing sent."""
     import threading
-    from launch import control
+    from launch.run import control
     from launch.cli import main
-    from launch.state import TrainDirLock
+    from launch.run.state import TrainDirLock
     spec = _pool_spec(tmp_path)
     train_dir = str(tmp_path / 'run')
     launcher = TrainDirLock(train_dir)

@@ -1,4 +1,4 @@
-"""Tests for launch/plan.py: a spec in, one TaskPlan per task out; tables, no processes."""
+"""Tests for launch/planning/plan.py: a spec in, one TaskPlan per task out; tables, no processes."""
 import json
 import os
 import sys
@@ -7,8 +7,8 @@ import pytest
 import yaml
 
 from cluster.spec import HostConfig, SpecError, load_spec
-from launch.backend import GPU_COUNT_SH, parse_gpu_count
-from launch.plan import is_local, plan_cluster, task_spec
+from launch.backends.base import GPU_COUNT_SH, parse_gpu_count
+from launch.planning.plan import is_local, plan_cluster, task_spec
 
 PYTHON = '/opt/venv/bin/python3.11'
 

@@ -14,10 +14,10 @@ import textwrap
 import pytest
 import yaml
 
-from cluster import rundir
+from cluster.runtime import rundir
 from cluster.program import ProgramError, check_command, check_program, command_argv
 from cluster.spec import SpecError, load_spec, read_tf_config
-from launch.supervise import Action, Policy, Progress, TaskState, TaskStatus, decide
+from launch.run.policy import Action, Policy, Progress, TaskState, TaskStatus, decide
 from tests.conftest import REPO, launch, run_by_hand, write_spec
 from tests.test_training import summaries_in
 

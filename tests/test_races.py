@@ -62,9 +62,9 @@ def test_two_clusters_sharing_a_port_never_both_report_up(tmp_path):
 def test_readiness_needs_the_tasks_own_report(tmp_path):
     """A gRPC server of someone else answering on a task's port is not the task being up."""
     from cluster.spec import load_spec
-    from launch.local import LocalBackend
-    from launch.plan import plan_cluster
-    from launch.supervised import TaskFailed, wait_for_servers
+    from launch.backends.local import LocalBackend
+    from launch.planning.plan import plan_cluster
+    from launch.run.supervised import TaskFailed, wait_for_servers
 
     spec = load_spec(write_spec(tmp_path, workers=1))
     plan = dataclasses.replace(plan_cluster(spec)[1], argv=('sleep', '60'), env={})

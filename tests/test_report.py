@@ -16,8 +16,8 @@ import subprocess
 
 import pytest
 
-from cluster import rundir
-from launch import report     # at collection: a fresh matplotlib font cache runs fc-list once, here
+from cluster.runtime import rundir
+from launch.records import report     # at collection: a fresh matplotlib font cache runs fc-list once, here
 from tests.parts import unavailable
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

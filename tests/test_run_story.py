@@ -11,8 +11,8 @@ import signal
 
 import pytest
 
-from cluster import rundir
-from launch.events import read_events
+from cluster.runtime import rundir
+from launch.records.events import read_events
 from tests.conftest import launch, launch_bg, read_until, write_spec
 from tests.test_faults import finish, kill_when, until_step
 from tests.test_report import ARTIFACTS, chromium

@@ -1,4 +1,4 @@
-"""Finding and describing runs (launch/runs.py): run directories written by hand, as a launcher
+"""Finding and describing runs (launch/records/runs.py): run directories written by hand, as a launcher
 leaves them, and a real TrainDirLock for "running". Fast: no process is started."""
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import os
 
 import pytest
 
-from cluster import rundir
+from cluster.runtime import rundir
 from launch.errors import UsageError
-from launch.runs import (AmbiguousRun, RunInfo, RunNotFound, describe, duration_text, find_runs, local_minutes,
+from launch.records.runs import (AmbiguousRun, RunInfo, RunNotFound, describe, duration_text, find_runs, local_minutes,
                          resolve, table)
-from launch.state import TrainDirLock
+from launch.run.state import TrainDirLock
 
 JSON_FIELDS = ['id', 'train_dir', 'spec', 'backend', 'state', 'global_step', 'attempts', 'started',
                'duration_secs', 'exit_code']

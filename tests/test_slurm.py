@@ -14,11 +14,11 @@ import types
 
 import pytest
 
-from cluster.slurm_env import SlurmEnvError, expand_hostlist, expand_tasks_per_node, resolve
+from cluster.env.slurm import SlurmEnvError, expand_hostlist, expand_tasks_per_node, resolve
 from cluster.spec import load_spec
-from launch import slurm
-from launch.slurm_run import first_failure, name_ranks
-from launch.events import read_events
+from launch.render import sbatch as slurm
+from launch.run.slurm import first_failure, name_ranks
+from launch.records.events import read_events
 from tests.conftest import REPO, TASK_ENV, environment_words, launch, launch_bg, project_processes, read_until, write_spec
 
 

@@ -16,7 +16,8 @@ import time
 import pytest
 import yaml
 
-from cluster import model, spec as spec_module
+from cluster.training import model
+from cluster import spec as spec_module
 from cluster.program import ProgramError, check_program, load_program, signature_problem
 from cluster.spec import MAX_SPEC_BYTES, SpecError, load_spec, parse_override
 from tests.conftest import REPO, free_ports, launch, project_processes

@@ -23,7 +23,7 @@ def _ps(n: int) -> list[str]:
 def test_no_ps_task_holds_more_than_60_percent_of_the_bytes(ps, sync):
     """Round-robin put the local3 weights (83% of the model) wherever their turn fell; split into
     one block per ps and placed by bytes, every ps carries about its share."""
-    from cluster import train
+    from cluster.training import train
     spec = load_spec(os.path.join(REPO, 'specs/local2.yaml'), _ps(ps) + [f'train.sync={str(sync).lower()}'])
     held = train.ps_bytes(spec)
     assert len(held) == ps and max(held) / sum(held) <= 0.6, held
@@ -32,7 +32,7 @@ def test_no_ps_task_holds_more_than_60_percent_of_the_bytes(ps, sync):
 def test_every_worker_places_every_variable_alike():
     """Placement is decided independently in every worker: it must come out the same."""
     import tensorflow as tf
-    from cluster import train
+    from cluster.training import train
     spec = load_spec(os.path.join(REPO, 'specs/local2.yaml'), _ps(2) + ['train.sync=false'])
     places = []
     for index in range(spec.num_workers):
@@ -47,7 +47,7 @@ def test_every_tower_reads_each_weight_once_per_step(ps):
     """Each read of a variable that lives on a ps is one transfer: the weight decay's L2 loss
     used to read the local3 weights (3.5 MB) a second time, 43% more bytes pulled per step."""
     import tensorflow as tf
-    from cluster import train
+    from cluster.training import train
     spec = load_spec(os.path.join(REPO, 'specs/local2.yaml'), _ps(ps) + ['train.devices=2'])
     with tf.Graph().as_default() as graph:
         train.build_graph(spec, spec.task('worker', 0), data_dir=None)
@@ -69,7 +69,7 @@ def test_the_async_moving_averages_are_computed_on_the_ps_tasks():
     average to the worker and pushed the change back: three times the model's bytes on every
     update of the chief. Each is now computed where its variable lives."""
     import tensorflow as tf
-    from cluster import train
+    from cluster.training import train
     spec = load_spec(os.path.join(REPO, 'specs/local2.yaml'), _ps(2) + ['train.sync=false'])
     with tf.Graph().as_default() as graph:
         train.build_graph(spec, spec.task('worker', 0), data_dir=None)
@@ -90,7 +90,7 @@ def test_tasks_import_tensorflow_without_keras_and_keras_still_imports():
 
 
 def test_the_default_learning_rate_scales_with_the_examples_per_update(tmp_path):
-    from cluster import model
+    from cluster.training import model
     assert model.default_learning_rate(128) == pytest.approx(0.1)      # sync, 2 workers of 64: the tutorial's
     assert model.default_learning_rate(64) == pytest.approx(0.05)      # async, one worker's batch of 64
     assert load_spec(write_spec(tmp_path)).train.learning_rate is None

@@ -154,15 +154,15 @@ def test_backend_polls_once_per_host_quotes_values_and_stops_process_groups(ssh_
     """In-process, with `sleep` standing in for the tasks: one status command per host for all its
     tasks, env values that survive any quoting, each task in its own session, SIGTERM to the group."""
     from cluster.spec import load_spec
-    from launch.plan import plan_cluster
-    from launch.ssh import SSHBackend
+    from launch.planning.plan import plan_cluster
+    from launch.backends.ssh import SSHBackend
 
     spec = load_spec(remote_spec(ssh_hosts, tmp_path))
     tricky = 'a b  "double" \'single\' $HOME ${PATH} `id` $(id) \\ ; & | * ? ~ \t tab\nnewline é'
     plans = [dataclasses.replace(p, argv=('sh', '-c', 'printf "%s\\n" "$X"; exec sleep 300'), env={'X': tricky})
              for p in plan_cluster(spec)]
     # A host's snapshot must not expire while the other host answers, however slow this machine.
-    monkeypatch.setattr('launch.ssh.SNAPSHOT_TTL', 30.0)
+    monkeypatch.setattr('launch.backends.ssh.SNAPSHOT_TTL', 30.0)
     backend = SSHBackend(spec, ssh_config=str(ssh_hosts.ssh_config))
     commands = []
     real_run = backend._run
@@ -198,8 +198,8 @@ def test_an_ssh_task_gets_the_spec_env_quoted(ssh_hosts, tmp_path):
     """The spec's env: (values needing quotes, a per-job override) reaches each remote task as the
     local backend gives it, beside the task's own login environment."""
     from cluster.spec import load_spec
-    from launch.plan import plan_cluster
-    from launch.ssh import SSHBackend
+    from launch.planning.plan import plan_cluster
+    from launch.backends.ssh import SSHBackend
 
     spec = load_spec(write_spec(tmp_path, task_hosts=LAYOUT, hosts=host_settings(ssh_hosts, tmp_path),
                                 train_dir='run', top=TASK_ENV))
@@ -227,8 +227,8 @@ def test_a_status_query_cut_short_is_a_lost_connection_not_dead_tasks(ssh_hosts,
     supervisor), never "the tasks are gone" (which would read as killed hard); the next query
     connects anew and finds the tasks still running."""
     from cluster.spec import load_spec
-    from launch.plan import plan_cluster
-    from launch.ssh import SSHBackend
+    from launch.planning.plan import plan_cluster
+    from launch.backends.ssh import SSHBackend
 
     spec = load_spec(remote_spec(ssh_hosts, tmp_path))
     plans = [dataclasses.replace(p, argv=('sleep', '300'), env={}) for p in plan_cluster(spec)]

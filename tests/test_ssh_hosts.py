@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from cluster.spec import load_spec
-from launch.plan import plan_cluster, state_path
+from launch.planning.plan import plan_cluster, state_path
 from tests.conftest import free_ports, write_spec
 from tests.sshd import SSHHosts
 from tests.test_ssh import assert_nothing_left, host_settings, remote_spec, run, spec_ports, task_rows, workdir
@@ -82,9 +82,9 @@ def test_a_start_that_fails_half_way_stops_what_it_started(ssh_hosts, tmp_path):
     back (for real: the command kills its own sshd session). The launcher cannot know its pid from
     that answer, so the backend stops it through its pidfile, and the run stops the two tasks it
     had started on the other host: nothing is left, and no state file claims otherwise."""
-    from launch.lifecycle import Console, Lifecycle
-    from launch.supervised import SupervisedRun
-    from launch.ssh import SSHBackend
+    from launch.run.lifecycle import Console, Lifecycle
+    from launch.run.supervised import SupervisedRun
+    from launch.backends.ssh import SSHBackend
     from tests.test_ssh import _CUT_MY_CONNECTION
 
     spec = load_spec(remote_spec(ssh_hosts, tmp_path))
@@ -138,8 +138,8 @@ def test_status_shows_tasks_of_an_unreachable_host_as_unknown_and_down_keeps_the
     """Tasks (stand-ins: `sleep`) run on both hosts, as a launcher that died left them; then the
     spec points 127.0.0.3 at a port nothing listens on. `status` says `?` and why, not "yes";
     `down` cannot stop worker:1, says so and keeps the state file for a later `down`."""
-    from launch.ssh import SSHBackend
-    from launch.state import LaunchState
+    from launch.backends.ssh import SSHBackend
+    from launch.run.state import LaunchState
 
     spec_file = remote_spec(ssh_hosts, tmp_path)
     spec = load_spec(spec_file)

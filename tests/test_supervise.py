@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from cluster import rundir
-from launch import supervise
-from launch.backend import Backend, Observation, TaskRecord
-from launch.supervise import Action, Policy, Progress, TaskState, TaskStatus, decide
+from cluster.runtime import rundir
+from launch.run import policy as supervise
+from launch.backends.base import Backend, Observation, TaskRecord
+from launch.run.policy import Action, Policy, Progress, TaskState, TaskStatus, decide
 
 R, S, F, U = TaskState.RUNNING, TaskState.SUCCEEDED, TaskState.FAILED, TaskState.UNKNOWN
 QUIET = Progress(step=10, total=100, quiet_secs=1.0)
@@ -162,8 +162,8 @@ class FakeBackend(Backend):
 
 
 def test_observing_over_a_fake_backend_turns_observations_into_states(tmp_path):
-    from launch.lifecycle import Console, Lifecycle
-    from launch.supervised import SupervisedRun
+    from launch.run.lifecycle import Console, Lifecycle
+    from launch.run.supervised import SupervisedRun
     from tests.conftest import write_spec
     from cluster.spec import load_spec
     spec = load_spec(write_spec(tmp_path, workers=3, replicas_to_aggregate=2))

@@ -16,13 +16,13 @@ import yaml
 
 from cluster.spec import SpecError, TrainConfig, load_spec
 from launch.errors import UsageError
-from launch.tfjob import render, tfjob
+from launch.render.tfjob import render, tfjob
 from tests.conftest import REPO, check_trained, free_ports, launch, run_tasks
 
 SPECS = os.path.join(REPO, 'specs')
 LOCAL2 = os.path.join(SPECS, 'local2.yaml')
 # The operator's rules (training-operator pkg/webhooks, kubeflow.org/v1 types), written out here
-# rather than taken from launch/tfjob.py, so that a mistake there is not checked against itself.
+# rather than taken from launch/render/tfjob.py, so that a mistake there is not checked against itself.
 REPLICA_TYPES = {'Chief', 'PS', 'Worker', 'Evaluator', 'Master'}
 RESTART_POLICIES = {'Always', 'OnFailure', 'Never', 'ExitCode'}
 CLEAN_POD_POLICIES = {'All', 'Running', 'None'}

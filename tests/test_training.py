@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from cluster import rundir
+from cluster.runtime import rundir
 from tests.conftest import REPO, launch, launch_bg, read_until, write_spec
 
 # The tests that train on real clusters are marked slow one by one; those of the TensorBoard figures'
@@ -150,7 +150,7 @@ def test_interrupted_run_resumes_from_its_checkpoint_and_learns(tmp_path):
 @pytest.mark.slow
 def test_async_run_learns(tmp_path):
     # The model's own rate for its batch (0.025): twice that is where stale async gradients turn
-    # unstable (cluster/model.py), and a fresh-clone run once ended such a run at 0.81.
+    # unstable (cluster/training/model.py), and a fresh-clone run once ended such a run at 0.81.
     spec = write_spec(tmp_path, steps=300, batch_size=32, sync=False)
     train_dir = str(tmp_path / 'run')
     up = run_ok('up', spec)
@@ -195,7 +195,8 @@ REPORT_TO_A_GONE_PS = '''
 import logging, os, signal, sys, time
 logging.basicConfig(level=logging.INFO, stream=sys.stdout)
 import tensorflow as tf
-from cluster import session, train
+from cluster.runtime import session
+from cluster.training import train
 from cluster.spec import load_spec
 v1 = tf.compat.v1
 v1.disable_eager_execution()
@@ -245,7 +246,7 @@ def tf():
 
 
 def test_scalar_and_text_summaries_are_protos_tensorboard_reads(tf):
-    from cluster import summaries
+    from cluster.training import summaries
     value, = summaries.scalar('images_per_sec', 412).value
     assert (value.tag, value.simple_value) == ('images_per_sec', 412.0)
     value, = summaries.text('restarts', 'restart 1/3: ps:0 was killed by SIGKILL').value
@@ -254,7 +255,7 @@ def test_scalar_and_text_summaries_are_protos_tensorboard_reads(tf):
 
 
 def test_a_restarted_chief_writes_the_cause_as_text_at_the_restored_step(tf, tmp_path):
-    from cluster import summaries
+    from cluster.training import summaries
     cause = 'restart 1/3: ps:0 was killed by SIGKILL'
     writer = summaries.writer(str(tmp_path))
     try:
@@ -267,7 +268,7 @@ def test_a_restarted_chief_writes_the_cause_as_text_at_the_restored_step(tf, tmp
 
 
 def test_the_restart_cause_comes_from_the_environment(tf, monkeypatch):
-    from cluster import summaries
+    from cluster.training import summaries
     monkeypatch.setenv(rundir.RESTART_ENV, 'restart 2/3: worker:1 exited with code 1')
     assert summaries.restart_cause() == 'restart 2/3: worker:1 exited with code 1'
     monkeypatch.delenv(rundir.RESTART_ENV)
@@ -275,7 +276,7 @@ def test_the_restart_cause_comes_from_the_environment(tf, monkeypatch):
 
 
 def test_eval_precision_goes_under_eval_at_the_checkpoint_step(tf, tmp_path):
-    from cluster import summaries
+    from cluster.training import summaries
     summaries.write_precision(str(tmp_path), 0.9375, 300)
     summaries.write_precision(str(tmp_path), 0.95, 400)      # a later checkpoint: a new point, none lost
     evals = summaries_in(rundir.eval_summary_dir(str(tmp_path)))
@@ -308,7 +309,7 @@ def test_an_aborted_step_is_tried_again_a_few_times_then_fails(tf, caplog):
     """TensorFlow's AbortedError means "a conflict: retry" (MonitoredSession retries it too): a
     step that raises it runs again, with one warning line naming the cause; a step that keeps
     raising it fails the task on the fourth."""
-    from cluster import train
+    from cluster.training import train
     aborted = tf.errors.AbortedError(None, None, 'Graph execution error:\n\nFrom /job:ps/replica:0/task:0:\n'
                                      'Step 7 cancelled\n\t [[{{node x}}]]')
     calls = []

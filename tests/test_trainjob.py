@@ -2,7 +2,7 @@
 kubeflow-trainer-api package's models, the runtime's JobSet template against the JobSet CRD's
 schema made strict, and Kubeflow Trainer's own rules for a runtime, written out here from its
 sources (pkg/webhooks/trainingruntime_webhook.go, pkg/runtime/core/trainingruntime.go, the plainml
-and jobset plugins) rather than taken from launch/trainjob.py."""
+and jobset plugins) rather than taken from launch/render/trainjob.py."""
 from __future__ import annotations
 
 import logging
@@ -11,10 +11,10 @@ import os
 import pytest
 import yaml
 
-from cluster.jobset_env import place
+from cluster.env.jobset import place
 from cluster.spec import load_spec
 from launch.errors import UsageError
-from launch.trainjob import objects, render
+from launch.render.trainjob import objects, render
 from tests.conftest import REPO
 from tests.k8s_models import check_jobset_spec, kubernetes_round_trip, trainer_round_trip
 from tests.test_jobset import Args, check_jobset_rules, container, environment_of, prose

@@ -1,0 +1,326 @@
+"""The run directory's layout and the protocol between a task and its launcher.
+
+The one module both sides import: a task writes these files and lines, the launcher (any backend,
+or a scheduler's logs read afterwards) reads them. Nothing here imports TensorFlow or the launcher,
+so a change to a name or a line's format is made in one place and both sides follow.
+
+A run directory (`train.train_dir`) holds:
+
+    spec.yaml              the effective spec the tasks read (overrides applied, no SSH settings)
+    logs/<job>-<index>.log each task's output
+    worker-<index>.json    a worker's closing figures (global step, loss, images/s)
+    checkpoint, model.ckpt-<step>.*   TensorFlow's checkpoints (the chief writes them)
+    events.out.tfevents.*  TensorBoard: the chief's loss, learning rate, images/s, restarts
+    worker-<index>/        TensorBoard: that worker's own steps (cluster/training/summaries.py)
+    eval/                  TensorBoard: `launch eval`'s precision@1 at each checkpoint's step
+    launch-state.json      which tasks a running launcher started (`launch status|logs|down`)
+    launch.lock            one launcher per run directory (an flock, with its holder's name)
+    launcher.lease         touched by the launcher; a task whose lease goes stale stops itself
+    compose.yaml           the compose backend's project file
+    job.sbatch             the Slurm backend's batch script; logs/slurm-<job id>.out its output
+    events.jsonl           the run's event log (launch/records/events.py): one JSON object per line
+    run.json               the run's result, rewritten at the end of every attempt
+    report.html            `launch report`: one self-contained page
+    logs/attempt-<n>/<job>-<index>.log   every attempt's task logs, kept; logs/<job>-<index>.log
+                           leads (a symbolic link) to the newest attempt's
+"""
+from __future__ import annotations
+
+import datetime
+import errno
+import logging
+import os
+import re
+
+SPEC_FILE = 'spec.yaml'
+LOGS_DIR = 'logs'
+STATE_FILE = 'launch-state.json'
+LOCK_FILE = 'launch.lock'
+LEASE_FILE = 'launcher.lease'
+CHECKPOINT_INDEX = 'checkpoint'          # TensorFlow's file naming the newest checkpoints
+CHECKPOINT_PREFIX = 'model.ckpt'
+COMPOSE_FILE = 'compose.yaml'
+BATCH_SCRIPT = 'job.sbatch'
+EVENTS_FILE = 'events.jsonl'
+RUN_FILE = 'run.json'
+REPORT_FILE = 'report.html'
+
+# Set by the launcher in each task's environment: a file it touches every second or so. A task
+# whose lease is older than LEASE_SECS_ENV seconds has lost its launcher (killed, or cut off from
+# its host) and stops itself. Tasks started by hand, by Slurm or by a TFJob have none.
+LEASE_ENV, LEASE_SECS_ENV = 'TFCLUSTER_LEASE', 'TFCLUSTER_LEASE_SECS'
+
+# Set by the launcher on the tasks it starts again after a fault: one line saying why, e.g.
+# `restart 1/3: ps:0 was killed by SIGKILL`. The chief records it in TensorBoard (a text summary).
+RESTART_ENV = 'TFCLUSTER_RESTART'
+
+# Exit codes, of a task and of the launcher alike.
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_NO_RESTART = 3     # a task failed in a way a restart cannot mend (no checkpoint restores)
+
+# How a task's log lines look (logging's format, with TaskLogFormatter's time), e.g.
+#   2026-11-23T21:08:43.123+00:00 I step 57/200  loss 3.1
+# The launcher reads a task's own error lines back. Logs of older runs have `21:08:43 E ...`.
+LOG_FORMAT = '%(asctime)s %(levelname).1s %(message)s'
+_LOG_TIME = r'(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?|\d\d:\d\d:\d\d)'
+_LOGGED_ERROR = re.compile(rf'^{_LOG_TIME} E (.+)$')
+_LOGGED = re.compile(rf'^{_LOG_TIME} [DIWEC] ')
+_PY_ERROR = re.compile(r'^([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)|KeyboardInterrupt)(:\s.*)?$')
+_STEP = re.compile(r'\bstep (\d+)/(\d+)\b')
+_CHECKPOINT = re.compile(r'^model_checkpoint_path:\s*"(?:.*?)-(\d+)"\s*$', re.M)
+
+
+# -- paths ----------------------------------------------------------------------------------
+def spec_path(train_dir: str) -> str:
+    return os.path.join(train_dir, SPEC_FILE)
+
+
+def logs_dir(train_dir: str) -> str:
+    return os.path.join(train_dir, LOGS_DIR)
+
+
+def log_path(train_dir: str, job: str, index: int) -> str:
+    return os.path.join(train_dir, LOGS_DIR, f'{job}-{index}.log')
+
+
+def attempt_dirname(attempt: int) -> str:
+    """The folder of logs/ that holds one attempt's task logs."""
+    return f'attempt-{attempt}'
+
+
+def attempt_log_path(train_dir: str, attempt: int, job: str, index: int) -> str:
+    """Where attempt `attempt` of a run keeps a task's log (never truncated by a later attempt)."""
+    return os.path.join(train_dir, LOGS_DIR, attempt_dirname(attempt), f'{job}-{index}.log')
+
+
+def attempts(train_dir: str) -> list[int]:
+    """The attempts whose logs this machine's train_dir keeps, in order."""
+    try:
+        names = os.listdir(os.path.join(train_dir, LOGS_DIR))
+    except OSError:
+        return []
+    prefix = attempt_dirname(0)[:-1]
+    return sorted(int(n[len(prefix):]) for n in names if n.startswith(prefix) and n[len(prefix):].isdigit())
+
+
+def events_path(train_dir: str) -> str:
+    return os.path.join(train_dir, EVENTS_FILE)
+
+
+def run_path(train_dir: str) -> str:
+    return os.path.join(train_dir, RUN_FILE)
+
+
+def report_path(train_dir: str) -> str:
+    return os.path.join(train_dir, REPORT_FILE)
+
+
+def slurm_log_path(train_dir: str, job_id: str) -> str:
+    return os.path.join(train_dir, LOGS_DIR, f'slurm-{job_id}.out')
+
+
+def result_path(train_dir: str, worker_index: int) -> str:
+    """A worker's closing figures (written by the worker, read by the launcher's summary)."""
+    return os.path.join(train_dir, f'worker-{worker_index}.json')
+
+
+def worker_summary_dir(train_dir: str, worker_index: int) -> str:
+    """Where a worker writes its own TensorBoard figures (its step count)."""
+    return os.path.join(train_dir, f'worker-{worker_index}')
+
+
+def eval_summary_dir(train_dir: str) -> str:
+    return os.path.join(train_dir, 'eval')
+
+
+def profile_path(train_dir: str, worker_index: int) -> str:
+    return os.path.join(train_dir, f'profile-worker-{worker_index}.json')
+
+
+def state_path(train_dir: str) -> str:
+    return os.path.join(train_dir, STATE_FILE)
+
+
+def lock_path(train_dir: str) -> str:
+    return os.path.join(train_dir, LOCK_FILE)
+
+
+def lease_path(train_dir: str) -> str:
+    return os.path.join(train_dir, LEASE_FILE)
+
+
+def checkpoint_index_path(train_dir: str) -> str:
+    return os.path.join(train_dir, CHECKPOINT_INDEX)
+
+
+def checkpoint_prefix(train_dir: str) -> str:
+    return os.path.join(train_dir, CHECKPOINT_PREFIX)
+
+
+def compose_path(train_dir: str) -> str:
+    return os.path.join(train_dir, COMPOSE_FILE)
+
+
+def batch_script_path(train_dir: str) -> str:
+    return os.path.join(train_dir, BATCH_SCRIPT)
+
+
+def read_text(path: str) -> str | None:
+    """A small file of the run, or None if it cannot be read."""
+    try:
+        with open(path, encoding='utf-8', errors='replace') as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def write_atomically(path: str, text: str) -> None:
+    """Write a file of the run so that a reader sees the old text or the new, never half of it.
+    A write the disk refuses raises its OSError and leaves no `.tmp` file behind."""
+    try:
+        with open(path + '.tmp', 'w') as f:
+            f.write(text)
+        os.replace(path + '.tmp', path)
+    except BaseException:
+        try:
+            os.unlink(path + '.tmp')
+        except OSError:
+            pass
+        raise
+
+
+# -- lines a task writes and the launcher reads ---------------------------------------------
+class TaskLogFormatter(logging.Formatter):
+    """LOG_FORMAT with a full ISO-8601 time, milliseconds and the UTC offset: logs kept across
+    attempts and days, and lines of hosts in other time zones, still say when they were written."""
+
+    def __init__(self, fmt: str = LOG_FORMAT):
+        super().__init__(fmt)
+
+    def formatTime(self, record, datefmt=None) -> str:
+        return iso_time(record.created)
+
+
+def iso_time(seconds: float) -> str:
+    """A time since the epoch as the local time with its UTC offset, to the millisecond
+    (`2026-11-23T21:08:43.123+00:00`), as log lines and the event log write it."""
+    return datetime.datetime.fromtimestamp(seconds).astimezone().isoformat(timespec='milliseconds')
+
+
+def logged_time(line: str) -> str | None:
+    """The time at the start of a task's log line as written (ISO-8601, or `HH:MM:SS` in logs of
+    older runs), or None for a line the task's logging did not write (a traceback, TF's C++)."""
+    m = _LOGGED.match(line)
+    return m.group(1) if m else None
+
+
+def serving_line(name: str, address: str, pid: int) -> str:
+    """What a task logs once its gRPC server is bound: the launcher's proof that the port it
+    probes is this task's, not a stranger's."""
+    return f'{name} serving on {address} (pid {pid})'
+
+
+def says_serving(line: str, name: str) -> bool:
+    return f' {name} serving on ' in line
+
+
+def progress_line(step: int, total: int, loss: float, rate: str = '') -> str:
+    """The chief's progress line `step G/TOTAL  loss L<rate>`; the supervisor reads G from it."""
+    return f'step {step}/{total}  loss {loss:.3f}{rate}'
+
+
+_LOSS = re.compile(r'\bloss (-?[\d.]+|nan|inf)\b')
+_RATE = re.compile(r'\b([\d.]+) images/s\b')
+_LIVE = re.compile(r'\b(\d+) of \d+ workers\b')
+
+
+def parse_progress(line: str) -> dict | None:
+    """step, total, loss and images/s (None where the line has none) from a progress line."""
+    found = step_of(line)
+    if found is None:
+        return None
+    loss, rate, live = _LOSS.search(line), _RATE.search(line), _LIVE.search(line)
+    out = {'step': found[0], 'total': found[1], 'loss': float(loss.group(1)) if loss else None,
+           'images_per_sec': float(rate.group(1)) if rate else None}
+    if live:        # part of the pool runs (launch up --workers, launch scale)
+        out['workers'] = int(live.group(1))
+    return out
+
+
+_SAVED = re.compile(r'\bsaved a checkpoint at global step (\d+)\b')
+
+
+def checkpoint_line(step: int) -> str:
+    """What the chief logs after each checkpoint (the launcher's event log records it)."""
+    return f'saved a checkpoint at global step {step}'
+
+
+def saved_step(line: str) -> int | None:
+    """The step of a checkpoint a chief's line says it saved, else None."""
+    m = _SAVED.search(line)
+    return int(m.group(1)) if m else None
+
+
+def step_of(line: str) -> tuple[int, int] | None:
+    """(global step, total) from a progress line."""
+    m = _STEP.search(line)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+_NOT_THE_CAUSE = re.compile(r"Graph execution error:|Detected at node|Node: '|File \"|\[\[\{\{node |"
+                            r"From /job:|Additional GRPC error information|\d+ root error|\d+ successful operations|"
+                            r"\d+ derived errors|\(\d+\) [A-Z][a-z]+:$")
+
+
+def cause_line(text: str, default: str = '') -> str:
+    """What an OpError says happened, in one line. TensorFlow 2's graph errors start with
+    `Graph execution error:` and the Python frames where the op was defined, and put the cause
+    after them: the first line that is neither of those, else the first line."""
+    lines = [line.strip() for line in (text or '').splitlines() if line.strip()]
+    if lines and lines[0].startswith('Graph execution error'):
+        frames = [i for i, line in enumerate(lines) if line.startswith('File "')]
+        rest = lines[frames[-1] + 2:] if frames else lines[1:]     # a frame is its File line and its code
+        found = next((line for line in rest if not _NOT_THE_CAUSE.match(line)), None)
+        if found:
+            return found
+    return lines[0] if lines else default
+
+
+def last_error_line(lines: list[str]) -> str | None:
+    """The last Python error of a task's output: an exception line of a traceback, or an error the
+    task logged itself. TensorFlow's C++ chatter (absl `E1122 ...` lines) is not an explanation."""
+    for line in reversed(lines):
+        text = line.strip()
+        m = _LOGGED_ERROR.match(text)
+        if m:
+            return m.group(2)
+        if _PY_ERROR.match(text):
+            return text
+    return None
+
+
+# The refusals of the disk and the OS that only the machine's owner can mend, as their messages
+# spell them: TensorFlow keeps strerror's words in its errors, without the number.
+OS_CAUSES = {errno.ENOSPC: 'No space left on device', errno.EDQUOT: 'Disk quota exceeded',
+             errno.EACCES: 'Permission denied', errno.EROFS: 'Read-only file system'}
+
+
+def os_cause(error: BaseException | str) -> str | None:
+    """`No space left on device (ENOSPC)`: the cause of an OSError (any errno), or the first of
+    OS_CAUSES that an error's text names anywhere (a TensorFlow error names it lines deep, after
+    `Graph execution error:`); None if it names none. Never a path, time or pid: the same refusal
+    reads the same every time."""
+    if isinstance(error, OSError) and error.errno:
+        return f'{os.strerror(error.errno)} ({errno.errorcode.get(error.errno, error.errno)})'
+    text = str(error)
+    found = [(text.find(words), number) for number, words in OS_CAUSES.items() if words in text]
+    if not found:
+        return None
+    number = min(found)[1]
+    return f'{OS_CAUSES[number]} ({errno.errorcode[number]})'
+
+
+def checkpoint_step(checkpoint_index_text: str | None) -> int | None:
+    """The global step of the newest checkpoint named in TensorFlow's `checkpoint` file."""
+    m = _CHECKPOINT.search(checkpoint_index_text or '')
+    return int(m.group(1)) if m else None

@@ -1,0 +1,226 @@
+"""The CIFAR-10 tutorial CNN, written with `tf.nn` ops and `get_variable` (Keras 3 removed
+`tf.compat.v1.layers`).
+
+conv1 (5x5x64) -> max-pool -> LRN -> conv2 (5x5x64) -> LRN -> max-pool -> local3 (384) ->
+local4 (192) -> softmax_linear (10), with L2 weight decay on the two fully connected layers and the
+tutorial's staircase learning-rate decay. Callers build it under a device function; variables are
+created once and reused by every tower.
+
+TensorFlow is imported by the functions that build the graph, not by this module, so the launcher
+can read the model's memory estimate (`batch_memory_refusal`) without the seconds of that import.
+"""
+from __future__ import annotations
+
+import os
+
+from cluster.training.data import IMAGE_SIZE, NUM_CLASSES
+
+NUM_EXAMPLES_PER_EPOCH = 50000
+NUM_EPOCHS_PER_DECAY = 350.0
+LEARNING_RATE_DECAY_FACTOR = 0.1
+MOVING_AVERAGE_DECAY = 0.9999
+WEIGHT_DECAY = 0.004
+
+
+CONV_FILTERS = 64            # conv1 and conv2
+LOCAL3, LOCAL4 = 384, 192   # the fully connected layers
+
+
+def _weight(name, shape, stddev, seed, partitions=1, read=None):
+    """The weights' value, read once: every use of a variable reads it anew, and where the
+    variable lives on a ps task every read is one more transfer of it (the weight decay's
+    L2 loss would pull the local3 weights a second time each step). `read(variable)`, if given,
+    makes that one read (a cluster worker shares it between its towers)."""
+    import tensorflow as tf
+    v1 = tf.compat.v1
+    var = v1.get_variable(name, shape, dtype=tf.float32,
+                          initializer=v1.truncated_normal_initializer(stddev=stddev, seed=seed),
+                          partitioner=v1.fixed_size_partitioner(partitions) if partitions > 1 else None)
+    return read(var) if read else tf.identity(var, name=f'{name}_value')
+
+
+def _bias(name, size, value, read=None):
+    import tensorflow as tf
+    v1 = tf.compat.v1
+    var = v1.get_variable(name, [size], dtype=tf.float32, initializer=v1.constant_initializer(value))
+    return read(var) if read else var
+
+
+def _pooled(size: int) -> int:
+    """A side after a 3x3 max-pool of stride 2, 'SAME' padding: 24 -> 12 -> 6."""
+    return -(-size // 2)
+
+
+def _lrn(x, name):
+    import tensorflow as tf
+    return tf.nn.lrn(x, 4, bias=1.0, alpha=0.001 / 9.0, beta=0.75, name=name)
+
+
+def inference(images, seed=None, partitions=1, read=None):
+    """images [batch, 24, 24, 3] -> (logits [batch, 10], weight-decay loss of this tower).
+
+    Variables live under the `cifar10` scope with AUTO_REUSE, so the first tower creates them
+    and the others share them. `partitions` > 1 splits the local3 weights (83% of the model's
+    bytes) into that many row blocks, so a byte-balancing placement can spread them over the ps
+    tasks; a checkpoint holds them whole either way. `read(variable)`, if given, is how every
+    variable's value is read (see _weight).
+    """
+    import tensorflow as tf
+    v1 = tf.compat.v1
+
+    def s(k):
+        return None if seed is None else seed * 10 + k
+
+    with v1.variable_scope('cifar10', reuse=v1.AUTO_REUSE):
+        with v1.variable_scope('conv1'):
+            w = _weight('weights', [5, 5, 3, CONV_FILTERS], 5e-2, s(1), read=read)
+            x = tf.nn.relu(tf.nn.conv2d(images, w, [1, 1, 1, 1], 'SAME') + _bias('biases', CONV_FILTERS, 0.0, read))
+        x = tf.nn.max_pool2d(x, 3, 2, 'SAME', name='pool1')
+        x = _lrn(x, 'norm1')
+        with v1.variable_scope('conv2'):
+            w = _weight('weights', [5, 5, CONV_FILTERS, CONV_FILTERS], 5e-2, s(2), read=read)
+            x = tf.nn.relu(tf.nn.conv2d(x, w, [1, 1, 1, 1], 'SAME') + _bias('biases', CONV_FILTERS, 0.1, read))
+        x = _lrn(x, 'norm2')
+        x = tf.nn.max_pool2d(x, 3, 2, 'SAME', name='pool2')
+        flat = _pooled(_pooled(IMAGE_SIZE)) ** 2 * CONV_FILTERS     # 6 x 6 x 64
+        x = tf.reshape(x, [-1, flat])
+        with v1.variable_scope('local3'):
+            w3 = _weight('weights', [flat, LOCAL3], 0.04, s(3), partitions, read)
+            x = tf.nn.relu(tf.matmul(x, w3) + _bias('biases', LOCAL3, 0.1, read))
+        with v1.variable_scope('local4'):
+            w4 = _weight('weights', [LOCAL3, LOCAL4], 0.04, s(4), read=read)
+            x = tf.nn.relu(tf.matmul(x, w4) + _bias('biases', LOCAL4, 0.1, read))
+        with v1.variable_scope('softmax_linear'):
+            w = _weight('weights', [LOCAL4, NUM_CLASSES], 1 / float(LOCAL4), s(5), read=read)
+            logits = tf.matmul(x, w) + _bias('biases', NUM_CLASSES, 0.0, read)
+    decay = tf.add(tf.nn.l2_loss(w3) * WEIGHT_DECAY, tf.nn.l2_loss(w4) * WEIGHT_DECAY, name='weight_decay')
+    return logits, decay
+
+
+def loss(logits, labels, decay):
+    """Mean cross-entropy of the batch plus the weight decay: the tutorial's total loss."""
+    import tensorflow as tf
+    xent = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=tf.cast(labels, tf.int64), logits=logits), name='cross_entropy')
+    return tf.add(xent, decay, name='total_loss')
+
+
+BASE_LEARNING_RATE = 0.1      # the tutorial's rate...
+BASE_EXAMPLES = 128           # ...for its batch of 128 examples per update
+
+
+def default_learning_rate(examples_per_update: int) -> float:
+    """The linear scaling rule: the tutorial's rate, scaled by the examples one update averages
+    (a sync step: every aggregated worker's batch; an async update: one worker's). So 1 ps + 2
+    workers of batch 64 gets 0.1 in sync mode and 0.05 in async mode, where stale gradients made
+    0.1 unstable."""
+    return BASE_LEARNING_RATE * examples_per_update / BASE_EXAMPLES
+
+
+def learning_rate(global_step, initial, examples_per_step):
+    """The tutorial's schedule: x0.1 every 350 epochs of 50,000 examples, as a staircase."""
+    import tensorflow as tf
+    v1 = tf.compat.v1
+    decay_steps = max(1, int(NUM_EXAMPLES_PER_EPOCH / examples_per_step * NUM_EPOCHS_PER_DECAY))
+    return v1.train.exponential_decay(initial, global_step, decay_steps, LEARNING_RATE_DECAY_FACTOR,
+                                      staircase=True, name='learning_rate')
+
+
+def precision_at_1(logits, labels):
+    """How many of the batch's top-1 predictions are right (a count, summed by the caller)."""
+    import tensorflow as tf
+    return tf.reduce_sum(tf.cast(tf.nn.in_top_k(predictions=logits, targets=tf.cast(labels, tf.int32), k=1),
+                                 tf.int32))
+
+
+# ---------------------------------------------------------------------------------------------
+# Memory: what one batch of this model surely needs
+
+def activation_floats_per_example(image_size: int = IMAGE_SIZE) -> int:
+    """The float32 values per example a training step holds from the forward pass until the
+    backward pass has used them: the input and each layer's output as `inference` builds it
+    (conv1 after ReLU, pool1, norm1, conv2 after ReLU, norm2, pool2, local3, local4, logits).
+    The backward pass's own gradients come on top of these: this is a floor, not a forecast."""
+    side1, side2 = _pooled(image_size), _pooled(_pooled(image_size))
+    return (image_size * image_size * 3                    # the images
+            + image_size * image_size * CONV_FILTERS       # conv1
+            + 4 * side1 * side1 * CONV_FILTERS             # pool1, norm1, conv2, norm2
+            + side2 * side2 * CONV_FILTERS                 # pool2
+            + LOCAL3 + LOCAL4 + NUM_CLASSES)
+
+
+# 313,384 bytes. Measured once (a single-process worker, batch 128, 512 and 2048, peak RSS): a
+# batch costs 420-580 KiB per example more, and the process ~690 MiB before its first step; the
+# estimate stays under both, so a batch it refuses surely cannot fit.
+BYTES_PER_EXAMPLE = 4 * activation_floats_per_example()
+RUNTIME_BYTES = 512 << 20       # TensorFlow, the graph and the input pipeline, at the least
+
+
+def worker_bytes(batch_size: int, towers: int) -> int:
+    """The least memory a worker needs for `towers` towers (whose activations are in host memory,
+    i.e. CPU towers) of `batch_size` examples each: they all hold their activations at once."""
+    return RUNTIME_BYTES + batch_size * towers * BYTES_PER_EXAMPLE
+
+
+def host_memory_bytes(meminfo: str = '/proc/meminfo') -> int | None:
+    """The machine's memory (MemTotal), or None where it cannot be read (not Linux)."""
+    try:
+        with open(meminfo) as f:
+            for line in f:
+                name, _, value = line.partition(':')
+                if name == 'MemTotal':
+                    number, _, unit = value.strip().partition(' ')
+                    return int(number) * (1024 if unit.strip().lower() == 'kb' else 1)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def host_towers(devices, gpus: int) -> int:
+    """How many of a worker's towers keep their activations in host memory (CPU towers), for a
+    train.devices setting and a host with `gpus` GPUs ('auto' trains on every GPU, else on one CPU)."""
+    if devices == 'auto':
+        return 0 if gpus else 1
+    if isinstance(devices, int):
+        return devices
+    return sum(1 for d in devices if str(d).startswith('cpu:'))
+
+
+def _gib(n: float) -> str:
+    return f'{n / (1 << 30):.1f} GiB'
+
+
+def batch_memory_refusal(batch_size: int, towers: int, host_bytes: int | None,
+                         host: str = 'this machine') -> str | None:
+    """Why a worker with `towers` CPU towers of `batch_size` examples cannot train on a host with
+    `host_bytes` of memory (one line), or None when it may."""
+    if host_bytes is None or towers < 1:
+        return None
+    need = worker_bytes(batch_size, towers)
+    if need <= host_bytes:
+        return None
+    most = max(0, (host_bytes - RUNTIME_BYTES) // (towers * BYTES_PER_EXAMPLE))
+    tower_text = f' x {towers} towers' if towers > 1 else ''
+    return (f'a batch of {batch_size:,}{tower_text} needs at least {_gib(need)} of memory (the CIFAR-10 model keeps '
+            f'{BYTES_PER_EXAMPLE // 1000:,} KB of activations per example for the backward pass, plus '
+            f'{_gib(RUNTIME_BYTES)} for TensorFlow), but {host} has {_gib(host_bytes)}: at most about {most:,} '
+            'fits (README: Training)')
+
+
+def gpus_here() -> int:
+    """NVIDIA GPUs the driver lists on this machine (no process started): what 'auto' trains on."""
+    try:
+        return len(os.listdir('/proc/driver/nvidia/gpus'))
+    except OSError:
+        return 0
+
+
+def check_batch_memory(spec, tasks) -> None:
+    """Raise the spec's error about train.batch_size if a worker among `tasks` (those that run
+    on this machine) cannot hold one batch of the built-in model in this machine's memory."""
+    if spec.train.program or spec.train.command or not any(t.job == 'worker' for t in tasks):
+        return      # the user's code: its memory is its own
+    refusal = batch_memory_refusal(spec.train.batch_size, host_towers(spec.train.devices, gpus_here()),
+                                   host_memory_bytes())
+    if refusal:
+        raise spec.error('train.batch_size', refusal)

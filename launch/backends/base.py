@@ -1,0 +1,396 @@
+"""The interface every backend (local processes, SSH) offers the launcher, and the pieces they share.
+
+A task always writes its output to its own log file; the launcher follows that file (locally or
+over SSH) to stream it with a `[job:index]` prefix. So output survives the launcher, and
+`launch logs` reads the same file.
+"""
+from __future__ import annotations
+
+import abc
+import os
+import socket
+import threading
+import time
+from dataclasses import asdict, dataclass, fields, is_dataclass
+from typing import Any, Callable, Iterable, Iterator, TypeVar
+
+import grpc
+
+from cluster.spec import address as host_port, is_chief
+from cluster.runtime import rundir
+from cluster.runtime.rundir import LEASE_ENV, read_text, write_atomically
+from launch.errors import UsageError
+from launch.planning.plan import TaskPlan
+
+STOP_GRACE_SECS = 5.0     # SIGTERM, then SIGKILL after this long (one deadline shared by all tasks)
+
+# Run by the tasks' Python on each host (over SSH, or as a local subprocess) for a check: what is
+# installed, which of the ports given are taken; prints one JSON line. With --import it imports
+# TensorFlow and this package for real (seconds per host: `launch check` does it); without, it
+# only locates TensorFlow (`launch up`, where a broken install still shows as a task dying during
+# start-up, with its log lines).
+HOST_PROBE = r'''
+import errno, json, socket, sys
+args = sys.argv[1:]
+deep = args[:1] == ["--import"]
+out = {"python": sys.version.split()[0], "executable": sys.executable, "missing": [], "busy": []}
+try:
+    import importlib.util, importlib.metadata
+    if deep:
+        try:
+            import tensorflow
+            out["tensorflow"] = tensorflow.__version__
+        except Exception as e:
+            why = "" if isinstance(e, ImportError) and e.name == "tensorflow" else " (%s: %s)" % (
+                type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+            out["missing"].append("tensorflow" + why)
+    elif importlib.util.find_spec("tensorflow") is None:
+        out["missing"].append("tensorflow")
+    else:
+        try:
+            out["tensorflow"] = importlib.metadata.version("tensorflow")
+        except Exception:
+            out["tensorflow"] = "?"
+    try:
+        import cluster.task
+        if deep and "tensorflow" in out:
+            import cluster.training.train        # the model and input pipeline too: all a worker imports
+        out["cluster"] = cluster.task.__file__
+    except ImportError as e:
+        out["missing"].append("cluster" if e.name == "cluster" else "cluster (%s)" % e)
+except Exception as e:
+    out["missing"].append("module check failed: %s" % e)
+for port in args[deep:]:
+    try:
+        s = socket.socket(socket.AF_INET6)
+    except OSError:         # IPv6 disabled on the host
+        s = socket.socket(socket.AF_INET)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("", int(port)))
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            out["busy"].append(int(port))
+    finally:
+        s.close()
+print(json.dumps(out))
+'''
+
+# How many NVIDIA GPUs a host has, as one line `tfcluster-gpus N` (read back with parse_gpu_count):
+# the driver's /proc entries first (no process started), else `nvidia-smi -L`; 0 without either.
+# POSIX sh, cheap: it runs in every pre-flight, before anything starts.
+GPU_COUNT_SH = ('n=$(ls /proc/driver/nvidia/gpus 2>/dev/null | wc -l); '
+                'if [ "$n" -eq 0 ] && command -v nvidia-smi >/dev/null 2>&1; then '
+                'n=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU "); fi; '
+                'echo "tfcluster-gpus ${n:-0}"')
+
+
+def parse_gpu_count(output: str) -> int | None:
+    """The count GPU_COUNT_SH printed somewhere in `output`, or None if it is not there."""
+    for line in output.splitlines():
+        word, _, count = line.strip().partition(' ')
+        if word == 'tfcluster-gpus' and count.strip().isdigit():
+            return int(count)
+    return None
+
+
+@dataclass
+class TaskRecord:
+    """A started task as the state file remembers it: enough to find, check and stop it later."""
+    name: str
+    job: str
+    index: int
+    host: str
+    port: int
+    backend: str
+    pid: int
+    log: str
+    ident: str = ''          # the process start time, so a reused pid is never mistaken for ours
+    cwd: str = '.'
+    handle: Any = None       # the backend's own typed record of the task (see handle_of)
+    log_offset: int = 0      # where this start's output begins in the log (a restart appends)
+    address: str = ''        # where other tasks reach it, when not at `host` (an ssh config alias's HostName)
+
+    def to_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != 'handle'}
+        d['extra'] = asdict(self.handle) if is_dataclass(self.handle) else dict(self.handle or {})
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> 'TaskRecord':
+        known = {f.name for f in fields(cls)} - {'handle'}     # a state file may come from another version
+        return cls(handle=dict(d.get('extra') or {}), **{k: v for k, v in d.items() if k in known})
+
+    @property
+    def is_chief(self) -> bool:
+        return is_chief(self.job, self.index)
+
+    @property
+    def endpoint(self) -> str:
+        """'address:port' the task's gRPC server is reached at."""
+        return host_port(self.address or self.host, self.port)
+
+
+H = TypeVar('H')
+
+
+def handle_of(record: TaskRecord, cls: type[H]) -> H:
+    """The record's handle as the backend's own type: a record read back from the state file
+    holds it as a dict until its backend first looks at it."""
+    if not isinstance(record.handle, cls):
+        known = {f.name for f in fields(cls)}
+        record.handle = cls(**{k: v for k, v in (record.handle or {}).items() if k in known})
+    return record.handle
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What a backend can tell of one task now: running, ended (with its exit code, negative for
+    a signal), or unknown (its host cannot be asked; `error` says why). A running task that makes
+    no progress says how in `stopped` (e.g. 'is stopped (SIGSTOP, or a debugger)')."""
+    state: str                      # 'running' | 'ended' | 'unknown'
+    exit_code: int | None = None
+    stopped: str | None = None
+    error: str = ''
+
+    @property
+    def alive(self) -> bool:
+        """Running, or unknown: what keeps a state file (so `launch down` can try again later)."""
+        return self.state != ENDED
+
+
+RUNNING, ENDED, UNKNOWN = 'running', 'ended', 'unknown'
+
+
+class BackendError(Exception):
+    """A backend could not reach or control a host: the message is one line naming host and cause."""
+
+
+@dataclass
+class HostCheck:
+    """The pre-flight verdict for one host: `detail` says what was found or what is wrong."""
+    host: str
+    ok: bool
+    detail: str
+
+    def line(self) -> str:
+        return f'{self.host}: {"ok" if self.ok else "error"}: {self.detail}'
+
+
+class Backend(abc.ABC):
+    """Starts, watches and stops tasks of one kind. Methods take many tasks at once where a
+    backend can do better than one at a time (one deadline for all, one SSH connection per host);
+    one that talks to many hosts reports every host's outcome, never only the first failure."""
+
+    name = ''
+
+    def prepare(self, plans: list[TaskPlan], spec_yaml: str) -> None:
+        """Put what the tasks need in place (the effective spec, log folders) before any start."""
+
+    @abc.abstractmethod
+    def check(self, plans: list[TaskPlan], imports: bool = False) -> list[HostCheck]:
+        """Pre-flight of every host these tasks use (reachable, Python and TensorFlow there,
+        ports free), all hosts checked even when one fails; starts nothing. With `imports`, the
+        tasks' Python imports TensorFlow and this package for real (seconds per host); without,
+        it only finds them."""
+
+    def gpu_counts(self, plans: list[TaskPlan]) -> dict[str, int]:
+        """How many GPUs the hosts of these tasks have: spec host -> count, a host that cannot
+        be asked left out (its pre-flight says why). Called only when train.devices wants GPUs."""
+        return {}
+
+    def preflight(self, spec, plans: list[TaskPlan]) -> None:
+        """What stops `launch up` before anything starts (`check` without imports, every host's
+        verdict in one line): raises UsageError."""
+        failed = [c for c in self.check(plans) if not c.ok] if plans else []
+        if failed:
+            raise UsageError(f'{spec.path}: pre-flight failed: ' + '; '.join(c.line() for c in failed))
+
+    @abc.abstractmethod
+    def start(self, plan: TaskPlan) -> TaskRecord:
+        """Start the task detached (its own session), its output going to plan.log_path (appended
+        to when plan.restart, with record.log_offset where this start's output begins)."""
+
+    def renew(self, plans: list[TaskPlan], text: str | None = None) -> None:
+        """Touch the lease file of these tasks (LEASE_ENV in their environment): a task
+        whose lease goes stale stops itself, so none outlives a launcher that is gone. With
+        `text`, the file holds it (the live workers, cluster/runtime/membership.py); a change is written
+        at once, whatever the backend's pace of renewals."""
+
+    @abc.abstractmethod
+    def status(self, record: TaskRecord) -> Observation:
+        """One observation of the task; never raises for a host it cannot ask (UNKNOWN)."""
+
+    def probe(self, record: TaskRecord, timeout: float, handshake: bool = True, channel_ready=None) -> bool:
+        """Whether the task's server can be reached: with `handshake`, its gRPC server answers
+        within `timeout` (a stopped process still accepts TCP connections in the kernel, but
+        never answers); without, something accepts TCP connections on its port. `channel_ready`,
+        the launcher's own gRPC channel-ready future for the task's address, answers at once
+        where the launcher can reach the task; a backend whose tasks it cannot reach (a private
+        network namespace) probes in its own way."""
+        if channel_ready is not None:
+            return channel_ready.done()
+        host = record.address or record.host
+        return grpc_answers(host, record.port, timeout) if handshake else tcp_listening(host, record.port, timeout)
+
+    def locate(self, record: TaskRecord) -> dict:
+        """Where a started task is, for the event log: its pid (a compose task: its container)."""
+        return {'pid': record.pid or None}
+
+    def release(self, plans: list[TaskPlan]) -> None:
+        """Remove what the backend put in place for these tasks besides their processes (a network
+        namespace), once they are stopped: `launch down` after a launcher that was killed."""
+
+    @abc.abstractmethod
+    def stop(self, records: list[TaskRecord], grace: float = STOP_GRACE_SECS) -> None:
+        """SIGTERM every task's process group, wait up to `grace` seconds in all, then SIGKILL."""
+
+    @abc.abstractmethod
+    def log_record(self, plan: TaskPlan) -> TaskRecord:
+        """A record that says where the plan's task logs, for reading the log of a task this
+        launcher did not start (`launch logs` after the run)."""
+
+    @abc.abstractmethod
+    def read_log(self, record: TaskRecord, follow: bool = False,
+                 stop: threading.Event | None = None, offset: int = 0) -> Iterator[str]:
+        """The lines of a task's log from byte `offset`; with follow, keep yielding new lines
+        until `stop` is set and the file has no more."""
+
+    @abc.abstractmethod
+    def read_file(self, record: TaskRecord, path: str) -> str | None:
+        """The text of a small file on the task's host (`path` relative to its working directory),
+        or None if it is not there."""
+
+    def close(self) -> None:
+        """Release connections."""
+
+
+def planned_record(plan: TaskPlan, log: str, cwd: str, backend: str) -> TaskRecord:
+    """A record of a task not started (pid 0): where it would log."""
+    t = plan.task
+    return TaskRecord(name=t.name, job=t.job, index=t.index, host=t.host, port=t.port, backend=backend,
+                      pid=0, log=log, cwd=cwd, address=plan.address if plan.address != t.host else '')
+
+
+def grpc_answers(host: str, port: int, timeout: float) -> bool:
+    """Whether a gRPC server answers the HTTP/2 handshake at host:port within `timeout`."""
+    channel = grpc.insecure_channel(host_port(host, port), options=[('grpc.enable_http_proxy', 0)])
+    try:
+        grpc.channel_ready_future(channel).result(timeout=timeout)
+        return True
+    except grpc.FutureTimeoutError:
+        return False
+    finally:
+        channel.close()
+
+
+def link_attempt_log(cwd: str, plan: TaskPlan) -> str:
+    """Point the plan's log_path at this attempt's log file (created, never truncated) and return
+    that file's path. A log_path that is still a plain file (written before runs had attempts) is
+    kept as attempt-0's log, so no earlier output is lost."""
+    link = os.path.join(cwd, plan.log_path)
+    target = os.path.join(cwd, plan.attempt_log_path)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    if os.path.lexists(link) and not os.path.islink(link):
+        legacy = os.path.join(os.path.dirname(link), rundir.attempt_dirname(0), os.path.basename(link))
+        os.makedirs(os.path.dirname(legacy), exist_ok=True)
+        os.replace(link, legacy)
+    temporary = f'{link}.{os.getpid()}.link'
+    os.symlink(os.path.relpath(target, os.path.dirname(link)), temporary)
+    os.replace(temporary, link)
+    return target
+
+
+def decode_exit(code: int) -> int:
+    """A shell (or docker-init) reports a task killed by signal N as 128+N; the launcher's
+    convention is -N, as subprocess reports it."""
+    return -(code - 128) if 128 < code < 128 + 65 else code
+
+
+def stop_all(records: list[TaskRecord], backends: dict, grace: float = STOP_GRACE_SECS) -> None:
+    """Stop every record's task, each backend taking all of its own at once (one shared deadline)."""
+    by_backend: dict[str, list[TaskRecord]] = {}
+    for r in records:
+        by_backend.setdefault(r.backend, []).append(r)
+    for name, group in by_backend.items():
+        backends[name].stop(group, grace=grace)
+
+
+def tcp_listening(host: str, port: int, timeout: float = 0.5) -> bool:
+    """Whether something accepts TCP connections at host:port within `timeout`."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def follow_file(path: str, stop: threading.Event | None, poll: float = 0.1, offset: int = 0) -> Iterator[str]:
+    """Yield complete lines of a growing file from byte `offset`; end at EOF once `stop` is set
+    (or at once if stop is None). A missing file counts as empty until it appears."""
+    pending = ''
+    f = None
+    try:
+        while True:
+            if f is None:
+                try:
+                    f = open(path, encoding='utf-8', errors='replace')
+                    if offset:
+                        f.buffer.seek(offset)
+                except FileNotFoundError:
+                    if stop is None or stop.is_set():
+                        return
+                    time.sleep(poll)
+                    continue
+            chunk = f.read(65536)
+            if chunk:
+                pending += chunk
+                *lines, pending = pending.split('\n')
+                yield from lines
+                continue
+            if stop is None or stop.is_set():
+                if pending:
+                    yield pending
+                return
+            time.sleep(poll)
+    finally:
+        if f is not None:
+            f.close()
+
+
+def lease_files(plans: list[TaskPlan], root: str | None = None) -> set[str]:
+    """The lease files these tasks watch, relative to `root` (default: each plan's cwd)."""
+    return {os.path.join(root or p.cwd, p.env[LEASE_ENV]) for p in plans if LEASE_ENV in p.env}
+
+
+def touch_leases(plans: list[TaskPlan], root: str | None = None, text: str | None = None) -> None:
+    """Renew the lease files of tasks whose files are on this machine; with `text`, make it their
+    content (written whole, under a temporary name first, only when it changed)."""
+    for path in lease_files(plans, root):
+        if text is not None and read_text(path) != text:
+            os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
+            write_atomically(path, text)
+            continue
+        try:
+            os.utime(path)
+        except FileNotFoundError:
+            os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
+            open(path, 'a').close()
+
+
+def tail(lines: Iterable[str], n: int = 15) -> list[str]:
+    out: list[str] = []
+    for line in lines:
+        out.append(line)
+        if len(out) > n:
+            out.pop(0)
+    return out
+
+
+def wait_all(predicate: Callable[[], bool], deadline: float, poll: float = 0.05) -> bool:
+    """Wait until predicate() is true or the monotonic deadline passes; returns predicate()."""
+    while not predicate():
+        if time.monotonic() >= deadline:
+            return predicate()
+        time.sleep(poll)
+    return True

@@ -1,0 +1,241 @@
+"""Local backend: each task is a child process in its own session (so its process group can be
+signalled as a whole and a terminal's Ctrl-C reaches only the launcher), output to its log file.
+With `isolation: netns` every task runs in the run's private network namespace (launch/backends/netns.py)."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+
+from cluster.task import port_in_use
+from launch.backends import netns
+from launch.errors import UsageError
+from cluster.runtime.rundir import read_text, write_atomically
+from launch.backends.base import (ENDED, GPU_COUNT_SH, HOST_PROBE, RUNNING, STOP_GRACE_SECS, Backend, BackendError, HostCheck,
+                            Observation, TaskRecord, follow_file, handle_of, link_attempt_log,
+                            parse_gpu_count, planned_record, touch_leases, wait_all)
+from launch.planning.plan import TaskPlan
+
+log = logging.getLogger(__name__)
+
+IMPORT_TIMEOUT = 60    # seconds `launch check` gives the tasks' Python to import TensorFlow
+
+
+def gpu_count() -> int:
+    """The NVIDIA GPUs this machine has, read as on a remote host (GPU_COUNT_SH)."""
+    try:
+        out = subprocess.run(['sh', '-c', GPU_COUNT_SH], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return parse_gpu_count(out) or 0
+
+
+# What a local task takes from the launcher's environment: what running the same Python needs
+# (the search paths, the virtualenv or conda environment, the locale, home and temporary folder),
+# the proxies, and tfcluster's own knobs (TFCLUSTER_PROFILE). Anything else a task should see is
+# the spec's `env:`, which every backend passes alike; an SSH task sees its login environment.
+INHERITED = frozenset({'PATH', 'HOME', 'USER', 'LOGNAME', 'SHELL', 'LANG', 'LANGUAGE', 'TZ', 'TMPDIR', 'TERM',
+                       'LD_LIBRARY_PATH', 'VIRTUAL_ENV', 'SSL_CERT_FILE', 'SSL_CERT_DIR'}
+                      | {f'{name}_proxy' for name in ('http', 'https', 'ftp', 'no', 'all')}
+                      | {f'{name}_PROXY' for name in ('HTTP', 'HTTPS', 'FTP', 'NO', 'ALL')})
+INHERITED_PREFIXES = ('LC_', 'PYTHON', 'CONDA_', 'PYENV_', 'TFCLUSTER_')
+
+
+def inherited(environ) -> dict[str, str]:
+    """The part of the launcher's environment a local task starts with (INHERITED)."""
+    return {k: v for k, v in environ.items() if k in INHERITED or k.startswith(INHERITED_PREFIXES)}
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state first), or None if it is gone."""
+    try:
+        with open(f'/proc/{pid}/stat') as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return stat[stat.rindex(')') + 2:].split()
+
+
+def process_ident(pid: int) -> str | None:
+    """The kernel's start time of `pid` (field 22 of /proc/PID/stat); None if it is gone or a zombie."""
+    fields = _stat_fields(pid)
+    return None if fields is None or fields[0] in 'ZX' else fields[19]
+
+
+def process_state(pid: int) -> str | None:
+    """The one-letter state of `pid` (R, S, D, T, Z, ...), or None if it is gone."""
+    fields = _stat_fields(pid)
+    return fields[0] if fields else None
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system time of every thread of `pid` so far, or None if it is gone."""
+    fields = _stat_fields(pid)
+    return None if fields is None else (int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK')
+
+
+def process_cmdline(pid: int) -> str:
+    """The command line of `pid`, its arguments joined by spaces ('' if it is gone)."""
+    try:
+        with open(f'/proc/{pid}/cmdline', 'rb') as f:
+            return f.read().replace(b'\0', b' ').decode(errors='replace')
+    except OSError:
+        return ''
+
+
+@dataclass
+class LocalHandle:
+    """A local task's own facts: the network namespace it runs in, if any (isolation: netns)."""
+    netns: str | None = None
+
+
+class LocalBackend(Backend):
+    name = 'local'
+
+    def __init__(self):
+        self._children: dict[int, subprocess.Popen] = {}
+        self._namespaces: set[str] = set()      # made (or taken over) by this launcher: deleted by close()
+
+    def prepare(self, plans, spec_yaml):
+        for ns in sorted({p.netns for p in plans if p.netns}):
+            netns.create(ns)
+            self._namespaces.add(ns)
+        for plan in plans:
+            os.makedirs(os.path.dirname(os.path.join(plan.cwd, plan.log_path)) or '.', exist_ok=True)
+            spec_file = os.path.join(plan.cwd, plan.spec_path)
+            os.makedirs(os.path.dirname(spec_file) or '.', exist_ok=True)
+            write_atomically(spec_file, spec_yaml)
+
+    @staticmethod
+    def busy(plans: list[TaskPlan]) -> list[TaskPlan]:
+        """The local tasks whose port something on this machine already listens on (a task in a
+        private network namespace has the namespace's ports to itself)."""
+        return [p for p in plans if not p.netns and port_in_use(p.task.port)]
+
+    def preflight(self, spec, plans):
+        """Named by task, where `launch check` says it per host."""
+        busy = self.busy(plans)
+        if busy:
+            task = busy[0].task
+            raise UsageError(f'{spec.path}: {task.name}: port {task.port} on {task.host} is already in use')
+
+    def check(self, plans, imports: bool = False):
+        if not plans:
+            return []
+        problems = [f'port {p.task.port} ({p.name}) already in use' for p in self.busy(plans)]
+        version = ''
+        if imports:
+            python = plans[0].argv[0]
+            try:
+                probe = subprocess.run([python, '-c', HOST_PROBE, '--import'], cwd=plans[0].cwd,
+                                       stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                       timeout=IMPORT_TIMEOUT, env={**os.environ, 'TF_CPP_MIN_LOG_LEVEL': '2'})
+                found = json.loads(probe.stdout.strip().splitlines()[-1])
+            except subprocess.TimeoutExpired:
+                found = {'missing': [f'tensorflow (the import took over {IMPORT_TIMEOUT}s)']}
+            except (ValueError, IndexError):
+                last = (probe.stderr.strip().splitlines() or [f'exit {probe.returncode}'])[-1]
+                found = {'missing': [f'tensorflow ({last})']}
+            if found['missing']:
+                problems.insert(0, f'python {python} cannot import {" nor ".join(found["missing"])}')
+            else:
+                version = f', tensorflow {found["tensorflow"]}'
+        if problems:
+            return [HostCheck('localhost', False, '; '.join(problems))]
+        where = sorted({p.netns for p in plans if p.netns})    # a fresh namespace has every port free
+        return [HostCheck('localhost', True, f'{len(plans)} task(s){version}, ports '
+                                             f'{", ".join(str(p.task.port) for p in plans)} free'
+                                             + (f' (in network namespace {where[0]})' if where else ''))]
+
+    def gpu_counts(self, plans: list[TaskPlan]) -> dict[str, int]:
+        return {p.task.host: gpu_count() for p in plans[:1]}
+
+    def start(self, plan: TaskPlan) -> TaskRecord:
+        log_file = link_attempt_log(plan.cwd, plan)
+        with open(log_file, 'ab') as out:       # a task restarted in the same attempt appends
+            offset = out.tell()
+            argv = netns.wrap(plan.netns, plan.argv) if plan.netns else plan.argv
+            proc = subprocess.Popen(argv, cwd=plan.cwd, env={**inherited(os.environ), **plan.env},
+                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        self._children[proc.pid] = proc
+        t = plan.task
+        return TaskRecord(name=t.name, job=t.job, index=t.index, host=t.host, port=t.port, backend=self.name,
+                          pid=proc.pid, log=os.path.abspath(log_file), ident=process_ident(proc.pid) or '',
+                          cwd=os.path.abspath(plan.cwd), log_offset=offset,
+                          handle=LocalHandle(plan.netns))
+
+    def renew(self, plans, text=None):
+        touch_leases(plans, text=text)
+
+    def probe(self, record, timeout, handshake=True, channel_ready=None):
+        # A task in a namespace is out of the launcher's own reach: ask from inside (launch/backends/netns.py).
+        ns = handle_of(record, LocalHandle).netns
+        if not ns:
+            return super().probe(record, timeout, handshake, channel_ready)
+        ask = netns.answers if handshake else netns.listening
+        return ask(ns, record.host, record.port, 0.5 if channel_ready is not None else timeout)
+
+    def release(self, plans):
+        for ns in sorted({p.netns for p in plans if p.netns}):
+            netns.delete(ns)
+            self._namespaces.discard(ns)
+
+    def close(self):
+        """Delete the namespaces this launcher made, once every task in them is stopped (one whose
+        tasks could not be stopped stays, for `launch down`)."""
+        for ns in sorted(self._namespaces):
+            try:
+                netns.delete(ns)
+            except BackendError as e:
+                log.warning('%s; `launch down` removes it once they are stopped', e)
+        self._namespaces.clear()
+
+    def status(self, record: TaskRecord) -> Observation:
+        proc = self._children.get(record.pid)
+        code = proc.poll() if proc is not None else (None if self._ours(record) else 0)
+        if code is not None:
+            return Observation(ENDED, code)
+        state = process_state(record.pid)
+        stopped = {'T': 'is stopped (SIGSTOP, or a debugger)', 't': 'is stopped (SIGSTOP, or a debugger)',
+                   'D': 'is in uninterruptible sleep (disk or network I/O)'}.get(state)
+        return Observation(RUNNING, stopped=stopped)
+
+    def _ours(self, record: TaskRecord) -> bool:
+        """Whether the record's pid still runs the task this launcher (or an earlier one) started."""
+        proc = self._children.get(record.pid)
+        if proc is not None:
+            return proc.poll() is None
+        ident = process_ident(record.pid)
+        if ident is None or (record.ident and ident != record.ident):
+            return False
+        return 'cluster.task' in process_cmdline(record.pid)
+
+    def stop(self, records, grace: float = STOP_GRACE_SECS) -> None:
+        live = [r for r in records if self._ours(r)]
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+            for r in live:
+                try:
+                    os.killpg(r.pid, sig)
+                    if sig == signal.SIGTERM:       # a stopped (SIGSTOP) task handles it only once resumed
+                        os.killpg(r.pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+            wait_all(lambda: not any(self._ours(r) for r in live), time.monotonic() + wait)
+            live = [r for r in live if self._ours(r)]
+            if not live:
+                break
+
+    def read_file(self, record, path):
+        return read_text(os.path.join(record.cwd, path))
+
+    def log_record(self, plan):
+        return planned_record(plan, os.path.abspath(os.path.join(plan.cwd, plan.log_path)),
+                              os.path.abspath(plan.cwd), self.name)
+
+    def read_log(self, record, follow=False, stop=None, offset=0):
+        return follow_file(record.log, stop if follow else None, offset=offset)

@@ -1,0 +1,149 @@
+"""A run's event log, `<train_dir>/events.jsonl`: one JSON object per line, appended by the
+launcher (for every backend; under Slurm from what the job's logs say), read by `launch list`,
+`launch status`, `launch report` and anyone's scripts.
+
+Every event has
+    time     ISO-8601 with the UTC offset, e.g. 2026-11-23T21:08:43.123+00:00
+    run      the run's id, e.g. local2-20261123-210843
+    attempt  1, 2, ...: every `launch up` of the train_dir and every cluster restart inside one
+    event    one of EVENTS below
+and the fields that event names:
+    run_started    spec (absolute path), overrides (the --set options), cwd, backend, spec_hash (sha256
+                   of the effective spec), train_dir (absolute), launcher_pid, resumes_from (checkpoint
+                   step or null)
+    task_started   task, host, pid (a process), container or job (a scheduler's id)
+    serving        task
+    first_step     step
+    progress       step, total, loss (null if not known), images_per_sec (null if not known)
+    checkpoint     step
+    task_lost      task, cause, exit_code (null if unknown), signal (name, or null), error (last Python error or null)
+    tolerated      task, cause
+    stall          tasks (list), cause
+    restart        cause, from_step (checkpoint step or null); the next attempt's events follow (a
+                   restart of some tasks inside an attempt names them in `tasks` and keeps the attempt)
+    scale          to (the worker count asked for), add, remove (task lists), pid (of `launch scale`)
+    scaled         state (done | failed), workers (the live worker indices), cause
+    failover       task (lost, its host unreachable), to (the spare of the pool started instead), host, cause
+    interrupted    signal
+    finished       result: the RunResult (see run.json)
+A reader skips a torn or damaged line (a launcher killed mid-write) with one warning, never a
+traceback.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import threading
+import time
+from typing import Iterator
+
+from cluster.runtime import rundir
+
+log = logging.getLogger(__name__)
+
+EVENTS = ('run_started', 'task_started', 'serving', 'first_step', 'progress', 'checkpoint', 'task_lost',
+          'tolerated', 'stall', 'restart', 'scale', 'scaled', 'failover', 'interrupted', 'finished')
+
+
+class EventLog:
+    """Appends events of one run; thread-safe (log followers and the supervisor write at once)."""
+
+    def __init__(self, path: str, run: str, attempt: int):
+        self.path, self.run, self.attempt = path, run, attempt
+        self._lock = threading.Lock()
+        self._lost = 0      # events the disk refused since the last one written
+
+    def emit(self, event: str, **fields) -> dict:
+        """Append one event. The log is a record of the run, not the run: a disk that refuses it
+        (full, read-only) costs one warning naming the file and the cause, and one more saying
+        how many events were lost once it takes them again; never a crash, never half a line."""
+        assert event in EVENTS, event
+        record = {'time': rundir.iso_time(time.time()), 'run': self.run, 'attempt': self.attempt, 'event': event, **fields}
+        line = json.dumps(record, default=str) + '\n'
+        with self._lock:
+            try:
+                os.makedirs(os.path.dirname(self.path) or '.', exist_ok=True)
+                _append_whole(self.path, line.encode('utf-8'))
+            except OSError as e:
+                if not self._lost:
+                    log.warning('cannot write %s: %s; the events of the run are lost until it can',
+                                self.path, rundir.os_cause(e))
+                self._lost += 1
+                return record
+            if self._lost:
+                log.warning('%s: written again; %d event(s) were lost', self.path, self._lost)
+                self._lost = 0
+        return record
+
+
+def _append_whole(path: str, data: bytes) -> None:
+    """Append `data` in one write; if the disk takes only part of it, cut the file back, so that
+    the log never holds half a line (the next event would be glued to it)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        start = os.fstat(fd).st_size
+        try:
+            view = memoryview(data)
+            while view:         # a short write is the disk filling up: the next one says why
+                written = os.write(fd, view)
+                if not written:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+                view = view[written:]
+        except OSError:
+            try:
+                os.ftruncate(fd, start)
+            except OSError:
+                pass
+            raise
+    finally:
+        os.close(fd)
+
+
+def read_events(path: str) -> list[dict]:
+    """Every event of the file that parses; a torn or damaged line is skipped with one warning."""
+    return list(iter_events(path))
+
+
+def iter_events(path: str) -> Iterator[dict]:
+    try:
+        f = open(path, encoding='utf-8', errors='replace')
+    except FileNotFoundError:
+        return
+    bad = []
+    with f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                event = json.loads(line)
+            except ValueError:
+                bad.append(number)
+                continue
+            if isinstance(event, dict) and 'event' in event:
+                yield event
+            else:
+                bad.append(number)
+    if bad:
+        log.warning('%s: skipped %d damaged line(s) (line %s)', path, len(bad), ', '.join(map(str, bad[:5])))
+
+
+def read_run_record(path: str) -> dict:
+    """run.json as a dict: {} when it is missing (a run in its first attempt), and when it is
+    damaged, after one warning naming it."""
+    try:
+        with open(path, encoding='utf-8', errors='replace') as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return {}
+    except OSError as e:
+        log.warning('%s: cannot read it (%s); skipped', path, e.strerror or e)
+        return {}
+    except ValueError as e:
+        log.warning('%s: damaged (%s); skipped', path, e)
+        return {}
+    if not isinstance(data, dict):
+        log.warning('%s: damaged (not a JSON object); skipped', path)
+        return {}
+    return data

@@ -1,0 +1,206 @@
+"""The Slurm batch script of a spec: `launch render SPEC --format sbatch` prints it, and
+`launch up SPEC --backend slurm` (launch/run/slurm.py) submits it and follows the job.
+
+The script stands on its own (plain `sbatch FILE` runs it too): it carries the effective spec and
+writes it into the train_dir, then one `srun` step runs `python -m cluster.task --slurm` on every
+rank. Each task works out its job, index, host and port from Slurm's environment
+(cluster/env/slurm.py), so the script names no host: Slurm picks the nodes when the job starts.
+Pure: a spec in, text out; nothing is read or written here.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shlex
+import sys
+
+import cluster
+from cluster.runtime.rundir import attempt_dirname
+from cluster.env.slurm import DEFAULT_PORT_BASE
+from cluster.spec import ClusterSpec
+from launch.planning.gpus import scheduler_request
+
+SPEC_MARK = 'TFCLUSTER_SPEC'     # ends the here-document that carries the effective spec
+
+# One rank of the step: its log file by its place in the layout (ps-0.log, worker-1.log, as the
+# other backends name them), then cluster.task. A ps task ignores SIGTERM: scancel and the time
+# limit send SIGTERM to every task at once, and the chief can only write its checkpoint while the
+# ps tasks still hold the variables; Slurm's SIGKILL (KillWait seconds later) ends them. Workers
+# keep SIGTERM: the chief saves and exits on it, the others just exit.
+# $1: the number of ps tasks, $2: the logs directory, then the command. `ps` and `worker` are
+# what each job does besides (rank_wrapper: its own `env:` variables, its GPUs).
+_WRAPPER = ('if [ "$SLURM_PROCID" -lt "$1" ]; then task=ps-$SLURM_PROCID; trap "" TERM;{ps} '
+            'else task=worker-$((SLURM_PROCID - $1));{worker} fi; '
+            'logs=$2; shift 2; exec "$@" >"$logs/$task.log" 2>&1')
+
+
+def rank_wrapper(ps: str = '', worker: str = '') -> str:
+    """The wrapper with shell commands of each job's own (each ending in `;`)."""
+    return _WRAPPER.format(ps=f' {ps}' if ps else '', worker=f' {worker}' if worker else '')
+
+
+RANK_WRAPPER = rank_wrapper()
+# A ps task sees no GPU; a worker sees the GPUs Slurm bound to it (CUDA_VISIBLE_DEVICES, set per
+# task by --gpus-per-task), and none when the job asked for none: never the whole node's.
+PS_GPUS = 'export CUDA_VISIBLE_DEVICES=;'
+WORKER_GPUS = 'export CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES-}";'
+
+
+def heterogeneous(spec: ClusterSpec) -> bool:
+    """GPU towers make the job heterogeneous: a ps component asking no GPU, a worker component
+    asking --gpus-per-task. One srun step runs both, ranks numbered across them (ps first), so the
+    layout rules hold; Slurm gives each component its own nodes."""
+    return scheduler_request(spec) > 0
+
+
+def exports(env) -> str:
+    """`export K=V ...;` for a mapping (values quoted), '' for none."""
+    return f'export {" ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())};' if env else ''
+
+
+def job_name(spec: ClusterSpec, name: str | None = None) -> str:
+    """The Slurm job name: `name`, else the spec file's name without its extension."""
+    base = name or os.path.splitext(os.path.basename(spec.path))[0] or 'tfcluster'
+    return re.sub(r'[^A-Za-z0-9._-]', '_', base)
+
+
+def slurm_spec(spec: ClusterSpec, cwd: str | None = None) -> ClusterSpec:
+    """The effective spec a Slurm job's tasks read: train_dir (and a data directory) absolute, so
+    the script runs wherever it is submitted from; no `hosts` (Slurm places the tasks). The
+    cluster section keeps the spec's tasks: their counts decide the layout, their hosts and ports
+    are replaced by Slurm's at run time. No `gpus` either: Slurm gives out the GPUs."""
+    cwd = cwd or os.getcwd()
+    train = spec.train
+    absolute = {'train_dir': os.path.join(cwd, os.path.expanduser(train.train_dir))}
+    if train.data != 'synthetic':
+        absolute['data'] = os.path.join(cwd, os.path.expanduser(train.data))
+    train = dataclasses.replace(train, **{k: os.path.normpath(v) for k, v in absolute.items()})
+    return dataclasses.replace(spec, train=train, hosts=type(spec.hosts)({}), gpus=type(spec.gpus)({}))
+
+
+def package_root() -> str:
+    """The directory holding the `cluster` package, which every task must import."""
+    return os.path.dirname(os.path.dirname(os.path.abspath(cluster.__file__)))
+
+
+def _slice(first: int, count: int, job: str) -> str:
+    """'rank 0 is ps:0', 'ranks 1-2 are worker:0-1'."""
+    if count == 1:
+        return f'rank {first} is {job}:0'
+    return f'ranks {first}-{first + count - 1} are {job}:0-{count - 1}'
+
+
+def render(spec: ClusterSpec, args, attempt: int | None = None) -> str:
+    """The batch script. `args` may carry name, partition, time_limit, port_base (None: defaults).
+    The tasks log into logs/attempt-N/ and logs/<task>.log leads there, so an earlier attempt's
+    logs are kept: N is `attempt` (`launch up` counts them), else the first N not used yet (a
+    script submitted by hand)."""
+    cwd = os.getcwd()
+    placed = slurm_spec(spec, cwd)
+    train_dir = placed.train.train_dir
+    ntasks = spec.num_ps + spec.num_workers
+    port_base = getattr(args, 'port_base', None) or DEFAULT_PORT_BASE
+    python = sys.executable or 'python3'
+    q = shlex.quote
+    sbatch = [f'--job-name={job_name(spec, getattr(args, "name", None))}']
+    # Where and how long: options of each component of a heterogeneous job.
+    where = [f'--partition={args.partition}'] if getattr(args, 'partition', None) else []
+    where += [f'--time={args.time_limit}'] if getattr(args, 'time_limit', None) else []
+    if heterogeneous(spec):     # each component asks for its own: the ps tasks no GPU
+        sbatch += ['--output=/dev/null', f'--chdir={cwd}', f'--ntasks={spec.num_ps}', *where, 'hetjob',
+                   f'--ntasks={spec.num_workers}', f'--gpus-per-task={scheduler_request(spec)}', *where]
+        step = '--het-group=0,1'
+    else:
+        sbatch += [f'--ntasks={ntasks}', '--output=/dev/null', f'--chdir={cwd}', *where]
+        step = f'--ntasks={ntasks}'
+    spec_yaml = placed.to_yaml()
+    wrapper = rank_wrapper(f'{PS_GPUS} {exports(spec.job_env.get("ps", {}))}'.strip(),
+                           f'{WORKER_GPUS} {exports(spec.job_env.get("worker", {}))}'.strip())
+    lines = [
+        '#!/bin/bash',
+        f'# tfcluster: {spec.path} as one Slurm job: {spec.num_ps} ps + {spec.num_workers} worker(s), '
+        f'{ntasks} tasks.',
+        '# Written by `launch render --format sbatch`. Submit it with `launch up SPEC --backend slurm`',
+        '# (which also follows the job, streams every task\'s log and cancels the job on Ctrl-C), or',
+        '# by itself: `sbatch THIS_FILE`; it needs nothing else.',
+        '#',
+        '# Layout (the rules of TensorFlow\'s SlurmClusterResolver): ranks are dealt to nodes in node',
+        f'# order; {_slice(0, spec.num_ps, "ps")}; {_slice(spec.num_ps, spec.num_workers, "worker")} '
+        '(worker:0 is the chief);',
+        f'# every task listens on port {port_base} + its position among its node\'s tasks.',
+        *(_gpu_comment(spec) if heterogeneous(spec) else []),
+        f'# Output: {train_dir}/logs/ (slurm-JOBID.out; attempt-N/ps-0.log, worker-0.log, ... with',
+        '# ps-0.log, worker-0.log, ... in logs/ leading to the newest attempt\'s).',
+        '# The train_dir, this Python and the tfcluster package must be at the same paths on every',
+        '# node (a shared filesystem) when the job spans several nodes.',
+        *(f'#SBATCH {option}' for option in sbatch),
+        '',
+        'set -eu',
+        f'train_dir={q(train_dir)}',
+        'mkdir -p "$train_dir/logs"',
+        '# Not --output: Slurm opens that before the script runs, when logs/ may not exist yet.',
+        'exec >>"$train_dir/logs/slurm-$SLURM_JOB_ID.out" 2>&1',
+        f'cat >"$train_dir/spec.yaml.$SLURM_JOB_ID" <<\'{SPEC_MARK}\'',
+        *spec_yaml.rstrip('\n').split('\n'),
+        SPEC_MARK,
+        'mv -f "$train_dir/spec.yaml.$SLURM_JOB_ID" "$train_dir/spec.yaml"',
+        f'export PYTHONPATH={q(package_root())}${{PYTHONPATH:+:$PYTHONPATH}}',
+        'export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2',
+        *(['# The spec\'s env: (every task; tasks.<job>.env is set by the rank wrapper below)',
+           exports(spec.env).rstrip(';')] if spec.env else []),
+        f'echo "tfcluster: job $SLURM_JOB_ID: {spec.num_ps} ps + {spec.num_workers} worker(s) on '
+        + ('$SLURM_JOB_NODELIST_HET_GROUP_0 (ps) and $SLURM_JOB_NODELIST_HET_GROUP_1 (workers)"'
+           if heterogeneous(spec) else '$SLURM_JOB_NODELIST"'),
+        '# --kill-on-bad-exit: a task that fails ends the step (a lost ps or worker would leave the',
+        '# others waiting for ever); --distribution=block: ranks in node order, as the layout assumes.',
+        '# The ps tasks exit by themselves once every worker is done, so the job ends with training.',
+        *_attempt_links(spec, attempt),
+        f'srun {step} --distribution=block --kill-on-bad-exit=1 \\',
+        f'    bash -c {q(wrapper)} tfcluster-task {spec.num_ps} "$train_dir/logs/{attempt_dirname("$attempt")}" \\',
+        f'    {q(python)} -m cluster.task --spec "$train_dir/spec.yaml" --slurm --port-base {port_base}',
+    ]
+    return '\n'.join(lines) + '\n'
+
+
+def _gpu_comment(spec: ClusterSpec) -> list[str]:
+    n = scheduler_request(spec)
+    return ['# GPUs: a heterogeneous job: the ps tasks (component 0) ask for none, each worker (component 1)',
+            f'# for {n} (--gpus-per-task) and trains on the ones Slurm binds to it (CUDA_VISIBLE_DEVICES).',
+            '# Slurm gives the two components separate nodes, and schedules such jobs with sched/backfill.']
+
+
+def _attempt_links(spec: ClusterSpec, attempt: int | None) -> list[str]:
+    """Script lines: $attempt, this attempt's log folder, and logs/<task>.log leading into it (a
+    plain file there, from before runs had attempts, is kept as attempt-0's)."""
+    names = ' '.join(f'{t.job}-{t.index}' for t in spec.tasks)
+    first = [f'attempt={attempt}'] if attempt else [
+        'attempt=1  # the first not used yet: an earlier attempt\'s logs are never written again',
+        f'while [ -e "$train_dir/logs/{attempt_dirname("$attempt")}" ]; do attempt=$((attempt + 1)); done']
+    return [*first,
+            f'mkdir -p "$train_dir/logs/{attempt_dirname("$attempt")}"',
+            f'for t in {names}; do',
+            '  l="$train_dir/logs/$t.log"',
+            '  if [ -f "$l" ] && [ ! -L "$l" ]; then',
+            f'    mkdir -p "$train_dir/logs/{attempt_dirname(0)}" && mv "$l" "$train_dir/logs/{attempt_dirname(0)}/"',
+            '  fi',
+            f'  ln -sfn "{attempt_dirname("$attempt")}/$t.log" "$l"',
+            'done']
+
+
+_OPTION = re.compile(r'^[A-Za-z0-9_.,:+-]+$')
+
+
+def option_problem(spec: ClusterSpec, args) -> str | None:
+    """One line about a --partition, --time-limit or --port-base that cannot go into the script
+    (an #SBATCH line ends at a newline and a space would split it), else None."""
+    for flag in ('partition', 'time_limit'):
+        value = getattr(args, flag, None)
+        if value is not None and not _OPTION.match(value):
+            return (f'--{flag.replace("_", "-")} {value!r}: expected letters, digits and _.,:+- only '
+                    '(e.g. --partition gpu --time-limit 2:00:00)')
+    port_base = getattr(args, 'port_base', None)
+    if port_base is not None and not 1 <= port_base <= 65536 - (spec.num_ps + spec.num_workers):
+        return (f'--port-base {port_base}: the tasks of one node listen on it and the ports after it, '
+                f'up to {spec.num_ps + spec.num_workers} of them: give 1..{65536 - spec.num_ps - spec.num_workers}')
+    return None

@@ -1,0 +1,475 @@
+"""The one run lifecycle every `launch up` goes through, whichever backend runs the tasks.
+
+    lock the train_dir -> the strategy prepares (bad input: nothing left, exit 2) -> clear an
+    earlier run's figures -> two-stage signals -> the strategy runs -> every log line shown ->
+    one closing line -> a typed RunResult
+
+Two strategies run on it: supervised (launch/run/supervised.py: the launcher starts, observes and
+stops every task through a Backend, and decides with launch/run/policy.py) and delegated (a
+scheduler owns the tasks: launch/run/slurm.py submits, watches and cancels a Slurm job). What the
+user sees at the edges — the lock message, Ctrl-C twice, the resume line, the closing summary —
+is written once, here.
+"""
+from __future__ import annotations
+
+import abc
+import hashlib
+import json
+import logging
+import os
+import re
+import signal
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Iterable
+
+from cluster.runtime import rundir
+from cluster.runtime.rundir import EXIT_OK, write_atomically
+from cluster.spec import ClusterSpec
+from launch.errors import UsageError
+from launch.records.events import EventLog, read_events, read_run_record
+from launch.run.state import LockBusy, TrainDirLock
+
+log = logging.getLogger(__name__)
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)     # SIGHUP: the terminal went away
+CHECKPOINT_GRACE_SECS = 25.0    # a stopping chief's time to write its checkpoint before the rest stop
+
+# TensorFlow's C++ start-up chatter, which TF_CPP_MIN_LOG_LEVEL does not reach (it is printed
+# before absl logging is initialised). Hidden from the console only: log files keep every line.
+_NOISE = re.compile(
+    r'^[IW]\d{4} [\d:.]+ +\d+ \S+\] '                      # absl INFO and WARNING lines
+    r'|^WARNING: All log messages before absl::InitializeLog'
+    r'|^E\d{4} .*(failed call to cuInit|oneDNN supports DT_UINT8 only)')
+
+
+# Every line a TensorFlow server logs through absl or its C++ logging (INFO to FATAL): start-up
+# chatter that explains nothing about why a task ended.
+_CHATTER = re.compile(r'^[IWEF]\d{4} [\d:.]+ +\d+ \S+\] |^\d{4}-\d\d-\d\d [\d:.]+: [IWEF] \S+\] '
+                      r'|^WARNING: All log messages before absl::InitializeLog')
+
+
+def is_chatter(line: str) -> bool:
+    return bool(_CHATTER.match(line.strip()))
+
+
+class Console:
+    """Serialises output lines from many threads, each with its source as a prefix."""
+
+    def __init__(self, stream=None, width: int = 10, verbose: bool = False):
+        self.stream = stream or sys.stdout
+        self.width = width
+        self.verbose = verbose
+        self._lock = threading.Lock()
+
+    def line(self, source: str, text: str) -> None:
+        if not self.verbose and _NOISE.match(text):
+            return
+        with self._lock:
+            try:
+                self.stream.write(f'{"[" + source + "]":<{self.width}} {text}\n')
+                self.stream.flush()
+            except (OSError, ValueError):   # the reader went away (`| head`, a closed tee or terminal:
+                pass                          # EPIPE, EIO): keep running so the tear-down still happens
+
+    def say(self, text: str) -> None:
+        self.line('launch', text)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One task lost on the way: which, where, and how."""
+    task: str
+    cause: str
+    host: str = ''
+    pid: int | None = None
+
+
+@dataclass
+class RunResult:
+    """How an attempt ended: what `launch up` returns and the closing line is made of."""
+    state: str                          # 'done' | 'failed' | 'interrupted' | 'scaled'
+    exit_code: int
+    seconds: float = 0.0
+    global_step: int | None = None
+    images_per_sec: float | None = None
+    loss: float | None = None
+    restarts: int = 0
+    failures: list[Failure] = field(default_factory=list)
+    started: float = 0.0                # epoch seconds
+    ended: float = 0.0
+
+    def to_json(self, run: str, attempt: int, spec: str, backend: str, train_dir: str) -> dict:
+        """run.json: the fields `launch status --json` and `launch list --json` agree with."""
+        d = asdict(self)
+        d.update(id=run, attempt=attempt, spec=spec, backend=backend, train_dir=train_dir,
+                 started=rundir.iso_time(self.started), ended=rundir.iso_time(self.ended),
+                 seconds=round(self.seconds, 3))
+        return d
+
+
+@dataclass
+class Outcome:
+    """What a strategy's run came to; the lifecycle turns it into the RunResult and closing line."""
+    exit_code: int
+    headline: str = ''                  # done: 'done in 12.3s (sync, 2 workers)'; else empty
+    restarts: int = 0
+    failures: list[Failure] = field(default_factory=list)
+    lost: tuple[str, ...] = ()          # workers the training went on without (their figures left out)
+
+    @property
+    def state(self) -> str:
+        if self.exit_code == EXIT_OK:
+            return 'done'
+        return 'interrupted' if self.exit_code in (128 + signal.SIGINT, 128 + signal.SIGTERM,
+                                                   128 + signal.SIGHUP) else 'failed'
+
+
+class Strategy(abc.ABC):
+    """How one backend runs the tasks of a run: the part of `launch up` that differs."""
+
+    def prepare(self, life: 'Lifecycle') -> None:
+        """Everything that can go wrong before anything starts (raise UsageError or SpecError:
+        exit 2, and the lifecycle leaves no trace of the run); writes what the tasks need.
+        life.run_id and life.attempt are known by then."""
+
+    def stale_files(self) -> list[str]:
+        """An earlier run's files in the train_dir that must not pass for this run's."""
+        return [rundir.result_path(self.spec.train.train_dir, i) for i in range(self.spec.num_workers)]
+
+    @abc.abstractmethod
+    def run(self, life: 'Lifecycle') -> Outcome:
+        """Start, watch and end the tasks; return only once nothing of them is left running."""
+
+    def hurry(self) -> None:
+        """A second Ctrl-C or SIGTERM: end everything now, no checkpoint."""
+
+    @abc.abstractmethod
+    def read_file(self, path: str) -> str | None:
+        """A small file of the run (relative to the working directory) where the chief wrote it."""
+
+    spec: ClusterSpec
+
+
+def resume_hint(step: int | None) -> str:
+    """What a new `launch up` of a run that stopped here would do."""
+    if step is None:
+        return 'no checkpoint was written: a new `launch up` starts from step 0'
+    return f'a new `launch up` resumes from the checkpoint at global step {step}'
+
+
+def identify(spec: ClusterSpec) -> tuple[str, int]:
+    """The run's id and the number of the attempt about to start: an earlier `up` of the same
+    train_dir left them in events.jsonl (or run.json, if the events are gone); else a new id
+    from the spec file's name and the time."""
+    train_dir = spec.train.train_dir
+    try:
+        events = read_events(rundir.events_path(train_dir))
+    except OSError as e:        # unreadable, not missing: a new id would split the run in two
+        raise UsageError(f'{rundir.events_path(train_dir)}: cannot read it: {e.strerror}') from None
+    before = read_run_record(rundir.run_path(train_dir))
+    known = [e.get('run') for e in events if isinstance(e.get('run'), str) and e.get('run')]
+    run = known[0] if known else before.get('id') if isinstance(before.get('id'), str) else None
+    if run:
+        attempts = [_int(e.get('attempt')) for e in events] + [_int(before.get('attempt'))]
+        return run, max(attempts) + 1
+    stem = re.sub(r'[^A-Za-z0-9._-]', '_', os.path.splitext(os.path.basename(spec.path))[0]) or 'run'
+    return f'{stem}-{time.strftime("%Y%m%d-%H%M%S")}', 1
+
+
+def _int(value) -> int:
+    """An attempt number as a damaged file may hold it: anything but a whole number counts as 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+class Lifecycle:
+    """One `launch up`: owns the lock, the signals, the log followers, the run's identity and
+    event log, and the closing line."""
+
+    def __init__(self, spec: ClusterSpec, console: Console, backend: str = '', spec_yaml: str = '',
+                 overrides: list[str] = (), report: bool = True):
+        self.spec, self.console = spec, console
+        self.report = report            # write report.html at the end of every attempt
+        self.backend, self.spec_yaml, self.overrides = backend, spec_yaml, list(overrides)
+        self.run_id, self.attempt = '', 0
+        self.events: EventLog | None = None
+        self._serving: set[str] = set()      # tasks whose start was seen serving (event logged)
+        self._stepped = False                # this attempt's first step logged
+        self._seen_lock = threading.Lock()   # log followers of every task report at once
+        self._attempt_started = time.time()
+        self._saved: int | None = None       # the newest checkpoint step logged
+        self.interrupted = threading.Event()     # the first SIGINT/SIGTERM/SIGHUP
+        self.signum = 0
+        self._hurried = False
+        self._strategy: Strategy | None = None
+        self._followers: dict[str, tuple[threading.Thread, threading.Event]] = {}
+
+    # -- the lock -----------------------------------------------------------------------------
+    def _lock(self) -> tuple[TrainDirLock, list[str]]:
+        """Take the train_dir's lock (creating the directory); (lock, the directories created,
+        deepest first), so a launch that never starts can leave no trace."""
+        spec = self.spec
+        path = spec.train.train_dir
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise spec.error('train.train_dir', f'{path} exists and is not a directory')
+        parent = os.path.dirname(os.path.abspath(path))
+        while not os.path.exists(parent):
+            parent = os.path.dirname(parent)
+        if not os.path.isdir(parent):
+            raise spec.error('train.train_dir', f'{path}: {parent} is not a directory')
+        created, probe = [], os.path.abspath(path)
+        while not os.path.exists(probe):
+            created.append(probe)
+            probe = os.path.dirname(probe)
+        try:
+            os.makedirs(path, exist_ok=True)
+            lock = TrainDirLock(path)
+            lock.acquire(f'launcher pid {os.getpid()}, `launch up {spec.path}` since {time.strftime("%H:%M:%S")}')
+        except LockBusy as e:
+            raise UsageError(f'{spec.path}: train_dir {path} is in use by {e}; one launcher per train_dir '
+                             f'(`launch status {spec.path}` shows that run)') from None
+        except OSError as e:
+            raise spec.error('train.train_dir', f'cannot write {e.filename or path}: {e.strerror}') from None
+        return lock, created
+
+    @staticmethod
+    def _forget(lock: TrainDirLock, created: list[str]) -> None:
+        """Leave no trace of a launch that never started: the lock file and the directories made for it."""
+        if created:
+            lock.release(remove=True)
+            for directory in created:
+                try:
+                    os.rmdir(directory)     # only if empty: nothing of anyone else's goes
+                except OSError:
+                    break
+
+    # -- the run ------------------------------------------------------------------------------
+    def up(self, strategy: Strategy) -> RunResult:
+        lock, created = self._lock()     # first: a second launcher is told who runs, nothing more
+        try:
+            self.run_id, self.attempt = identify(self.spec)
+            try:
+                strategy.prepare(self)
+            except Exception:
+                self._forget(lock, created)
+                raise
+            for path in strategy.stale_files():
+                try:
+                    os.remove(path)
+                except FileNotFoundError:
+                    pass
+            self._begin()
+            return self._run(strategy)
+        finally:
+            lock.release()
+
+    def _begin(self) -> None:
+        """Name the run and this attempt, first thing on the console, and open the event log."""
+        train_dir = self.spec.train.train_dir
+        self.events = EventLog(rundir.events_path(train_dir), self.run_id, self.attempt)
+        self.console.say(f'run {self.run_id}, attempt {self.attempt}: {os.path.abspath(train_dir)} '
+                         f'(`launch status {self.run_id}`, `launch logs {self.run_id}`)')
+        step = rundir.checkpoint_step(rundir.read_text(rundir.checkpoint_index_path(train_dir)))
+        self.emit('run_started', spec=os.path.abspath(self.spec.path), backend=self.backend,
+                  spec_hash=hashlib.sha256(self.spec_yaml.encode()).hexdigest(),
+                  overrides=self.overrides, cwd=os.getcwd(), train_dir=os.path.abspath(train_dir),
+                  launcher_pid=os.getpid(), resumes_from=step)
+
+    def emit(self, event: str, **fields) -> None:
+        """Append an event to the run's log; a log that cannot be written is a warning, not a crash."""
+        if self.events is None:
+            return
+        try:
+            self.events.emit(event, **fields)
+        except OSError as e:
+            log.warning('cannot write %s: %s', self.events.path, e.strerror)
+
+    def next_attempt(self, cause: str, from_step: int | None, tasks: tuple[str, ...] = (),
+                     ended: RunResult | None = None) -> None:
+        """A restart. Of some tasks (`tasks`): one event, the attempt goes on. Of the cluster: the
+        attempt ends (its result `ended` in run.json and the report, as any attempt's end) and
+        the next begins."""
+        if tasks:
+            self.emit('restart', cause=cause, from_step=from_step, tasks=list(tasks))
+            return
+        self.emit('restart', cause=cause, from_step=from_step)
+        if ended is not None:
+            ended.started, ended.ended = self._attempt_started, time.time()
+            ended.seconds = ended.ended - ended.started
+            self._write_result(ended)
+        with self._seen_lock:
+            self.attempt += 1
+            self._attempt_started = time.time()
+            self._serving.clear()
+            self._stepped = False
+            self._saved = None
+            if self.events is not None:
+                self.events.attempt = self.attempt
+
+    def task_started(self, task: str, **where) -> None:
+        with self._seen_lock:
+            self._serving.discard(task)
+        self.emit('task_started', task=task, **where)
+
+    def saw_line(self, task: str, line: str, worker: bool, chief: bool) -> dict | None:
+        """What a task's log line tells the event log: that it serves, this attempt's first step,
+        and (the chief's lines, at the console's cadence) progress. Returns a worker's progress."""
+        serving = rundir.says_serving(line, task)
+        saved = rundir.saved_step(line) if chief else None
+        found = rundir.parse_progress(line) if worker else None
+        if not (serving or saved is not None or found is not None):
+            return None
+        with self._seen_lock:
+            if serving and task not in self._serving:
+                self._serving.add(task)
+                self.emit('serving', task=task)
+            if saved is not None and saved != self._saved:      # a stopped chief says it twice
+                self._saved = saved
+                self.emit('checkpoint', step=saved)
+            if found is None:
+                return None
+            if not self._stepped:
+                self._stepped = True
+                self.emit('first_step', step=found['step'])
+            if chief:
+                self.emit('progress', **found)
+        return found
+
+    def _run(self, strategy: Strategy) -> RunResult:
+        self._strategy = strategy
+        previous = {s: signal.signal(s, self._on_signal) for s in SIGNALS}
+        started = self._attempt_started = time.time()
+        try:
+            outcome = strategy.run(self)
+        finally:
+            self.unfollow(list(self._followers))      # every line shown before the verdict
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+        started = max(started, self._attempt_started)     # a cluster restart began a later attempt
+        result = RunResult(state=outcome.state, exit_code=outcome.exit_code, seconds=time.time() - started,
+                           restarts=outcome.restarts, failures=list(outcome.failures), started=started,
+                           ended=time.time())
+        self._add_figures(result, outcome.lost)
+        if outcome.state == 'done':
+            self.console.say(outcome.headline + self.summary(result, outcome.lost))
+        elif outcome.state == 'interrupted':
+            self.console.say(f'stopped; {resume_hint(self.checkpoint_step())}')
+        self.emit('finished', result=self._as_record(result))
+        self._write_result(result)
+        return result
+
+    def _as_record(self, result: RunResult) -> dict:
+        return result.to_json(self.run_id, self.attempt, os.path.abspath(self.spec.path), self.backend,
+                              os.path.abspath(self.spec.train.train_dir))
+
+    def _write_result(self, result: RunResult) -> None:
+        """The end of an attempt: run.json and the report, each best effort (a full disk must not
+        turn a finished training into a crash)."""
+        train_dir = self.spec.train.train_dir
+        record = self._as_record(result)
+        try:
+            write_atomically(rundir.run_path(train_dir), json.dumps(record, indent=1) + '\n')
+        except OSError as e:
+            log.warning('cannot write %s: %s', rundir.run_path(train_dir), e.strerror)
+        if not self.report:
+            return
+        try:
+            from launch.records import report
+            report.write(train_dir)
+        except Exception as e:      # the report is a convenience: never the reason a run fails
+            log.warning('could not write the report: %s: %s', type(e).__name__, e)
+
+    def _on_signal(self, signum, frame):
+        if not self.interrupted.is_set():
+            self.signum = signum
+            self.interrupted.set()
+        elif signum != signal.SIGHUP and not self._hurried and self._strategy is not None:
+            # A second Ctrl-C (or SIGTERM): the user will not wait for the checkpoint and the
+            # graceful stop. SIGHUP is not a request: a closed terminal sends it once more at exit.
+            self._hurried = True
+            threading.Thread(target=self._strategy.hurry, name='hurry', daemon=True).start()
+
+    @property
+    def signal_name(self) -> str:
+        return signal.Signals(self.signum).name
+
+    def checkpoint_step(self) -> int | None:
+        """The step of the newest checkpoint (what a restart or a new `launch up` resumes from)."""
+        return rundir.checkpoint_step(self._strategy.read_file(rundir.checkpoint_index_path(self.spec.train.train_dir)))
+
+    # -- following logs -------------------------------------------------------------------------
+    def follow(self, name: str, lines: Callable[[threading.Event], Iterable[str]],
+               on_line: Callable[[str], None] | None = None) -> None:
+        """Show a task's log lines on the console as they come, prefixed with `name`, until
+        unfollow(name); `lines(stop)` yields them, ending once `stop` is set and all is read."""
+        self.unfollow([name])
+        stop = threading.Event()
+
+        def pump():
+            for line in lines(stop):
+                if on_line is not None:
+                    try:
+                        on_line(line)
+                    except Exception:       # a line the parsers trip on must not silence the task
+                        log.debug('reading a line of %s failed', name, exc_info=True)
+                self.console.line(name, line)
+        t = threading.Thread(target=pump, name=f'follow-{name}', daemon=True)
+        t.start()
+        self._followers[name] = (t, stop)
+
+    def unfollow(self, names) -> None:
+        """Stop following these logs, once what is there has been read."""
+        stopping = [self._followers.pop(n) for n in names if n in self._followers]
+        for _, stop in stopping:
+            stop.set()
+        for t, _ in stopping:
+            t.join(timeout=5)
+
+    # -- the closing line ------------------------------------------------------------------------
+    def _worker_results(self, lost: tuple[str, ...]) -> list[dict]:
+        """The closing figures each worker left in the train_dir (where its host has it)."""
+        results = []
+        for i in range(self.spec.num_workers):
+            if f'worker:{i}' in lost:
+                continue
+            text = self._strategy.read_file(rundir.result_path(self.spec.train.train_dir, i))
+            try:
+                found = json.loads(text) if text else None
+            except ValueError:      # damaged: no figures from that worker
+                found = None
+            if isinstance(found, dict):
+                results.append(found)
+        return results
+
+    def _add_figures(self, result: RunResult, lost: tuple[str, ...]) -> None:
+        results = self._worker_results(lost)
+        if not results:
+            return
+        result.global_step = max(r.get('global_step', 0) for r in results)
+        if all('images_per_sec' in r for r in results):     # a user program may not count examples
+            result.images_per_sec = sum(r['images_per_sec'] for r in results)
+        chief = [r for r in results if r.get('task') == 'worker:0' and 'loss' in r]
+        if chief:
+            result.loss = chief[0]['loss']
+
+    @staticmethod
+    def summary(result: RunResult, lost: tuple[str, ...] = ()) -> str:
+        """': global step G, R images/s in all, final loss L (notes)' — the figures of a finished run."""
+        text = ''
+        if result.global_step is not None:
+            text += f': global step {result.global_step}'
+            if result.images_per_sec is not None:
+                text += f', {result.images_per_sec:.0f} images/s in all'
+            if result.loss is not None:
+                text += f', final loss {result.loss:.3f}'
+        notes = []
+        if result.restarts:
+            notes.append(f'{result.restarts} restart(s)')
+        if lost:
+            notes.append(f'lost {", ".join(sorted(lost))}')
+        if notes:
+            text += f' ({"; ".join(notes)})'
+        return text
+

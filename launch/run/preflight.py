@@ -1,0 +1,134 @@
+"""What `launch up` checks before anything starts: one clear line and exit code 2 for each
+problem (UsageError or SpecError), nothing started and nothing left behind."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from cluster.training import model
+from cluster.spec import ClusterSpec
+from launch.run import exposure
+from launch.backends import netns
+from launch.run import registry
+from launch.backends.base import stop_all
+from launch.errors import UsageError
+from launch.backends.local import process_ident
+from launch.planning.plan import TaskPlan, state_path
+from launch.run.state import LaunchState
+
+
+def launcher_alive(state: LaunchState) -> bool:
+    ident = process_ident(state.launcher_pid)
+    return ident is not None and ident == state.launcher_ident and state.launcher_pid != os.getpid()
+
+
+def running_state(spec: ClusterSpec, backends) -> LaunchState | None:
+    """The state of a run of this spec whose launcher or tasks still live, else None."""
+    state = LaunchState.load(state_path(spec))
+    if state is None:
+        return None
+    if launcher_alive(state) or any(r.backend in backends and backends[r.backend].status(r).alive
+                                    for r in state.tasks):
+        return state
+    return None
+
+
+def take_over(spec: ClusterSpec, backends, say) -> bool:
+    """An earlier run of this spec whose launcher is dead (killed hard: it could not stop its tasks)
+    is taken over: what is left of its tasks is stopped (a compose project's containers and network
+    removed), its state file removed, and the user told. Called under the train_dir's lock, so no
+    other launcher can be managing those tasks."""
+    state = LaunchState.load(state_path(spec))
+    if state is None or launcher_alive(state):
+        return False
+    others = sorted({r.backend for r in state.tasks if r.backend not in backends})
+    if others:
+        raise UsageError(f'{spec.path}: the launcher of an earlier run (pid {state.launcher_pid}) is gone, and its '
+                         f'tasks ran on {", ".join(others)}: stop what is left with `launch down {spec.path}` first')
+    left = [r for r in state.tasks
+            if registry.kind(r.backend).leaves_resources or backends[r.backend].status(r).alive]
+    if left:
+        alive = [r.name for r in left if backends[r.backend].status(r).alive]
+        say(f'the launcher of an earlier run of this spec (pid {state.launcher_pid}) is gone; '
+            + (f'stopping what it left running ({", ".join(alive)})' if alive else 'removing what it left behind'))
+        stop_all(left, backends)
+        still = [r.name for r in left if backends[r.backend].status(r).alive]
+        if still:
+            raise UsageError(f'{spec.path}: could not stop {", ".join(still)}, left by the dead launcher pid '
+                             f'{state.launcher_pid}; try `launch down {spec.path}`')
+    try:
+        os.remove(state_path(spec))
+    except FileNotFoundError:
+        pass
+    return bool(left)
+
+
+TAKE_OVER_SECS = 10.0       # how long the ports of a dead launcher's stopped tasks may take to be free
+
+
+def check_isolation(spec: ClusterSpec, command: str, backend: str | None) -> None:
+    """`isolation: netns` needs local processes and the right to make network namespaces."""
+    if spec.isolation != 'netns' or command not in ('up', 'check', 'plan', 'compose'):
+        return
+    refusal = registry.kind('compose' if command == 'compose' else backend).netns_refusal
+    if refusal:
+        raise UsageError(f'{spec.path}: {refusal}')
+    why = netns.unavailable() if command in ('up', 'check') else None
+    if why:
+        raise UsageError(f'{spec.path}: isolation: netns {why}')
+
+
+def check_user_code(spec: ClusterSpec, plans: list[TaskPlan]) -> None:
+    """A `train.program` or `train.command` can be found where local tasks run (remote tasks check
+    on their own host as they start), and is not given to a backend that cannot run it."""
+    user = 'train.program' if spec.train.program else 'train.command' if spec.train.command else None
+    if not user:
+        return
+    refusal = next((registry.kind(p.backend).user_code_refusal for p in plans
+                    if registry.kind(p.backend).user_code_refusal), '')
+    if refusal:
+        raise spec.error(user, refusal)
+    from cluster.task import check_user_code as check
+    for plan in plans:
+        if registry.kind(plan.backend).on_this_machine:
+            check(spec, plan.task, plan.cwd)
+
+
+def prepare_data(spec: ClusterSpec, plans: list[TaskPlan]) -> None:
+    """Check the data set (and write the synthetic one) once, before local workers would race for it."""
+    if spec.train.program or spec.train.command:
+        return      # the user's code reads its own data
+    if any(registry.kind(p.backend).on_this_machine and p.task.job == 'worker' for p in plans):
+        from cluster.training import data
+        data.resolve_spec_data(spec)
+
+
+def preflight(spec: ClusterSpec, plans: list[TaskPlan], backends, say=print) -> None:
+    """Everything that can be wrong before anything starts; raises UsageError (exit 2). A dead
+    launcher's tasks are stopped first (`take_over`), saying so."""
+    took_over = take_over(spec, backends, say)
+    running = running_state(spec, backends)
+    if running is not None:
+        raise UsageError(f'{spec.path}: a cluster of this spec is already running (launcher pid '
+                         f'{running.launcher_pid}, state in {state_path(spec)}); stop it with `launch down {spec.path}`')
+    check_user_code(spec, plans)
+    model.check_batch_memory(spec, [p.task for p in plans if registry.kind(p.backend).on_this_machine])
+    deadline = time.monotonic() + (TAKE_OVER_SECS if took_over else 0)
+    for name, backend in backends.items():
+        while True:
+            try:
+                backend.preflight(spec, [p for p in plans if p.backend == name])
+                break
+            except UsageError:      # the stopped tasks' ports, a moment after their processes ended
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+
+def warn_exposure(plans: list[TaskPlan], short: bool = False) -> None:
+    """One warning line when a task port can be reached from another machine (README: Security):
+    in full for `launch check`, short for `launch up` (once per run)."""
+    text = (exposure.short_warning if short else exposure.warning)(plans, exposure.machine_addresses())
+    if text:
+        print(f'launch: WARNING: {text}', file=sys.stderr, flush=True)

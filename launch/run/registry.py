@@ -1,0 +1,228 @@
+"""The backend registry: every way `launch` can run a cluster, by name, with what it can do.
+
+Each entry says how a spec becomes task plans, how its Backend is made (a supervised backend) or
+that a scheduler runs the job (delegated), and its capabilities. The commands ask the registry,
+never a backend's name: a new backend is one module plus one entry here.
+
+`local` and `ssh` plan alike: each task is a local process or an SSH task as its host says
+(launch/planning/plan.py is_local), so `--backend local`, `--backend ssh` and no --backend are one choice.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+from cluster.spec import ClusterSpec, TaskSpec
+from launch.backends.base import Backend
+from launch.errors import UsageError
+from launch.planning import gpus
+from launch.planning.plan import TaskPlan, is_local, plan_cluster, plan_compose, service_name, task_spec
+
+SUPERVISED, DELEGATED = 'supervised', 'delegated'
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the command line says beyond the spec: how to reach hosts, how to submit a job."""
+    ssh_config: str | None = None
+    accept_any_host_key: bool = False
+    partition: str | None = None
+    time_limit: str | None = None
+    port_base: int | None = None
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str
+    strategy: str                                   # SUPERVISED | DELEGATED
+    addresses: Callable[[ClusterSpec, Options], dict[str, str]] = lambda spec, opts: {}
+    # spec, addresses, GPU counts (a spec host or machine -> count, where asked) -> the task plans
+    plan: Callable[[ClusterSpec, dict[str, str], dict[str, int]], tuple[TaskPlan, ...]] | None = None
+    make: Callable[[ClusterSpec, Options], Backend] | None = None           # supervised: the backend
+    delegate: Callable[[ClusterSpec, Options], object] | None = None        # delegated: the lifecycle.Strategy
+    where: Callable[[TaskPlan, TaskSpec, Options], str] = lambda plan, task, opts: ''
+    # Capabilities.
+    on_this_machine: bool = False      # its tasks run here: they see this machine's files and ports
+    logs_here: bool = False            # its tasks' logs land in this machine's train_dir
+    isolates_ports: bool = False       # nothing outside reaches its tasks' ports (a private network)
+    remembered: bool = False           # a run remembers it (state file, events): no --backend needed later
+    leaves_resources: bool = False     # stopped tasks leave something (containers, a network) that `down` removes
+    user_code_refusal: str = ''        # why train.program / train.command cannot run there ('' : they can)
+    netns_refusal: str = ''            # why `isolation: netns` cannot apply ('' : it can)
+    options: tuple[str, ...] = ()      # the command-line options that are its own (Options fields)
+    options_label: str = ''            # 'Slurm jobs': what those options are for
+    unsupported: Callable[[str, ClusterSpec], str | None] = lambda command, spec: None
+    check: Callable[[ClusterSpec, Options], str | None] = lambda spec, opts: None    # its options' values
+
+
+def _ssh_addresses(spec: ClusterSpec, opts: Options) -> dict[str, str]:
+    """Where tasks reach each SSH host (hosts.X.address, else the ssh config's HostName)."""
+    if all(is_local(spec, t.host) for t in spec.tasks):
+        return {}
+    from launch.backends.ssh import host_addresses
+    return host_addresses(spec, opts.ssh_config)
+
+
+def _plan_hosts(spec: ClusterSpec, addresses: dict[str, str], counts: dict[str, int]) -> tuple[TaskPlan, ...]:
+    return plan_cluster(spec, addresses=addresses, counts=counts)
+
+
+def _plan_compose(spec: ClusterSpec, addresses: dict[str, str], counts: dict[str, int]) -> tuple[TaskPlan, ...]:
+    return plan_compose(spec, counts)
+
+
+def _make_local(spec: ClusterSpec, opts: Options) -> Backend:
+    from launch.backends.local import LocalBackend
+    return LocalBackend()
+
+
+def _make_ssh(spec: ClusterSpec, opts: Options) -> Backend:
+    from launch.backends.ssh import SSHBackend
+    if opts.accept_any_host_key:
+        print('launch: WARNING: SSH host keys are NOT checked (--insecure-accept-any-host-key): '
+              'anyone on the network path can impersonate these hosts', file=sys.stderr)
+    return SSHBackend(spec, ssh_config=opts.ssh_config, check_host_keys=not opts.accept_any_host_key)
+
+
+def _make_compose(spec: ClusterSpec, opts: Options) -> Backend:
+    from launch.backends.compose import ComposeBackend
+    return ComposeBackend(spec)
+
+
+def _ssh_where(plan: TaskPlan, task: TaskSpec, opts: Options) -> str:
+    from launch.backends.ssh import ssh_target
+    return f'ssh {ssh_target(plan, opts.ssh_config)}'
+
+
+def _slurm_unsupported(command: str, spec: ClusterSpec) -> str | None:
+    """Slurm runs the tasks of `up --backend slurm`; the commands that would find or stop them
+    through the launcher's state do not know its jobs: say where to look instead."""
+    if command in ('up', 'render', 'eval', 'report'):
+        return None
+    if command == 'scale':
+        return ('launch scale: the Slurm scheduler owns the size of the job (the spec\'s worker list): stop it '
+                'and submit it again with another worker list to change it')
+    if command in ('plan', 'check', 'compose'):
+        return (f'launch {command} --backend slurm is not supported: Slurm places the tasks when the job starts; '
+                f'`launch render {spec.path} --format sbatch` shows what the job runs')
+    import os
+    from cluster.runtime import rundir
+    from launch.render.sbatch import job_name
+    return (f'launch {command} --backend slurm is not supported: Slurm runs that job; '
+            f'`squeue --name {job_name(spec)}` shows it, `scancel --name {job_name(spec)}` stops it, '
+            f'and its logs are in {rundir.logs_dir(os.path.abspath(spec.train.train_dir))}')
+
+
+def _slurm_strategy(spec: ClusterSpec, opts: Options):
+    from launch.run.slurm import make_strategy
+    return make_strategy(spec, opts)
+
+
+def _slurm_check(spec: ClusterSpec, opts: Options) -> str | None:
+    from launch.render.sbatch import option_problem
+    return option_problem(spec, opts)
+
+
+_HOSTS = dict(strategy=SUPERVISED, addresses=_ssh_addresses, plan=_plan_hosts)
+
+KINDS: dict[str, Kind] = {k.name: k for k in (
+    Kind('local', **_HOSTS, make=_make_local, where=lambda plan, task, opts: 'local process', on_this_machine=True,
+         logs_here=True),
+    Kind('ssh', **_HOSTS, make=_make_ssh, where=_ssh_where),
+    Kind('compose', SUPERVISED, plan=_plan_compose, make=_make_compose,
+         where=lambda plan, task, opts: f'compose service {service_name(task)}, was {task.address} in the spec',
+         isolates_ports=True, logs_here=True, remembered=True, leaves_resources=True,
+         user_code_refusal='the compose backend runs the stock tfcluster image, which does not hold your code: '
+                           'run it with the local or SSH backend, or build an image FROM tfcluster with your code '
+                           '(README: Your own training code)',
+         netns_refusal='isolation: netns is for local processes; the compose backend runs the tasks on its own '
+                       'internal network already, which nothing outside reaches: drop isolation (--set '
+                       'isolation=none) to use it'),
+    Kind('slurm', DELEGATED, delegate=_slurm_strategy, remembered=True,
+         netns_refusal='isolation: netns is for local processes; Slurm places the tasks on its nodes: drop '
+                       'isolation (--set isolation=none) to use --backend slurm',
+         options=('partition', 'time_limit', 'port_base'), options_label='Slurm jobs',
+         unsupported=_slurm_unsupported, check=_slurm_check, logs_here=True),
+)}
+DEFAULT = 'local'       # with no --backend: local processes, or SSH for hosts that are not this machine
+
+
+def names() -> tuple[str, ...]:
+    return tuple(KINDS)
+
+
+def kind(name: str | None) -> Kind:
+    return KINDS[name or DEFAULT]
+
+
+def plans(spec: ClusterSpec, name: str | None, opts: Options, counts: dict[str, int] | None = None) -> list[TaskPlan]:
+    """What every task of the spec runs where, for the backend chosen (None: per host). `counts`:
+    the GPUs the hosts said they have (Backend.gpu_counts); without, the spec's `gpus:` or unknown."""
+    k = kind(name)
+    if k.plan is None:
+        raise UsageError(f'the {k.name} backend places the tasks itself; nothing is planned here')
+    return list(k.plan(spec, k.addresses(spec, opts), counts or {}))
+
+
+def gpu_counts(spec: ClusterSpec, plans: list[TaskPlan], backends) -> dict[str, int]:
+    """Ask the hosts of the workers how many GPUs they have, when train.devices wants any."""
+    if not gpus.wants_gpus(spec):
+        return {}
+    counts: dict[str, int] = {}
+    for name, backend in backends.items():
+        counts.update(backend.gpu_counts([p for p in plans if p.backend == name and p.task.job == 'worker']))
+    return counts
+
+
+def tasks_spec_yaml(spec: ClusterSpec, name: str | None, opts: Options) -> str:
+    """The effective spec as the tasks read it: hosts at the addresses tasks reach them at, and no
+    `hosts` section (users, keys and SSH ports are the launcher's business, not every host's)."""
+    k = kind(name)
+    return task_spec(spec, k.addresses(spec, opts)).to_yaml()
+
+
+def check_options(spec: ClusterSpec, command: str, name: str | None, opts: Options) -> None:
+    """Options of one backend given to another, values it cannot take, and commands a backend
+    cannot serve: UsageError."""
+    chosen = kind(name)
+    if command == 'up':
+        problem = chosen.check(spec, opts)
+        if problem:
+            raise UsageError(problem)
+    for k in KINDS.values():
+        if k is chosen or command != 'up':
+            continue
+        flag = next((f for f in k.options if getattr(opts, f) is not None), None)
+        if flag:
+            raise UsageError(f'--{flag.replace("_", "-")} is for {k.options_label}: add --backend {k.name}, '
+                             'or drop it')
+    if name is not None:
+        problem = chosen.unsupported(command, spec)
+        if problem:
+            raise UsageError(problem)
+
+
+class Backends(dict):
+    """name -> Backend; used as a context manager it closes every connection on the way out."""
+
+    def __enter__(self) -> 'Backends':
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for backend in self.values():
+            backend.close()
+
+
+def make_backends(spec: ClusterSpec, opts: Options, names_needed) -> Backends:
+    """The backends these names need, the local one always first (its pre-flight comes first)."""
+    backends = Backends()
+    for name in [DEFAULT] + sorted(set(names_needed) - {DEFAULT}):
+        backends[name] = KINDS[name].make(spec, opts)
+    return backends
+
+
+def remembered(names_recorded) -> str | None:
+    """The backend a state file's tasks name when `status`, `down` and `logs` need no --backend."""
+    return next((n for n in names_recorded if n in KINDS and KINDS[n].remembered), None)
+
