@@ -57,6 +57,9 @@ def no_stray_processes():
 # the session records them while a test not marked `slow` runs; the test then fails naming each.
 SPAWN_EVENTS = frozenset({'subprocess.Popen', 'os.system', 'os.posix_spawn', 'os.spawn', 'os.fork', 'os.forkpty'})
 _spawned: list[str] | None = None    # a list while a fast test runs, else None
+# The static checkers the fast tier runs over the source (tests/test_architecture.py): short
+# processes that read files and start no server, so they belong in the fast tier.
+STATIC_CHECKERS = frozenset({'ruff', 'mypy', 'lint-imports'})
 
 
 def _record_spawn(event: str, args: tuple) -> None:
@@ -72,7 +75,8 @@ def _record_spawn(event: str, args: tuple) -> None:
     while frame and not frame.f_code.co_filename.startswith(REPO + os.sep):
         frame = frame.f_back
     where = f' (from {os.path.relpath(frame.f_code.co_filename, REPO)}:{frame.f_lineno})' if frame else ''
-    _spawned.append(f'{event}: {what}{where}')
+    if os.path.basename(what.split(' ')[0]) not in STATIC_CHECKERS:
+        _spawned.append(f'{event}: {what}{where}')
 
 
 sys.addaudithook(_record_spawn)

@@ -1,11 +1,14 @@
-"""The shape of the code, checked from its source with `ast` (nothing is imported, nothing runs):
-no import cycle among the project's modules and cluster/ never imports launch/; no backend name
+"""The shape of the code: the import contracts of setup.cfg (import-linter), ruff and mypy clean,
+no module, class or function past its size limit; no backend name
 compared outside the backend registry and the backends' own modules; and every test that starts
 processes is marked `slow`, so that `pytest -m "not slow"` is the fast tier. Each check lists every
 offender, file:line and what, so that one run is the whole to-do list."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -42,134 +45,62 @@ def _where(path: Path, node: ast.AST) -> str:
     return f'{_name(path)}:{node.lineno}'
 
 
-# -- imports -----------------------------------------------------------------------------------
+# -- imports, lint, types ---------------------------------------------------------------------------
 
-def imports_of(module: str, tree: ast.Module, is_package: bool, modules: dict[str, Path]) -> list[tuple[str, int]]:
-    """(project module imported, line) for every import in the file, at module level or inside a
-    function: a lazy import is still a dependency. `from pkg import name` is the module pkg.name
-    when there is one, else pkg itself; relative imports are resolved against the module's package."""
-    package = module if is_package else module.rpartition('.')[0]
+def _tool(*argv: str) -> subprocess.CompletedProcess:
+    """Run a console tool installed beside this interpreter (the test extra installs them all)."""
+    exe = Path(sys.executable).with_name(argv[0])
+    if not exe.exists():
+        pytest.fail(f'{argv[0]} is not installed: pip install -e ".[test]"', pytrace=False)
+    return subprocess.run([str(exe), *argv[1:]], cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+def test_import_contracts_hold():
+    """setup.cfg's import-linter contracts: cluster never imports launch, the layers of each package
+    import only downwards, and no package has an import cycle among its modules."""
+    done = _tool('lint-imports', '--config', 'setup.cfg', '--no-cache')
+    assert done.returncode == 0, done.stdout[done.stdout.find('Broken contracts'):] or done.stderr
+    assert 'BROKEN' not in done.stdout and done.stdout.count('KEPT') >= 4, done.stdout
+
+
+def test_ruff_finds_nothing():
+    done = _tool('ruff', 'check', '--quiet', 'cluster', 'launch', 'tests', 'benchmarks', 'examples')
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_mypy_finds_nothing():
+    done = _tool('mypy', '--no-error-summary', '--cache-dir', str(Path(tempfile.gettempdir()) / 'tfcluster-mypy'))
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+# -- sizes ---------------------------------------------------------------------------------------
+
+MAX_MODULE_LINES, MAX_CLASS_LINES, MAX_FUNCTION_LINES = 500, 400, 60
+# Anything allowed past those limits, with the reason; empty is the aim.
+SIZE_EXCEPTIONS: dict[str, str] = {}
+
+
+def oversized(path: Path) -> list[str]:
+    """file[:line]: what, for the module, each class and each function past its limit."""
+    text = path.read_text(encoding='utf-8')
     out = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            targets = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ''
-            if node.level:
-                anchor = package.split('.')
-                anchor = anchor[:len(anchor) - (node.level - 1)]
-                base = '.'.join(anchor + ([base] if base else []))
-            targets = [f'{base}.{alias.name}' if f'{base}.{alias.name}' in modules else base for alias in node.names]
-        else:
-            continue
-        for target in targets:
-            # `import a.b.c` of a name that is no module file: the longest prefix that is one
-            while target and target not in modules:
-                target = target.rpartition('.')[0]
-            if target and target != module:
-                out.append((target, node.lineno))
+    if (n := len(text.splitlines())) > MAX_MODULE_LINES:
+        out.append(f'{_name(path)}: module of {n} lines (limit {MAX_MODULE_LINES})')
+    for node in ast.walk(ast.parse(text)):
+        limit = MAX_CLASS_LINES if isinstance(node, ast.ClassDef) else MAX_FUNCTION_LINES
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            n = node.end_lineno - node.lineno + 1
+            if n > limit:
+                out.append(f'{_where(path, node)}: {node.name} of {n} lines (limit {limit})')
     return out
 
 
-def import_graph() -> tuple[dict[str, dict[str, int]], dict[str, Path]]:
-    """module -> {module it imports: the first line that does}."""
-    modules = _sources(*PACKAGES)
-    graph: dict[str, dict[str, int]] = {m: {} for m in modules}
-    for module, path in modules.items():
-        for target, line in imports_of(module, _parse(path), path.name == '__init__.py', modules):
-            graph[module].setdefault(target, line)
-    return graph, modules
-
-
-def strongly_connected(graph: dict[str, dict[str, int]]) -> list[list[str]]:
-    """Tarjan's algorithm (iterative): every component of more than one module, or of one module
-    that imports itself; each sorted, the list sorted."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found = []
-    for root in sorted(graph):
-        if root in index:
-            continue
-        work = [(root, iter(sorted(graph[root])))]
-        index[root] = low[root] = len(index)
-        stack.append(root)
-        on_stack.add(root)
-        while work:
-            node, children = work[-1]
-            child = next(children, None)
-            if child is not None:
-                if child not in index:
-                    index[child] = low[child] = len(index)
-                    stack.append(child)
-                    on_stack.add(child)
-                    work.append((child, iter(sorted(graph[child]))))
-                elif child in on_stack:
-                    low[node] = min(low[node], index[child])
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[node])
-            if low[node] == index[node]:
-                component = []
-                while True:
-                    member = stack.pop()
-                    on_stack.discard(member)
-                    component.append(member)
-                    if member == node:
-                        break
-                if len(component) > 1 or node in graph[node]:
-                    found.append(sorted(component))
-    return sorted(found)
-
-
-def shortest_cycle(graph: dict[str, dict[str, int]], component: list[str]) -> list[str]:
-    """The shortest cycle through the component's first module, inside the component (breadth first)."""
-    start, members = component[0], set(component)
-    paths = {start: [start]}
-    todo = [start]
-    while todo:
-        node = todo.pop(0)
-        for child in sorted(graph[node]):
-            if child == start:
-                return paths[node] + [start]
-            if child in members and child not in paths:
-                paths[child] = paths[node] + [child]
-                todo.append(child)
-    raise AssertionError(f'no cycle through {start} in {component}')
-
-
-def test_no_import_cycle_and_cluster_never_imports_launch():
-    graph, modules = import_graph()
-    assert 'cluster.spec' in graph and 'launch.cli' in graph, sorted(graph)     # the walk found the project
-    problems = []
-    for component in strongly_connected(graph):
-        cycle = shortest_cycle(graph, component)
-        edges = [(a, b) for a in component for b in component if b in graph[a]]     # every import inside it
-        where = '; '.join(f'{_name(modules[a])}:{graph[a][b]} imports {b}' for a, b in edges)
-        among = f' (one of the cycles among {", ".join(component)})' if len(component) > len(cycle) - 1 else ''
-        problems.append(f'import cycle {" -> ".join(cycle)}{among}: {where}')
-    for module, targets in sorted(graph.items()):
-        if module.split('.')[0] == 'cluster':
-            for target, line in sorted(targets.items(), key=lambda t: t[1]):
-                if target.split('.')[0] == 'launch':
-                    problems.append(f'{modules[module].relative_to(REPO)}:{line}: cluster/ imports {target} '
-                                    '(launch/ imports cluster/, never the reverse)')
-    if problems:
-        pytest.fail(f'{len(problems)} import problem(s):\n' + '\n'.join(problems), pytrace=False)
-
-
-def test_the_cycle_finder_finds_cycles():
-    """The check above would pass on a graph walk that found nothing: a graph with known cycles."""
-    graph = {'a': {'b': 1}, 'b': {'a': 1, 'c': 1}, 'c': {'d': 1}, 'd': {'c': 1, 'e': 1}, 'e': {}, 'f': {'f': 1}}
-    assert strongly_connected(graph) == [['a', 'b'], ['c', 'd'], ['f']]
-    assert shortest_cycle(graph, ['a', 'b']) == ['a', 'b', 'a']
-    modules = {'launch': Path('launch/__init__.py'), 'launch.x': Path('launch/x.py'), 'launch.y': Path('launch/y.py')}
-    source = ('from launch import x, not_a_module\nimport launch.y.attr\n'
-              'def f():\n    from . import x\n    from .y import thing\n')
-    found = sorted(imports_of('launch.z', ast.parse(source), False, modules), key=lambda t: t[1])
-    assert found == [('launch.x', 1), ('launch', 1), ('launch.y', 2), ('launch.x', 4), ('launch.y', 5)]
+def test_no_module_class_or_function_is_too_long_to_hold_in_ones_head():
+    found = [line for path in _sources(*PACKAGES).values() for line in oversized(path)
+             if line.split(': ')[0].split(':')[0] not in SIZE_EXCEPTIONS and
+             line.split(': ')[0] not in SIZE_EXCEPTIONS]
+    if found:
+        pytest.fail(f'{len(found)} piece(s) too long:\n' + '\n'.join(found), pytrace=False)
 
 
 # -- backend names -------------------------------------------------------------------------------
@@ -230,6 +161,9 @@ def test_the_backend_name_finder_finds_comparisons(tmp_path):
 
 # A test that asks for one of these fixtures starts processes (sshd, Slurm, dockerd, containers).
 PROCESS_FIXTURES = frozenset({'ssh_hosts', 'slurm_cluster', 'docker_engine', 'compose_image', 'compose_project'})
+# Helpers that run a static checker over the source (ruff, mypy, import-linter): a short process
+# that reads files, starts no server and belongs in the fast tier.
+STATIC_TOOLS = frozenset({'_tool'})
 # Classes of the test helpers that start a server when made.
 PROCESS_CLASSES = frozenset({'SSHHosts'})
 
@@ -277,6 +211,7 @@ def process_helpers(module: str) -> frozenset[str]:
                 there = process_helpers(node.module)
                 helpers |= {a.asname or a.name for a in node.names if a.name in there}
         functions = [n for n in tree.body if isinstance(n, ast.FunctionDef) and not n.name.startswith('test_')]
+        functions = [f for f in functions if f.name not in STATIC_TOOLS]
         while more := {f.name for f in functions if f.name not in helpers and _starts(f, frozenset(helpers))}:
             helpers |= more
         _HELPERS[module] = frozenset(helpers)
