@@ -193,7 +193,8 @@ def environment_line(spec: ClusterSpec, task: TaskSpec, environ) -> str:
     return f'environment: {" ".join(words)}' if words else ''
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
+    """Run one task to its end; the exit code tells the launcher what happened (cluster/runtime/rundir.py)."""
     # A task started in the background by a shell (the SSH backend's wrapper) inherits SIGINT and
     # SIGQUIT ignored; give them back their usual meaning, so `kill -INT` stops a task anywhere.
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -225,6 +226,12 @@ def main(argv=None) -> int:
     if spec.train.command:        # the user's process is the task: no TensorFlow in this one
         # With no launcher (Slurm, TFJob, by hand), a command's ps ends once its workers have.
         return run_command(spec, task, port_in_use, CHILDREN, stop_with_workers=not os.environ.get(LEASE_ENV))
+    return serve_and_train(spec, task, data_dir)
+
+
+def serve_and_train(spec: ClusterSpec, task: TaskSpec, data_dir: str | None) -> int:
+    """Start the task's TensorFlow server, then serve (ps), run the user's program or the built-in
+    trainer (worker); the exit code of the task."""
     runs_program = bool(spec.train.program) and task.job == 'worker'
     tf = import_tensorflow(keras=runs_program)
     from cluster.runtime import session
@@ -240,7 +247,7 @@ def main(argv=None) -> int:
             return EXIT_USAGE
     try:
         server = train.make_server(spec, task)
-    except tf.errors.OpError as e:      # lost a race for the port after the check above
+    except tf.errors.OpError as e:      # lost a race for the port after the check in main
         print(f'cluster.task: error: {task.name}: cannot serve on port {task.port}: '
               f'{session.first_line(e.message, "(no message)")} (another process took the port?)', file=sys.stderr)
         return EXIT_USAGE

@@ -11,8 +11,7 @@ can read the model's memory estimate (`batch_memory_refusal`) without the second
 """
 from __future__ import annotations
 
-import os
-
+from cluster.runtime import hostinfo
 from cluster.training.data import IMAGE_SIZE, NUM_CLASSES
 
 NUM_EXAMPLES_PER_EPOCH = 50000
@@ -209,10 +208,7 @@ def batch_memory_refusal(batch_size: int, towers: int, host_bytes: int | None,
 
 def gpus_here() -> int:
     """NVIDIA GPUs the driver lists on this machine (no process started): what 'auto' trains on."""
-    try:
-        return len(os.listdir('/proc/driver/nvidia/gpus'))
-    except OSError:
-        return 0
+    return hostinfo.gpu_count(listing=False)
 
 
 def check_batch_memory(spec, tasks) -> None:

@@ -77,7 +77,8 @@ def _run(argv: list[str], timeout: float = COMMAND_TIMEOUT, env: dict | None = N
                            'is the Docker engine overloaded or stuck?') from None
 
 
-def _first_line(text: str) -> str:
+def _last_line(text: str) -> str:
+    """The last non-blank line of a command's output: where docker and compose put the error."""
     lines = [line.strip() for line in (text or '').splitlines() if line.strip()]
     return lines[-1] if lines else ''
 
@@ -100,7 +101,7 @@ def engine_error() -> str | None:
     where = os.environ.get('DOCKER_HOST') or 'unix:///var/run/docker.sock'
     out = _run(['docker', 'version', '--format', '{{.Server.Version}}'], timeout=30)
     if out.returncode != 0 or not out.stdout.strip():
-        why = _first_line(out.stderr) or f'exit {out.returncode}'
+        why = _last_line(out.stderr) or f'exit {out.returncode}'
         return (f'the Docker engine at {where} is not reachable ({why}): start it (dockerd, or systemctl '
                 'start docker), or point DOCKER_HOST at a running one')
     return None
@@ -248,7 +249,7 @@ class ComposeBackend(Backend):
         try:
             found = json.loads(out.stdout.strip().splitlines()[-1])
         except (ValueError, IndexError):
-            raise ComposeError(f'image {image}: the import probe failed: {_first_line(out.stderr)}') from None
+            raise ComposeError(f'image {image}: the import probe failed: {_last_line(out.stderr)}') from None
         if found['missing']:
             raise ComposeError(f'image {image} cannot import {" nor ".join(found["missing"])}')
         return f' (Python {found["python"]}, tensorflow {found["tensorflow"]})'
@@ -273,7 +274,7 @@ class ComposeBackend(Backend):
         out = _run(self._compose_cmd('up', '--no-start'), env=self._env())
         if out.returncode != 0:
             raise ComposeError(f'compose project {self.project}: creating its containers failed: '
-                               f'{_first_line(out.stderr)}')
+                               f'{_last_line(out.stderr)}')
 
     def _container(self, service: str) -> str:
         out = _run(['docker', 'ps', '-aq', '--no-trunc', '--filter', f'label={PROJECT_LABEL}={self.project}',
@@ -299,7 +300,7 @@ class ComposeBackend(Backend):
         offset = os.path.getsize(log_file) if os.path.exists(log_file) else 0
         out = _run(['docker', 'start', container])
         if out.returncode != 0:
-            raise ComposeError(f'{plan.name}: docker start of {service} failed: {_first_line(out.stderr)}')
+            raise ComposeError(f'{plan.name}: docker start of {service} failed: {_last_line(out.stderr)}')
         info = self._inspect([container]).get(container, {})
         networks = (info.get('NetworkSettings') or {}).get('Networks') or {}
         address = next((n.get('IPAddress') for n in networks.values() if n.get('IPAddress')), '')
@@ -376,7 +377,7 @@ class ComposeBackend(Backend):
                 out = _run(self._compose_cmd('down', '--timeout', str(int(grace + 0.999)), '--volumes',
                                              '--remove-orphans'), timeout=COMMAND_TIMEOUT + grace, env=self._env())
                 if out.returncode != 0:
-                    problems.append(_first_line(out.stderr))
+                    problems.append(_last_line(out.stderr))
             except ComposeError as e:
                 problems.append(str(e))
         # Whatever compose could not remove (or without the file): by the project's label.

@@ -11,13 +11,14 @@ import subprocess
 import time
 from dataclasses import dataclass
 
+from cluster.runtime import hostinfo
 from cluster.task import port_in_use
 from launch.backends import netns
 from launch.errors import UsageError
 from cluster.runtime.rundir import read_text, write_atomically
-from launch.backends.base import (ENDED, GPU_COUNT_SH, HOST_PROBE, RUNNING, STOP_GRACE_SECS, Backend, BackendError, HostCheck,
+from launch.backends.base import (ENDED, HOST_PROBE, RUNNING, STOP_GRACE_SECS, Backend, BackendError, HostCheck,
                             Observation, TaskRecord, follow_file, handle_of, link_attempt_log,
-                            parse_gpu_count, planned_record, touch_leases, wait_all)
+                            planned_record, touch_leases, wait_all)
 from launch.planning.plan import TaskPlan
 
 log = logging.getLogger(__name__)
@@ -26,12 +27,8 @@ IMPORT_TIMEOUT = 60    # seconds `launch check` gives the tasks' Python to impor
 
 
 def gpu_count() -> int:
-    """The NVIDIA GPUs this machine has, read as on a remote host (GPU_COUNT_SH)."""
-    try:
-        out = subprocess.run(['sh', '-c', GPU_COUNT_SH], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return 0
-    return parse_gpu_count(out) or 0
+    """The NVIDIA GPUs this machine has, asked as a remote host is (cluster/runtime/hostinfo.py)."""
+    return hostinfo.gpu_count()
 
 
 # What a local task takes from the launcher's environment: what running the same Python needs
