@@ -13,11 +13,12 @@ import time
 import pytest
 import yaml
 
-from tests.slurm import slurm_cluster  # noqa: F401  (the real-Slurm fixture, for the Slurm tests)
-from tests.parts import free_ports, task_processes  # noqa: F401  (tests import free_ports from here)
-from tests.sshd import ssh_hosts  # noqa: F401  (the real-sshd fixture, for the SSH tests)
+from tests.harness.parts import REPO, free_ports, task_processes     # tests import REPO, free_ports from here
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The harness modules that define fixtures (sshd: ssh_hosts; slurm: slurm_cluster; dockerd:
+# docker_engine, compose_image, compose_project): a test names the fixture as an argument, imports nothing.
+pytest_plugins = ['tests.harness.sshd', 'tests.harness.slurm', 'tests.harness.dockerd']
+
 _session_dir = ''    # this pytest session's temporary root: every spec a test writes lies below it
 
 

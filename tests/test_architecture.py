@@ -218,13 +218,27 @@ def process_helpers(module: str) -> frozenset[str]:
     return _HELPERS[module]
 
 
+def plugin_process_fixtures() -> frozenset[str]:
+    """The fixtures that start processes among those of the modules conftest names in
+    `pytest_plugins`: a test asks for them by name and imports none, so no import leads to them."""
+    tree = _parse(REPO / 'tests' / 'conftest.py')
+    plugins = [ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+               and any(getattr(t, 'id', None) == 'pytest_plugins' for t in n.targets)]
+    found: set[str] = set()
+    for module in (m for names in plugins for m in names):
+        fixtures = {f.name for f in _parse(REPO / (module.replace('.', '/') + '.py')).body
+                    if isinstance(f, ast.FunctionDef) and any('fixture' in ast.unparse(d) for d in f.decorator_list)}
+        found |= fixtures & process_helpers(module)
+    return frozenset(found)
+
+
 def unmarked_process_tests(path: Path) -> list[str]:
     """file:line: test uses what, for each test of the file that starts processes and is not slow."""
     tree = _parse(path)
     if any(isinstance(n, ast.Assign) and any(getattr(t, 'id', None) == 'pytestmark' for t in n.targets)
            and _is_slow_mark(n.value) for n in tree.body):
         return []
-    helpers = process_helpers('.'.join(path.relative_to(REPO).with_suffix('').parts))
+    helpers = process_helpers('.'.join(path.relative_to(REPO).with_suffix('').parts)) | plugin_process_fixtures()
     out = []
     for f in tree.body:
         if isinstance(f, ast.FunctionDef) and f.name.startswith('test_') and \
@@ -240,6 +254,7 @@ def test_every_test_that_starts_processes_is_marked_slow():
     run-time half): a test that calls launch(), launch_bg(), run_by_hand(), a helper that does,
     `subprocess.` anything, or asks for sshd, Slurm or Docker, carries `@pytest.mark.slow`."""
     assert 'launch' in process_helpers('tests.conftest'), process_helpers('tests.conftest')
+    assert 'ssh_hosts' in plugin_process_fixtures(), plugin_process_fixtures()
     offenders = []
     for path in sorted((REPO / 'tests').glob('test_*.py')):
         offenders += unmarked_process_tests(path)

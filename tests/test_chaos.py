@@ -10,10 +10,9 @@ import os
 
 import pytest
 
-from tests.chaos import SSH_LAYOUT, Chaos, Driver, Fault, Options, run_chaos
-from tests.dockerd import compose_image, docker_engine  # noqa: F401  (the engine and image fixtures)
-from tests.parts import unavailable
-from tests.sshd import SSHD
+from tests.harness.chaos import SSH_LAYOUT, Chaos, Driver, Fault, Options, run_chaos
+from tests.harness.parts import unavailable
+from tests.harness.sshd import SSHD
 
 
 def chaos(tmp_path, parts: dict | None = None, **options):
@@ -45,7 +44,7 @@ def test_ssh_cluster_mends_faults_killed_on_the_remote_host(tmp_path, request):
 
 
 @pytest.mark.slow
-def test_compose_cluster_mends_a_paused_and_a_killed_container(tmp_path, compose_image):  # noqa: F811
+def test_compose_cluster_mends_a_paused_and_a_killed_container(tmp_path, compose_image):
     chaos(tmp_path, backend='compose', plan=(('ps:0', 'pause'), ('worker:1', 'kill')), stall_secs=8, steps=400,
           parts={'compose_ready': True})
 

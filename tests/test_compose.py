@@ -18,10 +18,10 @@ import yaml
 from cluster.spec import load_spec
 from launch.backends.compose import project_name
 from launch.render.compose import render
-from launch.planning.plan import compose_spec, plan_cluster, plan_compose
+from launch.planning.plan import compose_spec, plan_compose
 from launch.records.events import read_events
 from tests.conftest import REPO, TASK_ENV, environment_words, launch, launch_bg, read_until, write_spec
-from tests.dockerd import compose_image, docker, docker_engine, project_leftovers, remove_project  # noqa: F401
+from tests.harness.dockerd import docker, project_leftovers
 from tests.test_local import checkpoint_step, worker_results
 
 COMPOSE_LOCAL2 = os.path.join(REPO, 'docker', 'compose.local2.yaml')
@@ -140,23 +140,6 @@ def test_an_image_build_failure_is_one_line_and_leaves_nothing(tmp_path, docker_
 
 
 # -- real compose clusters -------------------------------------------------------------------
-
-@pytest.fixture
-def compose_project(compose_image):
-    """Register the spec a test runs; afterwards its compose project must have left nothing."""
-    projects = []
-
-    def register(spec_file: str) -> str:
-        projects.append(project_name(load_spec(spec_file)))
-        return projects[-1]
-
-    yield register
-    left = {p: project_leftovers(p) for p in projects}
-    left = {p: found for p, found in left.items() if found}
-    for p in left:
-        remove_project(p)
-    assert not left, f'compose projects left behind: {left}'
-
 
 def _ports(spec_file: str) -> list[int]:
     return [t.port for t in load_spec(spec_file).tasks]

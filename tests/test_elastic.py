@@ -15,9 +15,6 @@ from launch.records.events import read_events
 from tests.conftest import launch, launch_bg, read_until, write_spec
 from tests.test_faults import task_pid
 from tests.test_training import results
-from tests.dockerd import compose_image, docker_engine  # noqa: F401 (fixtures)
-from tests.test_compose import compose_project  # noqa: F401 (a fixture)
-from tests.sshd import ssh_hosts  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.slow      # real launchers (and, below, a real cluster)
 
@@ -162,7 +159,7 @@ def test_a_worker_whose_host_is_lost_fails_over_to_a_spare(tmp_path, ssh_hosts, 
     """worker:1's host goes away (its sshd and everything under it killed): after the unreachable
     limit (supervise.unreachable_secs, 8 s here) the launcher starts the pool's spare worker:2 on another host in its place, and the
     run trains on."""
-    from tests.sshd import SSHHosts
+    from tests.harness.sshd import SSHHosts
     from tests.test_ssh import host_settings
     with SSHHosts(tmp_path_factory.mktemp('sshd-lost'), addresses=('127.0.0.4',)) as lost:
         config = tmp_path / 'ssh_config'

@@ -22,7 +22,7 @@ from cluster.spec import SpecError, load_spec
 from launch.errors import UsageError
 from launch.render.jobset import jobset, render
 from tests.conftest import REPO, check_trained, free_ports, launch, run_tasks
-from tests.k8s_models import check_jobset_spec, kubernetes_round_trip, schema_errors, trainer_round_trip
+from tests.harness.k8s_models import check_jobset_spec, kubernetes_round_trip, schema_errors, trainer_round_trip
 
 LOCAL2 = os.path.join(REPO, 'specs', 'local2.yaml')
 # JobSet's own rules (kubernetes-sigs/jobset api/jobset/v1alpha2/jobset_webhook.go), written out

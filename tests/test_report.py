@@ -18,7 +18,7 @@ import pytest
 
 from cluster.runtime import rundir
 from launch.records import report     # at collection: a fresh matplotlib font cache runs fc-list once, here
-from tests.parts import unavailable
+from tests.harness.parts import unavailable
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARTIFACTS = os.path.join(REPO, 'test-artifacts')

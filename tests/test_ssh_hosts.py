@@ -17,7 +17,7 @@ import yaml
 from cluster.spec import load_spec
 from launch.planning.plan import plan_cluster, state_path
 from tests.conftest import free_ports, write_spec
-from tests.sshd import SSHHosts
+from tests.harness.sshd import SSHHosts
 from tests.test_ssh import assert_nothing_left, host_settings, remote_spec, run, spec_ports, task_rows, workdir
 
 pytestmark = pytest.mark.slow     # a real sshd and real launchers

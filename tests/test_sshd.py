@@ -13,7 +13,7 @@ import fabric
 import paramiko
 import pytest
 
-from tests.sshd import SSHDError, SSHHosts, process_table
+from tests.harness.sshd import SSHDError, SSHHosts, process_table
 
 pytestmark = pytest.mark.slow     # a real sshd; the autouse leftover check below runs `ps` for every test
 

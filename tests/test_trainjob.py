@@ -16,7 +16,7 @@ from cluster.spec import load_spec
 from launch.errors import UsageError
 from launch.render.trainjob import objects, render
 from tests.conftest import REPO
-from tests.k8s_models import check_jobset_spec, kubernetes_round_trip, trainer_round_trip
+from tests.harness.k8s_models import check_jobset_spec, kubernetes_round_trip, trainer_round_trip
 from tests.test_jobset import Args, check_jobset_rules, container, environment_of, prose
 
 LOCAL2 = os.path.join(REPO, 'specs', 'local2.yaml')

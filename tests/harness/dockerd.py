@@ -15,11 +15,13 @@ import signal
 import subprocess
 import tempfile
 import time
+from typing import Callable, Iterator
 
 import pytest
 
-from tests.conftest import REPO
-from tests.parts import unavailable
+from cluster.spec import load_spec
+from launch.backends.compose import project_name
+from tests.harness.parts import REPO, unavailable
 
 DOCKERD = '/usr/sbin/dockerd'
 START_TIMEOUT = 60
@@ -124,3 +126,20 @@ def remove_project(project: str) -> None:
         docker('network', 'rm', *left['networks'])
     if left.get('volumes'):
         docker('volume', 'rm', '-f', *left['volumes'])
+
+
+@pytest.fixture
+def compose_project(compose_image: str) -> Iterator[Callable[[str], str]]:
+    """Register the spec a test runs; afterwards its compose project must have left nothing."""
+    projects = []
+
+    def register(spec_file: str) -> str:
+        projects.append(project_name(load_spec(spec_file)))
+        return projects[-1]
+
+    yield register
+    left = {p: project_leftovers(p) for p in projects}
+    left = {p: found for p, found in left.items() if found}
+    for p in left:
+        remove_project(p)
+    assert not left, f'compose projects left behind: {left}'

@@ -11,7 +11,9 @@ import os
 
 import yaml
 
-SCHEMA = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', 'jobset-v1alpha2-schema.yaml')
+from tests.harness.parts import REPO
+
+SCHEMA = os.path.join(REPO, 'tests', 'data', 'jobset-v1alpha2-schema.yaml')
 TRIMMED = 'x-tfcluster-trimmed'
 POD_SPEC = 'pod-spec'       # a trimmed subtree the kubernetes client's V1PodSpec validates instead
 

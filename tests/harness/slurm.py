@@ -36,7 +36,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.parts import free_ports, unavailable
+from tests.harness.parts import free_ports, unavailable
 
 DAEMONS = ('munged', 'slurmctld', 'slurmd')
 CLIENTS = ('munge', 'sbatch', 'srun', 'squeue', 'scontrol', 'scancel', 'sinfo')

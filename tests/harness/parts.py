@@ -1,5 +1,6 @@
-"""Helpers shared by conftest and the fixtures that start real parts (tests/slurm.py is imported
-by conftest, so these cannot live there): free ports, and the skip that is a failure under CI."""
+"""Helpers shared by conftest, the harness's fixtures that start real parts and the chaos harness
+(none of them may import conftest, which loads them as plugins): the repository's root, free
+ports, the processes of a run, and the skip that is a failure under CI."""
 from __future__ import annotations
 
 import os
@@ -7,6 +8,8 @@ import random
 import socket
 
 import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def free_ports(n: int) -> list[int]:

@@ -1,10 +1,10 @@
 """A chaos harness: run a real cluster with `supervise.restart: on-failure`, break random tasks at
 random points of the training, and check that the launcher mends every fault.
 
-    python -m tests.chaos --backend local --faults 30 --seed 1
-    python -m tests.chaos --backend ssh --faults 10 --sync            # a test sshd on 127.0.0.2/.3
-    python -m tests.chaos --backend compose --faults 10 --baseline    # a Docker engine, the built image
-    python -m tests.chaos --backend local --plan worker:1=kill,ps:0=stop
+    python -m tests.harness.chaos --backend local --faults 30 --seed 1
+    python -m tests.harness.chaos --backend ssh --faults 10 --sync            # a test sshd on 127.0.0.2/.3
+    python -m tests.harness.chaos --backend compose --faults 10 --baseline    # a Docker engine, the built image
+    python -m tests.harness.chaos --backend local --plan worker:1=kill,ps:0=stop
 
 It drives the real command line (`python -m launch up SPEC ...` in a subprocess) on a 1 ps + 2
 worker spec and reads what the launcher writes (`events.jsonl`, `run.json`). A fault is one of
@@ -53,9 +53,8 @@ import yaml
 
 from cluster.runtime import rundir
 from launch.records.events import read_events, read_run_record
-from tests.parts import free_ports, task_processes
+from tests.harness.parts import REPO, free_ports, task_processes
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TASKS = ('ps:0', 'worker:0', 'worker:1')
 KINDS = {'local': ('kill', 'stop'), 'ssh': ('kill', 'stop'), 'compose': ('kill', 'pause', 'disconnect')}
 FREEZES = ('stop', 'pause', 'disconnect')
@@ -323,12 +322,12 @@ class SSHDriver(Driver):
 
     def __init__(self, workdir: str, hosts=None):
         super().__init__(workdir)
-        self.sshd = hosts               # a started tests.sshd.SSHHosts, or None: start one
+        self.sshd = hosts               # a started tests.harness.sshd.SSHHosts, or None: start one
         self._own = hosts is None
 
     def setup(self) -> None:
         if self.sshd is None:
-            from tests.sshd import SSHHosts
+            from tests.harness.sshd import SSHHosts
             self.sshd = SSHHosts(os.path.join(self.workdir, 'sshd')).start()
 
     def teardown(self) -> None:
@@ -403,7 +402,7 @@ class ComposeDriver(Driver):
     def setup(self) -> None:
         if self._ready:
             return
-        from tests import dockerd
+        from tests.harness import dockerd
         if not dockerd.engine_answers():
             if os.geteuid() != 0 or not os.path.exists(dockerd.DOCKERD):
                 raise SystemExit('chaos: no Docker engine answers, and none can be started here')
@@ -414,7 +413,7 @@ class ComposeDriver(Driver):
 
     def teardown(self) -> None:
         if self._engine is not None:
-            from tests import dockerd
+            from tests.harness import dockerd
             dockerd._stop_dockerd(self._engine)
 
     def launch_args(self) -> list[str]:
@@ -448,13 +447,13 @@ class ComposeDriver(Driver):
         return f'container {container[:12]}'
 
     def leftovers(self, spec):
-        from tests.dockerd import project_leftovers
+        from tests.harness.dockerd import project_leftovers
         found = super().leftovers(spec)
         found.update({f'compose {k}': v for k, v in project_leftovers(self.project).items()})
         return found
 
     def clean(self, spec, sub):
-        from tests.dockerd import remove_project
+        from tests.harness.dockerd import remove_project
         super().clean(spec, sub)
         remove_project(self.project)
 
@@ -733,7 +732,7 @@ class Chaos:
 
 def run_chaos(options: Options, ssh_hosts=None, compose_ready: bool = False,
               say: Callable[[str], None] = print) -> Result:
-    """Run one chaos run; `ssh_hosts` (a started tests.sshd.SSHHosts) and `compose_ready` let a
+    """Run one chaos run; `ssh_hosts` (a started tests.harness.sshd.SSHHosts) and `compose_ready` let a
     test's fixtures provide the sshd, the engine and the image."""
     workdir = options.dir or tempfile.mkdtemp(prefix=f'chaos-{options.backend}-')
     workdir = os.path.abspath(workdir)
@@ -755,7 +754,7 @@ def parse_plan(text: str) -> tuple[tuple[str, str], ...]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog='python -m tests.chaos', description=__doc__.splitlines()[0],
+    p = argparse.ArgumentParser(prog='python -m tests.harness.chaos', description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog='\n'.join(__doc__.splitlines()[1:]))
     p.add_argument('--backend', choices=sorted(KINDS), default='local')
