@@ -1,5 +1,5 @@
 """The compose backend: the rendered file (pure, fast) and real compose clusters on a real Docker
-engine (tests/dockerd.py starts one if none runs; the image is built once, cached by its inputs).
+engine (tests/harness/dockerd.py starts one if none runs; the image is built once, cached by its inputs).
 
 Every engine test checks afterwards that no container, network or volume of its compose project
 is left (by the project's label), on top of conftest's check that no task process survives.

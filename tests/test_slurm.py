@@ -1,5 +1,5 @@
 """The Slurm backend: the layout rules and the batch script as pure functions (tables, no Slurm),
-then a few runs against a real single-node Slurm (tests/slurm.py): a job that trains to the end,
+then a few runs against a real single-node Slurm (tests/harness/slurm.py): a job that trains to the end,
 one cancelled with scancel, one stopped with Ctrl-C; and `--backend slurm` where no Slurm is."""
 from __future__ import annotations
 

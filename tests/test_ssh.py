@@ -1,5 +1,5 @@
 """The SSH backend through the real `launch` command line, against a real OpenSSH server that
-answers on 127.0.0.2 and 127.0.0.3 (tests/sshd.py): no mocks. Both "hosts" are listed under the
+answers on 127.0.0.2 and 127.0.0.3 (tests/harness/sshd.py): no mocks. Both "hosts" are listed under the
 spec's `hosts`, so every task goes through SSH although it runs on this machine; each host has its
 own workdir under tmp_path, and since TF's servers listen on all interfaces every task has its own
 port."""

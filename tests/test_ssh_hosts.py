@@ -1,4 +1,4 @@
-"""Hardening of the SSH backend, against the real OpenSSH server of tests/sshd.py (no mocks):
+"""Hardening of the SSH backend, against the real OpenSSH server of tests/harness/sshd.py (no mocks):
 ssh config aliases and `hosts.X.address`, what the uploaded spec carries, a start that fails half
 way, a server without SFTP, a host that cannot be reached in `launch status`, and GPUs a host
 does not have."""
