@@ -406,14 +406,14 @@ def bench_elastic(args, tmp: str) -> dict:
         sets = cluster_overrides(tmp, f'elastic-{mode}', steps, args.batch, 1, 3, (f'train.sync={mode == "sync"}',))
         scale: dict = {}
 
-        def ask(train_dir=f'{tmp}/elastic-{mode}'):
+        def ask(train_dir: str = f'{tmp}/elastic-{mode}', scale: dict = scale) -> None:
             scale['asked'] = time.monotonic()
             got = subprocess.run([sys.executable, '-m', 'launch', 'scale', train_dir, '--workers', '3'], cwd=REPO,
                                  capture_output=True, text=True, env=QUIET)
             scale['done'], scale['code'] = time.monotonic(), got.returncode
             scale['said'] = (got.stdout + got.stderr).strip().splitlines()
 
-        def on_step(pid, step, total):
+        def on_step(pid: int, step: int, total: int, scale: dict = scale, ask=ask) -> None:
             if step >= total // 4 and not scale:
                 scale['thread'] = threading.Thread(target=ask)
                 scale['thread'].start()

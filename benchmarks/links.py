@@ -102,7 +102,7 @@ class Links:
     def wrap(self, k: int, argv: list[str]) -> list[str]:
         return netns.wrap(self.hosts[k], argv)
 
-    def __enter__(self) -> 'Links':
+    def __enter__(self) -> Links:
         if threading.current_thread() is threading.main_thread():
             # SIGTERM ends the benchmark like Ctrl-C does: through __exit__, which removes everything.
             # SIGINT gets its usual meaning back too: a process started in the background by a

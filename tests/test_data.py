@@ -264,7 +264,7 @@ def test_a_reshardable_input_reads_the_shard_of_the_live_count_it_was_last_given
             for index, count in ((0, 2), (1, 2), (0, 3), (2, 3), (1, 2)):
                 initialize(sess, index, count)
                 seen = np.concatenate([sess.run(batch_labels) for _ in range(6)])
-                assert set(seen) == {l for l in range(6) if l % count == index}, (index, count, seen)
+                assert set(seen) == {label for label in range(6) if label % count == index}, (index, count, seen)
 
 
 @pytest.mark.slow

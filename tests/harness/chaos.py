@@ -47,7 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import yaml
 
@@ -646,7 +646,7 @@ class Chaos:
                 notes.append(f'the steps ran out: fault {number} would come at step {target} of {self.steps} '
                              '(raise --steps)')
                 return
-            events = self.wait(events_file, lambda ev: self.training(ev) and (self.step_now(ev) or 0) >= target,
+            events = self.wait(events_file, lambda ev, target=target: self.training(ev) and (self.step_now(ev) or 0) >= target,
                                time.monotonic() + self.o.recover_secs, f'global step {target}')
             started = next(e for e in reversed(events) if e['event'] == 'task_started' and e['task'] == task)
             fault = Fault(number, task, kind, step=self.step_now(events))
@@ -662,7 +662,7 @@ class Chaos:
             self.say(f'chaos: fault {number}/{len(self.plan)}: {kind} {task} ({fault.target}) at step {fault.step}, '
                      f'newest checkpoint {fault.checkpoint}')
             before = sum(e['event'] == 'restart' for e in events)
-            self.wait(events_file, lambda ev: sum(e['event'] == 'restart' for e in ev) > before,
+            self.wait(events_file, lambda ev, before=before: sum(e['event'] == 'restart' for e in ev) > before,
                       time.monotonic() + self.o.recover_secs, f'restart after fault {number} ({kind} {task})')
         events = self.wait(events_file, lambda ev: self.training(ev) or any(e['event'] == 'finished' for e in ev),
                            time.monotonic() + self.o.recover_secs, 'training after the last fault')

@@ -15,7 +15,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 

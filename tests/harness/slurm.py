@@ -195,7 +195,7 @@ class SlurmCluster:
         for path in (self.root / 'log' / f'{name}.out', self.root / 'log' / f'{name}.log',
                      self.root / 'munge' / 'munged.log'):
             if path.name.startswith(name) and path.exists():
-                lines += [l.strip() for l in path.read_text(errors='replace').splitlines() if 'error' in l.lower()]
+                lines += [line.strip() for line in path.read_text(errors='replace').splitlines() if 'error' in line.lower()]
         return (lines or ['(no error in its log)'])[-1][:300]
 
     def stop(self) -> list[str]:

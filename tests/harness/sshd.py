@@ -107,7 +107,7 @@ def _free_port(addresses) -> int:
     raise SSHDError(f"no port free on all of {addresses}")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sshd_version() -> tuple[int, int]:
     out = subprocess.run([SSHD, "-V"], capture_output=True, text=True).stderr
     match = re.search(r"OpenSSH_(\d+)\.(\d+)", out)
@@ -219,7 +219,7 @@ class SSHHosts:
         self.startup_seconds: float | None = None
 
     # context manager
-    def __enter__(self) -> "SSHHosts":
+    def __enter__(self) -> SSHHosts:
         self.start()
         return self
 
@@ -239,7 +239,7 @@ class SSHHosts:
 
     # -- start --------------------------------------------------------------
 
-    def start(self) -> "SSHHosts":
+    def start(self) -> SSHHosts:
         if self._proc is not None:
             return self
         began = time.monotonic()
