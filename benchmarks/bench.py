@@ -28,9 +28,9 @@ import tempfile
 import threading
 import time
 
+from cluster.runtime import rundir
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-from cluster.runtime import rundir  # noqa: E402
 
 QUIET = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
 
@@ -476,8 +476,7 @@ def bench_links(args, tmp: str) -> dict:
     """Each task in a network namespace of its own, on links of LINK_RATES (benchmarks/links.py):
     measured images/s against the cost model's, which starts from the same cluster's images/s with
     unlimited links (measured just before) and adds the bytes over the busiest link."""
-    sys.path.insert(0, os.path.join(REPO, 'benchmarks'))
-    import links as emulated
+    import links as emulated        # beside this script: on sys.path as its folder
     why = emulated.netns.unavailable()
     if why:
         raise SystemExit(f'--only links {why}')

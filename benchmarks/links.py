@@ -31,13 +31,12 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 
+from launch.backends import netns
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-from launch.backends import netns  # noqa: E402
 
 PREFIX = 'tfcl-link'            # every namespace this module makes: tfcl-link-<pid>-hub, -<pid>-<k>
 SUBNET = '10.213.0'             # addresses that exist only inside those namespaces

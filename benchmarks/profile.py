@@ -19,31 +19,38 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench import QUIET, REPO, cluster_overrides, fmt_run, launch_up, single_process  # noqa: E402
-from cluster.runtime import rundir  # noqa: E402
-from cluster.training.profiler import PROFILE_ENV  # noqa: E402
-from launch.backends.local import process_cmdline, process_cpu_seconds  # noqa: E402
+import psutil
+from bench import QUIET, REPO, cluster_overrides, fmt_run, launch_up, single_process
+
+from cluster.runtime import rundir
+from cluster.training.profiler import PROFILE_ENV
 
 
 def children(pid: int) -> list[int]:
-    out = []
-    for tid in os.listdir(f'/proc/{pid}/task'):
-        try:
-            with open(f'/proc/{pid}/task/{tid}/children') as f:
-                out += [int(c) for c in f.read().split()]
-        except OSError:
-            pass
-    return out
+    try:
+        return [p.pid for p in psutil.Process(pid).children()]
+    except psutil.Error:
+        return []
 
 
 def task_name(pid: int) -> str:
-    argv = process_cmdline(pid).split()
+    try:
+        argv = psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return '?'
     return f'{argv[argv.index("--job") + 1]}:{argv[argv.index("--index") + 1]}' if '--job' in argv else '?'
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """User plus system CPU seconds of a process so far; None once it is gone."""
+    try:
+        times = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return None
+    return times.user + times.system
 
 
 class CoreSampler:
