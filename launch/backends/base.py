@@ -12,7 +12,7 @@ import socket
 import threading
 import time
 from dataclasses import asdict, dataclass, fields, is_dataclass
-from typing import Any, Callable, Iterable, Iterator, TypeVar
+from typing import Any, Iterable, Iterator, TypeVar
 
 import grpc
 
@@ -20,6 +20,7 @@ from cluster.spec import address as host_port, is_chief
 from cluster.runtime import rundir
 from cluster.runtime.rundir import LEASE_ENV, read_text, write_atomically
 from launch.errors import UsageError
+from launch.system import poll_until
 from launch.planning.plan import TaskPlan
 
 STOP_GRACE_SECS = 5.0     # SIGTERM, then SIGKILL after this long (one deadline shared by all tasks)
@@ -387,10 +388,4 @@ def tail(lines: Iterable[str], n: int = 15) -> list[str]:
     return out
 
 
-def wait_all(predicate: Callable[[], bool], deadline: float, poll: float = 0.05) -> bool:
-    """Wait until predicate() is true or the monotonic deadline passes; returns predicate()."""
-    while not predicate():
-        if time.monotonic() >= deadline:
-            return predicate()
-        time.sleep(poll)
-    return True
+wait_all = poll_until       # the name the backends have used

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from cluster.runtime import rundir
 from cluster.runtime.rundir import read_text, write_atomically
 from cluster.spec import ClusterSpec
+from launch import system
 from launch.render import compose as compose_file
 from launch.backends.base import (ENDED, RUNNING, STOP_GRACE_SECS, Backend, BackendError, HostCheck, Observation, TaskRecord,
                             decode_exit, follow_file, handle_of, link_attempt_log, planned_record, touch_leases)
@@ -68,11 +69,12 @@ def _run(argv: list[str], timeout: float = COMMAND_TIMEOUT, env: dict | None = N
          capture: bool = True) -> subprocess.CompletedProcess:
     """Run a docker/compose command in its own session; a missing program is a ComposeError."""
     try:
-        return subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=capture, text=True,
-                              timeout=timeout, env=env, start_new_session=True)
-    except FileNotFoundError:
-        raise ComposeError(f'{argv[0]} not found: {INSTALL_DOCKER}') from None
-    except subprocess.TimeoutExpired:
+        return system.run(argv, timeout=timeout, env=env, capture=capture)
+    except system.CommandError as e:
+        if e.missing:
+            raise ComposeError(f'{argv[0]} not found: {INSTALL_DOCKER}') from None
+        if e.timeout is None:
+            raise ComposeError(f'cannot run {argv[0]}: {e.cause}') from None
         raise ComposeError(f'`{" ".join(argv[:3])} ...` did not answer within {timeout:.0f}s; '
                            'is the Docker engine overloaded or stuck?') from None
 

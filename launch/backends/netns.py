@@ -19,10 +19,10 @@ import ctypes
 import os
 import shutil
 import socket
-import subprocess
 import threading
 import time
 
+from launch import system
 from launch.backends.base import BackendError
 
 NETNS_DIR = '/run/netns'         # where `ip netns` keeps a named namespace (a bind mount of its nsfs file)
@@ -70,9 +70,9 @@ def unavailable() -> str | None:
 
 def _ip(*args: str) -> str:
     try:
-        done = subprocess.run(['ip', *args], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise BackendError(f'ip {" ".join(args)}: {e}') from None
+        done = system.run(['ip', *args], timeout=30)
+    except system.CommandError as e:
+        raise BackendError(f'ip {" ".join(args)}: {e.cause}') from None
     if done.returncode != 0:
         why = (done.stderr.strip().splitlines() or [f'exit {done.returncode}'])[-1]
         raise BackendError(f'ip {" ".join(args)}: {why}')
@@ -107,10 +107,8 @@ def delete(ns: str, wait: float = 5.0) -> None:
     seconds is kept (their ports would live on, unreachable and unnamed) and named in the error."""
     if not exists(ns):
         return
-    deadline = time.monotonic() + wait
-    while (left := pids(ns)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    if left:
+    system.poll_until(lambda: not pids(ns), time.monotonic() + wait, poll=0.1)
+    if left := pids(ns):
         raise BackendError(f'network namespace {ns} still holds process(es) {", ".join(map(str, left))}; '
                            'it is kept')
     _ip('netns', 'delete', ns)

@@ -23,6 +23,7 @@ from cluster.runtime import rundir
 from cluster.runtime.rundir import EXIT_FAILED, EXIT_OK, EXIT_USAGE, write_atomically
 from cluster.env.slurm import job_of
 from cluster.spec import ClusterSpec
+from launch import system
 from launch.errors import UsageError
 from launch.backends.base import follow_file
 from launch.run.lifecycle import CHECKPOINT_GRACE_SECS, Failure, Lifecycle, Outcome, Strategy, resume_hint
@@ -52,14 +53,11 @@ def missing_command() -> str | None:
 
 def _run(*argv: str) -> subprocess.CompletedProcess:
     try:
-        # A session of their own: a Ctrl-C at the terminal is the launcher's to handle, and must
-        # not kill the scontrol or scancel it is running.
-        return subprocess.run(argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT,
-                              stdin=subprocess.DEVNULL, start_new_session=True)
-    except subprocess.TimeoutExpired:
+        return system.run(argv, timeout=COMMAND_TIMEOUT)
+    except system.CommandError as e:
+        if e.timeout is None:
+            raise SlurmError(f'cannot run {argv[0]}: {e.cause}') from None
         raise SlurmError(f'`{" ".join(argv)}` did not answer within {COMMAND_TIMEOUT:.0f}s (is slurmctld up?)') from None
-    except OSError as e:
-        raise SlurmError(f'cannot run {argv[0]}: {e.strerror}') from None
 
 
 def _first_line(text: str) -> str:
