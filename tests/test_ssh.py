@@ -162,7 +162,7 @@ def test_backend_polls_once_per_host_quotes_values_and_stops_process_groups(ssh_
     plans = [dataclasses.replace(p, argv=('sh', '-c', 'printf "%s\\n" "$X"; exec sleep 300'), env={'X': tricky})
              for p in plan_cluster(spec)]
     # A host's snapshot must not expire while the other host answers, however slow this machine.
-    monkeypatch.setattr('launch.backends.ssh.SNAPSHOT_TTL', 30.0)
+    monkeypatch.setattr('launch.backends.ssh.backend.SNAPSHOT_TTL', 30.0)
     backend = SSHBackend(spec, ssh_config=str(ssh_hosts.ssh_config))
     commands = []
     real_run = backend._run

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from cluster.runtime import hostinfo
 from cluster.task import port_in_use
 from launch.backends import netns
+from launch.backends.procstat import STATE, STIME, UTIME, read_stat_fields, start_time
 from launch.errors import UsageError
 from cluster.runtime.rundir import read_text, write_atomically
 from launch.backends.base import (ENDED, HOST_PROBE, RUNNING, STOP_GRACE_SECS, Backend, BackendError, HostCheck,
@@ -47,32 +48,22 @@ def inherited(environ) -> dict[str, str]:
     return {k: v for k, v in environ.items() if k in INHERITED or k.startswith(INHERITED_PREFIXES)}
 
 
-def _stat_fields(pid: int) -> list[str] | None:
-    """The fields of /proc/PID/stat after the command name (state first), or None if it is gone."""
-    try:
-        with open(f'/proc/{pid}/stat') as f:
-            stat = f.read()
-    except OSError:
-        return None
-    return stat[stat.rindex(')') + 2:].split()
-
-
 def process_ident(pid: int) -> str | None:
     """The kernel's start time of `pid` (field 22 of /proc/PID/stat); None if it is gone or a zombie."""
-    fields = _stat_fields(pid)
-    return None if fields is None or fields[0] in 'ZX' else fields[19]
+    fields = read_stat_fields(pid)
+    return None if fields is None else start_time(fields)
 
 
 def process_state(pid: int) -> str | None:
     """The one-letter state of `pid` (R, S, D, T, Z, ...), or None if it is gone."""
-    fields = _stat_fields(pid)
-    return fields[0] if fields else None
+    fields = read_stat_fields(pid)
+    return fields[STATE] if fields else None
 
 
 def process_cpu_seconds(pid: int) -> float | None:
     """User + system time of every thread of `pid` so far, or None if it is gone."""
-    fields = _stat_fields(pid)
-    return None if fields is None else (int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK')
+    fields = read_stat_fields(pid)
+    return None if fields is None else (int(fields[UTIME]) + int(fields[STIME])) / os.sysconf('SC_CLK_TCK')
 
 
 def process_cmdline(pid: int) -> str:

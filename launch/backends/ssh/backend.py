@@ -1,0 +1,448 @@
+"""The SSH backend: tasks on remote hosts, started detached over one connection per host
+(connections.py) by the shell scripts of scripts.py, which also describes the files a task has there.
+
+The record names the task's own process (the pid its log prints): a task is running while that
+process lives, whatever became of its wrapper, and a new start of a task first makes sure its
+earlier copy is gone, so its port is free. Status for all tasks of a host is one command, cached
+for a fraction of a second; a stop is one command per host. Logs are read with SFTP from an
+offset, so following them leaves no process on the host.
+"""
+from __future__ import annotations
+
+import io
+import json
+import logging
+import posixpath
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TypeVar
+
+import fabric
+import invoke
+import paramiko
+
+from cluster.runtime import rundir
+from cluster.runtime.rundir import LEASE_ENV
+from cluster.spec import ClusterSpec
+from launch.backends.base import (ENDED, GPU_COUNT_SH, RUNNING, STOP_GRACE_SECS, UNKNOWN, Backend, HostCheck,
+                                  Observation, TaskRecord, decode_exit, handle_of, parse_gpu_count, planned_record)
+from launch.backends.procstat import STATE, start_time, stat_fields
+from launch.backends.ssh.connections import COMMAND_TIMEOUT, Connections, SSHError, parallel, ssh_target
+from launch.backends.ssh.scripts import (Seen, Started, TaskFiles, TaskProcess, Watched, lease_script,
+                                         parse_snapshot, parse_started, prepare_script, probe_script,
+                                         remote_dir, snapshot_script, start_script, stop_script, task_command,
+                                         undo_start_script, workdir_script)
+from launch.planning.plan import LEASE_SECS, TaskPlan
+
+log = logging.getLogger(__name__)
+
+WRAPPER_GRACE_SECS = 2.0      # a task gone while its wrapper lives: how long the wrapper has to write its rc
+SNAPSHOT_TTL = 0.3            # seconds a host's status snapshot answers status()
+LEASE_RENEW_SECS = 5.0        # how often the tasks' lease files on a host are touched
+POLL_TIMEOUT = 10             # seconds a status command may take before the host counts as unreachable
+LOG_POLL_SECS = 0.25          # how often a followed log is read again
+LOG_CHUNK = 1 << 20
+
+T = TypeVar('T')
+R = TypeVar('R')
+
+
+class RemoteState(str, Enum):
+    """A task as its host's status snapshot sees it: running, ended with an exit code, or gone
+    without one (its whole group killed hard)."""
+    RUNNING = 'running'
+    ENDED = 'ended'
+    GONE = 'gone'
+
+
+@dataclass
+class SSHHandle:
+    """A remote task's own files: its wrapper's pid file, the exit code file the wrapper writes,
+    the `ssh` target a person would use to reach its host, and the task's process group (the
+    wrapper's pid, and the wrapper's start time that proves the pid is still that wrapper)."""
+    pidfile: str = ''
+    rcfile: str = ''
+    target: str = ''
+    group: int = 0
+    group_ident: str = ''
+
+
+def _process(record: TaskRecord) -> TaskProcess:
+    """The task's processes as its record names them (a record from before the task's own pid was
+    kept names the wrapper, which leads the group)."""
+    h = handle_of(record, SSHHandle)
+    group, group_ident = (h.group, h.group_ident) if h.group else (int(record.pid), record.ident)
+    return TaskProcess(int(record.pid), record.ident, group, group_ident)
+
+
+def _is_process(stat: str, ident: str) -> bool:
+    """Whether a /proc/PID/stat line is of a live (not zombie) process started at `ident`."""
+    started = start_time(stat_fields(stat))
+    return started is not None and (not ident or started == ident)
+
+
+def _by_host(items: Iterable[T], host_of: Callable[[T], str]) -> dict[str, list[T]]:
+    out: dict[str, list[T]] = {}
+    for item in items:
+        out.setdefault(host_of(item), []).append(item)
+    return out
+
+
+def _spec_made_absolute(argv: Iterable[str], workdir: str) -> list[str]:
+    """The task's argv with its --spec made absolute, so `ps` on the host shows which cluster a task is of."""
+    argv = list(argv)
+    if '--spec' in argv:
+        i = argv.index('--spec') + 1
+        argv[i] = posixpath.join(workdir, argv[i])
+    return argv
+
+
+@dataclass
+class _Tasks:
+    """What the backend knows of one host's tasks: resolved workdirs, records and status snapshot."""
+    workdirs: dict[str, str] = field(default_factory=dict)     # plan.cwd -> absolute remote path
+    records: dict[str, TaskRecord] = field(default_factory=dict)
+    snapshot: dict[str, tuple[RemoteState, int | None]] = field(default_factory=dict)
+    snapshot_at: float = 0.0
+    snapshot_error: SSHError | None = None
+    states: dict[str, str] = field(default_factory=dict)        # task -> /proc state letter
+    ending: dict[str, float] = field(default_factory=dict)      # task gone, its wrapper not yet: since
+    renewed_at: float = 0.0
+    lease_text: str | None = None    # what the lease files on this host hold (the live workers)
+    snapshot_lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class SSHBackend(Backend):
+    name = 'ssh'
+    _parallel = staticmethod(parallel)
+
+    def __init__(self, spec: ClusterSpec, ssh_config: str | None = None, check_host_keys: bool = True):
+        self.spec = spec
+        self.ssh_config = ssh_config
+        self.check_host_keys = check_host_keys
+        self._pool = Connections(spec.hosts, ssh_config, check_host_keys)
+        self._hosts: dict[str, _Tasks] = {}
+        self._lock = threading.Lock()
+
+    # -- connections: every remote command goes through _run (tests wrap it to watch or cut them)
+    def _host(self, name: str) -> _Tasks:
+        with self._lock:
+            return self._hosts.setdefault(name, _Tasks())
+
+    def _connect(self, name: str) -> fabric.Connection:
+        return self._pool.connect(name)
+
+    def _run(self, name: str, script: str, timeout: float = COMMAND_TIMEOUT) -> invoke.Result:
+        """Run a POSIX sh script on the host; the result never raises for a non-zero exit."""
+        return self._pool.run(name, script, timeout=timeout)
+
+    def _sftp_call(self, name: str, fn: Callable[[paramiko.SFTPClient], R]) -> R:
+        return self._pool.sftp_call(name, fn)
+
+    def _drop(self, name: str) -> None:
+        self._pool.drop(name)
+
+    def close(self) -> None:
+        self._pool.close()
+
+    # -- check ----------------------------------------------------------------------------
+    def check(self, plans: list[TaskPlan], imports: bool = False) -> list[HostCheck]:
+        groups = _by_host(plans, lambda p: p.task.host)
+        return self._parallel(lambda item: self._check_host(*item, imports), groups.items())
+
+    def _check_host(self, name: str, plans: list[TaskPlan], imports: bool) -> HostCheck:
+        python = plans[0].argv[0]
+        script = probe_script(plans[0].cwd, python, [p.task.port for p in plans], imports)
+        try:
+            conn = self._connect(name)
+            result = self._run(name, script)
+        except SSHError as e:
+            return HostCheck(name, False, e.cause)
+        where = f'{conn.user}@{conn.host}:{conn.port}'
+        if result.exited in (126, 127):
+            why = 'not found' if result.exited == 127 else 'not executable'
+            return HostCheck(name, False, f'python {python} {why} on {where} (exit {result.exited}); '
+                                          f'set hosts.{name}.python')
+        try:
+            found = json.loads(result.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            last = (result.stderr.strip().splitlines() or ['no output'])[-1]
+            return HostCheck(name, False, f'python {python} on {where} failed (exit {result.exited}): {last}')
+        problems = []
+        if found['missing']:
+            problems.append(f'python {python} on {where} cannot import {" nor ".join(found["missing"])}: '
+                            f'install tensorflow and tfcluster there, or set hosts.{name}.python')
+        names = {p.task.port: p.name for p in plans}
+        problems += [f'port {port} ({names.get(port, "?")}) already in use' for port in found['busy']]
+        try:
+            self._sftp_call(name, lambda sftp: sftp.normalize('.'))
+        except SSHError as e:
+            problems.append(e.cause)
+        if problems:
+            return HostCheck(name, False, '; '.join(problems))
+        return HostCheck(name, True, f'{where}, Python {found["python"]}, tensorflow {found.get("tensorflow")}, '
+                                     f'{len(plans)} task(s), ports {", ".join(str(p.task.port) for p in plans)} free')
+
+    def gpu_counts(self, plans: list[TaskPlan]) -> dict[str, int]:
+        """GPU_COUNT_SH on every host at once; a host that cannot be asked is left out."""
+        def count(name: str) -> tuple[str, int | None]:
+            try:
+                return name, parse_gpu_count(self._run(name, GPU_COUNT_SH).stdout)
+            except SSHError:
+                return name, None
+        found = self._parallel(count, sorted({p.task.host for p in plans}))
+        return {name: n for name, n in found if n is not None}
+
+    # -- prepare and start ----------------------------------------------------------------
+    def prepare(self, plans: list[TaskPlan], spec_yaml: str) -> None:
+        groups = _by_host(plans, lambda p: p.task.host)
+        self._parallel(lambda item: self._prepare_host(*item, spec_yaml), groups.items())
+
+    def _prepare_host(self, name: str, plans: list[TaskPlan], spec_yaml: str) -> None:
+        for cwd in {p.cwd for p in plans}:
+            mine = [p for p in plans if p.cwd == cwd]
+            dirs = sorted({posixpath.dirname(path) for p in mine for path in (p.log_path, p.spec_path)})
+            result = self._run(name, prepare_script(cwd, dirs))
+            if result.exited != 0:
+                last = (result.stderr.strip().splitlines() or [''])[-1]
+                raise SSHError(name, f'cannot create the workdir {cwd}: {last}')
+            workdir = result.stdout.strip().splitlines()[-1]
+            self._host(name).workdirs[cwd] = workdir
+            for spec_path in {p.spec_path for p in mine}:
+                target = posixpath.join(workdir, spec_path)
+                self._sftp_call(name, lambda sftp: self._upload(sftp, spec_yaml, target))
+
+    @staticmethod
+    def _upload(sftp: paramiko.SFTPClient, text: str, target: str) -> None:
+        """Write `text` to `target` whole: under another name first, then renamed into place."""
+        sftp.putfo(io.BytesIO(text.encode()), target + '.tmp')
+        sftp.posix_rename(target + '.tmp', target)
+
+    def _workdir(self, name: str, cwd: str) -> str:
+        h = self._host(name)
+        if cwd not in h.workdirs:
+            result = self._run(name, workdir_script(cwd))
+            if result.exited != 0:
+                raise SSHError(name, f'workdir {cwd} does not exist')
+            h.workdirs[cwd] = result.stdout.strip().splitlines()[-1]
+        return h.workdirs[cwd]
+
+    def start(self, plan: TaskPlan) -> TaskRecord:
+        name = plan.task.host
+        workdir = self._workdir(name, plan.cwd)
+        link = posixpath.join(workdir, plan.log_path)
+        log_file = posixpath.join(workdir, plan.attempt_log_path)
+        files = TaskFiles.beside(link)
+        # Each attempt logs to a file of its own (a task restarted within one appends); log_path
+        # leads to the newest, and a plain file left there by an older version becomes attempt-0's.
+        legacy = posixpath.join(posixpath.dirname(link), rundir.attempt_dirname(0))
+        h = self._host(name)
+        with h.snapshot_lock:
+            earlier = h.records.get(plan.name)
+        command = task_command(_spec_made_absolute(plan.argv, workdir), plan.env)
+        script = start_script(command, workdir, link, log_file, legacy,
+                              None if earlier is None else _process(earlier))
+        self._connect(name)         # an unreachable host fails here, before anything can start
+        try:
+            result = self._run(name, script)
+            started = parse_started(result.stdout)
+            if started is None:
+                last = (result.stderr.strip().splitlines() or ['no output'])[-1]
+                raise SSHError(name, f'could not start {plan.name} (exit {result.exited}): {last}')
+        except SSHError as e:
+            # The task may have started before the answer was lost: stop it, or the launcher would
+            # leave behind a task it has no record of (not in the state file, never stopped).
+            raise SSHError(name, f'{e.cause}; {self._undo_start(name, plan.name, files)}') from None
+        record = self._started_record(plan, started, workdir, log_file, files)
+        with h.snapshot_lock:
+            h.records[record.name] = record
+            h.snapshot.pop(record.name, None)   # the earlier copy's end is not this one's
+        return record
+
+    def _started_record(self, plan: TaskPlan, started: Started, workdir: str, log_file: str,
+                        files: TaskFiles) -> TaskRecord:
+        t, p = plan.task, started.process
+        return TaskRecord(name=t.name, job=t.job, index=t.index, host=t.host, port=t.port, backend=self.name,
+                          pid=p.pid, log=log_file, ident=p.ident, cwd=workdir, log_offset=started.offset,
+                          address='' if plan.address in ('', t.host) else plan.address,
+                          handle=SSHHandle(files.pidfile, files.rcfile, ssh_target(plan, self.ssh_config),
+                                           p.group, p.group_ident))
+
+    def _undo_start(self, name: str, task: str, files: TaskFiles) -> str:
+        """Stop whatever a start that failed half way launched (undo_start_script); says what came of it."""
+        try:
+            result = self._run(name, undo_start_script(files), timeout=POLL_TIMEOUT + STOP_GRACE_SECS)
+        except SSHError as e:
+            return (f'{task} may be running there ({e.cause}); it stops itself within '
+                    f'{LEASE_SECS["ssh"]}s, once its lease is no longer renewed')
+        return f'stopped {task}, which had started' if 'stopped' in result.stdout else f'{task} did not start'
+
+    # -- status ---------------------------------------------------------------------------
+    def _status(self, record: TaskRecord) -> tuple[RemoteState, int | None]:
+        """The task's state and exit code (ENDED only), from the host's snapshot."""
+        h = self._host(record.host)
+        with h.snapshot_lock:
+            h.records.setdefault(record.name, record)
+            fresh = time.monotonic() - h.snapshot_at < SNAPSHOT_TTL
+            if fresh and h.snapshot_error is not None:
+                raise h.snapshot_error
+            if not fresh or record.name not in h.snapshot:
+                try:
+                    h.snapshot = self._take_snapshot(record.host, list(h.records.values()))
+                    h.snapshot_error = None
+                except SSHError as e:
+                    h.snapshot_error = e
+                    raise
+                finally:
+                    h.snapshot_at = time.monotonic()
+            return h.snapshot[record.name]
+
+    def _take_snapshot(self, name: str, records: list[TaskRecord]) -> dict[str, tuple[RemoteState, int | None]]:
+        watched = [Watched(r.name, r.pid, handle_of(r, SSHHandle).rcfile, _process(r).group) for r in records]
+        seen = parse_snapshot(self._run(name, snapshot_script(watched), timeout=POLL_TIMEOUT).stdout)
+        if seen is None:
+            # A cut-short answer must not read as "every task gone" (which means killed hard).
+            self._drop(name)
+            raise SSHError(name, 'lost the SSH connection: a status query was answered only in part')
+        h = self._host(name)
+        return {r.name: self._judge(h, r, seen.get(r.name, Seen('', '', ''))) for r in records}
+
+    @staticmethod
+    def _judge(h: _Tasks, record: TaskRecord, seen: Seen) -> tuple[RemoteState, int | None]:
+        """The task's state from what the snapshot saw of it; notes its /proc state letter."""
+        if seen.rc.strip().lstrip('-').isdigit():
+            h.ending.pop(record.name, None)
+            return RemoteState.ENDED, decode_exit(int(seen.rc))
+        running = _is_process(seen.stat, record.ident)
+        h.states[record.name] = stat_fields(seen.stat)[STATE] if running else ''
+        if running:
+            return RemoteState.RUNNING, None
+        # The task is gone and no exit code is written: its wrapper is writing it now, or the
+        # whole group was killed hard (then no one ever will).
+        p = _process(record)
+        if p.group != record.pid and _is_process(seen.wrapper, p.group_ident):
+            first = h.ending.setdefault(record.name, time.monotonic())
+            if time.monotonic() - first < WRAPPER_GRACE_SECS:
+                return RemoteState.RUNNING, None
+        h.ending.pop(record.name, None)
+        return RemoteState.GONE, None
+
+    def renew(self, plans: list[TaskPlan], text: str | None = None) -> None:
+        groups = _by_host(plans, lambda p: p.task.host)
+        self._parallel(lambda item: self._renew_host(*item, text), groups.items())
+
+    def _renew_host(self, name: str, plans: list[TaskPlan], text: str | None) -> None:
+        """Touch the host's lease files every LEASE_RENEW_SECS; write them at once when `text` changed."""
+        h = self._host(name)
+        changed = text is not None and text != h.lease_text
+        if not changed and time.monotonic() - h.renewed_at < LEASE_RENEW_SECS:
+            return
+        try:
+            paths = {posixpath.join(self._workdir(name, p.cwd), p.env[LEASE_ENV])
+                     for p in plans if LEASE_ENV in p.env}
+            self._run(name, lease_script(paths, text if changed else None), timeout=POLL_TIMEOUT)
+            h.renewed_at = time.monotonic()
+            if changed:
+                h.lease_text = text
+        except SSHError as e:
+            log.debug('lease renewal on %s failed: %s', name, e)
+
+    def _invalidate(self, name: str) -> None:
+        self._host(name).snapshot_at = 0.0
+
+    def status(self, record: TaskRecord) -> Observation:
+        try:
+            state, code = self._status(record)
+        except SSHError as e:
+            return Observation(UNKNOWN, error=str(e))
+        if state == RemoteState.ENDED:
+            return Observation(ENDED, code)
+        if state != RemoteState.RUNNING:
+            return Observation(ENDED, -signal.SIGKILL)      # gone without an exit code: killed hard
+        # The recorded pid is the task's own process: stopped, it shows as state T.
+        stopped = self._host(record.host).states.get(record.name, '') in ('T', 't')
+        return Observation(RUNNING, stopped='is stopped (SIGSTOP, or a debugger)' if stopped else None)
+
+    # -- stop -----------------------------------------------------------------------------
+    def stop(self, records: list[TaskRecord], grace: float = STOP_GRACE_SECS) -> None:
+        groups = _by_host(records, lambda r: r.host)
+        self._parallel(lambda item: self._stop_host(*item, grace), groups.items())
+
+    def _stop_host(self, name: str, records: list[TaskRecord], grace: float) -> None:
+        """One command (stop_script) for every task of the host."""
+        script = stop_script([_process(r) for r in records], grace)
+        try:
+            result = self._run(name, script, timeout=grace + COMMAND_TIMEOUT)
+            if result.stdout.strip():
+                log.info('%s: %s after %.0fs', name, result.stdout.strip(), grace)
+        except SSHError as e:
+            log.error('%s; run `launch down` again once the host is reachable', e)
+        finally:
+            self._invalidate(name)
+
+    # -- logs -----------------------------------------------------------------------------
+    def read_file(self, record: TaskRecord, path: str) -> str | None:
+        def read(sftp: paramiko.SFTPClient) -> str:
+            with sftp.open(posixpath.join(record.cwd, path)) as f:
+                return f.read().decode('utf-8', 'replace')
+        try:
+            return self._sftp_call(record.host, read)
+        except (SSHError, OSError):
+            return None
+
+    def log_record(self, plan: TaskPlan) -> TaskRecord:
+        cwd = self._host(plan.task.host).workdirs.get(plan.cwd, remote_dir(plan.cwd))
+        return planned_record(plan, posixpath.join(cwd, plan.log_path), cwd, self.name)
+
+    def read_log(self, record: TaskRecord, follow: bool = False,
+                 stop: threading.Event | None = None, offset: int = 0) -> Iterator[str]:
+        return self._read_log(record.host, record.log, stop if follow else None, offset)
+
+    def _read_log(self, name: str, path: str, stop: threading.Event | None, offset: int = 0) -> Iterator[str]:
+        """Complete lines of a remote file read with SFTP from an offset; with `stop`, keep polling
+        until it is set and the file has no more. A missing file counts as empty."""
+        pending = b''
+
+        def read_more(sftp: paramiko.SFTPClient) -> bytes:
+            try:
+                size = sftp.stat(path).st_size
+            except FileNotFoundError:
+                return b''
+            if size <= offset:
+                return b''
+            with sftp.open(path, 'rb') as f:
+                f.seek(offset)
+                return f.read(min(size - offset, LOG_CHUNK))
+
+        failing_since = None
+        while True:
+            try:
+                data = self._sftp_call(name, read_more)
+                failing_since = None
+            except SSHError as e:
+                # Following: a dropped connection is retried (the poll decides whether the host is
+                # lost); reading once: report it.
+                if stop is None or stop.is_set():
+                    log.error('cannot read %s: %s', path, e)
+                    return
+                if failing_since is None:
+                    failing_since = time.monotonic()
+                    log.warning('cannot read %s: %s; retrying', path, e)
+                stop.wait(1.0)
+                continue
+            if data:
+                offset += len(data)
+                pending += data
+                *lines, pending = pending.split(b'\n')
+                for line in lines:
+                    yield line.decode('utf-8', errors='replace')
+                continue
+            if stop is None or stop.is_set():
+                if pending:
+                    yield pending.decode('utf-8', errors='replace')
+                return
+            stop.wait(LOG_POLL_SECS)
