@@ -15,7 +15,7 @@ import pytest
 
 # A backend's own module and the registry may name backends; nothing else may switch on one (a new
 # backend is one module plus one registry entry, with no `if backend == ...` to find elsewhere).
-BACKEND_MODULES = ('launch/run/registry.py', 'launch/backends/local.py', 'launch/backends/ssh.py', 'launch/backends/compose.py',
+BACKEND_MODULES = ('launch/run/registry.py', 'launch/backends/local.py', 'launch/backends/ssh/backend.py', 'launch/backends/compose.py',
                    'launch/render/compose.py', 'launch/render/sbatch.py', 'launch/run/slurm.py', 'launch/backends/netns.py')
 BACKEND_NAMES = frozenset({'local', 'ssh', 'compose', 'slurm'})
 
