@@ -153,7 +153,7 @@ def _sync_updates(spec: ClusterSpec, task: TaskSpec, opt: Any, ema: Any, grads: 
         train_op=train_op,
         step_after=tf.identity(train_op),   # the token: the global step to train on next
         local_init_op=opt.chief_init_op if task.is_chief else opt.local_step_init_op,
-        ready_for_local_init_op=opt.ready_for_local_init_op,
+        ready_for_local_init_op=_used(opt.ready_for_local_init_op),
         resync=opt.local_step_init_op,
         sync_op=_averaged(ema, opt.get_chief_queue_runner().enqueue_ops[0]) if task.is_chief else None)
 
@@ -169,8 +169,19 @@ def _async_updates(task: TaskSpec, opt: Any, ema: Any, grads: list, global_step:
     with tf.control_dependencies([train_op]):
         step_after = global_step.read_value()
     return _Updates(train_op=train_op, step_after=step_after, local_init_op=v1.local_variables_initializer(),
-                    ready_for_local_init_op=v1.report_uninitialized_variables(v1.global_variables()),
+                    ready_for_local_init_op=_used(v1.report_uninitialized_variables(v1.global_variables())),
                     resync=None, sync_op=None)
+
+
+def _used(tensor: Any) -> Any:
+    """`tensor`, marked as used. TensorFlow wraps what report_uninitialized_variables returns so
+    that it prints "Object was never used" at exit if nothing reads it; the session manager reads
+    this one when it runs, but a graph built only to be looked at (ps_bytes) never runs it. (Only
+    a graph being built gets the wrapper: inside a tf.function the tensor comes back as it is.)"""
+    mark_used = getattr(tensor, 'mark_used', None)
+    if mark_used is not None:
+        mark_used()
+    return tensor
 
 
 def _averaged(ema: Any, after: Any) -> tf.Operation:
