@@ -1,0 +1,127 @@
+"""From a spec file, `--set` overrides and TF_CONFIG to one validated ClusterSpec.
+
+The raw settings are merged first (file, then TF_CONFIG's cluster, then each override in turn),
+with where each key came from recorded, and validated once at the end (cluster/spec/validate.py).
+"""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from cluster.spec.errors import Origins, SpecError
+from cluster.spec.model import HOST_SETTINGS, JOBS, ClusterSpec
+from cluster.spec.reader import YAMLSyntaxError, parse_yaml, read_spec_text
+from cluster.spec.validate import build_spec
+
+TF_CONFIG_ENV = 'TF_CONFIG'
+
+
+def load_spec(path: str | None, overrides: list[str] | tuple[str, ...] = (),
+              cluster: dict | None = None, cluster_source: str | None = None) -> ClusterSpec:
+    """Read, override and validate a spec file. Raises SpecError (one line) on any user error.
+    `cluster` (from TF_CONFIG, or `cluster_source` if named) replaces the file's cluster section;
+    with it, `path` may be None: the train settings are then the defaults and the overrides."""
+    source = cluster_source or TF_CONFIG_ENV
+    if path is None:
+        origins = Origins(source)
+        raw: dict = {'cluster': cluster}
+        origins.record_value('cluster', source)
+        for text_override in overrides:
+            _apply_override(raw, text_override, origins)
+        return build_spec(raw, origins)
+    origins = Origins(path)
+    node, raw = parse_yaml(read_spec_text(path), path, line_numbers=True)
+    if node is not None:
+        origins.record_yaml(node)
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise SpecError(f'{path}:1: the spec must be a mapping with a "cluster" section')
+    if cluster is not None:
+        raw['cluster'] = cluster
+        origins.record_value('cluster', source)
+    for text_override in overrides:
+        _apply_override(raw, text_override, origins)
+    return build_spec(raw, origins)
+
+
+def read_tf_config(text: str) -> tuple[dict, str, int]:
+    """TF_CONFIG (as Kubeflow's TFJob, SageMaker and Vertex set it) -> (cluster, job, index).
+    Raises SpecError, one line, for text that is not JSON or a task that is not in its cluster."""
+    try:
+        config = json.loads(text)
+    except ValueError as e:
+        raise SpecError(f'{TF_CONFIG_ENV}: not JSON ({e}): {text[:60]!r}') from None
+    if not isinstance(config, dict) or not isinstance(config.get('cluster'), dict):
+        raise SpecError(f'{TF_CONFIG_ENV}: expected {{"cluster": {{"ps": [...], "worker": [...]}}, '
+                        f'"task": {{"type": ..., "index": ...}}}}, got {text[:60]!r}')
+    cluster = config['cluster']
+    other = [job for job in cluster if job not in JOBS]
+    if other:
+        raise SpecError(f'{TF_CONFIG_ENV}: job {other[0]!r} is not one tfcluster runs: its clusters have ps and '
+                        'worker jobs, and worker 0 is the chief (render a TFJob without Chief or Evaluator '
+                        'replicas)')
+    task = config.get('task')
+    if not isinstance(task, dict) or 'type' not in task:
+        raise SpecError(f'{TF_CONFIG_ENV}: no "task": {{"type": ..., "index": ...}} names this process\'s task')
+    job, index = task.get('type'), task.get('index', 0)
+    if isinstance(index, bool) or not isinstance(index, int):
+        raise SpecError(f'{TF_CONFIG_ENV}: task index must be a whole number, got {index!r}')
+    tasks = cluster.get(job)
+    count = len(tasks) if isinstance(tasks, list) else (1 if isinstance(tasks, str) else 0)
+    if job not in JOBS or not 0 <= index < count:
+        raise SpecError(f'{TF_CONFIG_ENV}: task {job}:{index} is not in its cluster ('
+                        + ', '.join(f'{j}: {len(v) if isinstance(v, list) else 1} task(s)' for j, v in cluster.items())
+                        + ')')
+    return cluster, job, index
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """'train.steps=50' -> (['train', 'steps'], 50); the value is read as YAML."""
+    key, sep, value = text.partition('=')
+    parts = key.strip().split('.')
+    if not sep or not all(re.fullmatch(r'[A-Za-z0-9_-]+', p) for p in parts):
+        raise SpecError(f'--set {text}: expected dotted.key=value, e.g. --set train.steps=50')
+    try:
+        parsed = parse_yaml(value, f'--set {_shorten(text)}', line_numbers=False)[1]
+    except YAMLSyntaxError:
+        raise SpecError(f'--set {text}: the value is not valid YAML') from None
+    if not value.strip():
+        raise SpecError(f'--set {text}: missing value after "=" (write null to clear a key)')
+    return parts, parsed
+
+
+def _shorten(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[:limit] + '...'
+
+
+def _apply_override(raw: dict, text: str, origins: Origins) -> None:
+    parts, value = parse_override(text)
+    parts = _override_key(parts, value, raw)
+    target = raw
+    for i, part in enumerate(parts[:-1]):
+        child = target.get(part)
+        if child is None:
+            child = target[part] = {}
+        if not isinstance(child, dict):
+            raise SpecError(f'--set {text}: {".".join(parts[:i + 1])} is not a section')
+        target = child
+    target[parts[-1]] = value
+    origins.record_override('.'.join(parts), text)
+
+
+def _override_key(parts: list[str], value: Any, raw: dict) -> list[str]:
+    """The path an override's dotted key names, where a host name holds dots of its own."""
+    if parts[0] == 'gpus' and len(parts) > 2:      # gpus.10.0.0.5=4: the rest is one host name
+        return ['gpus', '.'.join(parts[1:])]
+    if parts[0] == 'hosts' and len(parts) > 2:
+        # Host names have dots of their own: hosts.10.0.0.5.user is host 10.0.0.5, setting user.
+        # The whole rest names a host only when it is given a section (or null) and its last part
+        # is neither a setting nor under a host the spec has: hosts.node1.usr=x stays a bad key.
+        known: dict = raw['hosts'] if isinstance(raw.get('hosts'), dict) else {}
+        whole = (isinstance(value, dict) or value is None) and parts[-1] not in HOST_SETTINGS \
+            and '.'.join(parts[1:-1]) not in known
+        name = parts[1:] if whole else parts[1:-1]
+        return ['hosts', '.'.join(name)] + parts[1 + len(name):]
+    return parts

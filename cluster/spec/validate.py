@@ -1,0 +1,396 @@
+"""A spec's raw settings, merged from the file, TF_CONFIG and `--set`, checked into a ClusterSpec.
+
+Every check raises a SpecError from `Origins.error`, so the one line it prints names the file's
+line or the `--set` argument that gave the bad value, the dotted key and what was expected.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import ipaddress
+import re
+import shlex
+import types
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from cluster.spec.model import (HOST_SETTINGS, ISOLATION_MODES, JOBS, LOOPBACK_NAMES, RESTART_POLICIES,
+                                TRANSFER_DTYPES, ClusterSpec, HostConfig, SuperviseConfig, TaskSpec, TrainConfig,
+                                same_machine_key)
+from cluster.spec.errors import Origins
+
+SECTIONS = ('cluster', 'train', 'supervise', 'hosts', 'isolation', 'env', 'tasks', 'gpus')
+_HOSTNAME = re.compile(r'^(?=.{1,253}$)[A-Za-z0-9_]([A-Za-z0-9_-]{0,62})(\.[A-Za-z0-9_-]{1,63})*$')
+_DEVICE = re.compile(r'^(cpu|gpu):(\d+)$')
+
+
+def build_spec(raw: dict, origins: Origins) -> ClusterSpec:
+    """The spec `raw` (merged, not yet checked) describes; SpecError at its first bad value."""
+    _no_unknown(raw, SECTIONS, '', origins)
+    tasks = _parse_cluster(raw.get('cluster'), origins)
+    train = _parse_train(raw.get('train') or {}, origins)
+    supervise = _parse_supervise(raw.get('supervise') or {}, origins)
+    hosts = _parse_hosts(raw.get('hosts') or {}, origins)
+    isolation = _parse_isolation(raw.get('isolation', 'none'), tasks, hosts, origins)
+    env = _parse_env(raw.get('env'), 'env', origins)
+    job_env = _parse_job_settings(raw.get('tasks'), origins)
+    gpus = _parse_gpus(raw.get('gpus'), tasks, origins)
+    frozen = types.MappingProxyType
+    spec = ClusterSpec(path=origins.path, tasks=tasks, train=train, hosts=frozen(hosts),
+                       supervise=supervise, isolation=isolation, env=frozen(env),
+                       job_env=frozen({job: frozen(e) for job, e in job_env.items()}), gpus=frozen(gpus),
+                       origins=origins)
+    if supervise.stall_secs < 3 * train.log_every_secs:
+        key = 'supervise.stall_secs' if 'stall_secs' in (raw.get('supervise') or {}) else 'train.log_every_secs'
+        raise origins.error(key, f'the stall limit ({supervise.stall_secs:g}s) must be at least 3 times '
+                                 f'train.log_every_secs ({train.log_every_secs:g}s): progress is read from '
+                                 'the chief\'s progress lines')
+    r = train.replicas_to_aggregate
+    if r is not None and not 1 <= r <= spec.num_workers:
+        raise origins.error('train.replicas_to_aggregate',
+                            f'must be between 1 and the number of workers ({spec.num_workers}), got {r}')
+    return spec
+
+
+def _no_unknown(mapping: dict, allowed: Iterable[str], prefix: str, origins: Origins) -> None:
+    for key in mapping:
+        if key not in allowed:
+            name = str(key) if str(key).isprintable() else repr(key)
+            dotted = f'{prefix}.{name}' if prefix else name
+            raise origins.error(dotted, f'unknown key; expected one of {", ".join(allowed)}')
+
+
+def _parse_cluster(cluster: Any, origins: Origins) -> tuple[TaskSpec, ...]:
+    if cluster is None:
+        raise origins.error('cluster', 'missing section; it maps ps and worker to lists of host:port')
+    if not isinstance(cluster, dict):
+        raise origins.error('cluster', 'expected a mapping of job name to a list of host:port')
+    _no_unknown(cluster, JOBS, 'cluster', origins)
+    tasks = []
+    seen: dict[tuple[str, int], str] = {}
+    for job in JOBS:
+        addresses = cluster.get(job)
+        if addresses is None or addresses == []:
+            raise origins.error(f'cluster.{job}', f'missing job {job!r}: give at least one host:port')
+        if isinstance(addresses, str):
+            addresses = [addresses]
+        if not isinstance(addresses, list):
+            raise origins.error(f'cluster.{job}', 'expected a list of host:port')
+        for index, address in enumerate(addresses):
+            key = f'cluster.{job}[{index}]'
+            host, port = parse_address(address, functools.partial(origins.error, key))
+            ident = (same_machine_key(host), port)
+            if ident in seen:
+                raise origins.error(key, f'{address} is used twice (also {seen[ident]}): '
+                                         'every task needs its own host:port')
+            seen[ident] = f'{job}:{index}'
+            tasks.append(TaskSpec(job, index, host, port))
+    return tuple(tasks)
+
+
+def parse_address(address: Any, error: Callable[[str], Exception]) -> tuple[str, int]:
+    """'host:port' or '[v6]:port' -> (host, port); `error(msg)` builds the exception to raise."""
+    if not isinstance(address, str):
+        raise error(f'expected "host:port", got {address!r}')
+    m = re.fullmatch(r'\[([0-9A-Fa-f:.]+)\]:(\S+)|([^:\s\[\]]+):(\S+)', address.strip())
+    if not m:
+        raise error(f'expected "host:port", got {address!r}')
+    host, port_text = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+    if not re.fullmatch(r'[0-9]+', port_text):
+        raise error(f'port must be a number, got {port_text!r} in {address!r}')
+    port = int(port_text)
+    if not 1 <= port <= 65535:
+        raise error(f'port must be between 1 and 65535, got {port} in {address!r}')
+    if not _valid_host(host):
+        raise error(f'invalid host name {host!r} in {address!r}')
+    return host, port
+
+
+def _valid_host(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return bool(_HOSTNAME.match(host)) and not host.replace('.', '').isdigit()
+
+
+def _expect(value: Any, kinds: tuple[type, ...], key: str, origins: Origins, what: str) -> Any:
+    """`value` if it is one of `kinds`; a bool only where `kinds` names bool (True is an int)."""
+    if isinstance(value, bool) and bool not in kinds:
+        raise origins.error(key, f'expected {what}, got {value!r}')
+    if not isinstance(value, kinds):
+        raise origins.error(key, f'expected {what}, got {value!r}')
+    return value
+
+
+def _parse_train(train: Any, origins: Origins) -> TrainConfig:
+    if not isinstance(train, dict):
+        raise origins.error('train', 'expected a mapping of training settings')
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    _no_unknown(train, sorted(fields), 'train', origins)
+    values = {}
+    for name, value in train.items():
+        key = f'train.{name}'
+        if name in ('sync', 'deterministic'):
+            values[name] = _expect(value, (bool,), key, origins, 'true or false')
+        elif name in ('steps', 'batch_size'):
+            values[name] = _positive_int(value, key, origins)
+        elif name in ('checkpoint_steps',):
+            v = _expect(value, (int,), key, origins, 'a whole number >= 0')
+            if v < 0:
+                raise origins.error(key, f'expected a whole number >= 0, got {v}')
+            values[name] = v
+        elif name == 'learning_rate' and value is None:
+            values[name] = None
+        elif name in ('learning_rate', 'checkpoint_secs', 'log_every_secs'):
+            v = _expect(value, (int, float), key, origins, 'a positive number')
+            if not v > 0 or v == float('inf'):
+                raise origins.error(key, f'expected a positive number, got {v}')
+            values[name] = float(v)
+        elif name == 'replicas_to_aggregate':
+            values[name] = None if value is None else _positive_int(value, key, origins)
+        elif name == 'seed':
+            values[name] = None if value is None else _expect(value, (int,), key, origins, 'an integer')
+        elif name in ('data', 'train_dir'):
+            v = _expect(value, (str,), key, origins, 'a path')
+            if not v.strip():
+                raise origins.error(key, 'must not be empty')
+            if name == 'train_dir' and v.startswith('~'):
+                raise origins.error(key, f'{v!r}: give an absolute path or one relative to the working '
+                                         'directory (~ would mean another home on each remote host)')
+            values[name] = v
+        elif name == 'devices':
+            values[name] = _parse_devices(value, key, origins)
+        elif name == 'transfer_dtype':
+            if value not in TRANSFER_DTYPES:
+                raise origins.error(key, f'expected one of {", ".join(TRANSFER_DTYPES)}, got {value!r}')
+            values[name] = value
+        elif name == 'program':
+            values[name] = _parse_program(value, key, origins)
+        elif name == 'command':
+            values[name] = _parse_command(value, key, origins)
+    if values.get('program') and values.get('command'):
+        raise origins.error('train.command', 'train.program and train.command exclude each other: a program is '
+                                             'called inside the worker task, a command replaces the task; keep one')
+    return TrainConfig(**values)
+
+
+_PROGRAM = re.compile(r'^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$')
+
+
+def _parse_program(value: Any, key: str, origins: Origins) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _PROGRAM.match(value.strip()):
+        raise origins.error(key, f'expected package.module:function, e.g. examples.linear_program:train, got {value!r}')
+    return value.strip()
+
+
+def _parse_command(value: Any, key: str, origins: Origins) -> tuple[str, ...] | None:
+    """A string split the way a POSIX shell splits words (no expansion), or a list of arguments."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            argv = shlex.split(value)
+        except ValueError as e:
+            raise origins.error(key, f'cannot split {value!r} into arguments: {e}') from None
+    elif isinstance(value, list) and all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in value):
+        argv = [str(v) for v in value]
+    else:
+        raise origins.error(key, f'expected a command line (a string, or a list of arguments), got {value!r}')
+    if not argv or not argv[0].strip():
+        raise origins.error(key, 'the command is empty')
+    return tuple(argv)
+
+
+def _parse_supervise(supervise: Any, origins: Origins) -> SuperviseConfig:
+    if not isinstance(supervise, dict):
+        raise origins.error('supervise', 'expected a mapping with any of ' + ', '.join(
+            f.name for f in dataclasses.fields(SuperviseConfig)))
+    fields = [f.name for f in dataclasses.fields(SuperviseConfig)]
+    _no_unknown(supervise, fields, 'supervise', origins)
+    values = {}
+    for name, value in supervise.items():
+        key = f'supervise.{name}'
+        if name == 'restart':
+            if value not in RESTART_POLICIES:    # YAML reads a bare `no`/`off` as false: say so
+                raise origins.error(key, f'expected one of {", ".join(RESTART_POLICIES)}, got {value!r}')
+            values[name] = value
+        elif name == 'max_restarts':
+            v = _expect(value, (int,), key, origins, 'a whole number >= 0')
+            if v < 0:
+                raise origins.error(key, f'expected a whole number >= 0, got {v}')
+            values[name] = v
+        elif name in ('stall_secs', 'backoff_max_secs', 'unreachable_secs'):
+            v = _expect(value, (int, float), key, origins, 'a positive number of seconds')
+            if not v > 0 or v == float('inf'):
+                raise origins.error(key, f'expected a positive number of seconds, got {v}')
+            values[name] = float(v)
+        elif name == 'backoff_secs':
+            v = _expect(value, (int, float), key, origins, 'a number of seconds >= 0')
+            if not v >= 0 or v == float('inf'):
+                raise origins.error(key, f'expected a number of seconds >= 0, got {v}')
+            values[name] = float(v)
+    return SuperviseConfig(**values)
+
+
+def _parse_isolation(value: Any, tasks: tuple[TaskSpec, ...], hosts: dict[str, HostConfig],
+                     origins: Origins) -> str:
+    if value is None:
+        value = 'none'
+    if value not in ISOLATION_MODES:
+        hint = ' (YAML reads a bare no or off as false: write none)' if value is False else ''
+        raise origins.error('isolation', f'expected one of {", ".join(ISOLATION_MODES)}, got {value!r}{hint}')
+    remote = [t for t in tasks if t.host not in LOOPBACK_NAMES or t.host in hosts]
+    if value == 'netns' and remote:
+        t = remote[0]
+        raise origins.error('isolation', f'netns runs a local cluster in a private network namespace of this '
+                                         f'machine, but {t.name} is on {t.host} (SSH): remote tasks cannot be '
+                                         'isolated that way; put their hosts on a private network or behind a '
+                                         'firewall, and drop isolation')
+    return value
+
+
+# The variables the launcher sets itself in every task: the cluster, the GPUs it gives out, its
+# lease and restart notes, and unbuffered output (the launcher reads task logs as they grow).
+LAUNCHER_ENV = ('TF_CONFIG', 'CUDA_VISIBLE_DEVICES', 'NVIDIA_VISIBLE_DEVICES', 'PYTHONUNBUFFERED',
+                'TFCLUSTER_LEASE', 'TFCLUSTER_LEASE_SECS', 'TFCLUSTER_RESTART')
+_ENV_NAME = re.compile(r'^[A-Za-z_][A-Za-z0-9_]*$')
+
+
+def _parse_env(env: Any, key: str, origins: Origins) -> dict[str, str]:
+    """A mapping of variable name to a string or a number (kept as text); null drops a name (so
+    `--set env.NAME=null` undoes the file's)."""
+    if env is None:
+        return {}
+    if not isinstance(env, dict):
+        raise origins.error(key, 'expected a mapping of variable name to value, e.g. {OMP_NUM_THREADS: 4}')
+    out = {}
+    for name, value in env.items():
+        dotted = f'{key}.{name}'
+        if not isinstance(name, str) or not _ENV_NAME.match(name):
+            shown = name if isinstance(name, str) and name.isprintable() else repr(name)
+            raise origins.error(f'{key}.{shown}', f'{name!r} is not a valid environment variable name '
+                                                  '(letters, digits and _, not starting with a digit)')
+        if name in LAUNCHER_ENV:
+            why = ('the launcher gives each worker its own GPUs (train.devices, gpus:)'
+                   if 'VISIBLE_DEVICES' in name else 'the launcher sets it for every task')
+            raise origins.error(dotted, f'{name} cannot be set in a spec: {why}')
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            hint = f' (quote it: "{str(value).lower()}")' if isinstance(value, bool) else ''
+            raise origins.error(dotted, f'expected a string or a number, got {value!r}{hint}')
+        text = str(value)
+        if '\0' in text:
+            raise origins.error(dotted, 'a value cannot hold a NUL character')
+        out[name] = text
+    return out
+
+
+def _parse_job_settings(tasks: Any, origins: Origins) -> dict[str, dict[str, str]]:
+    """`tasks: {ps: {env: {...}}, worker: {env: {...}}}`: settings for every task of one job."""
+    if tasks is None:
+        return {}
+    if not isinstance(tasks, dict):
+        raise origins.error('tasks', 'expected a mapping of job (ps, worker) to its settings, '
+                                     'e.g. {worker: {env: {OMP_NUM_THREADS: 4}}}')
+    _no_unknown(tasks, JOBS, 'tasks', origins)
+    out = {}
+    for job, settings in tasks.items():
+        settings = settings or {}
+        if not isinstance(settings, dict):
+            raise origins.error(f'tasks.{job}', 'expected a mapping with env')
+        _no_unknown(settings, ('env',), f'tasks.{job}', origins)
+        env = _parse_env(settings.get('env'), f'tasks.{job}.env', origins)
+        if env:
+            out[job] = env
+    return out
+
+
+def _parse_gpus(gpus: Any, tasks: tuple[TaskSpec, ...], origins: Origins) -> dict[str, int]:
+    """`gpus: {node1: 4, localhost: 2}`: how many GPUs a host has, so that `launch plan` (which
+    asks no host) shows the GPUs each worker gets; `up` and `check` compare it with the host's."""
+    if gpus is None:
+        return {}
+    if not isinstance(gpus, dict):
+        raise origins.error('gpus', 'expected a mapping of host name to its number of GPUs, e.g. {node1: 4}')
+    hosts = {same_machine_key(t.host) for t in tasks}
+    out: dict[str, int] = {}
+    for name, count in gpus.items():
+        key = f'gpus.{name}'
+        if not _valid_host(str(name)):
+            raise origins.error(key, f'invalid host name {name!r}')
+        if count is None:       # --set gpus.HOST=null: not given
+            continue
+        v = _expect(count, (int,), key, origins, 'a number of GPUs (a whole number >= 0)')
+        if v < 0:
+            raise origins.error(key, f'expected a whole number >= 0, got {v}')
+        if same_machine_key(str(name)) not in hosts:
+            raise origins.error(key, f'no task runs on {name}: the hosts of the cluster are '
+                                     f'{", ".join(sorted({t.host for t in tasks}))}')
+        if same_machine_key(str(name)) in {same_machine_key(h) for h in out}:
+            raise origins.error(key, f'{name} is the same machine as another entry of gpus')
+        out[str(name)] = v
+    return out
+
+
+def _positive_int(value: Any, key: str, origins: Origins) -> int:
+    v = _expect(value, (int,), key, origins, 'a positive whole number')
+    if v < 1:
+        raise origins.error(key, f'expected a positive whole number, got {v}')
+    return v
+
+
+def _parse_devices(value: Any, key: str, origins: Origins) -> str | int | tuple[str, ...]:
+    if value == 'auto':
+        return 'auto'
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 1:
+            raise origins.error(key, f'expected at least 1 tower, got {value}')
+        return value
+    if isinstance(value, list) and value:
+        devices = []
+        for i, item in enumerate(value):
+            m = _DEVICE.match(str(item).strip().lower())
+            if str(item).strip().lower() == 'auto':
+                raise origins.error(f'{key}[{i}]', 'auto cannot be mixed with a list: write devices: auto, or '
+                                                   'list the towers (e.g. [gpu:0, gpu:1])')
+            if not m:
+                raise origins.error(f'{key}[{i}]', f'expected a device like gpu:0 or cpu:0, got {item!r}')
+            devices.append(f'{m.group(1)}:{int(m.group(2))}')
+        if len(set(devices)) != len(devices):
+            raise origins.error(key, f'a device is listed twice in {value!r}')
+        return tuple(devices)
+    raise origins.error(key, f'expected auto, a number of CPU towers or a list like [gpu:0, gpu:1], got {value!r}')
+
+
+def _parse_hosts(hosts: Any, origins: Origins) -> dict[str, HostConfig]:
+    if not isinstance(hosts, dict):
+        raise origins.error('hosts', 'expected a mapping of host name to SSH settings')
+    out = {}
+    allowed = HOST_SETTINGS
+    for name, settings in hosts.items():
+        prefix = f'hosts.{name}'
+        if not _valid_host(str(name)):
+            raise origins.error(prefix, f'invalid host name {name!r}')
+        settings = settings or {}
+        if not isinstance(settings, dict):
+            raise origins.error(prefix, f'expected a mapping with any of {", ".join(allowed)}')
+        _no_unknown(settings, allowed, prefix, origins)
+        values = {}
+        for k, v in settings.items():
+            if k == 'port':
+                v = _positive_int(v, f'{prefix}.port', origins)
+                if v > 65535:
+                    raise origins.error(f'{prefix}.port', f'port must be between 1 and 65535, got {v}')
+            elif k == 'address':
+                v = _expect(v, (str,), f'{prefix}.address', origins, 'a host name or IP address')
+                if not _valid_host(v):
+                    raise origins.error(f'{prefix}.address', f'invalid host name or IP address {v!r}')
+            else:
+                v = _expect(v, (str,), f'{prefix}.{k}', origins, 'a string')
+            values[k] = v
+        out[str(name)] = HostConfig(name=str(name), **values)
+    return out
