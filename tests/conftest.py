@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import platform
 import re
 import signal
 import subprocess
@@ -80,6 +81,9 @@ def _record_spawn(event: str, args: tuple) -> None:
         _spawned.append(f'{event}: {what}{where}')
 
 
+# Importing TensorFlow asks platform.processor(), which runs `uname -p` once per interpreter: ask
+# it before the hook, so the first fast test to import TensorFlow is not taken to start a process.
+platform.processor()
 sys.addaudithook(_record_spawn)
 
 

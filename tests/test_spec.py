@@ -1,4 +1,4 @@
-"""Tests for cluster/spec.py: specs written to tmp_path, tables of good and bad inputs.
+"""Tests for cluster/spec/: specs written to tmp_path, tables of good and bad inputs.
 
 Error tests check the contract of DESIGN.md: every user error is a `SpecError` whose message is one
 line, starts with where the bad value came from (`file:LINE:` or `--set TEXT:`) and names the dotted key.

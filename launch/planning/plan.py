@@ -84,7 +84,7 @@ def netns_name(spec: ClusterSpec, cwd: str = '.') -> str:
 
 def task_env(spec: ClusterSpec, task: TaskSpec, backend: str, slot: Slot) -> dict[str, str]:
     """What the launcher sets in a task's environment: the spec's `env` (and its job's), then the
-    launcher's own variables, which a spec cannot name (cluster/spec.py LAUNCHER_ENV). GPUs: the
+    launcher's own variables, which a spec cannot name (cluster/spec/ LAUNCHER_ENV). GPUs: the
     task's slot (launch/planning/gpus.py); ps tasks and CPU towers see none; unset only for `auto` on a
     machine whose count is unknown."""
     env = {'PYTHONUNBUFFERED': '1', 'TF_CPP_MIN_LOG_LEVEL': '2', **spec.task_env(task.job),
