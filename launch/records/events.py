@@ -41,7 +41,7 @@ import time
 from typing import Any, Iterator
 
 from cluster.runtime import rundir
-from launch.records.event_types import Event, EventKind, parse_event     # noqa: F401 (re-exported)
+from launch.records.event_types import Event, EventKind, parse_event  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
 

@@ -87,11 +87,12 @@ class TimeAxis:
         label_px = 7.5 * (14 if many_days else 8) + 24
         busy = sum(b - a for a, b in kept) or 1.0
         step = next((s for s in NICE_STEPS if busy / s <= max(width_px / label_px, 2)), NICE_STEPS[-1])
-        offset = datetime.datetime.fromtimestamp(self.lo, self.tz).utcoffset().total_seconds()
+        offset = datetime.datetime.fromtimestamp(self.lo, self.tz).utcoffset() or datetime.timedelta()
         lo, hi = self.limits
-        xs, times = [], []
+        xs: list[float] = []
+        times: list[float] = []
         for a, b in kept:
-            t = math.ceil((a + offset) / step) * step - offset
+            t = math.ceil((a + offset.total_seconds()) / step) * step - offset.total_seconds()
             while t <= b:
                 x = float(self(t))
                 if not xs or (x - xs[-1]) / (hi - lo) * width_px > label_px:
@@ -228,11 +229,11 @@ def _attempt_lines(ax: Any, axis: TimeAxis, runs: list[Attempt], labels: bool) -
 def _timeline_legend(fig: Figure, ax: Any, tale: Story, tz: datetime.tzinfo) -> None:
     """What the marks mean (only those used) and, below, each fault with its time and cause."""
     used = {k for _, _, k in tale.marks}
-    handles: dict[str, Line2D] = {}      # by label: a task's and the cluster's restart share one
+    by_label: dict[str, Line2D] = {}      # a task's and the cluster's restart share one
     for kind, (label, m, s, f, e) in MARKS.items():
         if kind in used:
-            handles.setdefault(label, Line2D([], [], ls='none', marker=m, ms=min(s, 11), mfc=f, mec=e, label=label))
-    handles = list(handles.values()) + [
+            by_label.setdefault(label, Line2D([], [], ls='none', marker=m, ms=min(s, 11), mfc=f, mec=e, label=label))
+    handles: list[Any] = list(by_label.values()) + [
         Patch(color='#888888', alpha=0.85, label='task running (colour: attempt)'),
         Patch(color='#888888', alpha=0.3, label='not serving yet')]
     faults = [Line2D([], [], ls='none', label=f'F{n}  {clock(f.t, tz)}  attempt {f.attempt}  {_short(f.text, 110)}')

@@ -24,9 +24,7 @@ from launch.records.jsonrecord import finite
 from launch.records.plots import TimeAxis, clock, progress_png, timeline_png
 from launch.records.result import RunRecord
 from launch.records.runs import duration_text
-# What the page is made of, for callers and tests that look at the parts.
-from launch.records.timeline import (RUN_ROW, Attempt, Fault, Run, Story, attempts, load,  # noqa: F401
-                                     story)
+from launch.records.timeline import RUN_ROW, Attempt, Fault, Run, Story, attempts, load, story  # noqa: F401 (the parts)
 
 # -- the page ---------------------------------------------------------------------------------------
 CSS = """

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from cluster.runtime import rundir
-from launch.records.jsonrecord import (JsonRecord, json_field, read_real, read_text, read_whole)
+from launch.records.jsonrecord import JsonRecord, json_field, read_real, read_text, read_whole
 
 
 class RunState(str, enum.Enum):

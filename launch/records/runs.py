@@ -234,7 +234,8 @@ def _quick_id(train_dir: str) -> str:
                     return event['run']
     except OSError:
         pass
-    return describe(train_dir).id if holds_run(train_dir) else ''
+    info = describe(train_dir)
+    return info.id if info is not None else ''
 
 
 def resolve(ref: str, root: str = '.', depth: int = 3) -> str:

@@ -32,7 +32,7 @@ from launch.errors import UsageError
 from launch.records.event_types import (Checkpoint, Event, EventKind, Finished, FirstStep, Progress, Restart,
                                         RunStarted, Serving)
 from launch.records.events import EventLog, read_events, read_run_record
-from launch.records.result import Failure, RunRecord, RunResult, RunState   # noqa: F401 (Failure: re-exported)
+from launch.records.result import Failure, RunRecord, RunResult, RunState     # the strategies import them from here
 from launch.run.state import LockBusy, TrainDirLock
 
 log = logging.getLogger(__name__)
@@ -370,7 +370,13 @@ class Lifecycle:
 
     def checkpoint_step(self) -> int | None:
         """The step of the newest checkpoint (what a restart or a new `launch up` resumes from)."""
-        return rundir.checkpoint_step(self._strategy.read_file(rundir.checkpoint_index_path(self.spec.train.train_dir)))
+        index = self._running().read_file(rundir.checkpoint_index_path(self.spec.train.train_dir))
+        return rundir.checkpoint_step(index)
+
+    def _running(self) -> Strategy:
+        """The strategy running the tasks (known once `up` runs it)."""
+        assert self._strategy is not None, 'no strategy runs yet'
+        return self._strategy
 
     # -- following logs -------------------------------------------------------------------------
     def follow(self, name: str, lines: Callable[[threading.Event], Iterable[str]],
@@ -407,7 +413,7 @@ class Lifecycle:
         for i in range(self.spec.num_workers):
             if f'worker:{i}' in lost:
                 continue
-            text = self._strategy.read_file(rundir.result_path(self.spec.train.train_dir, i))
+            text = self._running().read_file(rundir.result_path(self.spec.train.train_dir, i))
             try:
                 found = json.loads(text) if text else None
             except ValueError:      # damaged: no figures from that worker

@@ -111,8 +111,9 @@ class LaunchState:
             raise StateError(f'{path}: cannot read the state file: {e.strerror}') from None
         if not isinstance(data, dict) or data.get('format') != FORMAT:
             found = data.get('format', 'none') if isinstance(data, dict) else 'none'
-            pids = sorted({t.get('pid') for t in (data.get('tasks') or []) if isinstance(t, dict) and t.get('pid')}
-                          if isinstance(data, dict) and isinstance(data.get('tasks'), list) else [])
+            listed: list[Any] = data['tasks'] if isinstance(data, dict) and isinstance(data.get('tasks'), list) else []
+            pids = sorted({t['pid'] for t in listed if isinstance(t, dict) and isinstance(t.get('pid'), int)
+                           and t['pid']})
             hint = f' (it names pids {", ".join(map(str, pids))})' if pids else ''
             raise StateError(f'{path}: state file of another tfcluster version (format {found}, this one reads '
                              f'{FORMAT}); if tasks of that run still live{hint}, stop them with the version that '
