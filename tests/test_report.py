@@ -133,9 +133,9 @@ def test_timeline_marks_the_lost_task_and_cuts_the_idle_night(page):
     assert tale.rows == ['run', 'ps:0', 'worker:0', 'worker:1']
     lost = [(row, kind) for row, _, kind in tale.marks if kind in ('lost', 'restart', 'interrupted')]
     assert lost == [('ps:0', 'lost'), ('run', 'restart'), ('run', 'interrupted')]
-    assert [f['text'] for f in tale.faults] == ['ps:0 was killed by SIGKILL', 'interrupted by SIGINT']
+    assert [f.text for f in tale.faults] == ['ps:0 was killed by SIGKILL', 'interrupted by SIGINT']
     assert sum(1 for row, _, kind in tale.marks if row == 'ps:0' and kind == 'restarted') == 2
-    axis = report.TimeAxis([e['_t'] for e in run.events], run.tz)
+    axis = report.TimeAxis([e.epoch for e in run.events], run.tz)
     assert len(axis.cuts) == 1 and axis.cuts[0][1] - axis.cuts[0][0] > 13 * 3600
     xs, labels = axis.ticks(1100)
     assert len(xs) >= 4 and xs == sorted(xs) and all(re.fullmatch(r'(Nov 2[34] )?\d\d:\d\d(:\d\d)?', t) for t in labels)
@@ -203,7 +203,7 @@ def test_odd_fields_and_a_run_still_going_render_without_a_traceback(tmp_path, c
     tale = report.story(report.load(str(tmp_path)))
     assert tale.rows == ['run', 'ps:0', 'chief:0', 'worker:0', 'worker:1', 'evaluator']
     assert [row for row, _, kind in tale.marks if kind == 'restarted'] == ['worker:1']
-    assert [f['text'] for f in tale.faults] == ['worker:1 exited with code 1', 'worker:1 was killed by SIGTERM',
+    assert [f.text for f in tale.faults] == ['worker:1 exited with code 1', 'worker:1 was killed by SIGTERM',
                                                 'stall of ps:0, worker:0: no new global step for 60s']
 
 

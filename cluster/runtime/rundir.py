@@ -71,6 +71,22 @@ _CHECKPOINT = re.compile(r'^model_checkpoint_path:\s*"(?:.*?)-(\d+)"\s*$', re.M)
 
 
 # -- paths ----------------------------------------------------------------------------------
+_TASK_NAME = re.compile(r'([A-Za-z_][\w-]*):([0-9]+)')
+
+
+def task_name(job: str, index: int) -> str:
+    """A task's name in logs, events and messages: `worker:3`."""
+    return f'{job}:{index}'
+
+
+def parse_task_name(name: str) -> tuple[str, int]:
+    """(job, index) of a task's name (`worker:3` -> ('worker', 3)); ValueError for anything else."""
+    m = _TASK_NAME.fullmatch(name)
+    if m is None:
+        raise ValueError(f'not a task name (JOB:INDEX): {name!r}')
+    return m.group(1), int(m.group(2))
+
+
 def spec_path(train_dir: str) -> str:
     return os.path.join(train_dir, SPEC_FILE)
 

@@ -27,7 +27,8 @@ and the fields that event names:
     interrupted    signal
     finished       result: the RunResult (see run.json)
 A reader skips a torn or damaged line (a launcher killed mid-write) with one warning, never a
-traceback.
+traceback. launch/records/event_types.py types them: `EventKind`, one dataclass per kind, and
+`parse_event` for a line read.
 """
 from __future__ import annotations
 
@@ -37,14 +38,14 @@ import logging
 import os
 import threading
 import time
-from typing import Iterator
+from typing import Any, Iterator
 
 from cluster.runtime import rundir
+from launch.records.event_types import Event, EventKind, parse_event  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
 
-EVENTS = ('run_started', 'task_started', 'serving', 'first_step', 'progress', 'checkpoint', 'task_lost',
-          'tolerated', 'stall', 'restart', 'scale', 'scaled', 'failover', 'interrupted', 'finished')
+EVENTS = tuple(kind.value for kind in EventKind)
 
 
 class EventLog:
@@ -55,12 +56,19 @@ class EventLog:
         self._lock = threading.Lock()
         self._lost = 0      # events the disk refused since the last one written
 
-    def emit(self, event: str, **fields) -> dict:
-        """Append one event. The log is a record of the run, not the run: a disk that refuses it
-        (full, read-only) costs one warning naming the file and the cause, and one more saying
-        how many events were lost once it takes them again; never a crash, never half a line."""
-        assert event in EVENTS, event
-        record = {'time': rundir.iso_time(time.time()), 'run': self.run, 'attempt': self.attempt, 'event': event, **fields}
+    def emit(self, event: Event | EventKind | str, **fields: Any) -> dict[str, Any]:
+        """Append one event: a typed one (its time, run and attempt are the log's), or a kind and
+        its fields, in the order given. The log is a record of the run, not the run: a disk that
+        refuses it (full, read-only) costs one warning naming the file and the cause, and one more
+        saying how many events were lost once it takes them again; never a crash, never half a line."""
+        if isinstance(event, Event):
+            assert not fields, fields
+            name, fields = event.name, event.payload()
+        else:
+            name = str(event)
+        assert name in EVENTS, name
+        record = {'time': rundir.iso_time(time.time()), 'run': self.run, 'attempt': self.attempt, 'event': name,
+                  **fields}
         line = json.dumps(record, default=str) + '\n'
         with self._lock:
             try:
@@ -107,6 +115,7 @@ def read_events(path: str) -> list[dict]:
 
 
 def iter_events(path: str) -> Iterator[dict]:
+    """read_events, one event at a time (the warning comes once the file is read)."""
     try:
         f = open(path, encoding='utf-8', errors='replace')
     except FileNotFoundError:

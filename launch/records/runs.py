@@ -14,18 +14,19 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator
 
 from cluster.runtime import rundir
 from launch.errors import UsageError
+from launch.records.event_types import EventKind
 from launch.records.events import read_events, read_run_record
+from launch.records.jsonrecord import read_whole
+from launch.records.result import RESULT_STATES, RunState, read_epoch   # noqa: F401 (re-exported)
 from launch.run.state import TrainDirLock
 
 log = logging.getLogger(__name__)
 
-# How an attempt ends (run.json's state); 'scaled': a sync `launch scale` restarted the cluster.
-RESULT_STATES = ('done', 'failed', 'interrupted', 'scaled')
-STEP_EVENTS = ('progress', 'first_step')
+STEP_EVENTS = (EventKind.PROGRESS, EventKind.FIRST_STEP)
 
 # Never searched for runs: a run's own output (task logs, checkpoints) and the usual big trees.
 # Hidden directories (.git, .venv, ...) are skipped as well, except the root a user names.
@@ -51,8 +52,8 @@ class RunInfo:
         spec           the spec file the run was started from (absolute path, as the launcher saw it), or ""
         backend        "local", "ssh", "compose", "slurm", ... or "" if not recorded
         state          "running" (a live launcher holds the train_dir's lock), "done", "failed",
-                       "interrupted" (the latest attempt's result), or "unknown" (the latest attempt
-                       left no result: its launcher was killed, or the files are damaged)
+                       "interrupted", "scaled" (the latest attempt's result), or "unknown" (the latest
+                       attempt left no result: its launcher was killed, or the files are damaged)
         global_step    the newest global step known (run.json, else the newest progress event), or null
         attempts       the highest attempt number seen (1, 2, ...; 0 if none is recorded)
         started        when the run's first attempt started: ISO-8601 with the UTC offset, or ""
@@ -63,16 +64,16 @@ class RunInfo:
     train_dir: str
     spec: str
     backend: str
-    state: str
+    state: RunState
     global_step: int | None
     attempts: int
     started: str
     duration_secs: float | None
     exit_code: int | None
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {'id': self.id, 'train_dir': self.train_dir, 'spec': self.spec, 'backend': self.backend,
-                'state': self.state, 'global_step': self.global_step, 'attempts': self.attempts,
+                'state': str(self.state), 'global_step': self.global_step, 'attempts': self.attempts,
                 'started': self.started, 'duration_secs': self.duration_secs, 'exit_code': self.exit_code}
 
 
@@ -94,7 +95,7 @@ def describe(train_dir: str) -> RunInfo | None:
         return None
     events = _events(train_dir)
     record = read_run_record(rundir.run_path(train_dir))
-    started_event = next((e for e in events if e.get('event') == 'run_started'), {})
+    started_event = next((e for e in events if e.get('event') == EventKind.RUN_STARTED), {})
     attempts = max([_int(e.get('attempt')) or 0 for e in events] + [_int(record.get('attempt')) or 0])
     run_id = (_str(started_event.get('run')) or next((_str(e.get('run')) for e in events if _str(e.get('run'))), '')
               or _str(record.get('id')) or os.path.basename(train_dir))
@@ -105,20 +106,20 @@ def describe(train_dir: str) -> RunInfo | None:
     holder = TrainDirLock.held(train_dir)
     step = _newest_step(events)
     if holder is not None:
-        state, exit_code, ended = 'running', None, None
+        state, exit_code, ended = RunState.RUNNING, None, None
         step = step if step is not None else _int(result.get('global_step'))
     elif result and result_attempt >= attempts and _str(result.get('state')) in RESULT_STATES:
-        state, exit_code, ended = result['state'], _int(result.get('exit_code')), _epoch(result.get('ended'))
+        state, exit_code, ended = RunState(result['state']), _int(result.get('exit_code')), _epoch(result.get('ended'))
         step = _int(result.get('global_step')) if _int(result.get('global_step')) is not None else step
     else:       # the latest attempt left no result
-        state, exit_code = 'unknown', None
+        state, exit_code = RunState.UNKNOWN, None
         ended = _epoch(events[-1].get('time')) if events else None
         step = step if step is not None else _int(result.get('global_step'))
 
     start = _epoch(started)
     if start is None:
         duration = None
-    elif state == 'running':
+    elif state == RunState.RUNNING:
         duration = max(0.0, time.time() - start)
     else:
         duration = max(0.0, ended - start) if ended is not None else None
@@ -135,7 +136,7 @@ def _latest_result(record: dict, events: list[dict], attempts: int) -> tuple[dic
     latest attempt's."""
     result, result_attempt = record, ((_int(record.get('attempt')) or attempts) if record else 0)
     for e in events:
-        if e.get('event') == 'finished' and isinstance(e.get('result'), dict):
+        if e.get('event') == EventKind.FINISHED and isinstance(e.get('result'), dict):
             attempt = _int(e.get('attempt')) or _int(e['result'].get('attempt')) or 0
             if not result or attempt > result_attempt:
                 result, result_attempt = e['result'], attempt
@@ -158,36 +159,21 @@ def _newest_step(events: list[dict]) -> int | None:
         kind = e.get('event')
         if kind in STEP_EVENTS and _int(e.get('step')) is not None:
             return _int(e.get('step'))
-        done = e.get('result') if kind == 'finished' else None
+        done = e.get('result') if kind == EventKind.FINISHED else None
         step = _int(done.get('global_step')) if isinstance(done, dict) else None
         if step is not None:
             return step
     return None
 
 
-def _int(value) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return None
+_int = read_whole      # a damaged file's number: a whole one, else None
 
 
-def _str(value) -> str:
+def _str(value: Any) -> str:
     return value if isinstance(value, str) else ''
 
 
-def _epoch(text) -> float | None:
-    """Epoch seconds of an ISO-8601 time; one without an offset is local time; None if not one."""
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        moment = datetime.datetime.fromisoformat(text.replace('Z', '+00:00'))
-    except ValueError:
-        return None
-    return moment.timestamp()
+_epoch = read_epoch    # an ISO-8601 time's epoch seconds, else None
 
 
 # -- many runs ----------------------------------------------------------------------------------
@@ -248,7 +234,8 @@ def _quick_id(train_dir: str) -> str:
                     return event['run']
     except OSError:
         pass
-    return describe(train_dir).id if holds_run(train_dir) else ''
+    info = describe(train_dir)
+    return info.id if info is not None else ''
 
 
 def resolve(ref: str, root: str = '.', depth: int = 3) -> str:

@@ -22,14 +22,17 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, TextIO
 
 from cluster.runtime import rundir
 from cluster.runtime.rundir import EXIT_OK, write_atomically
 from cluster.spec import ClusterSpec
 from launch.errors import UsageError
+from launch.records.event_types import (Checkpoint, Event, EventKind, Finished, FirstStep, Progress, Restart,
+                                        RunStarted, Serving)
 from launch.records.events import EventLog, read_events, read_run_record
+from launch.records.result import Failure, RunRecord, RunResult, RunState     # the strategies import them from here
 from launch.run.state import LockBusy, TrainDirLock
 
 log = logging.getLogger(__name__)
@@ -58,7 +61,7 @@ def is_chatter(line: str) -> bool:
 class Console:
     """Serialises output lines from many threads, each with its source as a prefix."""
 
-    def __init__(self, stream=None, width: int = 10, verbose: bool = False):
+    def __init__(self, stream: TextIO | None = None, width: int = 10, verbose: bool = False) -> None:
         self.stream = stream or sys.stdout
         self.width = width
         self.verbose = verbose
@@ -78,38 +81,6 @@ class Console:
         self.line('launch', text)
 
 
-@dataclass(frozen=True)
-class Failure:
-    """One task lost on the way: which, where, and how."""
-    task: str
-    cause: str
-    host: str = ''
-    pid: int | None = None
-
-
-@dataclass
-class RunResult:
-    """How an attempt ended: what `launch up` returns and the closing line is made of."""
-    state: str                          # 'done' | 'failed' | 'interrupted' | 'scaled'
-    exit_code: int
-    seconds: float = 0.0
-    global_step: int | None = None
-    images_per_sec: float | None = None
-    loss: float | None = None
-    restarts: int = 0
-    failures: list[Failure] = field(default_factory=list)
-    started: float = 0.0                # epoch seconds
-    ended: float = 0.0
-
-    def to_json(self, run: str, attempt: int, spec: str, backend: str, train_dir: str) -> dict:
-        """run.json: the fields `launch status --json` and `launch list --json` agree with."""
-        d = asdict(self)
-        d.update(id=run, attempt=attempt, spec=spec, backend=backend, train_dir=train_dir,
-                 started=rundir.iso_time(self.started), ended=rundir.iso_time(self.ended),
-                 seconds=round(self.seconds, 3))
-        return d
-
-
 @dataclass
 class Outcome:
     """What a strategy's run came to; the lifecycle turns it into the RunResult and closing line."""
@@ -120,11 +91,11 @@ class Outcome:
     lost: tuple[str, ...] = ()          # workers the training went on without (their figures left out)
 
     @property
-    def state(self) -> str:
+    def state(self) -> RunState:
         if self.exit_code == EXIT_OK:
-            return 'done'
-        return 'interrupted' if self.exit_code in (128 + signal.SIGINT, 128 + signal.SIGTERM,
-                                                   128 + signal.SIGHUP) else 'failed'
+            return RunState.DONE
+        return RunState.INTERRUPTED if self.exit_code in (128 + signal.SIGINT, 128 + signal.SIGTERM,
+                                                          128 + signal.SIGHUP) else RunState.FAILED
 
 
 class Strategy(abc.ABC):
@@ -179,7 +150,7 @@ def identify(spec: ClusterSpec) -> tuple[str, int]:
     return f'{stem}-{time.strftime("%Y%m%d-%H%M%S")}', 1
 
 
-def _int(value) -> int:
+def _int(value: Any) -> int:
     """An attempt number as a damaged file may hold it: anything but a whole number counts as 0."""
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
@@ -189,7 +160,7 @@ class Lifecycle:
     event log, and the closing line."""
 
     def __init__(self, spec: ClusterSpec, console: Console, backend: str = '', spec_yaml: str = '',
-                 overrides: list[str] = (), report: bool = True):
+                 overrides: Iterable[str] = (), report: bool = True) -> None:
         self.spec, self.console = spec, console
         self.report = report            # write report.html at the end of every attempt
         self.backend, self.spec_yaml, self.overrides = backend, spec_yaml, list(overrides)
@@ -272,13 +243,14 @@ class Lifecycle:
         self.console.say(f'run {self.run_id}, attempt {self.attempt}: {os.path.abspath(train_dir)} '
                          f'(`launch status {self.run_id}`, `launch logs {self.run_id}`)')
         step = rundir.checkpoint_step(rundir.read_text(rundir.checkpoint_index_path(train_dir)))
-        self.emit('run_started', spec=os.path.abspath(self.spec.path), backend=self.backend,
-                  spec_hash=hashlib.sha256(self.spec_yaml.encode()).hexdigest(),
-                  overrides=self.overrides, cwd=os.getcwd(), train_dir=os.path.abspath(train_dir),
-                  launcher_pid=os.getpid(), resumes_from=step)
+        self.emit(RunStarted(spec=os.path.abspath(self.spec.path), backend=self.backend,
+                             spec_hash=hashlib.sha256(self.spec_yaml.encode()).hexdigest(),
+                             overrides=self.overrides, cwd=os.getcwd(), train_dir=os.path.abspath(train_dir),
+                             launcher_pid=os.getpid(), resumes_from=step))
 
-    def emit(self, event: str, **fields) -> None:
-        """Append an event to the run's log; a log that cannot be written is a warning, not a crash."""
+    def emit(self, event: Event | EventKind | str, **fields: Any) -> None:
+        """Append an event to the run's log (a typed one, or a kind and its fields: EventLog.emit);
+        a log that cannot be written is a warning, not a crash."""
         if self.events is None:
             return
         try:
@@ -291,10 +263,9 @@ class Lifecycle:
         """A restart. Of some tasks (`tasks`): one event, the attempt goes on. Of the cluster: the
         attempt ends (its result `ended` in run.json and the report, as any attempt's end) and
         the next begins."""
+        self.emit(Restart(cause=cause, from_step=from_step, tasks=list(tasks) or None))
         if tasks:
-            self.emit('restart', cause=cause, from_step=from_step, tasks=list(tasks))
             return
-        self.emit('restart', cause=cause, from_step=from_step)
         if ended is not None:
             ended.started, ended.ended = self._attempt_started, time.time()
             ended.seconds = ended.ended - ended.started
@@ -308,10 +279,11 @@ class Lifecycle:
             if self.events is not None:
                 self.events.attempt = self.attempt
 
-    def task_started(self, task: str, **where) -> None:
+    def task_started(self, task: str, **where: Any) -> None:
+        """`where`: host, and pid, container or job (the backend's words, in its order: the event keeps it)."""
         with self._seen_lock:
             self._serving.discard(task)
-        self.emit('task_started', task=task, **where)
+        self.emit(EventKind.TASK_STARTED, task=task, **where)
 
     def saw_line(self, task: str, line: str, worker: bool, chief: bool) -> dict | None:
         """What a task's log line tells the event log: that it serves, this attempt's first step,
@@ -324,17 +296,17 @@ class Lifecycle:
         with self._seen_lock:
             if serving and task not in self._serving:
                 self._serving.add(task)
-                self.emit('serving', task=task)
+                self.emit(Serving(task=task))
             if saved is not None and saved != self._saved:      # a stopped chief says it twice
                 self._saved = saved
-                self.emit('checkpoint', step=saved)
+                self.emit(Checkpoint(step=saved))
             if found is None:
                 return None
             if not self._stepped:
                 self._stepped = True
-                self.emit('first_step', step=found['step'])
+                self.emit(FirstStep(step=found['step']))
             if chief:
-                self.emit('progress', **found)
+                self.emit(Progress(**found))
         return found
 
     def _run(self, strategy: Strategy) -> RunResult:
@@ -352,16 +324,17 @@ class Lifecycle:
                            restarts=outcome.restarts, failures=list(outcome.failures), started=started,
                            ended=time.time())
         self._add_figures(result, outcome.lost)
-        if outcome.state == 'done':
+        if outcome.state == RunState.DONE:
             self.console.say(outcome.headline + self.summary(result, outcome.lost))
-        elif outcome.state == 'interrupted':
+        elif outcome.state == RunState.INTERRUPTED:
             self.console.say(f'stopped; {resume_hint(self.checkpoint_step())}')
-        self.emit('finished', result=self._as_record(result))
+        self.emit(Finished(result=self._as_record(result)))
         self._write_result(result)
         return result
 
-    def _as_record(self, result: RunResult) -> dict:
-        return result.to_json(self.run_id, self.attempt, os.path.abspath(self.spec.path), self.backend,
+    def _as_record(self, result: RunResult) -> RunRecord:
+        """run.json's record of this attempt's result."""
+        return result.record(self.run_id, self.attempt, os.path.abspath(self.spec.path), self.backend,
                               os.path.abspath(self.spec.train.train_dir))
 
     def _write_result(self, result: RunResult) -> None:
@@ -370,7 +343,7 @@ class Lifecycle:
         train_dir = self.spec.train.train_dir
         record = self._as_record(result)
         try:
-            write_atomically(rundir.run_path(train_dir), json.dumps(record, indent=1) + '\n')
+            write_atomically(rundir.run_path(train_dir), json.dumps(record.to_json(), indent=1) + '\n')
         except OSError as e:
             log.warning('cannot write %s: %s', rundir.run_path(train_dir), e.strerror)
         if not self.report:
@@ -381,7 +354,7 @@ class Lifecycle:
         except Exception as e:      # the report is a convenience: never the reason a run fails
             log.warning('could not write the report: %s: %s', type(e).__name__, e)
 
-    def _on_signal(self, signum, frame):
+    def _on_signal(self, signum: int, frame: Any) -> None:
         if not self.interrupted.is_set():
             self.signum = signum
             self.interrupted.set()
@@ -397,7 +370,13 @@ class Lifecycle:
 
     def checkpoint_step(self) -> int | None:
         """The step of the newest checkpoint (what a restart or a new `launch up` resumes from)."""
-        return rundir.checkpoint_step(self._strategy.read_file(rundir.checkpoint_index_path(self.spec.train.train_dir)))
+        index = self._running().read_file(rundir.checkpoint_index_path(self.spec.train.train_dir))
+        return rundir.checkpoint_step(index)
+
+    def _running(self) -> Strategy:
+        """The strategy running the tasks (known once `up` runs it)."""
+        assert self._strategy is not None, 'no strategy runs yet'
+        return self._strategy
 
     # -- following logs -------------------------------------------------------------------------
     def follow(self, name: str, lines: Callable[[threading.Event], Iterable[str]],
@@ -407,7 +386,7 @@ class Lifecycle:
         self.unfollow([name])
         stop = threading.Event()
 
-        def pump():
+        def pump() -> None:
             for line in lines(stop):
                 if on_line is not None:
                     try:
@@ -419,7 +398,7 @@ class Lifecycle:
         t.start()
         self._followers[name] = (t, stop)
 
-    def unfollow(self, names) -> None:
+    def unfollow(self, names: Iterable[str]) -> None:
         """Stop following these logs, once what is there has been read."""
         stopping = [self._followers.pop(n) for n in names if n in self._followers]
         for _, stop in stopping:
@@ -434,7 +413,7 @@ class Lifecycle:
         for i in range(self.spec.num_workers):
             if f'worker:{i}' in lost:
                 continue
-            text = self._strategy.read_file(rundir.result_path(self.spec.train.train_dir, i))
+            text = self._running().read_file(rundir.result_path(self.spec.train.train_dir, i))
             try:
                 found = json.loads(text) if text else None
             except ValueError:      # damaged: no figures from that worker

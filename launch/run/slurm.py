@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Callable
+from typing import Any, Callable, Iterable
 
 from cluster.runtime import rundir
 from cluster.runtime.rundir import EXIT_FAILED, EXIT_OK, EXIT_USAGE, write_atomically
@@ -26,7 +26,9 @@ from cluster.spec import ClusterSpec
 from launch import system
 from launch.errors import UsageError
 from launch.backends.base import follow_file
-from launch.run.lifecycle import CHECKPOINT_GRACE_SECS, Failure, Lifecycle, Outcome, Strategy, resume_hint
+from launch.records.event_types import Interrupted, TaskLost
+from launch.records.result import Failure
+from launch.run.lifecycle import CHECKPOINT_GRACE_SECS, Lifecycle, Outcome, Strategy, resume_hint
 from launch.render.sbatch import heterogeneous
 
 log = logging.getLogger(__name__)
@@ -142,12 +144,12 @@ def name_ranks(line: str, spec: ClusterSpec) -> str:
         ranks = _ranks(m.group(2))
         if not ranks or max(ranks) >= spec.num_ps + spec.num_workers:
             return m.group(0)
-        names = ', '.join('%s:%d' % job_of(r, spec.num_ps) for r in ranks)
+        names = ', '.join(rundir.task_name(*job_of(r, spec.num_ps)) for r in ranks)
         return f'{m.group(1)} {m.group(2)} ({names}):'
     return _RANKS.sub(named, line)
 
 
-def first_failure(lines, spec: ClusterSpec) -> str | None:
+def first_failure(lines: Iterable[str], spec: ClusterSpec) -> str | None:
     """The first task srun reports as failed, from the batch log: 'ps:0 (Exited with exit code 2)'.
     (The job's exit code is srun's, the highest of all its tasks', often the 143 of the tasks
     that were stopped because of this one.) None in a heterogeneous job (see name_ranks)."""
@@ -157,11 +159,11 @@ def first_failure(lines, spec: ClusterSpec) -> str | None:
         m = re.search(r'srun: error: \S+: tasks? ([\d,-]+): (.+)$', line)
         ranks = _ranks(m.group(1)) if m else []
         if ranks and max(ranks) < spec.num_ps + spec.num_workers:
-            return ', '.join('%s:%d' % job_of(r, spec.num_ps) for r in ranks) + f' ({m.group(2).strip()})'
+            return ', '.join(rundir.task_name(*job_of(r, spec.num_ps)) for r in ranks) + f' ({m.group(2).strip()})'
     return None
 
 
-def make_strategy(spec: ClusterSpec, opts) -> 'SlurmRun':
+def make_strategy(spec: ClusterSpec, opts: Any) -> 'SlurmRun':
     """The registry's factory: `up --backend slurm` runs the spec as one batch job (launch/render/sbatch.py)."""
     from launch.render import sbatch as slurm
     missing = missing_command()
@@ -220,7 +222,7 @@ class SlurmRun(Strategy):
             self._follow()
             info = self._watch()
             if life.interrupted.is_set():
-                life.emit('interrupted', signal=life.signal_name)
+                life.emit(Interrupted(signal=life.signal_name))
                 self._cancel(f'{life.signal_name} received')
                 return Outcome(128 + life.signum)
             return self._report(info, time.monotonic() - t0)
@@ -321,12 +323,12 @@ class SlurmRun(Strategy):
         if first and state != 'CANCELLED':
             why += f'; the first task to fail: {first}'
             task = first.split(' ', 1)[0].rstrip(',')
-            job, _, index = task.partition(':')
+            job, index = rundir.parse_task_name(task)
             exit_code = re.search(r'exit code (\d+)', first)
             error = rundir.last_error_line((self.read_file(rundir.attempt_log_path(
-                self.train_dir, self.life.attempt, job, int(index or 0))) or '').splitlines())
+                self.train_dir, self.life.attempt, job, index)) or '').splitlines())
             failures.append(Failure(task, first))
-            self.life.emit('task_lost', task=task, cause=first, exit_code=int(exit_code.group(1)) if exit_code else None,
-                           signal=None, error=error)
+            self.life.emit(TaskLost(task=task, cause=first, exit_code=int(exit_code.group(1)) if exit_code else None,
+                                    signal=None, error=error))
         say(f'error: job {self.job} ended {why}; {resume_hint(self.life.checkpoint_step())}; task logs in {self.logs}')
         return Outcome(code, failures=failures)

@@ -7,6 +7,7 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 from cluster.runtime.rundir import lock_path, write_atomically
 from launch.backends.base import TaskRecord
@@ -23,6 +24,57 @@ class LockBusy(Exception):
     """Another launcher holds the train_dir: the message says which."""
 
 
+class _AlsoADict(dict):
+    """An entry is also the dict of its JSON, so that code written against the state file's old
+    dict entries (state.progress['global_step'], json.dumps(state.workers)) reads it unchanged;
+    the fields are the interface."""
+
+
+@dataclass(frozen=True, eq=False)
+class StepSeen(_AlsoADict):
+    """The newest global step the launcher saw, for `launch status`."""
+    global_step: int | None
+    steps: int | None               # train.steps: the step the training ends at
+    at: float | None                # epoch seconds: when the step was seen
+
+    def __post_init__(self) -> None:
+        dict.update(self, self.to_json())
+
+    def to_json(self) -> dict[str, Any]:
+        return {'global_step': self.global_step, 'steps': self.steps, 'at': self.at}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> 'StepSeen':
+        return cls(global_step=data.get('global_step'), steps=data.get('steps'), at=data.get('at'))
+
+
+@dataclass(frozen=True, eq=False)
+class WorkerPool(_AlsoADict):
+    """The workers of the run: the pool the spec names, those running, and a `launch scale` under way."""
+    pool: int | None                # the spec's worker count
+    live: list[int]                 # the indices of the workers that run
+    scaling: int | None = None      # the worker count a `launch scale` asked for, while it is carried out
+
+    def __post_init__(self) -> None:
+        dict.update(self, self.to_json())
+
+    def to_json(self) -> dict[str, Any]:
+        return {'pool': self.pool, 'live': list(self.live), 'scaling': self.scaling}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> 'WorkerPool':
+        return cls(pool=data.get('pool'), live=list(data.get('live') or []), scaling=data.get('scaling'))
+
+
+def _entry(cls: Any, value: Any) -> Any:
+    """An entry of the state file as its dataclass (None stays None); TypeError if it is not an object."""
+    if value is None or isinstance(value, cls):
+        return value
+    if not isinstance(value, Mapping):
+        raise TypeError(f'{cls.__name__}: not an object: {value!r}')
+    return cls.from_json(value)
+
+
 @dataclass
 class LaunchState:
     spec: str
@@ -30,15 +82,19 @@ class LaunchState:
     launcher_ident: str
     started: float
     tasks: list[TaskRecord] = field(default_factory=list)
-    progress: dict | None = None     # {'global_step', 'steps', 'at' (epoch seconds)}: the newest step seen
+    progress: StepSeen | None = None
     restarts: int = 0
-    workers: dict | None = None      # {'pool', 'live' (indices), 'scaling' (the count asked for, or null)}
+    workers: WorkerPool | None = None
 
     def save(self, path: str) -> None:
+        """Write the state file (whole: a reader never sees half of it). An entry given as a plain
+        dict (the supervisor's) is written as its dataclass would be."""
         os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
+        progress, workers = _entry(StepSeen, self.progress), _entry(WorkerPool, self.workers)
         data = {'format': FORMAT, 'spec': self.spec, 'launcher_pid': self.launcher_pid, 'launcher_ident': self.launcher_ident,
                 'started': self.started, 'tasks': [t.to_dict() for t in self.tasks],
-                'progress': self.progress, 'restarts': self.restarts, 'workers': self.workers}
+                'progress': None if progress is None else progress.to_json(), 'restarts': self.restarts,
+                'workers': None if workers is None else workers.to_json()}
         write_atomically(path, json.dumps(data, indent=1))
 
     @classmethod
@@ -55,16 +111,19 @@ class LaunchState:
             raise StateError(f'{path}: cannot read the state file: {e.strerror}') from None
         if not isinstance(data, dict) or data.get('format') != FORMAT:
             found = data.get('format', 'none') if isinstance(data, dict) else 'none'
-            pids = sorted({t.get('pid') for t in (data.get('tasks') or []) if isinstance(t, dict) and t.get('pid')}
-                          if isinstance(data, dict) and isinstance(data.get('tasks'), list) else [])
+            listed: list[Any] = data['tasks'] if isinstance(data, dict) and isinstance(data.get('tasks'), list) else []
+            pids = sorted({t['pid'] for t in listed if isinstance(t, dict) and isinstance(t.get('pid'), int)
+                           and t['pid']})
             hint = f' (it names pids {", ".join(map(str, pids))})' if pids else ''
             raise StateError(f'{path}: state file of another tfcluster version (format {found}, this one reads '
                              f'{FORMAT}); if tasks of that run still live{hint}, stop them with the version that '
                              'started them or by hand, then remove the file')
         try:
             tasks = [TaskRecord.from_dict(t) for t in data.pop('tasks', [])]
+            entries = {'progress': _entry(StepSeen, data.pop('progress', None)),
+                       'workers': _entry(WorkerPool, data.pop('workers', None))}
             known = set(cls.__dataclass_fields__)
-            return cls(tasks=tasks, **{k: v for k, v in data.items() if k in known})
+            return cls(tasks=tasks, **entries, **{k: v for k, v in data.items() if k in known})
         except (TypeError, KeyError, AttributeError) as e:
             raise StateError(f'{path}: damaged state file ({type(e).__name__}: {e}); if tasks of that run '
                              'still live, stop them by hand, then remove the file') from None

@@ -1,0 +1,266 @@
+"""What happened in a run, read from its records for `launch report`: the events in time order,
+the attempts (when, from which step, how far, how each ended), each task's life within an attempt
+(a bar of the timeline), the marks on the timeline and the numbered faults.
+
+Built from `events.jsonl`, `run.json` and `spec.yaml` only; drawing is launch/records/plots.py's,
+the page launch/records/report.py's.
+"""
+from __future__ import annotations
+
+import datetime
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from cluster.runtime import rundir
+from launch.records.event_types import (Checkpoint, Event, Failover, Finished, FirstStep, Interrupted, Progress,
+                                        Restart, RunStarted, Scale, Serving, Stall, TaskLost, TaskStarted, Tolerated,
+                                        parse_event)
+from launch.records.events import read_events, read_run_record
+from launch.records.result import RunRecord, RunState
+
+log = logging.getLogger(__name__)
+
+RUN_ROW = 'run'
+
+
+# -- reading the run ---------------------------------------------------------------------------------
+@dataclass
+class Run:
+    """Everything the page shows, read once; events sorted by time, each with a readable time."""
+    train_dir: str
+    events: list[Event]
+    result: RunRecord           # run.json, else the last `finished` event's result, else an empty one
+    result_source: str          # where `result` came from, for the page to say
+    spec_text: str | None
+    tz: datetime.tzinfo
+
+
+def load(train_dir: str) -> Run:
+    events = _timed(read_events(rundir.events_path(train_dir)), rundir.events_path(train_dir))
+    result, source = RunRecord.from_json(read_run_record(rundir.run_path(train_dir))), 'run.json'
+    if result.is_empty():
+        finished = [e.result for e in events if isinstance(e, Finished) and e.result is not None]
+        result, source = (finished[-1], 'the last finished event') if finished else (result, '')
+    tz = (datetime.datetime.fromisoformat(events[0].time).tzinfo if events else None) or _local_tz()
+    return Run(train_dir, events, result, source, rundir.read_text(rundir.spec_path(train_dir)), tz)
+
+
+def _timed(lines: Iterable[dict[str, Any]], path: str) -> list[Event]:
+    """The events with a readable time and attempt, in time order: a hand-edited or foreign line
+    with neither cannot be placed on a time axis, so it is left out (one warning, as for a torn line)."""
+    out, bad = [], 0
+    for line in lines:
+        try:
+            event = parse_event(line)
+            event.epoch         # noqa: B018 (a time that does not parse raises here)
+        except ValueError:
+            bad += 1
+            continue
+        out.append(event)
+    if bad:
+        log.warning('%s: left out %d event(s) without a readable time or attempt', path, bad)
+    out.sort(key=lambda e: e.epoch)       # stable: events of one instant keep the order they were written in
+    return out
+
+
+def _local_tz() -> datetime.tzinfo:
+    tz = datetime.datetime.now().astimezone().tzinfo
+    assert tz is not None
+    return tz
+
+
+# -- the attempts ------------------------------------------------------------------------------------
+@dataclass
+class Attempt:
+    number: int
+    start: float
+    end: float
+    ended: str = 'no end recorded'
+    step: int | None = None
+    resumed_from: int | None = None
+    lost: list[str] = field(default_factory=list)
+
+
+def attempts(run: Run) -> list[Attempt]:
+    """One row per attempt: when, from which step, how far, and how it ended."""
+    out: dict[int, Attempt] = {}
+    resume = None
+    for e in run.events:
+        a = out.get(e.attempt)
+        if a is None:
+            a = out[e.attempt] = Attempt(e.attempt, e.epoch, e.epoch, resumed_from=resume)
+        a.end = e.epoch
+        resume = _account(a, e, resume)
+    if out:
+        last = out[max(out)]
+        if last.ended == 'no end recorded':
+            last.ended = 'no end recorded yet (still running, or its launcher was killed)'
+    return [out[n] for n in sorted(out)]
+
+
+def _account(a: Attempt, e: Event, resume: int | None) -> int | None:
+    """Fold one event into its attempt; returns the step the next attempt resumes from."""
+    if isinstance(e, (FirstStep, Progress, Checkpoint)) and e.step is not None:
+        a.step = max(a.step or 0, e.step)
+    elif isinstance(e, RunStarted):
+        a.resumed_from = e.resumes_from
+    elif isinstance(e, TaskLost):
+        a.lost.append(e.task or '?')
+    elif isinstance(e, Restart) and not e.tasks:
+        a.ended = f'restarted: {_or(e.cause)}'
+        return e.from_step
+    elif isinstance(e, Interrupted):
+        a.ended = f'interrupted by {e.signal or "a signal"}'
+    elif isinstance(e, Finished) and not a.ended.startswith('interrupted'):
+        a.ended = _how_finished(e.result)
+    return resume
+
+
+def _how_finished(result: RunRecord | None) -> str:
+    if result is None:
+        return 'finished'
+    state, code = result.state if result.has('state') else '?', result.exit_code
+    causes = [f.cause for f in result.failures or () if f.cause]
+    text = f'finished: {state}' + (f' (exit code {code})' if code not in (0, None) else '')
+    return text + (f': {causes[0]}' if causes else '')
+
+
+def _or(text: str | None, default: str = '?') -> str:
+    return default if text is None else text
+
+
+# -- the timeline's content: task segments, marks and faults ------------------------------------------
+@dataclass
+class Segment:
+    """One task's life within one attempt: a bar on the timeline."""
+    task: str
+    attempt: int
+    start: float
+    serving: float | None = None
+    end: float | None = None
+
+
+@dataclass(frozen=True)
+class Fault:
+    """Something that went wrong, numbered F1.. on the page: when, in which attempt, on which row
+    of the timeline (a task, or the run's), what, and the task's last Python error if known."""
+    t: float
+    attempt: int
+    row: str
+    text: str
+    error: str | None = None
+
+
+@dataclass
+class Story:
+    """The timeline's content: rows top to bottom, bars, marks (row, time, kind) and numbered faults."""
+    rows: list[str]
+    segments: list[Segment]
+    marks: list[tuple[str, float, str]]
+    faults: list[Fault]
+
+
+def story(run: Run) -> Story:
+    """Walk the events once, opening a task's bar when it starts and closing it when it is lost,
+    the cluster restarts or the attempt ends."""
+    walk = _Walk({a.number: a.end for a in attempts(run)})
+    for e in run.events:
+        walk.close_older(e.attempt)
+        walk.see(e)
+    walk.close_older(None)
+    tasks = sorted({s.task for s in walk.segments} | {m[0] for m in walk.marks if m[0] != RUN_ROW}, key=task_order)
+    return Story([RUN_ROW] + tasks, walk.segments, walk.marks, walk.faults)
+
+
+class _Walk:
+    """The walk of story(): the open bars (`live`, by task) and what has been found so far."""
+
+    def __init__(self, attempt_end: dict[int, float]):
+        self.attempt_end = attempt_end
+        self.live: dict[str, Segment] = {}
+        self.seen: set[str] = set()         # tasks started before: their next start is a restart
+        self.segments: list[Segment] = []
+        self.marks: list[tuple[str, float, str]] = []
+        self.faults: list[Fault] = []
+
+    def close_older(self, attempt: int | None) -> None:
+        """End the bars of attempts before `attempt` (None: all) where their attempt ended: the
+        attempt ended with no word of the task."""
+        for task, seg in list(self.live.items()):
+            if attempt is None or seg.attempt < attempt:
+                seg.end = self.attempt_end[seg.attempt]
+                del self.live[task]
+
+    def see(self, e: Event) -> None:
+        t, task, mark = e.epoch, getattr(e, 'task', None) or '', self.marks.append
+        if isinstance(e, TaskStarted):
+            self._start(task, e.attempt, t)
+        elif isinstance(e, Serving) and task in self.live and self.live[task].serving is None:
+            self.live[task].serving = t
+            mark((task, t, 'serving'))
+        elif isinstance(e, (FirstStep, Checkpoint)):
+            mark((RUN_ROW, t, e.name))
+        elif isinstance(e, TaskLost):
+            self._end(task, t)
+            mark((task, t, 'lost'))
+            self._fault(e, task, lost_text(e), e.error)
+        elif isinstance(e, Tolerated):
+            mark((task, t, 'tolerated'))
+        elif isinstance(e, Stall):
+            mark((RUN_ROW, t, 'stall'))
+            tasks = ', '.join(e.tasks or ())
+            self._fault(e, RUN_ROW, f'stall{" of " + tasks if tasks else ""}: {_or(e.cause)}')
+        elif isinstance(e, Scale):
+            mark((RUN_ROW, t, 'scale'))
+        elif isinstance(e, Failover):
+            mark((task, t, 'failover'))
+            self._fault(e, task, f'{task}\'s host could not be reached: {_or(e.to)} started in its place')
+        elif isinstance(e, Interrupted):
+            mark((RUN_ROW, t, 'interrupted'))
+            self._fault(e, RUN_ROW, f'interrupted by {e.signal or "a signal"}')
+        elif isinstance(e, Restart) and not e.tasks:       # a task's own restart shows as its new start
+            mark((RUN_ROW, t, 'restart'))
+            self._stop_all(t)
+        elif isinstance(e, Finished):
+            state = e.result.state if e.result is not None else None
+            mark((RUN_ROW, t, str(state) if state in (RunState.DONE, RunState.FAILED) else 'ended'))
+            self._stop_all(t)
+
+    def _start(self, task: str, attempt: int, t: float) -> None:
+        self._end(task, t)
+        self.live[task] = Segment(task, attempt, t)
+        self.segments.append(self.live[task])
+        self.marks.append((task, t, 'restarted' if task in self.seen else 'started'))
+        self.seen.add(task)
+
+    def _end(self, task: str, t: float) -> None:
+        if task in self.live:
+            self.live.pop(task).end = t
+
+    def _stop_all(self, t: float) -> None:
+        for task, seg in list(self.live.items()):
+            seg.end = t
+            self.marks.append((task, t, 'stopped'))
+        self.live.clear()
+
+    def _fault(self, e: Event, row: str, text: str, error: str | None = None) -> None:
+        self.faults.append(Fault(e.epoch, e.attempt, row, text, error))
+
+
+def lost_text(e: TaskLost) -> str:
+    """The cause as the supervisor said it, with the signal or exit code when it does not say them."""
+    cause = e.cause or f'{e.task or "?"} lost'
+    if e.signal:
+        return cause if e.signal in cause else f'{cause} ({e.signal})'
+    code = e.exit_code
+    return cause if code is None or f'code {code}' in cause else f'{cause} (exit code {code})'
+
+
+def task_order(name: str) -> tuple[int, str, int, str]:
+    """ps tasks first, then the chief, then workers, each by index: the order of a spec's cluster."""
+    try:
+        job, index = rundir.parse_task_name(name)
+    except ValueError:
+        job, index = name.partition(':')[0], 0
+    return {'ps': 0, 'chief': 1, 'worker': 2}.get(job, 3), job, index, name.partition(':')[2]
