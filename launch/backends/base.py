@@ -378,6 +378,24 @@ def touch_leases(plans: list[TaskPlan], root: str | None = None, text: str | Non
             open(path, 'a').close()
 
 
+def proc_stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state first), or None if it is gone."""
+    try:
+        with open(f'/proc/{pid}/stat') as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return stat[stat.rindex(')') + 2:].split()
+
+
+def process_ident(pid: int) -> str | None:
+    """The kernel's start time of `pid` on this machine (field 22 of /proc/PID/stat); None if it
+    is gone or a zombie. With the pid it names one process for good: a reused pid has another
+    start time. The launcher's own identity (the state file) and the local backend's tasks use it."""
+    fields = proc_stat_fields(pid)
+    return None if fields is None or fields[0] in 'ZX' else fields[19]
+
+
 def tail(lines: Iterable[str], n: int = 15) -> list[str]:
     out: list[str] = []
     for line in lines:

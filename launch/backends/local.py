@@ -17,7 +17,8 @@ from launch.errors import UsageError
 from cluster.runtime.rundir import read_text, write_atomically
 from launch.backends.base import (ENDED, GPU_COUNT_SH, HOST_PROBE, RUNNING, STOP_GRACE_SECS, Backend, BackendError, HostCheck,
                             Observation, TaskRecord, follow_file, handle_of, link_attempt_log,
-                            parse_gpu_count, planned_record, touch_leases, wait_all)
+                            parse_gpu_count, planned_record, proc_stat_fields, process_ident,
+                            touch_leases, wait_all)
 from launch.planning.plan import TaskPlan
 
 log = logging.getLogger(__name__)
@@ -50,31 +51,15 @@ def inherited(environ) -> dict[str, str]:
     return {k: v for k, v in environ.items() if k in INHERITED or k.startswith(INHERITED_PREFIXES)}
 
 
-def _stat_fields(pid: int) -> list[str] | None:
-    """The fields of /proc/PID/stat after the command name (state first), or None if it is gone."""
-    try:
-        with open(f'/proc/{pid}/stat') as f:
-            stat = f.read()
-    except OSError:
-        return None
-    return stat[stat.rindex(')') + 2:].split()
-
-
-def process_ident(pid: int) -> str | None:
-    """The kernel's start time of `pid` (field 22 of /proc/PID/stat); None if it is gone or a zombie."""
-    fields = _stat_fields(pid)
-    return None if fields is None or fields[0] in 'ZX' else fields[19]
-
-
 def process_state(pid: int) -> str | None:
     """The one-letter state of `pid` (R, S, D, T, Z, ...), or None if it is gone."""
-    fields = _stat_fields(pid)
+    fields = proc_stat_fields(pid)
     return fields[0] if fields else None
 
 
 def process_cpu_seconds(pid: int) -> float | None:
     """User + system time of every thread of `pid` so far, or None if it is gone."""
-    fields = _stat_fields(pid)
+    fields = proc_stat_fields(pid)
     return None if fields is None else (int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK')
 
 

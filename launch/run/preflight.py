@@ -11,9 +11,8 @@ from cluster.spec import ClusterSpec
 from launch.run import exposure
 from launch.backends import netns
 from launch.run import registry
-from launch.backends.base import stop_all
+from launch.backends.base import process_ident, stop_all
 from launch.errors import UsageError
-from launch.backends.local import process_ident
 from launch.planning.plan import TaskPlan, state_path
 from launch.run.state import LaunchState
 

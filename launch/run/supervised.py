@@ -25,10 +25,9 @@ from cluster.runtime.membership import Members
 from cluster.spec import ClusterSpec
 from launch.run import control
 from launch.run import policy as supervise
-from launch.backends.base import ENDED, UNKNOWN, Backend, BackendError, TaskRecord, stop_all, tail
+from launch.backends.base import ENDED, UNKNOWN, Backend, BackendError, TaskRecord, process_ident, stop_all, tail
 from launch.run.lifecycle import (CHECKPOINT_GRACE_SECS, Failure, Lifecycle, Outcome, RunResult, Strategy, is_chatter,
                               resume_hint)
-from launch.backends.local import process_ident
 from launch.planning.plan import TaskPlan, state_path
 from launch.run.state import LaunchState
 from launch.run.policy import Action, Decision, Policy, Progress, TaskState, TaskStatus, describe_exit
