@@ -160,6 +160,8 @@ class Scaling:
             self._end(op, Reply.FAILED, f'the change did not take effect within {op.secs:.0f}s')
 
     def _begin(self, request: dict) -> None:
+        """A new request: refused, answered at once (the count is met), or begun: live in async
+        training, through a checkpoint and a restart in sync training."""
         run = self.run
         want, now = request['workers'], run.members
         why = refusal(run.spec, want)

@@ -6,10 +6,11 @@ What happens when a task is lost or the run stops making progress is decided by
 decisions out, and makes sure nothing is left running whichever way the run ends. Every stop asks
 the chief for a checkpoint first, while the ps tasks still hold the variables.
 
-The loop is here; its parts have modules of their own: the wait for the servers
-(launch/run/startup.py), what one attempt has seen (launch/run/attempt.py), the words of a
-fault (launch/run/faults.py), live scaling (launch/run/scaling.py) and failover onto spares
-(launch/run/failover.py).
+The loop is here (start, observe, decide, act, tear down); its parts have modules of their own:
+the wait for the servers (launch/run/startup.py), what one attempt has seen
+(launch/run/attempt.py), what is done about a fault (launch/run/recovery.py, with failover onto
+spares in launch/run/failover.py), the words of a fault (launch/run/faults.py) and live scaling
+(launch/run/scaling.py).
 """
 from __future__ import annotations
 
@@ -147,6 +148,7 @@ class SupervisedRun(Strategy):
         self.wait_ready(t0)
 
     def _failed(self, e: TaskFailed) -> Outcome:
+        """The run cannot go on: its line and the task's last log lines, then its outcome."""
         self.say(f'error: {e}')
         for line in e.log_tail:
             self.say(f'    {line}')
@@ -308,6 +310,10 @@ class SupervisedRun(Strategy):
         self._start(plans if restart is None else [dataclasses.replace(p, restart=restart) for p in plans])
         self.wait_ready(t0)
 
+    def _active_plans(self) -> list[TaskPlan]:
+        """The ps tasks and the live workers."""
+        return [p for p in self.plans if p.task.job == 'ps' or p.task.index in self.members.workers]
+
     def wait_ready(self, t0: float) -> None:
         wait_for_servers(self.records, self.backends, t0 + self.start_timeout, self.interrupted,
                          reported=lambda name: self.serving[name].is_set())
@@ -376,10 +382,6 @@ class SupervisedRun(Strategy):
                 self._renew(name)
             except Exception as e:      # a host that cannot be reached now: the poll reports it
                 log.debug('lease renewal failed: %s', e)
-
-    def _active_plans(self) -> list[TaskPlan]:
-        """The ps tasks and the live workers."""
-        return [p for p in self.plans if p.task.job == 'ps' or p.task.index in self.members.workers]
 
     def save_state(self) -> None:
         """The state file `launch status` reads: the tasks, the newest step, the restarts, the workers."""
