@@ -12,7 +12,7 @@ import socket
 import threading
 import time
 from dataclasses import asdict, dataclass, fields, is_dataclass
-from typing import Any, Iterable, Iterator, TypeVar
+from typing import Any, Iterable, Iterator, Mapping, TypeVar
 
 import grpc
 
@@ -308,7 +308,7 @@ def decode_exit(code: int) -> int:
     return -(code - 128) if 128 < code < 128 + 65 else code
 
 
-def stop_all(records: list[TaskRecord], backends: dict, grace: float = STOP_GRACE_SECS) -> None:
+def stop_all(records: list[TaskRecord], backends: Mapping[str, Backend], grace: float = STOP_GRACE_SECS) -> None:
     """Stop every record's task, each backend taking all of its own at once (one shared deadline)."""
     by_backend: dict[str, list[TaskRecord]] = {}
     for r in records:

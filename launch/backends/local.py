@@ -11,10 +11,12 @@ import subprocess
 import time
 from dataclasses import dataclass
 
+import psutil
+
 from cluster.runtime import hostinfo
 from cluster.task import port_in_use
 from launch.backends import netns
-from launch.backends.procstat import STATE, STIME, UTIME, read_stat_fields, start_time
+from launch.backends.procstat import process_ident
 from launch.errors import UsageError
 from cluster.runtime.rundir import read_text, write_atomically
 from launch.backends.base import (ENDED, HOST_PROBE, RUNNING, STOP_GRACE_SECS, Backend, BackendError, HostCheck,
@@ -48,30 +50,25 @@ def inherited(environ) -> dict[str, str]:
     return {k: v for k, v in environ.items() if k in INHERITED or k.startswith(INHERITED_PREFIXES)}
 
 
-def process_ident(pid: int) -> str | None:
-    """The kernel's start time of `pid` (field 22 of /proc/PID/stat); None if it is gone or a zombie."""
-    fields = read_stat_fields(pid)
-    return None if fields is None else start_time(fields)
+# A task's state as psutil names it -> why it cannot answer though it runs (None: it can).
+NOT_ANSWERING = {psutil.STATUS_STOPPED: 'is stopped (SIGSTOP, or a debugger)',
+                 psutil.STATUS_TRACING_STOP: 'is stopped (SIGSTOP, or a debugger)',
+                 psutil.STATUS_DISK_SLEEP: 'is in uninterruptible sleep (disk or network I/O)'}
 
 
-def process_state(pid: int) -> str | None:
-    """The one-letter state of `pid` (R, S, D, T, Z, ...), or None if it is gone."""
-    fields = read_stat_fields(pid)
-    return fields[STATE] if fields else None
-
-
-def process_cpu_seconds(pid: int) -> float | None:
-    """User + system time of every thread of `pid` so far, or None if it is gone."""
-    fields = read_stat_fields(pid)
-    return None if fields is None else (int(fields[UTIME]) + int(fields[STIME])) / os.sysconf('SC_CLK_TCK')
+def process_status(pid: int) -> str | None:
+    """psutil's status of `pid` ('running', 'stopped', ...), or None if it is gone."""
+    try:
+        return psutil.Process(pid).status()
+    except psutil.Error:
+        return None
 
 
 def process_cmdline(pid: int) -> str:
     """The command line of `pid`, its arguments joined by spaces ('' if it is gone)."""
     try:
-        with open(f'/proc/{pid}/cmdline', 'rb') as f:
-            return f.read().replace(b'\0', b' ').decode(errors='replace')
-    except OSError:
+        return ' '.join(psutil.Process(pid).cmdline())
+    except psutil.Error:
         return ''
 
 
@@ -188,10 +185,7 @@ class LocalBackend(Backend):
         code = proc.poll() if proc is not None else (None if self._ours(record) else 0)
         if code is not None:
             return Observation(ENDED, code)
-        state = process_state(record.pid)
-        stopped = {'T': 'is stopped (SIGSTOP, or a debugger)', 't': 'is stopped (SIGSTOP, or a debugger)',
-                   'D': 'is in uninterruptible sleep (disk or network I/O)'}.get(state)
-        return Observation(RUNNING, stopped=stopped)
+        return Observation(RUNNING, stopped=NOT_ANSWERING.get(process_status(record.pid) or ''))
 
     def _ours(self, record: TaskRecord) -> bool:
         """Whether the record's pid still runs the task this launcher (or an earlier one) started."""

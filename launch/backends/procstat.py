@@ -3,7 +3,10 @@ backend (which reads the file itself) and the SSH backend (whose hosts send the 
 may have no Python packages to read it with)."""
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+
+import psutil
 
 STATE, UTIME, STIME, STARTTIME = 0, 11, 12, 19     # indexes into stat_fields (fields 3, 14, 15, 22)
 
@@ -32,3 +35,17 @@ def start_time(fields: Sequence[str]) -> str | None:
     if len(fields) > STARTTIME and fields[STATE] not in ('Z', 'X'):
         return fields[STARTTIME]
     return None
+
+
+def process_ident(pid: int) -> str | None:
+    """What names this machine's process `pid` for good (a reused pid has another): the kernel's
+    start time in clock ticks where /proc exists (the form the state file and the SSH hosts use),
+    else psutil's creation time; None if it is gone or a zombie."""
+    if os.path.isdir('/proc'):
+        fields = read_stat_fields(pid)
+        return None if fields is None else start_time(fields)
+    try:
+        process = psutil.Process(pid)
+        return None if process.status() == psutil.STATUS_ZOMBIE else f'{process.create_time():.2f}'
+    except psutil.Error:
+        return None

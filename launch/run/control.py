@@ -7,6 +7,7 @@ whether a launcher runs at all is told by its lock on the train_dir (launch/run/
 """
 from __future__ import annotations
 
+import enum
 import json
 import os
 import time
@@ -15,7 +16,19 @@ import uuid
 from cluster.runtime.rundir import read_text, write_atomically
 
 REQUEST_FILE, REPLY_FILE, LOCK_FILE = 'scale.request', 'scale.reply', 'scale.lock'
-DONE, REFUSED, FAILED = 'done', 'refused', 'failed'
+
+
+class Reply(str, enum.Enum):
+    """The launcher's final word on a request, spelled as `scale.reply` holds it."""
+    DONE = 'done'
+    REFUSED = 'refused'
+    FAILED = 'failed'
+
+    def __str__(self) -> str:
+        return self.value
+
+
+DONE, REFUSED, FAILED = Reply.DONE, Reply.REFUSED, Reply.FAILED
 
 
 def path(train_dir: str, name: str) -> str:
@@ -49,7 +62,7 @@ def take(train_dir: str) -> dict | None:
     return request
 
 
-def answer(train_dir: str, request: dict, state: str, lines: list[str]) -> None:
+def answer(train_dir: str, request: dict, state: Reply, lines: list[str]) -> None:
     """The launcher's final word on `request` (the request is then gone)."""
     write_atomically(path(train_dir, REPLY_FILE), json.dumps({'id': request['id'], 'state': state, 'lines': lines}))
     try:

@@ -37,12 +37,15 @@ from cluster.runtime.rundir import EXIT_NO_RESTART
 from cluster.spec import ClusterSpec, is_chief
 
 
-class TaskState(enum.Enum):
+class TaskState(str, enum.Enum):
     STARTING = 'starting'
     RUNNING = 'running'
     SUCCEEDED = 'succeeded'
     FAILED = 'failed'
     UNKNOWN = 'unknown'      # its host could not be asked; `since` says for how long
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass(frozen=True)
@@ -67,13 +70,16 @@ class Progress:
     quiet_secs: float         # seconds since `step` last changed (or since the run began)
 
 
-class Action(enum.Enum):
+class Action(str, enum.Enum):
     CONTINUE = 'continue'
     TOLERATE = 'tolerate'            # note the lost worker(s) and go on
     RESTART_TASKS = 'restart tasks'  # start the lost worker(s) again; the rest keep training
     RESTART = 'restart'              # stop everything, start again from the checkpoint
     FINISH = 'finish'                # every worker is done: stop what is left, exit 0
     GIVE_UP = 'give up'              # exit 1
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass(frozen=True)

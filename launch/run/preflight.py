@@ -12,8 +12,8 @@ from launch.run import exposure
 from launch.backends import netns
 from launch.run import registry
 from launch.backends.base import stop_all
+from launch.backends.procstat import process_ident
 from launch.errors import UsageError
-from launch.backends.local import process_ident
 from launch.planning.plan import TaskPlan, state_path
 from launch.run.state import LaunchState
 

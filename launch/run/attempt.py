@@ -1,0 +1,73 @@
+"""What the supervisor keeps of one attempt of a run: the first start, each restart of the
+cluster, each sync scale. A new attempt starts from a new `Attempt`, so nothing one attempt
+saw (a lost task, a worker waiting to start again, the global step) leaks into the next."""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+from launch.backends.base import ENDED, UNKNOWN, Backend, TaskRecord
+from launch.run.lifecycle import Failure
+from launch.run.policy import Progress, TaskState, TaskStatus
+
+
+@dataclass
+class Attempt:
+    """One attempt's view of its tasks and its training; a new attempt makes a new one."""
+    failures: list[Failure] = field(default_factory=list)         # every task lost in this attempt
+    tolerated: set[str] = field(default_factory=set)              # workers lost and let go
+    due: dict[str, float] = field(default_factory=dict)           # tasks to start again, and when (backoff)
+    unknown_since: dict[str, float] = field(default_factory=dict)     # tasks whose host cannot be asked, since
+    frozen_since: dict[str, float] = field(default_factory=dict)      # tasks seen stopped (SIGSTOP, paused), since
+    warned_step: int | None = -1                                  # the step a stall warning was given at
+    step: int | None = None                                       # the newest global step seen
+    step_at: float = field(default_factory=time.monotonic)        # when `step` last changed (or the attempt began)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def saw_step(self, step: int) -> None:
+        """A worker logged `step` (from a log follower's thread)."""
+        with self._lock:
+            if self.step is None or step > self.step:
+                self.step, self.step_at = step, time.monotonic()
+
+    def progress(self, total: int) -> Progress:
+        with self._lock:
+            return Progress(self.step, total, time.monotonic() - self.step_at)
+
+    def progress_record(self, total: int) -> dict | None:
+        """The state file's `progress` (the step and when, in epoch seconds), None before a step."""
+        with self._lock:
+            if self.step is None:
+                return None
+            return {'global_step': self.step, 'steps': total, 'at': time.time() - (time.monotonic() - self.step_at)}
+
+    def observe(self, records: Sequence[TaskRecord], backends: Mapping[str, Backend],
+                say: Callable[[str], None]) -> list[TaskStatus]:
+        """Every task's state now; a host that cannot be asked makes its tasks UNKNOWN (for how
+        long: `since`), a task seen stopped counts how long in `frozen`."""
+        out = []
+        now = time.monotonic()
+        for r in records:
+            seen = backends[r.backend].status(r)
+            if seen.state == UNKNOWN:
+                first = self.unknown_since.setdefault(r.name, now)
+                if now - first < 1:
+                    say(f'warning: cannot ask about {r.name} ({seen.error}); retrying')
+                out.append(TaskStatus(r.name, r.job, r.index, TaskState.UNKNOWN, since=now - first))
+                continue
+            if self.unknown_since.pop(r.name, None) is not None:
+                say(f'{r.name} can be reached again')
+            if seen.state == ENDED:
+                state = TaskState.SUCCEEDED if seen.exit_code == 0 else TaskState.FAILED
+            else:
+                state = TaskState.RUNNING
+            frozen = 0.0
+            if state is TaskState.RUNNING and (seen.stopped or '').startswith(('is stopped', 'is paused')):
+                frozen = now - self.frozen_since.setdefault(r.name, now)
+            else:
+                self.frozen_since.pop(r.name, None)
+            out.append(TaskStatus(r.name, r.job, r.index, state,
+                                  exit_code=seen.exit_code if seen.state == ENDED else None, frozen=frozen))
+        return out

@@ -1,0 +1,227 @@
+"""What the supervised strategy says of a fault: the event log's account of a lost task, the
+words of a stall, and the one line a run that is given up ends with.
+
+The supervisor's decisions come from `launch/run/policy.py`; this module only explains them.
+It reads the lost tasks' logs for their last error (a task's own words beat a bare exit code)
+and probes the tasks of a stall, so that a long silence is never a mystery. Keeping the
+repeat rule's memory here too (FaultHistory) puts everything a fault leaves behind in one place.
+"""
+from __future__ import annotations
+
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+from cluster.runtime import rundir
+from cluster.runtime.rundir import EXIT_FAILED, EXIT_NO_RESTART
+from launch.backends.base import ENDED, Backend, TaskRecord, tail
+from launch.run import policy as supervise
+from launch.run.lifecycle import Failure, Lifecycle, is_chatter, resume_hint
+from launch.run.policy import Action, Decision, Policy, TaskState, TaskStatus
+
+PROBE_SECS = 3.0                # a stall probe's deadline for each task's gRPC server
+FINAL_LINE = 295                # characters the line a failed run ends with keeps to (its cause's detail: the log)
+ERROR_CHARS = 300               # of a task's last error, in a failure's cause
+
+
+class TaskFailed(Exception):
+    """The run cannot go on: one line for the user, then the task's last log lines.
+
+    `code` is the launcher's exit code; `failures` what run.json keeps of the tasks lost;
+    `task` and `exit_code` name a task that died on the way (during a start), so a restart can
+    count it as one more fault rather than end the run."""
+
+    def __init__(self, message: str, log_tail: Sequence[str] = (), code: int = EXIT_FAILED,
+                 failures: Sequence[Failure] = (), task: str | None = None, exit_code: int | None = None):
+        super().__init__(message)
+        self.log_tail = list(log_tail)
+        self.code = code
+        self.failures = list(failures)
+        self.task = task
+        self.exit_code = exit_code
+
+
+def short(text: str, n: int) -> str:
+    """`text` cut to `n` characters, an ellipsis saying so."""
+    return text if len(text) <= n else text[:n - 1].rstrip() + '…'
+
+
+def log_tail(record: TaskRecord, backends: Mapping[str, Backend], n: int = 15) -> list[str]:
+    """The last `n` lines of this start of the task; a log that cannot be read says so in a line
+    of its own, because it must not hide the failure itself."""
+    try:
+        return tail(backends[record.backend].read_log(record, offset=record.log_offset), n)
+    except Exception as e:  # whatever a backend raises reading it
+        return [f'(could not read {record.log}: {e})']
+
+
+def explaining_tail(record: TaskRecord, backends: Mapping[str, Backend], n: int = 10) -> list[str]:
+    """A task's last log lines that may explain its end: its own error if it logged one, else
+    its last lines without TensorFlow's start-up chatter."""
+    lines = log_tail(record, backends, 200)
+    error = rundir.last_error_line(lines)
+    if error:
+        return [error]
+    return [line for line in lines if not is_chatter(line)][-n:]
+
+
+def last_error(record: TaskRecord, backends: Mapping[str, Backend]) -> str | None:
+    """The task's last Python error line in this start's log (None: it logged none)."""
+    return rundir.last_error_line(log_tail(record, backends, 200))
+
+
+def holds_variables(name: str) -> bool:
+    """The ps tasks hold the variables, the chief writes the checkpoint: both for a save."""
+    return name.startswith('ps:') or name == 'worker:0'
+
+
+def explain_stall(records: Sequence[TaskRecord], backends: Mapping[str, Backend],
+                  names: Sequence[str]) -> tuple[str, list[str]]:
+    """Name what each of these tasks is doing: stopped, not answering, or answering (waiting);
+    returns the words and the tasks that do not answer (or are stopped)."""
+    running = [r for r in records if r.name in names]
+
+    def probe(r: TaskRecord) -> tuple[TaskRecord, bool, str | None]:
+        backend = backends[r.backend]
+        return r, backend.probe(r, PROBE_SECS), backend.status(r).stopped
+
+    with ThreadPoolExecutor(max_workers=max(1, len(running))) as pool:
+        found = list(pool.map(probe, running))
+    silent = [f'{r.name} {how + " and " if how else ""}does not answer on {r.endpoint}'
+              for r, answers, how in found if not answers or how]
+    waiting = [r.name for r, answers, how in found if answers and not how]
+    parts = silent or ['every task answers on its port, so none is frozen; the cause is inside the '
+                       'training (a lost gradient, a deadlock)']
+    if silent and waiting:
+        one = len(waiting) == 1
+        parts.append(f'{", ".join(waiting)} answer{"s" if one else ""} and '
+                     f'wait{"s" if one else ""} for {"it" if len(silent) == 1 else "them"}')
+    return '; '.join(parts), [r.name for r, answers, how in found if not answers or how]
+
+
+def cause(decision: Decision, records: Sequence[TaskRecord], backends: Mapping[str, Backend]) -> tuple[str, bool]:
+    """The fault in words, and whether the chief can still save a checkpoint (it and every ps
+    answer): a checkpoint the frozen or lost ps cannot write is not waited for."""
+    if decision.stalled:
+        text, silent = explain_stall(records, backends, decision.tasks)
+        return f'stall: {decision.reason}; {text}', not any(holds_variables(n) for n in silent)
+    return decision.reason, not any(holds_variables(n) for n in decision.tasks)
+
+
+def _signal_name(code: int | None) -> str | None:
+    if code is None or code >= 0:
+        return None
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return str(-code)
+
+
+def record_faults(life: Lifecycle, decision: Decision, statuses: Sequence[TaskStatus],
+                  records: Sequence[TaskRecord],
+                  backends: Mapping[str, Backend]) -> tuple[dict[str, str | None], list[Failure]]:
+    """The event log's account of a fault, before anything is done about it; returns each lost
+    task's last error line (None: it logged none) and the failures run.json keeps of them."""
+    if decision.stalled:
+        life.emit('stall', tasks=list(decision.tasks), cause=decision.reason)
+        return {}, []
+    by_name = {t.name: t for t in statuses}
+    errors: dict[str, str | None] = {}
+    failures = []
+    for name in decision.tasks:
+        t = by_name.get(name)
+        record = next((r for r in records if r.name == name), None)
+        code = t.exit_code if t else None
+        error = errors[name] = last_error(record, backends) if record else None
+        why = supervise.how_lost(t) if t and t.state is not TaskState.RUNNING else decision.reason
+        life.emit('task_lost', task=name, cause=why, exit_code=code, signal=_signal_name(code), error=error)
+        failures.append(Failure(name, why + (f'; its last error: {short(error, ERROR_CHARS)}' if error else ''),
+                                record.host if record else '', record.pid if record else None))
+    return errors, failures
+
+
+@dataclass
+class Verdict:
+    """A run given up, before its tasks are stopped: everything of its last line but what a new
+    `launch up` would do, which needs the checkpoint the stopping chief writes."""
+    message: str                        # which task, how (with its pid and host)
+    code: int                           # the launcher's exit code
+    failures: list[Failure]
+    can_save: bool                      # whether the chief can still save a checkpoint
+    error: str | None = None            # the task's last Python error
+    after: str = ''                     # why no restart was made, '; ...'
+    no_restore: bool = False            # the task said no checkpoint restores
+
+    def hint(self, checkpoint_step: Callable[[], int | None]) -> str:
+        """What a new `launch up` would do (the checkpoint is read only when it matters)."""
+        if self.no_restore:
+            return 'no checkpoint restores, so a new `launch up` fails the same way until they are moved away'
+        return resume_hint(checkpoint_step())
+
+    def failed(self, checkpoint_step: Callable[[], int | None]) -> TaskFailed:
+        """The one line a lost run ends with (under ~300 characters); the whole error is in the log."""
+        hint = self.hint(checkpoint_step)
+        message = self.message
+        if self.error:       # as much of it as fits the line
+            room = max(70, FINAL_LINE - len(message) - len(self.after) - len(hint) - len('error: ; its last error: ; '))
+            cut = short(self.error, room)
+            if cut != self.error:
+                cut = short(self.error, room - len(' (see its log)')) + ' (see its log)'
+            message += f'; its last error: {cut}'
+        return TaskFailed(f'{message}{self.after}; {hint}', code=self.code, failures=self.failures)
+
+
+def judge(decision: Decision, records: Sequence[TaskRecord], backends: Mapping[str, Backend],
+          policy: Policy, restarts: int) -> Verdict:
+    """Giving up: which task, how, its last Python error, and why no restart was made. A user
+    command's run ends with its worker's own exit code."""
+    message, can_save = cause(decision, records, backends)
+    verdict = Verdict(message, EXIT_FAILED, [Failure(name, message) for name in decision.tasks], can_save)
+    if not decision.stalled:
+        first = next(r for r in records if r.name == decision.tasks[0])
+        seen = backends[first.backend].status(first)
+        exit_code = seen.exit_code if seen.state == ENDED else None
+        verdict.no_restore = exit_code == EXIT_NO_RESTART
+        if policy.user_command and first.job == 'worker' and exit_code is not None and exit_code > 0:
+            verdict.code = exit_code
+        verdict.message = message.replace(first.name, f'{first.name} (pid {first.pid} on {first.host})', 1)
+        error = last_error(first, backends)
+        if error and error.startswith(f'{first.name}: '):       # the task is named already
+            error = error[len(first.name) + 2:]
+        verdict.error = error
+        verdict.failures = [Failure(first.name, verdict.message + (f'; its last error: {short(error, ERROR_CHARS)}'
+                                                                   if error else ''), first.host, first.pid)]
+    verdict.after = f'; {decision.note}' if decision.note else ''
+    if restarts >= policy.max_restarts and policy.restart == 'on-failure':
+        verdict.after += f'; {restarts} restart(s) made, the most supervise.max_restarts allows'
+    return verdict
+
+
+@dataclass
+class FaultHistory:
+    """The faults a run has met, as far as the next restart needs them: the backoff streak and
+    the fault before the last restart (the repeat rule)."""
+    last: supervise.Fault | None = None         # the fault before the last restart
+    last_at: float | None = None
+    streak: int = 0                             # restarts in a row
+
+    def backoff(self, policy: Policy) -> float:
+        """The wait before the restart just counted: it grows with each restart in a row."""
+        now = time.monotonic()
+        since = None if self.last_at is None else now - self.last_at
+        self.streak = supervise.next_streak(self.streak, since)
+        self.last_at = now
+        return supervise.backoff_delay(policy, self.streak)
+
+    def escalate(self, decision: Decision, errors: Mapping[str, str | None],
+                 checkpoint_step: Callable[[], int | None]) -> Decision:
+        """A restart that would repeat the last one's failure exactly is no restart: give up."""
+        if decision.action not in (Action.RESTART, Action.RESTART_TASKS) or not decision.tasks:
+            return decision
+        first = decision.tasks[0]
+        fault = supervise.Fault.of(first, None if decision.stalled else errors.get(first), checkpoint_step())
+        escalated = supervise.escalate(decision, self.last, fault)
+        self.last = fault
+        return escalated

@@ -1,0 +1,152 @@
+"""Recovery of a supervised run: carry out what `launch/run/policy.py` decided about lost or
+stuck tasks. A lost worker is tolerated, replaced by a spare (launch/run/failover.py) or started
+again while the rest train on; a fatal fault stops the cluster and starts it again from its
+checkpoint; a run that cannot recover is given up with one line that says why.
+
+Every fault is told to the event log before anything is done about it, and a restart that would
+repeat the last one's failure exactly is no restart (launch/run/faults.py FaultHistory).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Mapping, Protocol
+
+from cluster.runtime import rundir
+from cluster.runtime.rundir import EXIT_FAILED
+from launch.run import faults
+from launch.run import policy as supervise
+from launch.run.failover import FailedOverRun, fail_over
+from launch.run.faults import FaultHistory, TaskFailed
+from launch.run.lifecycle import RunResult
+from launch.run.policy import Action, Decision, TaskState, TaskStatus, describe_exit
+
+
+class RecoveringRun(FailedOverRun, Protocol):
+    """What recovery asks of the run it acts on (launch/run/supervised.py SupervisedRun), besides
+    what failover does."""
+    history: FaultHistory
+
+    @property
+    def interrupted(self) -> threading.Event: ...
+
+    def check_run_dir(self) -> None: ...
+
+    def teardown(self, checkpoint: bool = True) -> None: ...
+
+    def new_attempt(self, reason: str, step: int | None, ended: RunResult,
+                    env: Mapping[str, str] | None = None) -> None: ...
+
+    def start_cluster(self, restart: int | None = None) -> None: ...
+
+
+class Recovery:
+    """Carries out the decisions about faults on a run."""
+
+    def __init__(self, run: RecoveringRun):
+        self.run = run
+
+    def act(self, decision: Decision, statuses: list[TaskStatus]) -> bool:
+        """Carry out a decision about lost or stuck tasks; True once the cluster started again.
+        TaskFailed when the run is given up."""
+        decision = self._account(decision, statuses)
+        if decision.action is Action.GIVE_UP:
+            raise self._give_up(decision)
+        if decision.action is Action.TOLERATE:
+            if not fail_over(self.run, decision, statuses):
+                self._tolerate(decision)
+        elif decision.action is Action.RESTART_TASKS:
+            self._restart_tasks(decision)
+        elif decision.action is Action.RESTART:
+            self._restart_cluster(decision)
+            return True
+        return False
+
+    def _account(self, decision: Decision, statuses: list[TaskStatus]) -> Decision:
+        """The event log's account of a fault first, then the repeat rule: a restart that would fail
+        as the last one did becomes giving up."""
+        run = self.run
+        errors, failures = faults.record_faults(run.life, decision, statuses, run.records, run.backends)
+        run.attempt.failures.extend(failures)
+        return run.history.escalate(decision, errors, run.life.checkpoint_step)
+
+    def _give_up(self, decision: Decision) -> TaskFailed:
+        """The one line a lost run ends with (launch/run/faults.py Verdict), once every task is
+        stopped: the chief's checkpoint first, so the step a new `launch up` resumes from is current."""
+        run = self.run
+        verdict = faults.judge(decision, run.records, run.backends, run.policy, run.restarts)
+        run.teardown(checkpoint=verdict.can_save)
+        return verdict.failed(run.life.checkpoint_step)
+
+    def _tolerate(self, decision: Decision) -> None:
+        run = self.run
+        run.attempt.tolerated.update(decision.tasks)
+        for name in decision.tasks:
+            run.life.emit('tolerated', task=name, cause=decision.reason)
+        left = run.spec.num_workers - len(run.attempt.tolerated)      # only workers are tolerated
+        run.say(f'{decision.reason}; training goes on with {left} worker(s)')
+
+    def _restart_tasks(self, decision: Decision) -> None:
+        """Start the lost workers again once their backoff has passed; the rest keep training."""
+        run = self.run
+        delay = run.count_restart()
+        wait = f' in {delay:g}s (supervise.backoff_secs)' if delay else ''
+        run.say(f'restart {run.restarts}/{run.policy.max_restarts}: {decision.reason}; '
+                f'starting {", ".join(decision.tasks)} again{wait}, it rejoins the training')
+        run.life.next_attempt(decision.reason, None, tasks=decision.tasks)
+        for name in decision.tasks:
+            run.attempt.due[name] = time.monotonic() + delay
+        run.start_due()
+
+    def _restart_cluster(self, decision: Decision) -> None:
+        """Stop every task (the chief checkpoints first if it can), then start them all again: the
+        chief restores the newest checkpoint and training goes on to the requested step. A task
+        lost while they start again is one more fault, under the same policy."""
+        run = self.run
+        while True:
+            delay = self._stop_for_restart(decision)
+            if run.interrupted.wait(delay):
+                return
+            run.check_run_dir()
+            try:
+                run.start_cluster(restart=run.restarts)
+                return
+            except TaskFailed as e:
+                if e.task is None:          # not a task lost on the way (a port, a timeout): as before
+                    raise
+                decision = self._lost_in_restart(e.task, e)
+
+    def _stop_for_restart(self, decision: Decision) -> float:
+        """Count the restart, stop every task and begin the next attempt; returns its backoff."""
+        run = self.run
+        run.restarts += 1
+        cause, can_save = faults.cause(decision, run.records, run.backends)
+        run.say(f'restart {run.restarts}/{run.policy.max_restarts}: {cause}; stopping every task'
+                + ('' if can_save else ' (no checkpoint can be saved without the lost task)'))
+        run.teardown(checkpoint=can_save)
+        step = run.life.checkpoint_step()
+        delay = run.history.backoff(run.policy)
+        run.say(f'restart {run.restarts}/{run.policy.max_restarts}: resuming from '
+                + (f'the checkpoint at global step {step}' if step is not None else
+                   'step 0 (no checkpoint was written yet)')
+                + (f' in {delay:g}s (supervise.backoff_secs, doubling with each restart in a row)' if delay else ''))
+        reason = f'restart {run.restarts}/{run.policy.max_restarts}: {decision.reason}'
+        ended = RunResult(state='failed', exit_code=EXIT_FAILED, restarts=run.restarts - 1,
+                          failures=list(run.attempt.failures), global_step=run.attempt.step)
+        # The chief notes the restart in TensorBoard.
+        run.new_attempt(reason, step, ended, env={rundir.RESTART_ENV: reason})
+        return delay
+
+    def _lost_in_restart(self, task: str, e: TaskFailed) -> Decision:
+        """`task` died while the cluster started again (`e`): one more fault for the same policy;
+        the decision to carry out next (TaskFailed once it is to give up)."""
+        run = self.run
+        statuses = run.attempt.observe(run.records, run.backends, run.say)
+        lost = next((t for t in statuses if t.name == task), None)
+        how = (supervise.how_lost(lost) if lost and lost.state is TaskState.FAILED
+               else f'{task} {describe_exit(e.exit_code)}') + ' while the cluster started again'
+        decision = supervise.during_recovery(run.policy, run.restarts, task, how, e.exit_code)
+        decision = self._account(decision, statuses)
+        if decision.action is Action.GIVE_UP:
+            raise self._give_up(decision) from None
+        return decision

@@ -1,0 +1,266 @@
+"""Live scaling of a supervised run (`launch scale`): take a request (launch/run/control.py),
+change the live workers, and answer once the change took effect, or why it did not.
+
+Async training takes workers in and out while the others train on: a new worker starts, one
+that leaves finishes its step and stops. Sync training cannot: SyncReplicasOptimizer fixes the
+number of replicas in the graph, so the cluster restarts through a checkpoint with the new live
+set. Either way the live set is written into every task's lease (cluster/runtime/membership.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping, Protocol, Sequence
+
+from cluster.runtime.membership import Members
+from cluster.runtime.rundir import EXIT_OK
+from cluster.spec import ClusterSpec
+from launch.run import control
+from launch.run import policy as supervise
+from launch.run.attempt import Attempt
+from launch.run.control import Reply
+from launch.run.lifecycle import CHECKPOINT_GRACE_SECS, Lifecycle, RunResult
+from launch.run.policy import Policy, TaskState, TaskStatus
+
+
+class ScaledRun(Protocol):
+    """What scaling asks of the run it changes (launch/run/supervised.py SupervisedRun)."""
+    spec: ClusterSpec
+    life: Lifecycle
+    policy: Policy
+    members: Members
+    attempt: Attempt
+    restarts: int
+    start_timeout: float
+    retired: set[str]                       # workers failed over: never started again
+    stepped: set[str]                       # workers whose current start logged a step
+    serving: dict[str, threading.Event]     # set once a task's own log says it serves
+
+    @property
+    def say(self) -> Callable[[str], None]: ...
+
+    def publish(self) -> None: ...
+
+    def save_state(self) -> None: ...
+
+    def start_due(self) -> None: ...
+
+    def teardown(self, checkpoint: bool = True) -> None: ...
+
+    def resize(self, members: Members, leaving: Sequence[str]) -> None: ...
+
+    def new_attempt(self, reason: str, step: int | None, ended: RunResult,
+                    env: Mapping[str, str] | None = None) -> None: ...
+
+    def start_cluster(self, restart: int | None = None) -> None: ...
+
+
+@dataclass
+class ScaleOp:
+    """A scale request under way: what must happen before it is answered, and by when."""
+    request: dict                   # as control.take read it
+    add: list[str]                  # workers that join: each must log a step
+    remove: list[str]               # workers that leave: each must have ended
+    lines: list[str]                # what the launcher said of it, for the reply
+    deadline: float                 # monotonic
+    secs: float                     # the time it was given
+
+    @classmethod
+    def of(cls, request: dict, add: list[str], remove: list[str], line: str, secs: float) -> 'ScaleOp':
+        return cls(request, add, remove, [line], time.monotonic() + secs, secs)
+
+    @property
+    def workers(self) -> int:
+        """The worker count asked for."""
+        return self.request['workers']
+
+    def failed_to_join(self, by_name: Mapping[str, TaskStatus]) -> list[str]:
+        return [name for name in self.add if name in by_name and by_name[name].state is TaskState.FAILED]
+
+    def took_effect(self, by_name: Mapping[str, TaskStatus], stepped: set[str], finished: bool) -> bool:
+        """Every new worker ran a step (or the training is over), and every leaving one ended."""
+        joined = all(name in stepped for name in self.add)
+        left = all(name in by_name and by_name[name].state is not TaskState.RUNNING for name in self.remove)
+        return (joined or finished) and left
+
+
+@dataclass(frozen=True)
+class ScaleMove:
+    """The live set after a scale: the next epoch, every live worker's generation, and the
+    indices that join and leave."""
+    epoch: int
+    workers: dict[int, int]
+    add: list[int]
+    remove: list[int]
+
+    @classmethod
+    def of(cls, now: Members, pool: int, retired: set[str], want: int) -> 'ScaleMove':
+        epoch = now.epoch + 1
+        workers = dict(now.workers)
+        add, remove = supervise.scale_moves(pool, now.indices, {int(n.split(':')[1]) for n in retired}, want)
+        for i in add:
+            workers[i] = epoch
+        for i in remove:
+            del workers[i]
+        return cls(epoch, workers, add, remove)
+
+    @property
+    def names_add(self) -> list[str]:
+        return [f'worker:{i}' for i in self.add]
+
+    @property
+    def names_remove(self) -> list[str]:
+        return [f'worker:{i}' for i in self.remove]
+
+
+def refusal(spec: ClusterSpec, want: int) -> str | None:
+    """Why `--workers want` cannot be carried out for this spec at all, or None."""
+    pool, r = spec.num_workers, spec.train.replicas_to_aggregate
+    if not 1 <= want <= pool:
+        return f'--workers {want}: expected 1..{pool} (the spec\'s pool of workers)'
+    if spec.train.sync and r and want < r:
+        return f'--workers {want}: fewer than train.replicas_to_aggregate ({r}), which each sync step needs'
+    if spec.train.command:
+        return 'a train.command is a program of its own: its workers cannot be scaled'
+    return None
+
+
+class Scaling:
+    """Carries out `launch scale` requests on a run, one at a time."""
+
+    def __init__(self, run: ScaledRun):
+        self.run = run
+        self.op: ScaleOp | None = None          # the request being carried out
+
+    @property
+    def asked(self) -> int | None:
+        """The worker count a change under way asks for (the state file's `scaling`)."""
+        return self.op.workers if self.op else None
+
+    def step(self, statuses: list[TaskStatus]) -> None:
+        """Take a scale request, or see the one under way to its end."""
+        run = self.run
+        if self.op is None:
+            request = control.take(run.spec.train.train_dir)
+            if request is not None:
+                self._begin(request)
+            return
+        op = self.op
+        by_name = {t.name: t for t in statuses}
+        finished = run.attempt.step is not None and run.attempt.step >= run.spec.train.steps
+        failed = op.failed_to_join(by_name)
+        if failed:
+            self._end(op, Reply.FAILED, f'{", ".join(failed)} ended while joining the training')
+        elif op.took_effect(by_name, run.stepped, finished):
+            self._end(op, Reply.DONE, f'{run.members.count} worker(s) train now '
+                                      f'({", ".join(f"worker:{i}" for i in run.members.indices)})')
+        elif time.monotonic() > op.deadline:
+            self._end(op, Reply.FAILED, f'the change did not take effect within {op.secs:.0f}s')
+
+    def _begin(self, request: dict) -> None:
+        """A new request: refused, answered at once (the count is met), or begun: live in async
+        training, through a checkpoint and a restart in sync training."""
+        run = self.run
+        want, now = request['workers'], run.members
+        why = refusal(run.spec, want)
+        if why:
+            self._refuse(request, why)
+            return
+        if want == now.count:
+            control.answer(run.spec.train.train_dir, request, Reply.DONE, [f'{want} worker(s) train already'])
+            return
+        move = ScaleMove.of(now, run.spec.num_workers, run.retired, want)
+        if len(move.add) < want - now.count:
+            self._refuse(request, f'the pool has {len(move.add)} worker(s) left to start '
+                                  f'(failed over: {", ".join(sorted(run.retired))})')
+            return
+        if not run.spec.train.sync:
+            self._change_live(request, move)
+            return
+        unsaved = self._checkpoint_now()
+        if unsaved:
+            self._refuse(request, unsaved)
+            return
+        # the count of checkpoint requests as _checkpoint_now left it
+        self._restart(request, Members(move.epoch, move.workers, run.members.save), move.names_add, move.names_remove)
+
+    def _secs(self) -> float:
+        """The time a change has to take effect: a start, then as long as a step may take."""
+        return self.run.start_timeout + self.run.policy.stall_secs
+
+    def _change_live(self, request: dict, move: ScaleMove) -> None:
+        """Async: new workers start, leaving ones finish their step and stop; the others train on."""
+        run = self.run
+        before = run.members.count
+        run.members = Members(move.epoch, move.workers)
+        run.publish()     # at once: the leaving ones stop after their current step
+        add, remove = move.names_add, move.names_remove
+        line = (f'scaling {before} -> {request["workers"]} workers: '
+                + (f'starting {", ".join(add)}' if add else
+                   f'{", ".join(remove)} ' + ('finishes its step and leaves' if len(remove) == 1 else
+                                               'finish their step and leave'))
+                + ' (async: the others train on)')
+        run.say(line)
+        run.life.emit('scale', to=request['workers'], add=add, remove=remove, pid=request.get('pid'))
+        for name in add:
+            run.attempt.due[name] = time.monotonic()
+            run.serving.pop(name, None)
+        self.op = ScaleOp.of(request, add, remove, line, self._secs())
+        run.save_state()
+        run.start_due()
+
+    def _refuse(self, request: dict, why: str) -> None:
+        self.run.say(f'scale refused: {why}')
+        control.answer(self.run.spec.train.train_dir, request, Reply.REFUSED, [why])
+
+    def _checkpoint_now(self) -> str | None:
+        """Before a sync scale stops anything: ask the chief for a checkpoint (through the lease,
+        cluster/runtime/membership.py Members.save) and read it back as a restart would. Why it cannot be
+        done, or None once a new checkpoint is there; the cluster trains on either way."""
+        run = self.run
+        before = run.life.checkpoint_step()
+        run.members = dataclasses.replace(run.members, save=run.members.save + 1)
+        run.publish()
+        secs = min(CHECKPOINT_GRACE_SECS, run.policy.stall_secs / 2)     # a chief stuck that long is stuck
+        deadline = time.monotonic() + secs
+        while time.monotonic() < deadline:
+            step = run.life.checkpoint_step()
+            if step is not None and step != before:
+                return None
+            time.sleep(0.5)
+        return (f'sync training restarts through a checkpoint, but no new checkpoint of the chief could be '
+                f'read back from {run.spec.train.train_dir} within {secs:.0f}s; nothing was changed')
+
+    def _restart(self, request: dict, members: Members, add: list[str], remove: list[str]) -> None:
+        """Sync: SyncReplicasOptimizer fixes the number of replicas in the graph, so the cluster
+        stops (the chief saves first) and starts again with the new live set, from the checkpoint;
+        replicas_to_aggregate and the default learning rate follow the count. Not a fault: no
+        restart of supervise.max_restarts is used."""
+        run = self.run
+        before, want = run.members.count, members.count
+        line = (f'scaling {before} -> {want} workers: sync training fixes its number of replicas '
+                '(SyncReplicasOptimizer), so the cluster restarts through a checkpoint; the chief saves first')
+        run.say(line)
+        run.life.emit('scale', to=want, add=add, remove=remove, pid=request.get('pid'))
+        run.teardown(checkpoint=True)
+        step = run.life.checkpoint_step()
+        ended = RunResult(state='scaled', exit_code=EXIT_OK, restarts=run.restarts,
+                          failures=list(run.attempt.failures), global_step=run.attempt.step)
+        run.resize(members, leaving=remove)
+        resumed = f'the checkpoint at global step {step}' if step is not None else 'step 0 (no checkpoint yet)'
+        run.new_attempt(f'scale {before} -> {want} workers', step, ended)
+        run.publish()
+        run.say(f'scaling {before} -> {want} workers: starting the cluster again from {resumed}')
+        self.op = ScaleOp.of(request, [f'worker:{i}' for i in members.indices], [], line, self._secs())
+        run.start_cluster()
+
+    def _end(self, op: ScaleOp, state: Reply, line: str) -> None:
+        """The reply to the request under way (`op`); the next one can be taken."""
+        self.op = None
+        run = self.run
+        run.save_state()
+        run.say(f'scale {state}: {line}')
+        run.life.emit('scaled', state=state, workers=list(run.members.indices), cause=line)
+        control.answer(run.spec.train.train_dir, op.request, state, op.lines + [line])
