@@ -140,7 +140,7 @@ def cmd_up(spec: ClusterSpec, req: Request) -> int:
 def cmd_scale(spec: ClusterSpec, req: Request) -> int:
     """Ask the running launcher of the run for M workers; wait until the change took effect."""
     from launch.run import control
-    from launch.run.state import LockBusy, TrainDirLock
+    from launch.records.lock import LockBusy, TrainDirLock
     workers = req.args.workers
     check_workers(spec, workers)
     train_dir = spec.train.train_dir

@@ -255,7 +255,7 @@ def test_plan_prints_every_task_and_writes_nothing(tmp_path):
 def test_a_held_train_dir_names_its_launcher(tmp_path):
     """A second launcher of the same train_dir is refused at once, saying who holds it, and
     neither touches the holder's files."""
-    from launch.run.state import TrainDirLock
+    from launch.records.lock import TrainDirLock
     spec = _spec(tmp_path)
     os.makedirs(tmp_path / 'run')
     lock = TrainDirLock(str(tmp_path / 'run'))

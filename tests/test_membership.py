@@ -127,7 +127,7 @@ def test_scale_asks_the_running_launcher_and_says_what_it_answered(tmp_path, cap
     import threading
     from launch.run import control
     from launch.cli import main
-    from launch.run.state import TrainDirLock
+    from launch.records.lock import TrainDirLock
     spec = _pool_spec(tmp_path)
     train_dir = str(tmp_path / 'run')
     launcher = TrainDirLock(train_dir)

@@ -13,7 +13,7 @@ from cluster.runtime import rundir
 from launch.errors import UsageError
 from launch.records.runs import (AmbiguousRun, RunInfo, RunNotFound, describe, duration_text, find_runs, local_minutes,
                          resolve, table)
-from launch.run.state import TrainDirLock
+from launch.records.lock import TrainDirLock
 
 JSON_FIELDS = ['id', 'train_dir', 'spec', 'backend', 'state', 'global_step', 'attempts', 'started',
                'duration_secs', 'exit_code']

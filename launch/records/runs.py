@@ -22,7 +22,7 @@ from launch.records.event_types import EventKind
 from launch.records.events import read_events, read_run_record
 from launch.records.jsonrecord import read_whole
 from launch.records.result import RESULT_STATES, RunState, read_epoch   # noqa: F401 (re-exported)
-from launch.run.state import TrainDirLock
+from launch.records.lock import TrainDirLock
 
 log = logging.getLogger(__name__)
 

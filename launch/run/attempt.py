@@ -11,6 +11,7 @@ from typing import Callable, Mapping, Sequence
 from launch.backends.base import ENDED, UNKNOWN, Backend, TaskRecord
 from launch.run.lifecycle import Failure
 from launch.run.policy import Progress, TaskState, TaskStatus
+from launch.run.state import StepSeen
 
 
 @dataclass
@@ -36,12 +37,12 @@ class Attempt:
         with self._lock:
             return Progress(self.step, total, time.monotonic() - self.step_at)
 
-    def progress_record(self, total: int) -> dict | None:
+    def progress_record(self, total: int) -> StepSeen | None:
         """The state file's `progress` (the step and when, in epoch seconds), None before a step."""
         with self._lock:
             if self.step is None:
                 return None
-            return {'global_step': self.step, 'steps': total, 'at': time.time() - (time.monotonic() - self.step_at)}
+            return StepSeen(self.step, total, time.time() - (time.monotonic() - self.step_at))
 
     def observe(self, records: Sequence[TaskRecord], backends: Mapping[str, Backend],
                 say: Callable[[str], None]) -> list[TaskStatus]:

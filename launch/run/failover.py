@@ -12,6 +12,7 @@ import time
 from typing import Callable, Mapping, Protocol, Sequence
 
 from cluster.runtime.membership import Members
+from cluster.runtime.rundir import parse_task_name
 from cluster.spec import ClusterSpec
 from launch.backends.base import Backend, TaskRecord, stop_all
 from launch.planning.plan import TaskPlan
@@ -59,8 +60,8 @@ def members_after(members: Members, moves: Mapping[str, str]) -> Members:
     epoch = members.epoch + 1
     workers = dict(members.workers)
     for lost, spare in moves.items():
-        workers.pop(int(lost.split(':')[1]), None)
-        workers[int(spare.split(':')[1])] = epoch
+        workers.pop(parse_task_name(lost)[1], None)
+        workers[parse_task_name(spare)[1]] = epoch
     return Members(epoch, workers)
 
 

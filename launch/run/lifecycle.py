@@ -33,7 +33,7 @@ from launch.records.event_types import (Checkpoint, Event, EventKind, Finished, 
                                         RunStarted, Serving)
 from launch.records.events import EventLog, read_events, read_run_record
 from launch.records.result import Failure, RunRecord, RunResult, RunState     # the strategies import them from here
-from launch.run.state import LockBusy, TrainDirLock
+from launch.records.lock import LockBusy, TrainDirLock
 
 log = logging.getLogger(__name__)
 

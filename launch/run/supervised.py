@@ -37,7 +37,7 @@ from launch.run.policy import Action, Policy, Progress, TaskState, TaskStatus
 from launch.run.recovery import Recovery
 from launch.run.scaling import Scaling
 from launch.run.startup import wait_for_servers
-from launch.run.state import LaunchState
+from launch.run.state import LaunchState, WorkerPool
 
 __all__ = ['SupervisedRun', 'TaskFailed', 'wait_for_servers']
 
@@ -391,8 +391,7 @@ class SupervisedRun(Strategy):
         if progress is not None:
             self._state.progress = progress
         self._state.restarts = self.restarts
-        self._state.workers = {'pool': self.spec.num_workers, 'live': list(self.members.indices),
-                               'scaling': self.scaling.asked}
+        self._state.workers = WorkerPool(self.spec.num_workers, list(self.members.indices), self.scaling.asked)
         try:
             self._state.save(state_path(self.spec))
             self._state_error = False
