@@ -9,6 +9,8 @@ import argparse
 import logging
 import os
 import sys
+import types
+from collections.abc import Sequence
 
 from cluster.training import data
 from cluster.runtime import rundir
@@ -61,7 +63,7 @@ def evaluate(spec: ClusterSpec, checkpoint: str | None = None) -> dict:
             'checkpoint': checkpoint}
 
 
-def _partitions(tf, checkpoint: str) -> int:
+def _partitions(tf: types.ModuleType, checkpoint: str) -> int:
     """How many blocks the checkpoint's local3 weights were trained in (one per ps task): their
     moving averages are saved per block, so the model is built the same way to restore them."""
     names = tf.train.list_variables(checkpoint)
@@ -74,7 +76,7 @@ def report(result: dict) -> str:
             f'at global step {result["global_step"]} ({result["checkpoint"]})')
 
 
-def main(argv=None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog='python -m cluster.eval', description=__doc__.splitlines()[0])
     p.add_argument('--spec', help=f'cluster spec (default: $CLUSTER_SPEC, else {DEFAULT_SPEC})')
     p.add_argument('--set', dest='overrides', action='append', default=[], metavar='KEY=VALUE')

@@ -44,11 +44,15 @@ import threading
 import time
 import types
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from cluster.runtime.membership import LIVE
 from cluster.runtime import rundir
 from cluster.spec import ClusterSpec, TaskSpec, TrainConfig, address
+
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 log = logging.getLogger('cluster.program')
 
@@ -115,7 +119,7 @@ def _top_level_bindings(tree: ast.Module) -> dict[str, list[ast.stmt]]:
     def bind(name: str, node: ast.stmt) -> None:
         names.setdefault(name, []).append(node)
 
-    def walk(body) -> None:
+    def walk(body: list[ast.stmt]) -> None:
         for node in body:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 bind(node.name, node)
@@ -155,7 +159,7 @@ def _not_a_program(node: ast.stmt) -> str | None:
     return None
 
 
-def load_program(ref: str) -> Callable[['ProgramContext'], Any]:
+def load_program(ref: str) -> Callable[[ProgramContext], Any]:
     """Import the program's function; ProgramError (one line) if it cannot be."""
     module, function = split_program(ref)
     try:
@@ -178,7 +182,7 @@ _BUILTINS = (types.BuiltinFunctionType, types.WrapperDescriptorType, types.Metho
              types.MethodDescriptorType, types.ClassMethodDescriptorType)
 
 
-def signature_problem(fn) -> str | None:
+def signature_problem(fn: Callable[..., object]) -> str | None:
     """Why `fn` cannot be called as fn(ctx), read from its signature without calling it, else None."""
     if inspect.isclass(fn):
         return 'is a class'
@@ -243,7 +247,7 @@ class _Progress:
     last_save: float = field(default_factory=time.monotonic)
     last_saved_step: int = 0
     started: float = field(default_factory=time.monotonic)
-    save: Callable[[int], None] | None = None
+    save: Callable[[int], int] | None = None
 
 
 @dataclass(frozen=True)
@@ -273,7 +277,7 @@ class ProgramContext:
         return self._progress.step >= self.train.steps
 
     @contextlib.contextmanager
-    def session(self):
+    def session(self) -> Iterator[tf.compat.v1.Session]:
         """A session on this worker's server, ready to train: on the chief, the variables restored
         from the newest checkpoint in train_dir (or initialised); elsewhere, once the chief has done
         that. Build the whole graph first, with a global step (get_or_create_global_step) under
@@ -306,7 +310,7 @@ class ProgramContext:
             p.last_saved_step, p.last_save = step, time.monotonic()
             return step
 
-        if self.is_chief:
+        if stopper is not None:     # the chief's: it saves
             stopper.arm(save)
             p.save = save
         yield sess
@@ -355,7 +359,8 @@ def _note_restart(train_dir: str, step: int) -> None:
             w.close()
 
 
-def run_program(server, spec: ClusterSpec, task: TaskSpec, fn: Callable[[ProgramContext], Any]) -> dict:
+def run_program(server: tf.compat.v1.train.Server, spec: ClusterSpec, task: TaskSpec,
+                fn: Callable[[ProgramContext], Any]) -> dict:
     """Call the user's `train.program` function in this worker, then report done to the ps tasks
     as the built-in trainer does, so they end by themselves, and write this worker's figures."""
     import tensorflow as tf
@@ -385,7 +390,7 @@ def run_program(server, spec: ClusterSpec, task: TaskSpec, fn: Callable[[Program
 # ---------------------------------------------------------------------------------------------
 # train.command: the user's process in place of the task
 
-def run_command(spec: ClusterSpec, task: TaskSpec, listening: Callable[[int], bool], children: list,
+def run_command(spec: ClusterSpec, task: TaskSpec, listening: Callable[[int], bool], children: list[subprocess.Popen],
                 stop_with_workers: bool = False) -> int:
     """Run the spec's command as this task and return its exit code (128 + N if killed by signal
     N). SIGTERM, SIGINT and SIGHUP are passed on; "serving on" is logged once its server listens
@@ -395,13 +400,14 @@ def run_command(spec: ClusterSpec, task: TaskSpec, listening: Callable[[int], bo
     `stop_with_workers` (a ps task with no launcher to stop it: under Slurm, TFJob, or by hand):
     once every worker's server has been seen and all of them are gone, the command's ps, which
     would `server.join()` for ever, is stopped and the task exits 0."""
+    assert spec.train.command is not None       # called only for a spec with a train.command
     argv = command_argv(spec.train.command, spec, task)
     env = dict(os.environ, TF_CONFIG=spec.tf_config(task))
     child = subprocess.Popen(argv, env=env)
     children.append(child)
     log.info('%s runs %s (pid %d)', task.name, ' '.join(argv), child.pid)
 
-    def forward(signum, frame):
+    def forward(signum: int, frame: types.FrameType | None) -> None:
         try:
             child.send_signal(signum)
         except ProcessLookupError:
@@ -429,7 +435,7 @@ class _WorkersGone:
 
     QUIET_SECS = 3.0
 
-    def __init__(self, spec: ClusterSpec):
+    def __init__(self, spec: ClusterSpec) -> None:
         self.workers = spec.job_tasks('worker')
         self.seen: set[str] = set()
         self.quiet_since: float | None = None

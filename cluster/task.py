@@ -21,6 +21,9 @@ import sys
 import threading
 import time
 import traceback
+import types
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from cluster.runtime.membership import LIVE, Members
 from cluster.program import ProgramError, check_command, check_program, load_program, run_command, run_program
@@ -29,12 +32,15 @@ from cluster.runtime.rundir import (EXIT_FAILED, EXIT_NO_RESTART, EXIT_OK, EXIT_
 from cluster.spec import (DEFAULT_SPEC, TF_CONFIG_ENV, ClusterSpec, SpecError, TaskSpec, load_spec,
                           read_tf_config)
 
+if TYPE_CHECKING:
+    import subprocess
+
 log = logging.getLogger('cluster.task')
 
-CHILDREN: list = []     # the train.command process this task runs, if any (killed with the task)
+CHILDREN: list[subprocess.Popen] = []     # the train.command process this task runs, if any (killed with the task)
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     from cluster.env.slurm import DEFAULT_PORT_BASE
     p = argparse.ArgumentParser(prog='python -m cluster.task', description=__doc__.splitlines()[0])
     p.add_argument('--spec', help=f'cluster spec (default: $CLUSTER_SPEC, else {DEFAULT_SPEC})')
@@ -108,15 +114,15 @@ def watch_lease(path: str, secs: float, poll: float = 1.0, pool: int = 0) -> Non
     file holds is the live workers of a pool of `pool` (cluster/runtime/membership.py): read now, and
     again whenever it changes."""
     started = time.time()
-    seen = [None]
+    seen: list[tuple[int, int, int] | None] = [None]
 
-    def read_members(touched) -> None:
+    def read_members(touched: tuple[int, int, int]) -> None:
         if touched != seen[0]:
             seen[0] = touched
             if LIVE.set(Members.parse(read_text(path) or '', pool)):
                 log.info('live workers: %s', ', '.join(f'worker:{i}' for i in LIVE.current(pool).indices))
 
-    def key(stat):
+    def key(stat: os.stat_result) -> tuple[int, int, int]:
         return stat.st_mtime_ns, stat.st_size, stat.st_ino
 
     try:
@@ -124,7 +130,7 @@ def watch_lease(path: str, secs: float, poll: float = 1.0, pool: int = 0) -> Non
     except OSError:
         pass
 
-    def watch():
+    def watch() -> None:
         while True:
             time.sleep(poll)
             try:
@@ -157,7 +163,7 @@ def check_user_code(spec: ClusterSpec, task: TaskSpec, cwd: str = '.') -> None:
         raise spec.error('train.program' if spec.train.program else 'train.command', str(e)) from None
 
 
-def import_tensorflow(keras: bool):
+def import_tensorflow(keras: bool) -> types.ModuleType:
     """`import tensorflow`, without the Keras import it makes for Keras' own sake unless `keras`.
 
     TensorFlow's __init__ imports Keras' optimizers eagerly (so that they register themselves) and
@@ -166,7 +172,8 @@ def import_tensorflow(keras: bool):
     at once on a shared host. A user's program may use Keras: its workers import it as usual."""
     blocked = [] if keras else [m for m in ('keras', 'tf_keras') if m not in sys.modules]
     for name in blocked:
-        sys.modules[name] = None    # import of it raises ImportError, which TensorFlow skips
+        # import of it raises ImportError, which TensorFlow skips (typeshed allows only modules here)
+        sys.modules[name] = None    # type: ignore[assignment]
     try:
         import tensorflow
     finally:
@@ -178,7 +185,7 @@ def import_tensorflow(keras: bool):
 _SECRET = ('KEY', 'TOKEN', 'SECRET', 'PASSWORD', 'PASSWD', 'CREDENTIAL')
 
 
-def environment_line(spec: ClusterSpec, task: TaskSpec, environ) -> str:
+def environment_line(spec: ClusterSpec, task: TaskSpec, environ: Mapping[str, str]) -> str:
     """What the task got of the spec's `env:` (as it sees it: a backend that lost one shows up
     here) and the GPUs it may use; '' when there is neither. Values of names that look secret
     are not written to the log."""
@@ -232,16 +239,16 @@ def main(argv: list[str] | None = None) -> int:
 def serve_and_train(spec: ClusterSpec, task: TaskSpec, data_dir: str | None) -> int:
     """Start the task's TensorFlow server, then serve (ps), run the user's program or the built-in
     trainer (worker); the exit code of the task."""
-    runs_program = bool(spec.train.program) and task.job == 'worker'
-    tf = import_tensorflow(keras=runs_program)
+    ref = spec.train.program if task.job == 'worker' else None     # the user's program this task runs
+    tf = import_tensorflow(keras=bool(ref))
     from cluster.runtime import session
     from cluster.training import train
     tf.get_logger().setLevel(logging.ERROR)     # TF1 deprecation notices drown the progress lines
     tf.compat.v1.disable_eager_execution()
     program = None
-    if runs_program:
+    if ref:
         try:
-            program = load_program(spec.train.program)
+            program = load_program(ref)
         except ProgramError as e:
             print(f'cluster.task: error: {spec.error("train.program", str(e))}', file=sys.stderr)
             return EXIT_USAGE
@@ -258,6 +265,7 @@ def serve_and_train(spec: ClusterSpec, task: TaskSpec, data_dir: str | None) -> 
         elif program is not None:
             run_program(server, spec, task, program)
         else:
+            assert data_dir is not None     # main resolves it for every worker of the built-in trainer
             train.run_worker(server, spec, task, data_dir)
     except tf.errors.OpError as e:
         # A peer that went away (Unavailable, Aborted, a closed stream): one line, not 40 frames of

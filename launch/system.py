@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 class CommandError(Exception):
     """A command that could not be started (`missing`: no such program) or did not end in time."""
 
-    def __init__(self, argv: Sequence[str], cause: str, *, missing: bool = False, timeout: float | None = None):
+    def __init__(self, argv: Sequence[str], cause: str, *, missing: bool = False, timeout: float | None = None) -> None:
         super().__init__(f'{argv[0]}: {cause}')
         self.argv, self.cause, self.missing, self.timeout = list(argv), cause, missing, timeout
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from typing import Mapping
+from collections.abc import Mapping
 
 NAME_ENV = 'TFCLUSTER_JOBSET_NAME'
 REPLICATED_JOB_ENV = 'TFCLUSTER_JOBSET_REPLICATED_JOB'

@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Mapping
+from collections.abc import Mapping
 
 from cluster.spec import ClusterSpec, TaskSpec
+from cluster.spec.model import emptied
 
 DEFAULT_PORT_BASE = 8888        # as TensorFlow's SlurmClusterResolver
 
@@ -114,7 +115,7 @@ class Placement:
 
 def placements(hosts: list[str], counts: list[int], port_base: int) -> list[Placement]:
     """Every rank of a step, block-distributed over `hosts` (`counts[i]` tasks on hosts[i])."""
-    out = []
+    out: list[Placement] = []
     for host, count in zip(hosts, counts):
         out.extend(Placement(len(out), host, local, port_base + local) for local in range(count))
     return out
@@ -172,5 +173,5 @@ def resolve(spec: ClusterSpec, env: Mapping[str, str],
                             f'{mine.host} as local task {mine.local}: start the step with '
                             '`srun --distribution=block`')
     tasks = tuple(TaskSpec(*job_of(p.rank, spec.num_ps), p.host, p.port) for p in places)
-    placed = dataclasses.replace(spec, tasks=tasks, hosts=type(spec.hosts)({}))
+    placed = dataclasses.replace(spec, tasks=tasks, hosts=emptied(spec.hosts))
     return placed, tasks[rank]

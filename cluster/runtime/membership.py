@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import threading
 from dataclasses import dataclass, field
-from typing import Mapping
+from collections.abc import Mapping
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class Members:
     save: int = 0           # the launcher's requests for a checkpoint now, counted
 
     @classmethod
-    def everyone(cls, pool: int) -> 'Members':
+    def everyone(cls, pool: int) -> Members:
         """Every worker of a pool of `pool`, generation 0: a cluster nobody scales."""
         return cls(0, {i: 0 for i in range(pool)})
 
@@ -54,7 +54,7 @@ class Members:
         return json.dumps(raw, separators=(',', ':'))
 
     @classmethod
-    def parse(cls, text: str, pool: int) -> 'Members | None':
+    def parse(cls, text: str, pool: int) -> Members | None:
         """The live set a lease holds, or None when it holds none (or nonsense): then every pool
         worker is live. Indices outside the pool, or a set without the chief, are nonsense."""
         try:
@@ -90,7 +90,7 @@ class LiveSet:
     """What this task last read of the live workers (the lease thread updates it; the training
     loop and the ps read it). Before any read, or with a lease that holds none: every worker."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._members: Members | None = None
         self._lock = threading.Lock()
         self.changed = threading.Event()

@@ -210,10 +210,10 @@ class TaskLogFormatter(logging.Formatter):
     """LOG_FORMAT with a full ISO-8601 time, milliseconds and the UTC offset: logs kept across
     attempts and days, and lines of hosts in other time zones, still say when they were written."""
 
-    def __init__(self, fmt: str = LOG_FORMAT):
+    def __init__(self, fmt: str = LOG_FORMAT) -> None:
         super().__init__(fmt)
 
-    def formatTime(self, record, datefmt=None) -> str:
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
         return iso_time(record.created)
 
 

@@ -18,10 +18,15 @@ import shutil
 import signal
 import threading
 import time
+from collections.abc import Callable, Collection
+from typing import TYPE_CHECKING, NoReturn
 
 import tensorflow as tf
 
 from cluster.runtime import rundir
+
+if TYPE_CHECKING:
+    from cluster.spec.model import TrainConfig
 
 v1 = tf.compat.v1
 log = logging.getLogger(__name__)
@@ -43,8 +48,9 @@ def first_line(text: str, default: str = '') -> str:
 
 
 # -- restore ----------------------------------------------------------------------------------
-def start_session(target: str, is_chief: bool, train_dir: str, saver, local_init_op, ready_for_local_init_op,
-                  config) -> tuple:
+def start_session(target: str, is_chief: bool, train_dir: str, saver: tf.compat.v1.train.Saver,
+                  local_init_op: tf.Operation | None, ready_for_local_init_op: tf.Tensor | None,
+                  config: tf.compat.v1.ConfigProto | None) -> tuple[tf.compat.v1.Session, GracefulStop | None]:
     """A session on `target` ready to train, and the chief's GracefulStop (None elsewhere). The
     chief restores the newest checkpoint that reads back, or initialises; the others poll every
     READY_POLL_SECS until the chief has done so. The stop handler is in place before
@@ -103,11 +109,11 @@ class SaveError(tf.errors.OpError):
     An OpError, so whatever reports a task's TensorFlow errors in one line (cluster/task.py, a
     user's program) reports this one: `worker:0: SaveError: No space left on device (ENOSPC): cannot ...`."""
 
-    def __init__(self, message: str, error_code: int = tf.errors.UNKNOWN):
+    def __init__(self, message: str, error_code: int = tf.errors.UNKNOWN) -> None:
         super().__init__(None, None, message, error_code)
 
 
-def save_checkpoint(saver, sess, train_dir: str, step: int) -> int:
+def save_checkpoint(saver: tf.compat.v1.train.Saver, sess: tf.compat.v1.Session, train_dir: str, step: int) -> int:
     """Save the variables as of `step`, and say so in the chief's log: the launcher's event log
     records every checkpoint from that line.
 
@@ -134,7 +140,7 @@ def save_checkpoint(saver, sess, train_dir: str, step: int) -> int:
 _TEMP, _INDEX_TEMP = '_temp', rundir.CHECKPOINT_INDEX + '.tmp'
 
 
-def remove_save_leftovers(train_dir: str, name: str | None = None, before: set[str] = frozenset()) -> list[str]:
+def remove_save_leftovers(train_dir: str, name: str | None = None, before: Collection[str] = frozenset()) -> list[str]:
     """Remove what a failed save of checkpoint `name` (`model.ckpt-300`) left in train_dir, and
     return the paths removed: the ps tasks' `<name>_temp/` folders of a sharded save (the ps on
     this machine only: a ps elsewhere writes to its own disk), a half-written `checkpoint.tmp<hex>`
@@ -190,7 +196,7 @@ def _remove(path: str) -> bool:
         return False
 
 
-def save_due(train, step: int, last_saved_step: int, since_save: float) -> bool:
+def save_due(train: TrainConfig, step: int, last_saved_step: int, since_save: float) -> bool:
     """Whether the chief saves now. By steps: once a multiple of checkpoint_steps has been reached
     or passed since the last save (in async mode the chief sees the global step jump by as many
     updates as the other workers made, so it rarely lands on a multiple itself)."""
@@ -210,11 +216,11 @@ class GracefulStop:
     of its own, which saves with the session the training loop uses (sessions are thread-safe).
     The launcher stops the chief first, while the ps tasks still hold the variables."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         read, write = os.pipe()
         os.set_blocking(write, False)
         self._read = read
-        self._save = None
+        self._save: Callable[[], int] | None = None
         self.lock = threading.Lock()        # one save at a time: the loop's, the final one, or ours
         self.step_lock = threading.Lock()   # held by the loop while it trains one step
         signal.set_wakeup_fd(write)
@@ -222,7 +228,7 @@ class GracefulStop:
             signal.signal(sig, lambda *a: None)
         threading.Thread(target=self._wait, name='graceful-stop', daemon=True).start()
 
-    def arm(self, save) -> None:
+    def arm(self, save: Callable[[], int]) -> None:
         self._save = save
 
     def _wait(self) -> None:
@@ -246,7 +252,7 @@ class GracefulStop:
         _exit_now(code, logging.INFO, f'{name} received: {rundir.checkpoint_line(step)}, exiting')
 
 
-def _exit_now(code: int, level: int, message: str) -> None:
+def _exit_now(code: int, level: int, message: str) -> NoReturn:
     log.log(level, message)
     logging.shutdown()
     os._exit(code)
@@ -258,7 +264,7 @@ def log_progress(step: int, total: int, loss: float, rate: str = '') -> None:
     log.info('%s', rundir.progress_line(step, total, loss, rate))
 
 
-def done_queue(ps_index: int, capacity: int):
+def done_queue(ps_index: int, capacity: int) -> tf.compat.v1.FIFOQueue:
     """The queue on ps task `ps_index` where workers report "finished" as (worker index, its
     generation: cluster/runtime/membership.py): the ps ends by itself once every live worker has reported
     from its current start (no launcher needs to stop it). `capacity`: the pool's size, the same
@@ -268,13 +274,13 @@ def done_queue(ps_index: int, capacity: int):
                             name=f'done_queue_{ps_index}')
 
 
-def done_ops(num_ps: int, pool: int, worker_index: int, generation) -> list:
+def done_ops(num_ps: int, pool: int, worker_index: int, generation: int | tf.Tensor) -> list[tf.Operation]:
     """This worker's "done" report, one enqueue per ps task (built into the default graph);
     `generation` a value or a tensor (fed when the worker reports)."""
     return [done_queue(p, pool).enqueue([worker_index, generation]) for p in range(num_ps)]
 
 
-def report_done(sess, ops: list) -> None:
+def report_done(sess: tf.compat.v1.Session, ops: list[tf.Operation]) -> None:
     """Tell every ps that this worker has finished. The session is not closed afterwards: each ps
     exits soon after the last worker reports, and closing a session whose ps is gone can block for
     good (seen under load). Checkpoints and summaries are written already; the process ends next.

@@ -18,7 +18,7 @@ class SpecError(ValueError):
 class Origins:
     """Remembers where each dotted key came from, so errors can point at it."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str) -> None:
         self.path = path
         self._where: dict[str, str] = {}
 

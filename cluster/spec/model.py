@@ -10,9 +10,9 @@ import dataclasses
 import json
 import os
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import yaml
 
@@ -116,6 +116,19 @@ class SuperviseConfig:
 
 def _empty() -> Mapping:
     return types.MappingProxyType({})
+
+
+K = TypeVar('K')
+V = TypeVar('V')
+
+
+def emptied(mapping: Mapping[K, V]) -> Mapping[K, V]:
+    """An empty mapping of `mapping`'s own type: a spec's hosts or GPUs where they mean nothing.
+
+    The same type rather than always a read-only proxy: a spec built in code may hold plain dicts,
+    and the copy compares and hashes as the original's kind does."""
+    new = cast('Callable[[dict[K, V]], Mapping[K, V]]', type(mapping))    # Mapping's own type takes no argument
+    return new({})
 
 
 @dataclass(frozen=True)

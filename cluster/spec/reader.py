@@ -130,7 +130,7 @@ def parse_yaml(text: str, where: str, line_numbers: bool) -> tuple[yaml.Node | N
 
 
 class _TooManyValues(Exception):
-    def __init__(self, line: int):
+    def __init__(self, line: int) -> None:
         super().__init__(line)
         self.line = line
 

@@ -7,13 +7,25 @@ import this module to validate a spec without paying TensorFlow's import time.
 The file format is the CIFAR-10 binary one: fixed 3073-byte records, one label byte (0-9) then a
 32x32x3 image stored channel-major (1024 red bytes, 1024 green, 1024 blue, each row-major).
 """
+from __future__ import annotations
 
 import json
 import logging
 import os
 import tempfile
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from cluster.runtime import rundir
+
+if TYPE_CHECKING:
+    import numpy as np
+    import tensorflow as tf
+
+    from cluster.spec import ClusterSpec
+
+    Batch = tuple[tf.Tensor, tf.Tensor]         # images, labels
+    Templates = tuple[np.ndarray, np.ndarray, np.ndarray]     # colours, stripe orientations, frequencies
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +54,7 @@ class DataError(ValueError):
 
 # --------------------------------------------------------------------------- validation
 
-def _split_files(split):
+def _split_files(split: str) -> list[str]:
     if split == 'train':
         return list(TRAIN_FILES)
     if split == 'test':
@@ -50,7 +62,7 @@ def _split_files(split):
     raise ValueError("split must be 'train' or 'test', not %r" % (split,))
 
 
-def check_data_dir(directory, split='train'):
+def check_data_dir(directory: str, split: str = 'train') -> list[str]:
     """Check that `directory` holds the CIFAR-10 binary files of `split`; return their paths.
 
     Runs before any server starts so that a wrong path is one clear line, not a tf.data error in
@@ -88,7 +100,7 @@ def check_data_dir(directory, split='train'):
     return paths
 
 
-def _expected_records(directory, split):
+def _expected_records(directory: str, split: str) -> tuple[int, str]:
     """(records each file of `split` must hold, what says so)."""
     manifest = os.path.join(directory, SYNTHETIC_MANIFEST)
     try:
@@ -105,14 +117,14 @@ def _expected_records(directory, split):
         raise DataError('%s is unreadable (%s): write the data again' % (manifest, e)) from None
 
 
-def check_data_set(directory):
+def check_data_set(directory: str) -> list[str]:
     """Check that `directory` holds both splits: what synthetic data and a download must leave."""
     return check_data_dir(directory, 'train') + check_data_dir(directory, 'test')
 
 
 # --------------------------------------------------------------------------- synthetic data
 
-def _class_templates(seed):
+def _class_templates(seed: int) -> Templates:
     """Per-class colour offsets and stripe parameters, derived from the seed.
 
     Colour: each class gets its own direction in the plane orthogonal to grey (1,1,1), so the
@@ -133,7 +145,7 @@ def _class_templates(seed):
     return colours.astype(np.float32), orients, freqs.astype(np.float32)
 
 
-def _synthetic_records(num, templates, rng):
+def _synthetic_records(num: int, templates: Templates, rng: np.random.Generator) -> bytes:
     """`num` CIFAR-10 records (bytes) of class template + per-image brightness + pixel noise."""
     import numpy as np     # only where records are made: the launcher validates specs without it
     colours, orients, freqs = templates
@@ -153,7 +165,7 @@ def _synthetic_records(num, templates, rng):
     return np.concatenate([labels[:, None], pixels], axis=1).tobytes()
 
 
-def _write_atomic(path, payload):
+def _write_atomic(path: str, payload: bytes) -> None:
     """Write via a temp file in the same directory and os.replace, so readers never see half a file.
 
     A failure leaves no temp file and raises an OSError naming `path` (a failed write names no
@@ -177,7 +189,7 @@ def _write_atomic(path, payload):
         raise
 
 
-def write_synthetic(directory, records_per_file=1000, test_records=1000, seed=0):
+def write_synthetic(directory: str, records_per_file: int = 1000, test_records: int = 1000, seed: int = 0) -> str:
     """Write the six CIFAR-10 binary files with learnable synthetic images; return `directory`.
 
     Deterministic for a seed: file i is generated from its own stream, so the content does not
@@ -200,7 +212,7 @@ def write_synthetic(directory, records_per_file=1000, test_records=1000, seed=0)
     return directory
 
 
-def resolve_spec_data(spec) -> str:
+def resolve_spec_data(spec: ClusterSpec) -> str:
     """resolve_data for a ClusterSpec, its failures as the spec's errors (a SpecError naming
     train.data, or train.train_dir where the synthetic set cannot be written)."""
     try:
@@ -217,7 +229,7 @@ def _write_error(error: OSError, where: str) -> str:
     return f'cannot write {error.filename or where}: {rundir.os_cause(error) or error}'
 
 
-def resolve_data(data, train_dir):
+def resolve_data(data: str, train_dir: str) -> str:
     """Turn the spec's `data` value into a checked directory of CIFAR-10 binary files.
 
     'synthetic' means `<train_dir>/synthetic-data`, generated on first use.  Several tasks may race
@@ -238,14 +250,14 @@ def resolve_data(data, train_dir):
 
 # --------------------------------------------------------------------------- tf.data pipelines
 
-def _options():
+def _options() -> tf.data.Options:
     import tensorflow as tf
     options = tf.data.Options()
     options.autotune.enabled = False
     return options
 
 
-def _decode(record):
+def _decode(record: tf.Tensor) -> Batch:
     """Raw record -> (float32 [32,32,3] image in 0..255, int32 label)."""
     import tensorflow as tf
     raw = tf.io.decode_raw(record, tf.uint8)
@@ -255,7 +267,7 @@ def _decode(record):
     return image, label
 
 
-def _central(record):
+def _central(record: tf.Tensor) -> Batch:
     import tensorflow as tf
     image, label = _decode(record)
     image = tf.image.resize_with_crop_or_pad(image, IMAGE_SIZE, IMAGE_SIZE)
@@ -264,7 +276,7 @@ def _central(record):
     return image, label
 
 
-def _distorted(element_seed, record):
+def _distorted(element_seed: tf.Tensor, record: tf.Tensor) -> Batch:
     """The tutorial's training distortions, made with stateless ops from a per-element seed.
 
     Stateless ops keep a seeded pipeline deterministic although the map runs in parallel.
@@ -281,20 +293,21 @@ def _distorted(element_seed, record):
     return image, label
 
 
-def _plain(fn):
+def _plain(fn: Callable[..., Any]) -> Callable[..., Any]:
     """fn for Dataset.map as it is: these functions have no Python control flow for AutoGraph to
     convert, and converting them was a third of a worker's graph building (0.4 s of its start-up)."""
     import tensorflow as tf
     return tf.autograph.experimental.do_not_convert(fn)
 
 
-def _get_next(dataset):
+def _get_next(dataset: tf.data.Dataset) -> Batch:
     import tensorflow as tf
     dataset = dataset.prefetch(_PREFETCH_BATCHES).with_options(_options())
     return tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
 
 
-def train_inputs(data_dir, batch_size, shard_index=0, num_shards=1, seed=None, reshardable=False):
+def train_inputs(data_dir: str, batch_size: int, shard_index: int = 0, num_shards: int = 1, seed: int | None = None,
+                 reshardable: bool = False) -> Batch | tuple[Batch, Callable[[tf.compat.v1.Session, int, int], None]]:
     """Endless shuffled, distorted training batches for worker `shard_index` of `num_shards`.
 
     Sharding is by record (record r goes to shard r % num_shards), so any number of shards works
@@ -312,7 +325,7 @@ def train_inputs(data_dir, batch_size, shard_index=0, num_shards=1, seed=None, r
         iterator = tf.compat.v1.data.make_initializable_iterator(
             ds.prefetch(_PREFETCH_BATCHES).with_options(_options()))
 
-        def initialize(sess, index: int, count: int) -> None:
+        def initialize(sess: tf.compat.v1.Session, index: int, count: int) -> None:
             sess.run(iterator.initializer, feed_dict={index_ph: index, count_ph: count})
         return iterator.get_next(), initialize
     if not 0 <= shard_index < num_shards:
@@ -320,7 +333,8 @@ def train_inputs(data_dir, batch_size, shard_index=0, num_shards=1, seed=None, r
     return _get_next(_train_dataset(data_dir, batch_size, shard_index, num_shards, seed))
 
 
-def _train_dataset(data_dir, batch_size, shard_index, num_shards, seed):
+def _train_dataset(data_dir: str, batch_size: int, shard_index: int | tf.Tensor, num_shards: int | tf.Tensor,
+                   seed: int | None) -> tf.data.Dataset:
     import tensorflow as tf
     files = check_data_dir(data_dir, 'train')
     if seed is None:
@@ -339,7 +353,7 @@ def _train_dataset(data_dir, batch_size, shard_index, num_shards, seed):
         return ds.batch(batch_size, drop_remainder=True)
 
 
-def eval_inputs(data_dir, batch_size):
+def eval_inputs(data_dir: str, batch_size: int) -> Batch:
     """One pass over the test split in file order, centrally cropped; the last batch may be short."""
     import tensorflow as tf
     files = check_data_dir(data_dir, 'test')
@@ -350,7 +364,7 @@ def eval_inputs(data_dir, batch_size):
         return _get_next(ds)
 
 
-def deterministic_inputs(data_dir, batch_size, offset=0, stride=None):
+def deterministic_inputs(data_dir: str, batch_size: int, offset: int = 0, stride: int | None = None) -> Batch:
     """Undistorted, unshuffled training batches in plain record order, for exactness tests.
 
     Number the N training records 0..N-1 in file order (data_batch_1.bin first, record order

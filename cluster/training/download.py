@@ -16,8 +16,16 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from cluster.training.data import SYNTHETIC_MANIFEST, TEST_FILE, TRAIN_FILES, DataError, check_data_set
+
+if TYPE_CHECKING:
+    import urllib.response
+    from _hashlib import HASH
+
+    Response = http.client.HTTPResponse | urllib.response.addinfourl     # urlopen's, for http(s) and file URLs
 
 CIFAR10_URL = 'https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz'
 CIFAR10_MD5 = 'c32a1d4ab5d03f1284b67883e8d87530'
@@ -42,7 +50,8 @@ def check_arguments(url: str, md5: str) -> None:
         raise ValueError(f'--md5 {md5}: expected 32 hexadecimal digits')
 
 
-def download_cifar10(dest: str, url: str = CIFAR10_URL, md5: str = CIFAR10_MD5, say=None) -> str:
+def download_cifar10(dest: str, url: str = CIFAR10_URL, md5: str = CIFAR10_MD5,
+                    say: Callable[[str], object] | None = None) -> str:
     """Make `<dest>/cifar-10-batches-bin` hold the checked CIFAR-10 binary files; returns its path.
     Does nothing when they are there already; keeps the verified archive beside them."""
     say = say or (lambda text: print(text, file=sys.stderr, flush=True))
@@ -74,7 +83,7 @@ def _complete(directory: str) -> bool:
     return True
 
 
-def _md5_of(path: str, digest=None):
+def _md5_of(path: str, digest: HASH | None = None) -> str:
     digest = digest or hashlib.md5()
     with open(path, 'rb') as f:
         for block in iter(lambda: f.read(CHUNK), b''):
@@ -82,7 +91,7 @@ def _md5_of(path: str, digest=None):
     return digest.hexdigest()
 
 
-def _fetch(url: str, archive: str, md5: str, say) -> None:
+def _fetch(url: str, archive: str, md5: str, say: Callable[[str], object]) -> None:
     """Stream `url` into `archive`.part, resuming what an earlier attempt left there; only a file
     whose MD5 matches becomes `archive`."""
     part = archive + '.part'
@@ -120,16 +129,17 @@ def _fetch(url: str, archive: str, md5: str, say) -> None:
     os.replace(part, archive)
 
 
-def _resumes_at(response, offset: int) -> bool:
+def _resumes_at(response: Response, offset: int) -> bool:
     """Whether the reply is the rest of the file from `offset`: a 206 whose Content-Range starts
     there (a server may answer a range request with other bytes, or all of them)."""
     if response.status != 206:
         return False
     found = re.fullmatch(r'bytes (\d+)-\d+/(\d+|\*)', response.headers.get('Content-Range', '').strip())
-    return bool(found) and int(found.group(1)) == offset
+    return found is not None and int(found.group(1)) == offset
 
 
-def _copy(response, part: str, mode: str, digest, done: int, total: int | None, url: str, say) -> None:
+def _copy(response: Response, part: str, mode: str, digest: HASH, done: int, total: int | None, url: str,
+          say: Callable[[str], object]) -> None:
     start = last = time.monotonic()
     first = done
     try:
@@ -168,7 +178,9 @@ def _unpack(archive: str, dest: str, target: str) -> None:
                         if name in OPTIONAL:
                             continue
                         raise DownloadError(f'{archive}: the archive has no file {ARCHIVE_DIR}/{name}')
-                    with tar.extractfile(member) as src, open(os.path.join(scratch, ARCHIVE_DIR, name), 'wb') as dst:
+                    src = tar.extractfile(member)
+                    assert src is not None      # a regular file's member always has its data
+                    with src, open(os.path.join(scratch, ARCHIVE_DIR, name), 'wb') as dst:
                         shutil.copyfileobj(src, dst, CHUNK)
         except (tarfile.TarError, OSError, EOFError) as e:
             raise DownloadError(f'{archive}: cannot unpack: {e}') from None

@@ -11,8 +11,18 @@ can read the model's memory estimate (`batch_memory_refusal`) without the second
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
 from cluster.runtime import hostinfo
 from cluster.training.data import IMAGE_SIZE, NUM_CLASSES
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+    from cluster.spec import ClusterSpec, TaskSpec
+
+    Read = Callable[[Any], tf.Tensor]       # a variable, or a partitioned one, to the value its towers use
 
 NUM_EXAMPLES_PER_EPOCH = 50000
 NUM_EPOCHS_PER_DECAY = 350.0
@@ -25,7 +35,8 @@ CONV_FILTERS = 64            # conv1 and conv2
 LOCAL3, LOCAL4 = 384, 192   # the fully connected layers
 
 
-def _weight(name, shape, stddev, seed, partitions=1, read=None):
+def _weight(name: str, shape: list[int], stddev: float, seed: int | None, partitions: int = 1,
+            read: Read | None = None) -> tf.Tensor:
     """The weights' value, read once: every use of a variable reads it anew, and where the
     variable lives on a ps task every read is one more transfer of it (the weight decay's
     L2 loss would pull the local3 weights a second time each step). `read(variable)`, if given,
@@ -38,7 +49,7 @@ def _weight(name, shape, stddev, seed, partitions=1, read=None):
     return read(var) if read else tf.identity(var, name=f'{name}_value')
 
 
-def _bias(name, size, value, read=None):
+def _bias(name: str, size: int, value: float, read: Read | None = None) -> tf.Tensor:
     import tensorflow as tf
     v1 = tf.compat.v1
     var = v1.get_variable(name, [size], dtype=tf.float32, initializer=v1.constant_initializer(value))
@@ -50,12 +61,13 @@ def _pooled(size: int) -> int:
     return -(-size // 2)
 
 
-def _lrn(x, name):
+def _lrn(x: tf.Tensor, name: str) -> tf.Tensor:
     import tensorflow as tf
     return tf.nn.lrn(x, 4, bias=1.0, alpha=0.001 / 9.0, beta=0.75, name=name)
 
 
-def inference(images, seed=None, partitions=1, read=None):
+def inference(images: tf.Tensor, seed: int | None = None, partitions: int = 1,
+              read: Read | None = None) -> tuple[tf.Tensor, tf.Tensor]:
     """images [batch, 24, 24, 3] -> (logits [batch, 10], weight-decay loss of this tower).
 
     Variables live under the `cifar10` scope with AUTO_REUSE, so the first tower creates them
@@ -67,7 +79,7 @@ def inference(images, seed=None, partitions=1, read=None):
     import tensorflow as tf
     v1 = tf.compat.v1
 
-    def s(k):
+    def s(k: int) -> int | None:
         return None if seed is None else seed * 10 + k
 
     with v1.variable_scope('cifar10', reuse=v1.AUTO_REUSE):
@@ -96,7 +108,7 @@ def inference(images, seed=None, partitions=1, read=None):
     return logits, decay
 
 
-def loss(logits, labels, decay):
+def loss(logits: tf.Tensor, labels: tf.Tensor, decay: tf.Tensor) -> tf.Tensor:
     """Mean cross-entropy of the batch plus the weight decay: the tutorial's total loss."""
     import tensorflow as tf
     xent = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
@@ -116,7 +128,7 @@ def default_learning_rate(examples_per_update: int) -> float:
     return BASE_LEARNING_RATE * examples_per_update / BASE_EXAMPLES
 
 
-def learning_rate(global_step, initial, examples_per_step):
+def learning_rate(global_step: tf.Tensor, initial: float, examples_per_step: int) -> tf.Tensor:
     """The tutorial's schedule: x0.1 every 350 epochs of 50,000 examples, as a staircase."""
     import tensorflow as tf
     v1 = tf.compat.v1
@@ -125,7 +137,7 @@ def learning_rate(global_step, initial, examples_per_step):
                                       staircase=True, name='learning_rate')
 
 
-def precision_at_1(logits, labels):
+def precision_at_1(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
     """How many of the batch's top-1 predictions are right (a count, summed by the caller)."""
     import tensorflow as tf
     return tf.reduce_sum(tf.cast(tf.nn.in_top_k(predictions=logits, targets=tf.cast(labels, tf.int32), k=1),
@@ -175,7 +187,7 @@ def host_memory_bytes(meminfo: str = '/proc/meminfo') -> int | None:
     return None
 
 
-def host_towers(devices, gpus: int) -> int:
+def host_towers(devices: str | int | tuple[str, ...], gpus: int) -> int:
     """How many of a worker's towers keep their activations in host memory (CPU towers), for a
     train.devices setting and a host with `gpus` GPUs ('auto' trains on every GPU, else on one CPU)."""
     if devices == 'auto':
@@ -211,7 +223,7 @@ def gpus_here() -> int:
     return hostinfo.gpu_count(listing=False)
 
 
-def check_batch_memory(spec, tasks) -> None:
+def check_batch_memory(spec: ClusterSpec, tasks: Iterable[TaskSpec]) -> None:
     """Raise the spec's error about train.batch_size if a worker among `tasks` (those that run
     on this machine) cannot hold one batch of the built-in model in this machine's memory."""
     if spec.train.program or spec.train.command or not any(t.job == 'worker' for t in tasks):

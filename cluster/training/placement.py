@@ -51,7 +51,7 @@ class ByteBalance:
     so far (greedy), instead of round-robin, which puts the model's few large weights wherever
     their turn falls. A variable colocated with another (a moving average, a slot) counts there."""
 
-    def __init__(self, num_ps: int):
+    def __init__(self, num_ps: int) -> None:
         self.loads = [0] * num_ps
 
     def __call__(self, op: tf.Operation) -> int:
@@ -91,7 +91,7 @@ class WeightReads:
     rounding never accumulates in the weights; each step's forward pass and gradient carry
     bfloat16's 8 bits of precision)."""
 
-    def __init__(self, device: str, transfer_dtype: str):
+    def __init__(self, device: str, transfer_dtype: str) -> None:
         self.device, self.half = device, transfer_dtype == 'bfloat16'
         self.values: dict[str, object] = {}
 

@@ -10,9 +10,15 @@ import json
 import os
 import re
 import time
+from typing import TYPE_CHECKING, Any
 
 from cluster.runtime import rundir
 from cluster.spec import TaskSpec
+
+if TYPE_CHECKING:
+    import cProfile
+
+    import tensorflow as tf
 
 PROFILE_ENV = 'TFCLUSTER_PROFILE'     # 'FIRST:COUNT': trace COUNT local steps from the FIRST-th on
 
@@ -31,13 +37,14 @@ class StepProfiler:
                          'AssignVariableOp', 'AssignSubVariableOp', 'AssignAddVariableOp', 'ScatterSub')))
     UNITS = {'B': 1, 'KB': 1e3, 'KiB': 1 << 10, 'MB': 1e6, 'MiB': 1 << 20, 'GB': 1e9, 'GiB': 1 << 30}
 
-    def __init__(self, path: str, first: int, count: int):
+    def __init__(self, path: str, first: int, count: int) -> None:
         self.path, self.first, self.count = path, first, count
         self.walls: list[float] = []
         self.by: dict[str, float] = {}
         self.bytes: dict[str, float] = {}
-        self.python = None              # the cProfile of the second COUNT steps, while it runs
-        self.python_steps, self.python_t0, self.python_report = 0, 0.0, None
+        self.python: cProfile.Profile | None = None     # the cProfile of the second COUNT steps, while it runs
+        self.python_steps, self.python_t0 = 0, 0.0
+        self.python_report: dict[str, float] | None = None
 
     @classmethod
     def of_env(cls, train_dir: str, task: TaskSpec) -> StepProfiler | None:
@@ -50,7 +57,7 @@ class StepProfiler:
     def wants(self, local_step: int) -> bool:
         return self.first <= local_step < self.first + 2 * self.count
 
-    def run(self, sess, fetches):
+    def run(self, sess: tf.compat.v1.Session, fetches: Any) -> Any:
         if len(self.walls) < self.count:
             return self._traced(sess, fetches)
         if self.python is None:
@@ -63,7 +70,7 @@ class StepProfiler:
             self._end_python()
         return out
 
-    def _traced(self, sess, fetches):
+    def _traced(self, sess: tf.compat.v1.Session, fetches: Any) -> Any:
         import tensorflow as tf
         v1 = tf.compat.v1
         meta = v1.RunMetadata()
@@ -95,8 +102,9 @@ class StepProfiler:
         self.python.disable()
         elapsed = time.monotonic() - self.python_t0
         import pstats
-        in_tf = sum(row[2] for (_, _, name), row in pstats.Stats(self.python).stats.items()
-                    if 'TF_SessionRun_wrapper' in name)
+        # Stats fills `stats` when it loads a profile; typeshed does not declare it
+        stats = pstats.Stats(self.python).stats     # type: ignore[attr-defined]
+        in_tf = sum(row[2] for (_, _, name), row in stats.items() if 'TF_SessionRun_wrapper' in name)
         n = self.python_steps
         self.python_report = {'steps': n, 'loop_s_per_step': elapsed / n, 'in_tf_run_s_per_step': in_tf / n,
                               'python_s_per_step': (elapsed - in_tf) / n}

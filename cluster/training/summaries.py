@@ -19,6 +19,7 @@ import itertools
 import logging
 import os
 import threading
+from collections.abc import Mapping
 
 import tensorflow as tf
 
@@ -33,18 +34,18 @@ _SERIAL = itertools.count()
 IMAGES_PER_SEC, WORKER_STEPS, RESTARTS, PRECISION_AT_1 = 'images_per_sec', 'worker_steps', 'restarts', 'precision_at_1'
 
 
-def scalar(tag: str, value: float):
+def scalar(tag: str, value: float) -> tf.compat.v1.Summary:
     return v1.Summary(value=[v1.Summary.Value(tag=tag, simple_value=float(value))])
 
 
-def text(tag: str, value: str):
+def text(tag: str, value: str) -> tf.compat.v1.Summary:
     """A text summary (TensorBoard's Text tab) without the graph op tf.summary.text would add."""
     metadata = v1.SummaryMetadata(plugin_data=v1.SummaryMetadata.PluginData(plugin_name='text'))
     return v1.Summary(value=[v1.Summary.Value(tag=tag, metadata=metadata,
                                               tensor=v1.make_tensor_proto(value, dtype=tf.string))])
 
 
-def writer(logdir: str, graph=None) -> 'Writer':
+def writer(logdir: str, graph: tf.Graph | None = None) -> Writer:
     """A FileWriter on `logdir` (in a Writer: see there for a disk that refuses it). Its file's
     name gets this process's id and a serial number: the default name has only the second and the
     host, so two writers opened in one second (two evaluations, a restart note beside a program's
@@ -74,7 +75,8 @@ class Writer:
     TensorFlow's event writer itself drops events on a full disk without a word (checked with 2.21):
     a flush after which its file has not grown, though summaries were added, is taken as that."""
 
-    def __init__(self, logdir: str, file_writer, suffix: str, pending: int = 0):
+    def __init__(self, logdir: str, file_writer: tf.compat.v1.summary.FileWriter | None, suffix: str,
+                 pending: int = 0) -> None:
         self.logdir, self._writer = logdir, file_writer
         self._file = next(iter(glob.glob(os.path.join(glob.escape(logdir), f'events.out.tfevents.*{suffix}'))), None) \
             if file_writer else None
@@ -82,7 +84,7 @@ class Writer:
         self._pending = pending         # summaries added since the last flush's check
         self._lock = threading.Lock()   # the training loop adds while the stop handler's thread flushes
 
-    def add_summary(self, summary, step: int | None = None) -> None:
+    def add_summary(self, summary: tf.compat.v1.Summary, step: int | None = None) -> None:
         file_writer = self._writer
         if file_writer is None:
             return
@@ -106,7 +108,7 @@ class Writer:
             self._off(rundir.os_cause(e) or _first_line(e))
             return
         size = self._file_size()
-        if pending and size is not None and self._size is not None and size <= self._size:
+        if pending and self._file and size is not None and self._size is not None and size <= self._size:
             self._off(_why_not_growing(self.logdir, self._file))
             return
         self._size = size if size is not None else self._size
@@ -152,12 +154,12 @@ def _first_line(error: BaseException) -> str:
     return next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
 
 
-def restart_cause(environ=None) -> str | None:
+def restart_cause(environ: Mapping[str, str] | None = None) -> str | None:
     """The launcher's one-line reason this task was started again (rundir.RESTART_ENV), if it was."""
     return (environ if environ is not None else os.environ).get(rundir.RESTART_ENV) or None
 
 
-def note_restart(file_writer, step: int, environ=None) -> str | None:
+def note_restart(file_writer: Writer, step: int, environ: Mapping[str, str] | None = None) -> str | None:
     """The chief, once per start: a restart's cause as a text summary at the global step it
     restored, so that TensorBoard shows where a run was cut and resumed. Returns the cause."""
     cause = restart_cause(environ)

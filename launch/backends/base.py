@@ -12,7 +12,8 @@ import socket
 import threading
 import time
 from dataclasses import asdict, dataclass, fields, is_dataclass
-from typing import Any, Iterable, Iterator, Mapping, TypeVar
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
@@ -22,6 +23,11 @@ from cluster.runtime.rundir import LEASE_ENV, read_text, write_atomically
 from launch.errors import UsageError
 from launch.system import poll_until
 from launch.planning.plan import TaskPlan
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+    from cluster.spec import ClusterSpec
 
 STOP_GRACE_SECS = 5.0     # SIGTERM, then SIGKILL after this long (one deadline shared by all tasks)
 
@@ -114,11 +120,12 @@ class TaskRecord:
 
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != 'handle'}
-        d['extra'] = asdict(self.handle) if is_dataclass(self.handle) else dict(self.handle or {})
+        handle = self.handle
+        d['extra'] = asdict(handle) if is_dataclass(handle) and not isinstance(handle, type) else dict(handle or {})
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> 'TaskRecord':
+    def from_dict(cls, d: dict) -> TaskRecord:
         known = {f.name for f in fields(cls)} - {'handle'}     # a state file may come from another version
         return cls(handle=dict(d.get('extra') or {}), **{k: v for k, v in d.items() if k in known})
 
@@ -132,7 +139,7 @@ class TaskRecord:
         return host_port(self.address or self.host, self.port)
 
 
-H = TypeVar('H')
+H = TypeVar('H', bound='DataclassInstance')
 
 
 def handle_of(record: TaskRecord, cls: type[H]) -> H:
@@ -185,7 +192,7 @@ class Backend(abc.ABC):
 
     name = ''
 
-    def prepare(self, plans: list[TaskPlan], spec_yaml: str) -> None:
+    def prepare(self, plans: list[TaskPlan], spec_yaml: str) -> None:     # noqa: B027 (a hook: no-op by default)
         """Put what the tasks need in place (the effective spec, log folders) before any start."""
 
     @abc.abstractmethod
@@ -200,7 +207,7 @@ class Backend(abc.ABC):
         be asked left out (its pre-flight says why). Called only when train.devices wants GPUs."""
         return {}
 
-    def preflight(self, spec, plans: list[TaskPlan]) -> None:
+    def preflight(self, spec: ClusterSpec, plans: list[TaskPlan]) -> None:
         """What stops `launch up` before anything starts (`check` without imports, every host's
         verdict in one line): raises UsageError."""
         failed = [c for c in self.check(plans) if not c.ok] if plans else []
@@ -212,7 +219,7 @@ class Backend(abc.ABC):
         """Start the task detached (its own session), its output going to plan.log_path (appended
         to when plan.restart, with record.log_offset where this start's output begins)."""
 
-    def renew(self, plans: list[TaskPlan], text: str | None = None) -> None:
+    def renew(self, plans: list[TaskPlan], text: str | None = None) -> None:     # noqa: B027 (a hook: no-op by default)
         """Touch the lease file of these tasks (LEASE_ENV in their environment): a task
         whose lease goes stale stops itself, so none outlives a launcher that is gone. With
         `text`, the file holds it (the live workers, cluster/runtime/membership.py); a change is written
@@ -222,7 +229,8 @@ class Backend(abc.ABC):
     def status(self, record: TaskRecord) -> Observation:
         """One observation of the task; never raises for a host it cannot ask (UNKNOWN)."""
 
-    def probe(self, record: TaskRecord, timeout: float, handshake: bool = True, channel_ready=None) -> bool:
+    def probe(self, record: TaskRecord, timeout: float, handshake: bool = True,
+              channel_ready: grpc.Future | None = None) -> bool:
         """Whether the task's server can be reached: with `handshake`, its gRPC server answers
         within `timeout` (a stopped process still accepts TCP connections in the kernel, but
         never answers); without, something accepts TCP connections on its port. `channel_ready`,
@@ -238,7 +246,7 @@ class Backend(abc.ABC):
         """Where a started task is, for the event log: its pid (a compose task: its container)."""
         return {'pid': record.pid or None}
 
-    def release(self, plans: list[TaskPlan]) -> None:
+    def release(self, plans: list[TaskPlan]) -> None:     # noqa: B027 (a hook: no-op by default)
         """Remove what the backend put in place for these tasks besides their processes (a network
         namespace), once they are stopped: `launch down` after a launcher that was killed."""
 
@@ -262,7 +270,7 @@ class Backend(abc.ABC):
         """The text of a small file on the task's host (`path` relative to its working directory),
         or None if it is not there."""
 
-    def close(self) -> None:
+    def close(self) -> None:     # noqa: B027 (a hook: no-op by default)
         """Release connections."""
 
 
@@ -337,7 +345,8 @@ def follow_file(path: str, stop: threading.Event | None, poll: float = 0.1, offs
                 try:
                     f = open(path, encoding='utf-8', errors='replace')
                     if offset:
-                        f.buffer.seek(offset)
+                        # open()'s buffer seeks; typeshed's _WrappedBuffer does not declare it
+                        f.buffer.seek(offset)    # type: ignore[attr-defined]
                 except FileNotFoundError:
                     if stop is None or stop.is_set():
                         return

@@ -25,6 +25,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from cluster.runtime import rundir
@@ -164,7 +165,7 @@ class ComposeHandle:
 class ComposeBackend(Backend):
     name = 'compose'
 
-    def __init__(self, spec: ClusterSpec, project_dir: str | None = None):
+    def __init__(self, spec: ClusterSpec, project_dir: str | None = None) -> None:
         self.spec = spec
         self.mapped = compose_spec(spec)
         self.project = project_name(spec)
@@ -179,12 +180,16 @@ class ComposeBackend(Backend):
         self._last: dict[str, tuple[str, int]] = {}     # container -> last state seen, exit code
 
     # -- tools ----------------------------------------------------------------------------
-    def _compose_cmd(self, *args: str) -> list[str]:
+    def _tool(self) -> list[str]:
+        """The Compose tool's argv (`docker compose` or `docker-compose`), looked for once."""
         if self._compose is None:
             self._compose = find_compose()
             if self._compose is None:
                 raise ComposeError(f'no Compose tool (neither `docker compose` nor docker-compose): {INSTALL_COMPOSE}')
-        return [*self._compose, '-f', self.file, '-p', self.project, '--project-directory', self.project_dir, *args]
+        return self._compose
+
+    def _compose_cmd(self, *args: str) -> list[str]:
+        return [*self._tool(), '-f', self.file, '-p', self.project, '--project-directory', self.project_dir, *args]
 
     def _env(self) -> dict:
         return {**os.environ, compose_file.IMAGE_VARIABLE: self._image or image_name()[0],
@@ -215,7 +220,7 @@ class ComposeBackend(Backend):
             problem = engine_error()
             if problem:
                 return [HostCheck(where, False, problem)]
-            self._compose_cmd()
+            tool = self._tool()
             if self._containers():
                 return [HostCheck(where, False, f'containers of compose project {self.project} are left from an '
                                                 f'earlier run: remove them with `launch down {self.spec.path}`')]
@@ -232,7 +237,7 @@ class ComposeBackend(Backend):
                                                     'or run docker/build-offline.sh')]
                 image = build_image()
             self._image = image
-            detail = f'engine {self._server_version()}, {" ".join(self._compose)}, image {image}'
+            detail = f'engine {self._server_version()}, {" ".join(tool)}, image {image}'
             if imports:
                 detail += self._probe_image(image)
             return [HostCheck(where, True, f'{detail}, {len(plans)} container(s), project {self.project}')]
@@ -369,7 +374,7 @@ class ComposeBackend(Backend):
             return
         self._down(grace)
 
-    def renew(self, plans, text=None):
+    def renew(self, plans: list[TaskPlan], text: str | None = None) -> None:
         touch_leases(plans, self.project_dir, text)      # the bind-mounted train_dir, seen from the host
 
     def _down(self, grace: float = STOP_GRACE_SECS) -> None:
@@ -405,15 +410,16 @@ class ComposeBackend(Backend):
                 log.warning('%s', e)
 
     # -- files ----------------------------------------------------------------------------
-    def locate(self, record):
+    def locate(self, record: TaskRecord) -> dict:
         return {'pid': record.pid or None, 'container': handle_of(record, ComposeHandle).container or record.ident}
 
-    def log_record(self, plan):
+    def log_record(self, plan: TaskPlan) -> TaskRecord:
         return planned_record(plan, os.path.join(self.project_dir, plan.log_path), self.project_dir, self.name)
 
-    def read_log(self, record, follow=False, stop=None, offset=0):
+    def read_log(self, record: TaskRecord, follow: bool = False, stop: threading.Event | None = None,
+                 offset: int = 0) -> Iterator[str]:
         return follow_file(record.log, stop if follow else None, offset=offset)
 
-    def read_file(self, record, path):
+    def read_file(self, record: TaskRecord, path: str) -> str | None:
         return read_text(os.path.join(record.cwd, path))
 

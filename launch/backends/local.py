@@ -9,7 +9,9 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import psutil
 
@@ -23,6 +25,13 @@ from launch.backends.base import (ENDED, HOST_PROBE, RUNNING, STOP_GRACE_SECS, B
                             Observation, TaskRecord, follow_file, handle_of, link_attempt_log,
                             planned_record, touch_leases, wait_all)
 from launch.planning.plan import TaskPlan
+
+if TYPE_CHECKING:
+    import threading
+
+    import grpc
+
+    from cluster.spec import ClusterSpec
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +54,7 @@ INHERITED = frozenset({'PATH', 'HOME', 'USER', 'LOGNAME', 'SHELL', 'LANG', 'LANG
 INHERITED_PREFIXES = ('LC_', 'PYTHON', 'CONDA_', 'PYENV_', 'TFCLUSTER_')
 
 
-def inherited(environ) -> dict[str, str]:
+def inherited(environ: Mapping[str, str]) -> dict[str, str]:
     """The part of the launcher's environment a local task starts with (INHERITED)."""
     return {k: v for k, v in environ.items() if k in INHERITED or k.startswith(INHERITED_PREFIXES)}
 
@@ -81,11 +90,11 @@ class LocalHandle:
 class LocalBackend(Backend):
     name = 'local'
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._children: dict[int, subprocess.Popen] = {}
         self._namespaces: set[str] = set()      # made (or taken over) by this launcher: deleted by close()
 
-    def prepare(self, plans, spec_yaml):
+    def prepare(self, plans: list[TaskPlan], spec_yaml: str) -> None:
         for ns in sorted({p.netns for p in plans if p.netns}):
             netns.create(ns)
             self._namespaces.add(ns)
@@ -101,14 +110,14 @@ class LocalBackend(Backend):
         private network namespace has the namespace's ports to itself)."""
         return [p for p in plans if not p.netns and port_in_use(p.task.port)]
 
-    def preflight(self, spec, plans):
+    def preflight(self, spec: ClusterSpec, plans: list[TaskPlan]) -> None:
         """Named by task, where `launch check` says it per host."""
         busy = self.busy(plans)
         if busy:
             task = busy[0].task
             raise UsageError(f'{spec.path}: {task.name}: port {task.port} on {task.host} is already in use')
 
-    def check(self, plans, imports: bool = False):
+    def check(self, plans: list[TaskPlan], imports: bool = False) -> list[HostCheck]:
         if not plans:
             return []
         problems = [f'port {p.task.port} ({p.name}) already in use' for p in self.busy(plans)]
@@ -154,10 +163,11 @@ class LocalBackend(Backend):
                           cwd=os.path.abspath(plan.cwd), log_offset=offset,
                           handle=LocalHandle(plan.netns))
 
-    def renew(self, plans, text=None):
+    def renew(self, plans: list[TaskPlan], text: str | None = None) -> None:
         touch_leases(plans, text=text)
 
-    def probe(self, record, timeout, handshake=True, channel_ready=None):
+    def probe(self, record: TaskRecord, timeout: float, handshake: bool = True,
+              channel_ready: grpc.Future | None = None) -> bool:
         # A task in a namespace is out of the launcher's own reach: ask from inside (launch/backends/netns.py).
         ns = handle_of(record, LocalHandle).netns
         if not ns:
@@ -165,12 +175,12 @@ class LocalBackend(Backend):
         ask = netns.answers if handshake else netns.listening
         return ask(ns, record.host, record.port, 0.5 if channel_ready is not None else timeout)
 
-    def release(self, plans):
+    def release(self, plans: list[TaskPlan]) -> None:
         for ns in sorted({p.netns for p in plans if p.netns}):
             netns.delete(ns)
             self._namespaces.discard(ns)
 
-    def close(self):
+    def close(self) -> None:
         """Delete the namespaces this launcher made, once every task in them is stopped (one whose
         tasks could not be stopped stays, for `launch down`)."""
         for ns in sorted(self._namespaces):
@@ -197,7 +207,7 @@ class LocalBackend(Backend):
             return False
         return 'cluster.task' in process_cmdline(record.pid)
 
-    def stop(self, records, grace: float = STOP_GRACE_SECS) -> None:
+    def stop(self, records: list[TaskRecord], grace: float = STOP_GRACE_SECS) -> None:
         live = [r for r in records if self._ours(r)]
         for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
             for r in live:
@@ -207,17 +217,19 @@ class LocalBackend(Backend):
                         os.killpg(r.pid, signal.SIGCONT)
                 except ProcessLookupError:
                     pass
-            wait_all(lambda: not any(self._ours(r) for r in live), time.monotonic() + wait)
+            # wait_all calls the lambda before it returns: `live` is this turn's (B023 fears a later call)
+            wait_all(lambda: not any(self._ours(r) for r in live), time.monotonic() + wait)  # noqa: B023
             live = [r for r in live if self._ours(r)]
             if not live:
                 break
 
-    def read_file(self, record, path):
+    def read_file(self, record: TaskRecord, path: str) -> str | None:
         return read_text(os.path.join(record.cwd, path))
 
-    def log_record(self, plan):
+    def log_record(self, plan: TaskPlan) -> TaskRecord:
         return planned_record(plan, os.path.abspath(os.path.join(plan.cwd, plan.log_path)),
                               os.path.abspath(plan.cwd), self.name)
 
-    def read_log(self, record, follow=False, stop=None, offset=0):
+    def read_log(self, record: TaskRecord, follow: bool = False, stop: threading.Event | None = None,
+                 offset: int = 0) -> Iterator[str]:
         return follow_file(record.log, stop if follow else None, offset=offset)

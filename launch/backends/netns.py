@@ -21,6 +21,7 @@ import shutil
 import socket
 import threading
 import time
+from collections.abc import Sequence
 
 from launch import system
 from launch.backends.base import BackendError
@@ -114,7 +115,7 @@ def delete(ns: str, wait: float = 5.0) -> None:
     _ip('netns', 'delete', ns)
 
 
-def wrap(ns: str, argv) -> list[str]:
+def wrap(ns: str, argv: Sequence[str]) -> list[str]:
     """argv run inside the namespace (`ip` enters it and execs argv: the pid stays the task's)."""
     return ['ip', 'netns', 'exec', ns, *argv]
 
@@ -124,7 +125,7 @@ def socket_in(ns: str, family: int = socket.AF_INET, kind: int = socket.SOCK_STR
     it is). Raises OSError if the namespace is gone or cannot be entered."""
     out: dict = {}
 
-    def enter_and_make():
+    def enter_and_make() -> None:
         try:
             fd = os.open(path(ns), os.O_RDONLY | os.O_CLOEXEC)
             try:

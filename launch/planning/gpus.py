@@ -18,7 +18,7 @@ loopback name is this machine; two spec names of one ssh host are one machine).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from collections.abc import Mapping
 
 from cluster.spec import ClusterSpec, SpecError, TaskSpec, same_machine_key
 
@@ -45,7 +45,7 @@ class Slot:
         return f'{"GPU" if len(self.gpus) == 1 else "GPUs"} {",".join(map(str, self.gpus))} of {self.machine} ({count})'
 
 
-def tower_gpus(devices) -> tuple[int, ...]:
+def tower_gpus(devices: str | int | tuple[str, ...]) -> tuple[int, ...]:
     """The gpu:i indices of a train.devices list, in order (() for auto or CPU towers)."""
     if not isinstance(devices, tuple):
         return ()
@@ -98,7 +98,7 @@ def assign(spec: ClusterSpec, machine_of: Mapping[str, str] | None = None,
 class GPUShortage(SpecError):
     """Hosts with too few GPUs for their workers: `problems` holds (machine, its workers, why) each."""
 
-    def __init__(self, error: SpecError, problems: list[tuple[str, str]]):
+    def __init__(self, error: SpecError, problems: list[tuple[str, str, str]]) -> None:
         super().__init__(str(error))
         self.problems = problems
 
@@ -107,7 +107,8 @@ def _has(count: int) -> str:
     return 'no GPU' if count == 0 else f'{_plural(count, "GPU")} (gpu:0..gpu:{count - 1})'
 
 
-def _share(devices, workers: int, count: int | None) -> tuple[list[tuple[int, ...]] | None, str | None]:
+def _share(devices: str | int | tuple[str, ...], workers: int,
+           count: int | None) -> tuple[list[tuple[int, ...]] | None, str | None]:
     """The GPUs of each of a machine's `workers` (None: unknown), or one line why they do not fit."""
     if devices == 'auto':
         if count is None:

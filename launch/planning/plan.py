@@ -8,9 +8,10 @@ import hashlib
 import os
 import sys
 from dataclasses import dataclass
-from typing import Mapping
+from collections.abc import Mapping
 
 from cluster.spec import LOOPBACK_NAMES, ClusterSpec, HostConfig, SpecError, TaskSpec, address
+from cluster.spec.model import emptied
 from cluster.runtime import rundir
 from cluster.runtime.rundir import LEASE_ENV, LEASE_SECS_ENV
 from launch.planning import gpus as gpu_slots
@@ -110,7 +111,7 @@ def task_spec(spec: ClusterSpec, addresses: Mapping[str, str] | None = None) -> 
             raise SpecError(f'{spec.path}: cluster: {before.name} ({before.address}) and {other.name} '
                             f'({other.address}) both resolve to {after.address}: every task needs its own '
                             'address:port (check HostName in the ssh config and hosts.*.address)')
-    return dataclasses.replace(spec, tasks=tasks, hosts=type(spec.hosts)({}), gpus=type(spec.gpus)({}))
+    return dataclasses.replace(spec, tasks=tasks, hosts=emptied(spec.hosts), gpus=emptied(spec.gpus))
 
 
 def plan_task(spec: ClusterSpec, task: TaskSpec, python: str | None = None, cwd: str = '.',
@@ -120,10 +121,11 @@ def plan_task(spec: ClusterSpec, task: TaskSpec, python: str | None = None, cwd:
     net = net or task_spec(spec)
     reach = net.task(task.job, task.index)
     local = is_local(spec, task.host)
-    host = None if local else spec.hosts.get(task.host, HostConfig(name=task.host))
+    host: HostConfig | None = None
     if local:
         python = python or sys.executable
     else:
+        host = spec.hosts.get(task.host, HostConfig(name=task.host))
         python = host.python or DEFAULT_REMOTE_PYTHON
         cwd = host.workdir or DEFAULT_REMOTE_WORKDIR
     spec_file = effective_spec_path(spec)
@@ -146,7 +148,7 @@ def compose_spec(spec: ClusterSpec) -> ClusterSpec:
     GPU counts (the plans hold each worker's GPUs) and network namespaces mean nothing there (the
     project's network is internal) and are dropped."""
     tasks = tuple(dataclasses.replace(t, host=service_name(t)) for t in spec.tasks)
-    return dataclasses.replace(spec, tasks=tasks, hosts=type(spec.hosts)({}), gpus=type(spec.gpus)({}), isolation='none')
+    return dataclasses.replace(spec, tasks=tasks, hosts=emptied(spec.hosts), gpus=emptied(spec.gpus), isolation='none')
 
 
 def plan_compose_task(spec: ClusterSpec, task: TaskSpec, slot: Slot) -> TaskPlan:

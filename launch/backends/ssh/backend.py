@@ -120,7 +120,7 @@ class SSHBackend(Backend):
     name = 'ssh'
     _parallel = staticmethod(parallel)
 
-    def __init__(self, spec: ClusterSpec, ssh_config: str | None = None, check_host_keys: bool = True):
+    def __init__(self, spec: ClusterSpec, ssh_config: str | None = None, check_host_keys: bool = True) -> None:
         self.spec = spec
         self.ssh_config = ssh_config
         self.check_host_keys = check_host_keys
@@ -214,7 +214,8 @@ class SSHBackend(Backend):
             self._host(name).workdirs[cwd] = workdir
             for spec_path in {p.spec_path for p in mine}:
                 target = posixpath.join(workdir, spec_path)
-                self._sftp_call(name, lambda sftp: self._upload(sftp, spec_yaml, target))
+                # _sftp_call runs the lambda before it returns: `target` is this turn's (B023 fears a later call)
+                self._sftp_call(name, lambda sftp: self._upload(sftp, spec_yaml, target))  # noqa: B023
 
     @staticmethod
     def _upload(sftp: paramiko.SFTPClient, text: str, target: str) -> None:

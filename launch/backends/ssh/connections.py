@@ -38,7 +38,7 @@ R = TypeVar('R')
 class SSHError(BackendError):
     """Something about one host went wrong: the message names the host, then the cause."""
 
-    def __init__(self, host: str, cause: str):
+    def __init__(self, host: str, cause: str) -> None:
         super().__init__(f'{host}: {cause}')
         self.host, self.cause = host, cause
 
@@ -111,7 +111,7 @@ class Connections:
     thread, and dropped (to be made anew) once a command finds it broken."""
 
     def __init__(self, hosts: Mapping[str, HostConfig], ssh_config: str | None = None,
-                 check_host_keys: bool = True):
+                 check_host_keys: bool = True) -> None:
         self.hosts = hosts
         self.ssh_config = ssh_config
         self.check_host_keys = check_host_keys
