@@ -9,12 +9,12 @@ import signal
 import sys
 
 from cluster.runtime.rundir import EXIT_USAGE
-from cluster.spec import load_spec
+from cluster.spec import SpecError, load_spec
 from launch.run import registry
-from launch.commands import (COMMANDS, ERRORS, EXIT_NO_RUN, RENDERERS, Request, check_request, cmd_download, cmd_list,
+from launch.commands import (COMMANDS, EXIT_NO_RUN, RENDERERS, Request, check_request, cmd_download, cmd_list,
                              load_target)
 from launch.records.runs import RunNotFound
-from launch.errors import UsageError
+from launch.errors import LaunchError, UsageError
 
 
 RUN_COMMANDS = ('status', 'down', 'logs', 'eval', 'report', 'scale')     # they take a run id or train_dir too
@@ -153,7 +153,10 @@ def main(argv=None) -> int:
     except RunNotFound as e:
         print(f'launch: error: {e}', file=sys.stderr)
         return EXIT_NO_RUN if args.command == 'status' else EXIT_USAGE
-    except ERRORS as e:
+    except LaunchError as e:
+        print(f'launch: error: {e}', file=sys.stderr)
+        return e.exit_code
+    except SpecError as e:          # the spec's user error (cluster/ never imports launch/): exit 2
         print(f'launch: error: {e}', file=sys.stderr)
         return EXIT_USAGE
 

@@ -20,15 +20,12 @@ from launch.backends import netns
 from launch.run import registry
 from launch.records import runs
 from launch.backends.base import BackendError, HostCheck, stop_all
-from launch.errors import UsageError
+from launch.errors import EXIT_NO_RUN, LaunchError, UsageError
 from launch.run.lifecycle import Console, Lifecycle
 from launch.planning.plan import TaskPlan, effective_spec_path, log_path, state_path
 from launch.run.preflight import check_isolation, launcher_alive, prepare_data, preflight, warn_exposure
 from launch.records.events import read_events
 from launch.run.state import LaunchState, StateError
-
-EXIT_NO_RUN = 3         # `launch status` of a run that does not exist (like `systemctl status`)
-
 
 @dataclass(frozen=True)
 class Request:
@@ -571,4 +568,4 @@ def cmd_download(args) -> int:
 
 COMMANDS = {'up': cmd_up, 'scale': cmd_scale, 'status': cmd_status, 'down': cmd_down, 'logs': cmd_logs, 'plan': cmd_plan,
             'check': cmd_check, 'eval': cmd_eval, 'compose': cmd_compose, 'render': cmd_render, 'report': cmd_report}
-ERRORS = (SpecError, UsageError, StateError)     # one line, exit code 2
+ERRORS = (SpecError, LaunchError)     # one line; a LaunchError's class carries its exit code, a SpecError's is 2
