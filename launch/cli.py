@@ -11,10 +11,11 @@ import sys
 from cluster.runtime.rundir import EXIT_USAGE
 from cluster.spec import SpecError, load_spec
 from launch.run import registry
-from launch.commands import (COMMANDS, EXIT_NO_RUN, RENDERERS, Request, check_request, cmd_download, cmd_list,
+from launch.commands import (COMMANDS, EXIT_NO_RUN, Request, check_request, cmd_download, cmd_list,
                              load_target)
 from launch.records.runs import RunNotFound
 from launch.errors import LaunchError, UsageError
+from launch.render import RENDERERS, takers
 
 
 RUN_COMMANDS = ('status', 'down', 'logs', 'eval', 'report', 'scale')     # they take a run id or train_dir too
@@ -43,6 +44,11 @@ def _slurm_args(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument('--time-limit', metavar='TIME', help=f'{what}the job\'s time limit, e.g. 1:00:00')
     p.add_argument('--port-base', type=int, default=None, metavar='PORT',
                    help=f'{what}each node\'s tasks listen on PORT, PORT+1, ... (default {DEFAULT_PORT_BASE})')
+
+
+def _readers(option: str) -> str:
+    """'jobset, trainjob, tfjob: ': the formats that read a render option, as its help begins."""
+    return f'{", ".join(takers(option))}: '
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -99,16 +105,18 @@ def parse_args(argv=None) -> argparse.Namespace:
                                         'Kubeflow TrainJob or TFJob), starting nothing')
     _spec_args(ren)
     ren.add_argument('--format', required=True, choices=tuple(RENDERERS),
-                     help='; '.join(f'{name}: {what}' for name, (_, what) in RENDERERS.items()))
+                     help='; '.join(f'{r.name}: {r.description}' for r in RENDERERS.values()))
     ren.add_argument('-o', '--output', metavar='FILE', help='where to write it (default: standard output)')
     ren.add_argument('--name', help='the job name (default: from the spec file name)')
-    kube = 'jobset, trainjob, tfjob: '
-    ren.add_argument('--image', help=f'{kube}the container image (default: the compose image, tfcluster:latest)')
-    ren.add_argument('--namespace', help=f'{kube}the Kubernetes namespace (default: none, kubectl\'s current one)')
+    ren.add_argument('--image', help=f'{_readers("image")}the container image (default: the compose image, '
+                                     'tfcluster:latest)')
+    ren.add_argument('--namespace', help=f'{_readers("namespace")}the Kubernetes namespace (default: none, '
+                                         'kubectl\'s current one)')
     ren.add_argument('--pvc', metavar='CLAIM',
-                     help=f'{kube}the workers\' train_dir on this PersistentVolumeClaim (ReadWriteMany when workers '
-                          'can land on different nodes), so checkpoints outlive the pods (default: an emptyDir)')
-    _slurm_args(ren, 'sbatch: ')
+                     help=f'{_readers("pvc")}the workers\' train_dir on this PersistentVolumeClaim (ReadWriteMany '
+                          'when workers can land on different nodes), so checkpoints outlive the pods (default: an '
+                          'emptyDir)')
+    _slurm_args(ren, _readers('partition'))
     dl = sub.add_parser('download', help='download and verify the real CIFAR-10 (binary version, 170 MB); '
                                          'the only command that uses the network')
     dl.add_argument('dest', nargs='?', default='data', help='where to put it (default: ./data); the files land '

@@ -514,31 +514,18 @@ def write_output(text: str, path: str | None) -> bool:
     return True
 
 
-RENDERERS = {'sbatch': ('launch.render.sbatch', 'a Slurm batch script (`launch up --backend slurm` submits it)'),
-             'jobset': ('launch.render.jobset', 'a Kubernetes JobSet (jobset.x-k8s.io/v1alpha2) to `kubectl apply -f`'),
-             'trainjob': ('launch.render.trainjob', 'a Kubeflow Trainer v2 TrainingRuntime and TrainJob to '
-                                             '`kubectl apply -f`'),
-             'tfjob': ('launch.render.tfjob', 'a Kubeflow TFJob (kubeflow.org/v1, Training Operator 1.9) to '
-                                       '`kubectl apply -f`')}
-KUBERNETES_FORMATS = ('jobset', 'trainjob', 'tfjob')
-
-
 def cmd_render(spec: ClusterSpec, req: Request) -> int:
-    """The spec in the scheduler's own format: launch/render/sbatch.py (sbatch), launch/render/jobset.py (jobset),
-    launch/render/trainjob.py (trainjob) or launch/render/tfjob.py (tfjob)."""
-    import importlib
+    """The spec in a scheduler's own format, by the renderer launch/render/__init__.py names."""
+    from launch.render import RENDERERS, RenderOptions, option_refusal
     from launch.render.sbatch import option_problem     # the --partition, --time-limit, --port-base given
-    problem = option_problem(spec, req.options)
+    args = req.args
+    opts = RenderOptions(name=args.name, image=args.image, namespace=args.namespace, pvc=args.pvc,
+                         partition=args.partition, time_limit=args.time_limit, port_base=args.port_base)
+    problem = option_problem(spec, opts) or option_refusal(args.format, opts)
     if problem:
         raise UsageError(problem)
-    if req.args.format not in KUBERNETES_FORMATS:
-        for flag in ('pvc', 'image', 'namespace'):
-            if getattr(req.args, flag, None) is not None:
-                raise UsageError(f'--{flag} is for the Kubernetes formats ({", ".join(KUBERNETES_FORMATS)}), '
-                                 f'not --format {req.args.format}')
-    module = importlib.import_module(RENDERERS[req.args.format][0])
-    if write_output(module.render(spec, req.args), req.args.output):
-        print(f'wrote {req.args.output} ({req.args.format})')
+    if write_output(RENDERERS[args.format].render(spec, opts), args.output):
+        print(f'wrote {args.output} ({args.format})')
     return 0
 
 

@@ -18,6 +18,7 @@ from launch.backends.base import Backend
 from launch.errors import UsageError
 from launch.planning import gpus
 from launch.planning.plan import TaskPlan, is_local, plan_cluster, plan_compose, service_name, task_spec
+from launch.render.options import RenderOptions
 
 SUPERVISED, DELEGATED = 'supervised', 'delegated'
 
@@ -30,6 +31,10 @@ class Options:
     partition: str | None = None
     time_limit: str | None = None
     port_base: int | None = None
+
+    def render_options(self) -> RenderOptions:
+        """The options the batch script of `up --backend slurm` is rendered with."""
+        return RenderOptions(partition=self.partition, time_limit=self.time_limit, port_base=self.port_base)
 
 
 @dataclass(frozen=True)
@@ -116,12 +121,12 @@ def _slurm_unsupported(command: str, spec: ClusterSpec) -> str | None:
 
 def _slurm_strategy(spec: ClusterSpec, opts: Options):
     from launch.run.slurm import make_strategy
-    return make_strategy(spec, opts)
+    return make_strategy(spec, opts.render_options())
 
 
 def _slurm_check(spec: ClusterSpec, opts: Options) -> str | None:
     from launch.render.sbatch import option_problem
-    return option_problem(spec, opts)
+    return option_problem(spec, opts.render_options())
 
 
 _HOSTS = dict(strategy=SUPERVISED, addresses=_ssh_addresses, plan=_plan_hosts)

@@ -26,6 +26,7 @@ from cluster.spec import ClusterSpec
 from launch.errors import UsageError
 from launch.backends.base import follow_file
 from launch.run.lifecycle import CHECKPOINT_GRACE_SECS, Failure, Lifecycle, Outcome, Strategy, resume_hint
+from launch.render.options import RenderOptions
 from launch.render.sbatch import heterogeneous
 
 log = logging.getLogger(__name__)
@@ -163,8 +164,9 @@ def first_failure(lines, spec: ClusterSpec) -> str | None:
     return None
 
 
-def make_strategy(spec: ClusterSpec, opts) -> 'SlurmRun':
-    """The registry's factory: `up --backend slurm` runs the spec as one batch job (launch/render/sbatch.py)."""
+def make_strategy(spec: ClusterSpec, opts: RenderOptions) -> 'SlurmRun':
+    """The registry's factory: `up --backend slurm` runs the spec as one batch job (launch/render/sbatch.py)
+    rendered with `opts`."""
     from launch.render import sbatch as slurm
     missing = missing_command()
     if missing:     # before anything is written
