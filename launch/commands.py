@@ -3,6 +3,7 @@ these with the loaded spec; the backends they need come from launch/run/registry
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import shlex
@@ -23,7 +24,7 @@ from launch.backends.base import BackendError, HostCheck, stop_all
 from launch.errors import EXIT_NO_RUN, LaunchError, UsageError
 from launch.run.lifecycle import Console, Lifecycle
 from launch.planning.plan import TaskPlan, effective_spec_path, log_path, state_path
-from launch.run.preflight import check_isolation, launcher_alive, prepare_data, preflight, warn_exposure
+from launch.run.preflight import check_isolation, checks_before_up, launcher_alive, warn_exposure
 from launch.records.events import read_events
 from launch.run.state import LaunchState, StateError
 
@@ -64,13 +65,6 @@ def plans_of(spec: ClusterSpec, req: Request) -> list[TaskPlan]:
     return registry.plans(spec, req.backend, req.options)
 
 
-def with_gpus(spec: ClusterSpec, req: Request, plans: list[TaskPlan], backends) -> list[TaskPlan]:
-    """The plans again with the GPUs the workers' hosts say they have (launch/planning/gpus.py): each
-    worker of a host its own. Raises SpecError when a host has too few."""
-    counts = registry.gpu_counts(spec, plans, backends)
-    return registry.plans(spec, req.backend, req.options, counts) if counts else plans
-
-
 def backends_for(spec: ClusterSpec, req: Request, plans: list[TaskPlan], state: LaunchState | None = None):
     """The backends the plans need, and those of any task the state file remembers."""
     names = {p.backend for p in plans} | {r.backend for r in (state.tasks if state else [])}
@@ -104,7 +98,7 @@ def cmd_up(spec: ClusterSpec, req: Request) -> int:
     console = Console(verbose=args.verbose)
     kind = registry.kind(req.backend)
     if args.workers not in (None, spec.num_workers):
-        if kind.strategy == registry.DELEGATED:
+        if kind.mode == registry.DELEGATED:
             raise UsageError(f'--workers {args.workers}: the {kind.name} scheduler runs every worker of the spec; '
                              'change the spec\'s worker list instead')
         r = spec.train.replicas_to_aggregate
@@ -113,25 +107,12 @@ def cmd_up(spec: ClusterSpec, req: Request) -> int:
                              'sync step needs')
         if spec.train.command:
             raise UsageError(f'--workers {args.workers}: a train.command gets every worker of the spec')
-    if kind.strategy == registry.DELEGATED:     # a scheduler owns the tasks
-        strategy = kind.delegate(spec, req.options)
-        life = Lifecycle(spec, console, kind.name, strategy.effective_spec, overrides=args.overrides)
-        return life.up(strategy).exit_code
-    from launch.run.supervised import SupervisedRun
-    plans = plans_of(spec, req)
-    spec_yaml = registry.tasks_spec_yaml(spec, req.backend, req.options)
-    with backends_for(spec, req, plans) as backends:
-        plans = with_gpus(spec, req, plans, backends)     # too few GPUs: SpecError, nothing started
-        life = Lifecycle(spec, console, ','.join(sorted({p.backend for p in plans})), spec_yaml,
-                         overrides=args.overrides)
-
-        def checks():
-            preflight(spec, plans, backends, say=console.say)
-            prepare_data(spec, plans)
-        run = SupervisedRun(spec, spec_yaml, plans, backends, start_timeout=args.start_timeout,
-                            finish_timeout=args.finish_timeout, checks=checks,
-                            warn=lambda: warn_exposure(plans, short=True), workers=args.workers)
-        return life.up(run).exit_code
+    settings = registry.UpSettings(workers=args.workers, start_timeout=args.start_timeout,
+                                   finish_timeout=args.finish_timeout, say=console.say, checks=checks_before_up,
+                                   warn=functools.partial(warn_exposure, short=True))
+    with registry.strategy(spec, req.backend, req.options, settings) as launch:
+        life = Lifecycle(spec, console, launch.backend, launch.spec_yaml, overrides=args.overrides)
+        return life.up(launch.strategy).exit_code
 
 
 def cmd_scale(spec: ClusterSpec, req: Request) -> int:
@@ -141,7 +122,7 @@ def cmd_scale(spec: ClusterSpec, req: Request) -> int:
     workers = req.args.workers
     check_workers(spec, workers)
     train_dir = spec.train.train_dir
-    if registry.kind(req.backend).strategy == registry.DELEGATED:
+    if registry.kind(req.backend).mode == registry.DELEGATED:
         raise UsageError(f'launch scale: the {registry.kind(req.backend).name} scheduler owns the size of the job')
     if TrainDirLock.held(train_dir) is None:
         raise UsageError(f'launch scale: no launcher runs {spec.path} (train_dir {train_dir}); '
@@ -428,7 +409,8 @@ def cmd_check(spec: ClusterSpec, req: Request) -> int:
         checks = [c for name, b in backends.items()
                   for c in b.check([p for p in plans if p.backend == name], imports=True)]
         try:
-            given = [p for p in with_gpus(spec, req, plans, backends) if p.slot and p.slot.gpus]
+            given = [p for p in registry.with_gpus(spec, req.backend, req.options, plans, backends)
+                     if p.slot and p.slot.gpus]
             if given:
                 checks.append(HostCheck('gpus', True, '; '.join(f'{p.name} {p.slot.describe()}' for p in given)))
         except gpus.GPUShortage as e:     # said in the host's own line where it has one
