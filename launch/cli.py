@@ -1,5 +1,7 @@
-"""The `launch` command line: argparse and dispatch. The commands themselves are in
-launch/commands.py; what each backend can do is in launch/run/registry.py."""
+"""The `launch` command line: argparse and dispatch. cli.py turns argparse's namespace into typed
+flags (launch/commands/flags.py) and nothing past it sees the namespace; the commands themselves
+are in launch/commands/, what each backend can do is in launch/run/registry.py, and the formats
+of `launch render` are in launch/render/__init__.py."""
 from __future__ import annotations
 
 import argparse
@@ -7,14 +9,17 @@ import logging
 import os
 import signal
 import sys
+from typing import Callable
 
 from cluster.runtime.rundir import EXIT_USAGE
-from cluster.spec import load_spec
-from launch.run import registry
-from launch.commands import (COMMANDS, ERRORS, EXIT_NO_RUN, RENDERERS, Request, check_request, cmd_download, cmd_list,
-                             load_target)
+from cluster.spec import ClusterSpec, SpecError, load_spec
+from launch.commands import COMMANDS, Request, check_request, cmd_download, cmd_list, load_target
+from launch.commands.flags import (DownloadFlags, EvalFlags, JsonFlags, ListFlags, LogsFlags, NoFlags, OutputFlags,
+                                   RenderFlags, ScaleFlags, UpFlags)
+from launch.errors import LaunchError, NoSuchRun, UsageError
 from launch.records.runs import RunNotFound
-from launch.errors import UsageError
+from launch.render import RENDERERS, RenderOptions, takers
+from launch.run import registry
 
 
 RUN_COMMANDS = ('status', 'down', 'logs', 'eval', 'report', 'scale')     # they take a run id or train_dir too
@@ -45,10 +50,23 @@ def _slurm_args(p: argparse.ArgumentParser, what: str) -> None:
                    help=f'{what}each node\'s tasks listen on PORT, PORT+1, ... (default {DEFAULT_PORT_BASE})')
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def _readers(option: str) -> str:
+    """'jobset, trainjob, tfjob: ': the formats that read a render option, as its help begins."""
+    return f'{", ".join(takers(option))}: '
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog='launch', description='Launch and manage TensorFlow parameter-server clusters.')
     p.add_argument('--version', action='version', version=f'%(prog)s {_version()}')
     sub = p.add_subparsers(dest='command', required=True, metavar='COMMAND')
+    _add_run_commands(sub)
+    _add_reading_commands(sub)
+    _add_file_commands(sub)
+    return p.parse_args(argv)
+
+
+def _add_run_commands(sub: argparse._SubParsersAction) -> None:
+    """up, scale, status, down, logs: the commands that start, change, watch or stop a run."""
     up = sub.add_parser('up', help='start every task, train to the end, tear down')
     _spec_args(up)
     up.add_argument('--start-timeout', type=float, default=120.0, metavar='SECS',
@@ -75,6 +93,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     logs.add_argument('task', nargs='?', help='job:index, e.g. worker:1')
     logs.add_argument('-f', '--follow', action='store_true', help='keep printing new lines until Ctrl-C')
     logs.add_argument('--attempt', type=int, metavar='N', help="attempt N's logs (default: the newest attempt's)")
+
+
+def _add_reading_commands(sub: argparse._SubParsersAction) -> None:
+    """plan, eval, check, report, list: the commands that look and tell, changing no run."""
     plan = sub.add_parser('plan', help='print what `up` would run for each task, starting nothing')
     _spec_args(plan)
     _json_arg(plan)
@@ -92,30 +114,40 @@ def parse_args(argv=None) -> argparse.Namespace:
     ls = sub.add_parser('list', help='the runs under DIR (default: here), a few levels deep')
     ls.add_argument('dir', nargs='?', default='.', metavar='DIR')
     _json_arg(ls)
+
+
+def _add_file_commands(sub: argparse._SubParsersAction) -> None:
+    """compose, render, download: the commands that write files."""
     comp = sub.add_parser('compose', help='write the compose file `up --backend compose` runs, starting nothing')
     _spec_args(comp)
     comp.add_argument('-o', '--output', metavar='FILE', help='where to write it (default: standard output)')
-    ren = sub.add_parser('render', help='write the spec as a Slurm batch script or a Kubernetes object (JobSet, '
-                                        'Kubeflow TrainJob or TFJob), starting nothing')
-    _spec_args(ren)
-    ren.add_argument('--format', required=True, choices=tuple(RENDERERS),
-                     help='; '.join(f'{name}: {what}' for name, (_, what) in RENDERERS.items()))
-    ren.add_argument('-o', '--output', metavar='FILE', help='where to write it (default: standard output)')
-    ren.add_argument('--name', help='the job name (default: from the spec file name)')
-    kube = 'jobset, trainjob, tfjob: '
-    ren.add_argument('--image', help=f'{kube}the container image (default: the compose image, tfcluster:latest)')
-    ren.add_argument('--namespace', help=f'{kube}the Kubernetes namespace (default: none, kubectl\'s current one)')
-    ren.add_argument('--pvc', metavar='CLAIM',
-                     help=f'{kube}the workers\' train_dir on this PersistentVolumeClaim (ReadWriteMany when workers '
-                          'can land on different nodes), so checkpoints outlive the pods (default: an emptyDir)')
-    _slurm_args(ren, 'sbatch: ')
+    _add_render(sub)
     dl = sub.add_parser('download', help='download and verify the real CIFAR-10 (binary version, 170 MB); '
                                          'the only command that uses the network')
     dl.add_argument('dest', nargs='?', default='data', help='where to put it (default: ./data); the files land '
                                                             'in DEST/cifar-10-batches-bin')
     dl.add_argument('--url', default=None, help='a mirror of cifar-10-binary.tar.gz')
     dl.add_argument('--md5', default=None, help="the archive's MD5 (default: the published one)")
-    return p.parse_args(argv)
+
+
+def _add_render(sub: argparse._SubParsersAction) -> None:
+    """render: its formats and the options each reads come from the renderer table."""
+    ren = sub.add_parser('render', help='write the spec as a Slurm batch script or a Kubernetes object (JobSet, '
+                                        'Kubeflow TrainJob or TFJob), starting nothing')
+    _spec_args(ren)
+    ren.add_argument('--format', required=True, choices=tuple(RENDERERS),
+                     help='; '.join(f'{r.name}: {r.description}' for r in RENDERERS.values()))
+    ren.add_argument('-o', '--output', metavar='FILE', help='where to write it (default: standard output)')
+    ren.add_argument('--name', help='the job name (default: from the spec file name)')
+    ren.add_argument('--image', help=f'{_readers("image")}the container image (default: the compose image, '
+                                     'tfcluster:latest)')
+    ren.add_argument('--namespace', help=f'{_readers("namespace")}the Kubernetes namespace (default: none, '
+                                         'kubectl\'s current one)')
+    ren.add_argument('--pvc', metavar='CLAIM',
+                     help=f'{_readers("pvc")}the workers\' train_dir on this PersistentVolumeClaim (ReadWriteMany '
+                          'when workers can land on different nodes), so checkpoints outlive the pods (default: an '
+                          'emptyDir)')
+    _slurm_args(ren, _readers('partition'))
 
 
 def _json_arg(p: argparse.ArgumentParser) -> None:
@@ -130,34 +162,79 @@ def _version() -> str:
         return 'unknown (not installed)'
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.command != 'up':        # `launch plan ... | head` ends quietly; `up` must always tear down
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     logging.basicConfig(level=logging.WARNING, format='launch: %(levelname)s: %(message)s')
-    if args.command == 'download':
-        return cmd_download(args)
-    if args.command == 'list':
-        return cmd_list(args)
     try:
-        if args.ssh_config is not None and not os.path.isfile(args.ssh_config):
-            raise UsageError(f'--ssh-config {args.ssh_config}: file not found')
-        backend = args.backend
-        if args.command in RUN_COMMANDS:
-            spec, remembered = load_target(args.spec, args.overrides)
-            backend = backend or remembered
-        else:
-            spec = load_spec(args.spec, args.overrides)
-        request = check_request(spec, Request(args.command, backend, options(args), args))
-        return COMMANDS[args.command](spec, request)
+        return dispatch(args)
+    except LaunchError as e:
+        return _fail(e, e.exit_code)
+    except SpecError as e:          # the spec's user error (cluster/ never imports launch/): exit 2
+        return _fail(e, EXIT_USAGE)
+
+
+def _fail(error: Exception, code: int) -> int:
+    print(f'launch: error: {error}', file=sys.stderr)
+    return code
+
+
+def dispatch(args: argparse.Namespace) -> int:
+    """Run the command the namespace names, with its flags typed; its exit code."""
+    if args.command == 'download':
+        return cmd_download(DownloadFlags(args.dest, args.url, args.md5))
+    if args.command == 'list':
+        return cmd_list(ListFlags(args.dir, args.json))
+    if args.ssh_config is not None and not os.path.isfile(args.ssh_config):
+        raise UsageError(f'--ssh-config {args.ssh_config}: file not found')
+    spec, remembered = _target(args)
+    flags = FLAGS[args.command](args)
+    request = check_request(spec, Request(args.command, args.backend or remembered, options(args), flags))
+    return COMMANDS[args.command](spec, request)
+
+
+def _target(args: argparse.Namespace) -> tuple[ClusterSpec, str | None]:
+    """The spec the command acts on, and the backend its run remembers (None: as the hosts say)."""
+    if args.command not in RUN_COMMANDS:
+        return load_spec(args.spec, args.overrides), None
+    try:
+        return load_target(args.spec, args.overrides)
     except RunNotFound as e:
-        print(f'launch: error: {e}', file=sys.stderr)
-        return EXIT_NO_RUN if args.command == 'status' else EXIT_USAGE
-    except ERRORS as e:
-        print(f'launch: error: {e}', file=sys.stderr)
-        return EXIT_USAGE
+        if args.command == 'status':        # exit 3: no such run, as `systemctl status` says
+            raise NoSuchRun(str(e)) from None
+        raise
 
 
 def options(args: argparse.Namespace) -> registry.Options:
-    return registry.Options(ssh_config=args.ssh_config, accept_any_host_key=args.insecure_accept_any_host_key,
-                            **{f: getattr(args, f, None) for f in ('partition', 'time_limit', 'port_base')})
+    """The backend options of the command line (the Slurm ones only where the command has them)."""
+    slurm = {f: getattr(args, f, None) for f in ('partition', 'time_limit', 'port_base')}
+    return registry.Options(ssh_config=args.ssh_config, accept_any_host_key=args.insecure_accept_any_host_key, **slurm)
+
+
+def _render_flags(args: argparse.Namespace) -> RenderFlags:
+    return RenderFlags(args.format, args.output, RenderOptions(
+        name=args.name, image=args.image, namespace=args.namespace, pvc=args.pvc, partition=args.partition,
+        time_limit=args.time_limit, port_base=args.port_base))
+
+
+def _json_flags(args: argparse.Namespace) -> JsonFlags:
+    return JsonFlags(args.json)
+
+
+def _output_flags(args: argparse.Namespace) -> OutputFlags:
+    return OutputFlags(args.output)
+
+
+# a command on a spec or run -> its flags, typed, from argparse's namespace
+FLAGS: dict[str, Callable[[argparse.Namespace], object]] = {
+    'up': lambda a: UpFlags(workers=a.workers, verbose=a.verbose, start_timeout=a.start_timeout,
+                            finish_timeout=a.finish_timeout, overrides=tuple(a.overrides)),
+    'scale': lambda a: ScaleFlags(a.workers),
+    'status': _json_flags, 'plan': _json_flags, 'check': _json_flags,
+    'down': lambda a: NoFlags(),
+    'logs': lambda a: LogsFlags(task=a.task, follow=a.follow, attempt=a.attempt),
+    'eval': lambda a: EvalFlags(a.checkpoint),
+    'report': _output_flags, 'compose': _output_flags,
+    'render': _render_flags,
+}

@@ -9,13 +9,13 @@ import logging
 import os
 import re
 import sys
-from types import SimpleNamespace
 
 import pytest
 import yaml
 
 from cluster.spec import SpecError, TrainConfig, load_spec
 from launch.errors import UsageError
+from launch.render.options import RenderOptions
 from launch.render.tfjob import render, tfjob
 from tests.conftest import REPO, check_trained, free_ports, launch, run_tasks
 
@@ -251,7 +251,7 @@ def test_pvc_puts_the_workers_train_dir_on_the_claim():
     pods = {kind: r['template']['spec'] for kind, r in job['spec']['tfReplicaSpecs'].items()}
     assert pods['Worker']['volumes'] == [{'name': 'train-dir', 'persistentVolumeClaim': {'claimName': 'ckpt.team-ml'}}]
     assert 'volumes' not in pods['PS']
-    head = ' '.join(line[1:].strip() for line in render(load_spec(LOCAL2), SimpleNamespace(pvc='ckpt')).splitlines()
+    head = ' '.join(line[1:].strip() for line in render(load_spec(LOCAL2), RenderOptions(pvc='ckpt')).splitlines()
                     if line.startswith('#'))
     assert 'on the PersistentVolumeClaim ckpt' in head and 'emptyDir' not in head
     with pytest.raises(UsageError, match="--pvc 'Ckpt': a PersistentVolumeClaim name is a DNS-1123 subdomain"):

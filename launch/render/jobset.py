@@ -39,6 +39,7 @@ import logging
 from cluster.env import jobset as jobset_env
 from cluster.spec import ClusterSpec
 from launch.render import k8s
+from launch.render.options import RenderOptions
 
 log = logging.getLogger(__name__)
 
@@ -232,8 +233,8 @@ def warn_restarts(spec: ClusterSpec, claim: str | None) -> None:
                     'set starts again from step 0; render with --pvc CLAIM to resume from the checkpoint', spec.path)
 
 
-def render(spec: ClusterSpec, args) -> str:
+def render(spec: ClusterSpec, opts: RenderOptions | None) -> str:
     """The JobSet as YAML for `kubectl apply -f`, with a comment header saying how to run it."""
-    obj, claim, unused = k8s.build(spec, args, jobset, KIND)
+    obj, claim, unused = k8s.build(spec, opts, jobset, KIND)
     warn_restarts(spec, claim)
     return header(spec, obj, claim, unused) + k8s.dump(obj)

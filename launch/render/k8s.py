@@ -14,6 +14,7 @@ import os
 import posixpath
 import re
 import textwrap
+from typing import Any, Callable
 
 import yaml
 
@@ -23,6 +24,7 @@ from launch.render.compose import DEFAULT_IMAGE
 from launch.errors import UsageError
 from launch.planning.gpus import scheduler_request
 from launch.planning.plan import COMPOSE_WORKDIR
+from launch.render.options import RenderOptions
 
 log = logging.getLogger(__name__)
 
@@ -82,12 +84,14 @@ def check_claim(claim: str | None) -> str | None:
                   'a PersistentVolumeClaim name is a DNS-1123 subdomain: lower-case letters, digits, "-" and "."')
 
 
-def build(spec: ClusterSpec, args, make, kind: str):
+def build(spec: ClusterSpec, opts: RenderOptions | None, make: Callable[..., Any],
+          kind: str) -> tuple[Any, str | None, list[str]]:
     """What a renderer's `render` starts with: `make(spec, name=, image=, namespace=, pvc=)` with
-    the render command's options (argparse's namespace, or None: all defaults), then the warning
-    about settings Kubernetes does not use. Returns (the object(s), the claim, those settings)."""
-    given = {flag: getattr(args, flag, None) for flag in ('name', 'image', 'namespace', 'pvc')}
-    return make(spec, **given), given['pvc'], warn_unused(spec, kind)
+    the render command's options (None: all defaults), then the warning about settings Kubernetes
+    does not use. Returns (the object(s), the claim, those settings)."""
+    opts = opts or RenderOptions()
+    made = make(spec, name=opts.name, image=opts.image, namespace=opts.namespace, pvc=opts.pvc)
+    return made, opts.pvc, warn_unused(spec, kind)
 
 
 def set_value(value) -> str:

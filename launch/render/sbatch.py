@@ -20,6 +20,7 @@ from cluster.runtime.rundir import attempt_dirname
 from cluster.env.slurm import DEFAULT_PORT_BASE
 from cluster.spec import ClusterSpec
 from launch.planning.gpus import scheduler_request
+from launch.render.options import RenderOptions
 
 SPEC_MARK = 'TFCLUSTER_SPEC'     # ends the here-document that carries the effective spec
 
@@ -91,29 +92,19 @@ def _slice(first: int, count: int, job: str) -> str:
     return f'ranks {first}-{first + count - 1} are {job}:0-{count - 1}'
 
 
-def render(spec: ClusterSpec, args, attempt: int | None = None) -> str:
-    """The batch script. `args` may carry name, partition, time_limit, port_base (None: defaults).
-    The tasks log into logs/attempt-N/ and logs/<task>.log leads there, so an earlier attempt's
-    logs are kept: N is `attempt` (`launch up` counts them), else the first N not used yet (a
-    script submitted by hand)."""
+def render(spec: ClusterSpec, opts: RenderOptions | None, attempt: int | None = None) -> str:
+    """The batch script, with the name, partition, time_limit and port_base of `opts` (None: the
+    defaults). Tasks log into logs/attempt-N/, logs/<task>.log leading there, so earlier attempts'
+    logs are kept: N is `attempt` (`launch up` counts them), else the first N not used yet."""
+    opts = opts or RenderOptions()
     cwd = os.getcwd()
     placed = slurm_spec(spec, cwd)
     train_dir = placed.train.train_dir
     ntasks = spec.num_ps + spec.num_workers
-    port_base = getattr(args, 'port_base', None) or DEFAULT_PORT_BASE
+    port_base = opts.port_base or DEFAULT_PORT_BASE
     python = sys.executable or 'python3'
     q = shlex.quote
-    sbatch = [f'--job-name={job_name(spec, getattr(args, "name", None))}']
-    # Where and how long: options of each component of a heterogeneous job.
-    where = [f'--partition={args.partition}'] if getattr(args, 'partition', None) else []
-    where += [f'--time={args.time_limit}'] if getattr(args, 'time_limit', None) else []
-    if heterogeneous(spec):     # each component asks for its own: the ps tasks no GPU
-        sbatch += ['--output=/dev/null', f'--chdir={cwd}', f'--ntasks={spec.num_ps}', *where, 'hetjob',
-                   f'--ntasks={spec.num_workers}', f'--gpus-per-task={scheduler_request(spec)}', *where]
-        step = '--het-group=0,1'
-    else:
-        sbatch += [f'--ntasks={ntasks}', '--output=/dev/null', f'--chdir={cwd}', *where]
-        step = f'--ntasks={ntasks}'
+    sbatch, step = _job_options(spec, opts, cwd)
     spec_yaml = placed.to_yaml()
     wrapper = rank_wrapper(f'{PS_GPUS} {exports(spec.job_env.get("ps", {}))}'.strip(),
                            f'{WORKER_GPUS} {exports(spec.job_env.get("worker", {}))}'.strip())
@@ -163,6 +154,20 @@ def render(spec: ClusterSpec, args, attempt: int | None = None) -> str:
     return '\n'.join(lines) + '\n'
 
 
+def _job_options(spec: ClusterSpec, opts: RenderOptions, cwd: str) -> tuple[list[str], str]:
+    """The script's #SBATCH options, and the srun option that runs every task in one step."""
+    ntasks = spec.num_ps + spec.num_workers
+    sbatch = [f'--job-name={job_name(spec, opts.name)}']
+    # Where and how long: options of each component of a heterogeneous job.
+    where = [f'--partition={opts.partition}'] if opts.partition else []
+    where += [f'--time={opts.time_limit}'] if opts.time_limit else []
+    if heterogeneous(spec):     # each component asks for its own: the ps tasks no GPU
+        sbatch += ['--output=/dev/null', f'--chdir={cwd}', f'--ntasks={spec.num_ps}', *where, 'hetjob',
+                   f'--ntasks={spec.num_workers}', f'--gpus-per-task={scheduler_request(spec)}', *where]
+        return sbatch, '--het-group=0,1'
+    return sbatch + [f'--ntasks={ntasks}', '--output=/dev/null', f'--chdir={cwd}', *where], f'--ntasks={ntasks}'
+
+
 def _gpu_comment(spec: ClusterSpec) -> list[str]:
     n = scheduler_request(spec)
     return ['# GPUs: a heterogeneous job: the ps tasks (component 0) ask for none, each worker (component 1)',
@@ -191,15 +196,14 @@ def _attempt_links(spec: ClusterSpec, attempt: int | None) -> list[str]:
 _OPTION = re.compile(r'^[A-Za-z0-9_.,:+-]+$')
 
 
-def option_problem(spec: ClusterSpec, args) -> str | None:
+def option_problem(spec: ClusterSpec, opts: RenderOptions) -> str | None:
     """One line about a --partition, --time-limit or --port-base that cannot go into the script
     (an #SBATCH line ends at a newline and a space would split it), else None."""
-    for flag in ('partition', 'time_limit'):
-        value = getattr(args, flag, None)
+    for flag, value in (('partition', opts.partition), ('time_limit', opts.time_limit)):
         if value is not None and not _OPTION.match(value):
             return (f'--{flag.replace("_", "-")} {value!r}: expected letters, digits and _.,:+- only '
                     '(e.g. --partition gpu --time-limit 2:00:00)')
-    port_base = getattr(args, 'port_base', None)
+    port_base = opts.port_base
     if port_base is not None and not 1 <= port_base <= 65536 - (spec.num_ps + spec.num_workers):
         return (f'--port-base {port_base}: the tasks of one node listen on it and the ports after it, '
                 f'up to {spec.num_ps + spec.num_workers} of them: give 1..{65536 - spec.num_ps - spec.num_workers}')

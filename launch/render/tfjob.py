@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from cluster.spec import ClusterSpec
 from launch.render import k8s
+from launch.render.options import RenderOptions
 
 API_VERSION = 'kubeflow.org/v1'
 KIND = 'TFJob'
@@ -115,7 +116,7 @@ def header(spec: ClusterSpec, job: dict, claim: str | None = None) -> str:
     return k8s.comment(lines)
 
 
-def render(spec: ClusterSpec, args) -> str:
+def render(spec: ClusterSpec, opts: RenderOptions | None) -> str:
     """The TFJob as YAML for `kubectl apply -f`, with a comment header saying how to run it."""
-    job, claim, _ = k8s.build(spec, args, tfjob, KIND)
+    job, claim, _ = k8s.build(spec, opts, tfjob, KIND)
     return header(spec, job, claim) + k8s.dump(job)

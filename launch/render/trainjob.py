@@ -34,6 +34,7 @@ from __future__ import annotations
 from cluster.spec import ClusterSpec
 from launch.render import jobset
 from launch.render import k8s
+from launch.render.options import RenderOptions
 
 API_VERSION = 'trainer.kubeflow.org/v1alpha1'
 GROUP = 'trainer.kubeflow.org'
@@ -82,8 +83,8 @@ def header(spec: ClusterSpec, runtime: dict, claim: str | None, unused: list[str
     return k8s.comment(lines)
 
 
-def render(spec: ClusterSpec, args) -> str:
+def render(spec: ClusterSpec, opts: RenderOptions | None) -> str:
     """Both objects as one YAML stream for `kubectl apply -f`, the runtime first."""
-    (runtime, train_job), claim, unused = k8s.build(spec, args, objects, KIND)
+    (runtime, train_job), claim, unused = k8s.build(spec, opts, objects, KIND)
     jobset.warn_restarts(spec, claim)
     return header(spec, runtime, claim, unused) + k8s.dump(runtime) + '---\n' + k8s.dump(train_job)

@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 import sys
 import time
+from typing import Callable, Mapping
 
 from cluster.training import model
 from cluster.spec import ClusterSpec
 from launch.run import exposure
 from launch.backends import netns
 from launch.run import registry
-from launch.backends.base import stop_all
+from launch.backends.base import Backend, stop_all
 from launch.backends.procstat import process_ident
 from launch.errors import UsageError
 from launch.planning.plan import TaskPlan, state_path
@@ -124,6 +125,14 @@ def preflight(spec: ClusterSpec, plans: list[TaskPlan], backends, say=print) -> 
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.2)
+
+
+def checks_before_up(spec: ClusterSpec, plans: list[TaskPlan], backends: Mapping[str, Backend],
+                     say: Callable[[str], None] = print) -> None:
+    """The supervised `launch up`'s pre-flight, which the registry's strategy runs under the
+    train_dir's lock: every check above, then the data set."""
+    preflight(spec, plans, backends, say=say)
+    prepare_data(spec, plans)
 
 
 def warn_exposure(plans: list[TaskPlan], short: bool = False) -> None:

@@ -1,8 +1,9 @@
 """The backend registry: every way `launch` can run a cluster, by name, with what it can do.
 
-Each entry says how a spec becomes task plans, how its Backend is made (a supervised backend) or
-that a scheduler runs the job (delegated), and its capabilities. The commands ask the registry,
-never a backend's name: a new backend is one module plus one entry here.
+Each entry says how a spec becomes task plans, how its Backend is made (a supervised backend),
+how `launch up` runs it (`strategy`: the supervised strategy over its backends, or the scheduler's
+own, delegated), and its capabilities. The commands ask the registry, never a backend's name: a
+new backend is one module plus one entry here.
 
 `local` and `ssh` plan alike: each task is a local process or an SSH task as its host says
 (launch/planning/plan.py is_local), so `--backend local`, `--backend ssh` and no --backend are one choice.
@@ -10,14 +11,17 @@ never a backend's name: a new backend is one module plus one entry here.
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, ContextManager, Iterator
 
 from cluster.spec import ClusterSpec, TaskSpec
 from launch.backends.base import Backend
 from launch.errors import UsageError
 from launch.planning import gpus
 from launch.planning.plan import TaskPlan, is_local, plan_cluster, plan_compose, service_name, task_spec
+from launch.render.options import RenderOptions
+from launch.run.lifecycle import Strategy
 
 SUPERVISED, DELEGATED = 'supervised', 'delegated'
 
@@ -31,16 +35,51 @@ class Options:
     time_limit: str | None = None
     port_base: int | None = None
 
+    def render_options(self) -> RenderOptions:
+        """The options the batch script of `up --backend slurm` is rendered with."""
+        return RenderOptions(partition=self.partition, time_limit=self.time_limit, port_base=self.port_base)
+
+
+def _no_checks(spec: ClusterSpec, plans: list[TaskPlan], backends: 'Backends', say: Callable[[str], None]) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class UpSettings:
+    """What `launch up` says about the run beyond the spec and the backend options."""
+    workers: int | None = None          # the first N workers of the pool run (None: all)
+    start_timeout: float = 120.0
+    finish_timeout: float = 60.0
+    say: Callable[[str], None] = print  # a line on the console
+    # The supervised strategy's pre-flight, before anything starts, and its warning once the tasks
+    # run. They are the caller's to give (launch/run/preflight.py) because the pre-flight asks this
+    # registry what each backend can do: importing it here would be an import cycle.
+    checks: Callable[[ClusterSpec, list[TaskPlan], 'Backends', Callable[[str], None]], None] = _no_checks
+    warn: Callable[[list[TaskPlan]], None] = lambda plans: None
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A strategy ready for Lifecycle.up, with what the run records of it."""
+    strategy: Strategy
+    backend: str            # the backend(s) the run names (events.jsonl's run_started)
+    spec_yaml: str          # the effective spec its tasks read
+
+
+# spec, the backend as given (None: per host), its options, the run's settings -> the strategy,
+# valid inside the `with` (the supervised one holds its backends' connections open till then)
+StrategyFactory = Callable[[ClusterSpec, 'str | None', Options, UpSettings], ContextManager[Launch]]
+
 
 @dataclass(frozen=True)
 class Kind:
     name: str
-    strategy: str                                   # SUPERVISED | DELEGATED
+    mode: str                                       # SUPERVISED | DELEGATED
+    strategy: StrategyFactory
     addresses: Callable[[ClusterSpec, Options], dict[str, str]] = lambda spec, opts: {}
     # spec, addresses, GPU counts (a spec host or machine -> count, where asked) -> the task plans
     plan: Callable[[ClusterSpec, dict[str, str], dict[str, int]], tuple[TaskPlan, ...]] | None = None
     make: Callable[[ClusterSpec, Options], Backend] | None = None           # supervised: the backend
-    delegate: Callable[[ClusterSpec, Options], object] | None = None        # delegated: the lifecycle.Strategy
     where: Callable[[TaskPlan, TaskSpec, Options], str] = lambda plan, task, opts: ''
     # Capabilities.
     on_this_machine: bool = False      # its tasks run here: they see this machine's files and ports
@@ -114,23 +153,40 @@ def _slurm_unsupported(command: str, spec: ClusterSpec) -> str | None:
             f'and its logs are in {rundir.logs_dir(os.path.abspath(spec.train.train_dir))}')
 
 
-def _slurm_strategy(spec: ClusterSpec, opts: Options):
+@contextmanager
+def _supervised(spec: ClusterSpec, name: str | None, opts: Options, up: UpSettings) -> Iterator[Launch]:
+    """The supervised strategy (launch/run/supervised.py) over the backends the plans need, with
+    the GPUs their hosts say they have (too few: SpecError, nothing started)."""
+    from launch.run.supervised import SupervisedRun
+    planned = plans(spec, name, opts)
+    spec_yaml = tasks_spec_yaml(spec, name, opts)
+    with make_backends(spec, opts, {p.backend for p in planned}) as backends:
+        placed = with_gpus(spec, name, opts, planned, backends)
+        run = SupervisedRun(spec, spec_yaml, placed, backends, start_timeout=up.start_timeout,
+                            finish_timeout=up.finish_timeout, checks=lambda: up.checks(spec, placed, backends, up.say),
+                            warn=lambda: up.warn(placed), workers=up.workers)
+        yield Launch(run, ','.join(sorted({p.backend for p in placed})), spec_yaml)
+
+
+@contextmanager
+def _slurm_strategy(spec: ClusterSpec, name: str | None, opts: Options, up: UpSettings) -> Iterator[Launch]:
     from launch.run.slurm import make_strategy
-    return make_strategy(spec, opts)
+    run = make_strategy(spec, opts.render_options())
+    yield Launch(run, kind(name).name, run.effective_spec)
 
 
 def _slurm_check(spec: ClusterSpec, opts: Options) -> str | None:
     from launch.render.sbatch import option_problem
-    return option_problem(spec, opts)
+    return option_problem(spec, opts.render_options())
 
-
-_HOSTS = dict(strategy=SUPERVISED, addresses=_ssh_addresses, plan=_plan_hosts)
 
 KINDS: dict[str, Kind] = {k.name: k for k in (
-    Kind('local', **_HOSTS, make=_make_local, where=lambda plan, task, opts: 'local process', on_this_machine=True,
-         logs_here=True),
-    Kind('ssh', **_HOSTS, make=_make_ssh, where=_ssh_where),
-    Kind('compose', SUPERVISED, plan=_plan_compose, make=_make_compose,
+    # local and ssh plan alike (each task as its host says): one planner, one address lookup
+    Kind('local', SUPERVISED, _supervised, addresses=_ssh_addresses, plan=_plan_hosts, make=_make_local,
+         where=lambda plan, task, opts: 'local process', on_this_machine=True, logs_here=True),
+    Kind('ssh', SUPERVISED, _supervised, addresses=_ssh_addresses, plan=_plan_hosts, make=_make_ssh,
+         where=_ssh_where),
+    Kind('compose', SUPERVISED, _supervised, plan=_plan_compose, make=_make_compose,
          where=lambda plan, task, opts: f'compose service {service_name(task)}, was {task.address} in the spec',
          isolates_ports=True, logs_here=True, remembered=True, leaves_resources=True,
          user_code_refusal='the compose backend runs the stock tfcluster image, which does not hold your code: '
@@ -139,7 +195,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          netns_refusal='isolation: netns is for local processes; the compose backend runs the tasks on its own '
                        'internal network already, which nothing outside reaches: drop isolation (--set '
                        'isolation=none) to use it'),
-    Kind('slurm', DELEGATED, delegate=_slurm_strategy, remembered=True,
+    Kind('slurm', DELEGATED, _slurm_strategy, remembered=True,
          netns_refusal='isolation: netns is for local processes; Slurm places the tasks on its nodes: drop '
                        'isolation (--set isolation=none) to use --backend slurm',
          options=('partition', 'time_limit', 'port_base'), options_label='Slurm jobs',
@@ -173,6 +229,19 @@ def gpu_counts(spec: ClusterSpec, plans: list[TaskPlan], backends) -> dict[str, 
     for name, backend in backends.items():
         counts.update(backend.gpu_counts([p for p in plans if p.backend == name and p.task.job == 'worker']))
     return counts
+
+
+def with_gpus(spec: ClusterSpec, name: str | None, opts: Options, planned: list[TaskPlan],
+              backends: 'Backends') -> list[TaskPlan]:
+    """The plans again with the GPUs the workers' hosts say they have (launch/planning/gpus.py): each
+    worker of a host its own. Raises SpecError when a host has too few."""
+    counts = gpu_counts(spec, planned, backends)
+    return plans(spec, name, opts, counts) if counts else planned
+
+
+def strategy(spec: ClusterSpec, name: str | None, opts: Options, up: UpSettings) -> ContextManager[Launch]:
+    """How `launch up` runs the spec on the backend chosen (None: per host): `with` it, run it."""
+    return kind(name).strategy(spec, name, opts, up)
 
 
 def tasks_spec_yaml(spec: ClusterSpec, name: str | None, opts: Options) -> str:

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
 from cluster.runtime import rundir
 from cluster.runtime.rundir import EXIT_FAILED, EXIT_OK, EXIT_USAGE, write_atomically
@@ -29,6 +29,7 @@ from launch.backends.base import follow_file
 from launch.records.event_types import Interrupted, TaskLost
 from launch.records.result import Failure
 from launch.run.lifecycle import CHECKPOINT_GRACE_SECS, Lifecycle, Outcome, Strategy, resume_hint
+from launch.render.options import RenderOptions
 from launch.render.sbatch import heterogeneous
 
 log = logging.getLogger(__name__)
@@ -163,8 +164,9 @@ def first_failure(lines: Iterable[str], spec: ClusterSpec) -> str | None:
     return None
 
 
-def make_strategy(spec: ClusterSpec, opts: Any) -> 'SlurmRun':
-    """The registry's factory: `up --backend slurm` runs the spec as one batch job (launch/render/sbatch.py)."""
+def make_strategy(spec: ClusterSpec, opts: RenderOptions) -> 'SlurmRun':
+    """The registry's factory: `up --backend slurm` runs the spec as one batch job (launch/render/sbatch.py)
+    rendered with `opts`."""
     from launch.render import sbatch as slurm
     missing = missing_command()
     if missing:     # before anything is written

@@ -10,13 +10,14 @@ from typing import Any, Mapping
 
 from cluster.runtime.rundir import write_atomically
 from launch.backends.base import TaskRecord
+from launch.errors import LaunchError
 
 
 FORMAT = 2      # of the state file; one without it (or another) is refused, never half-read
 
 
-class StateError(Exception):
-    """A state file this version cannot read: one line naming it and what to do."""
+class StateError(LaunchError):
+    """A state file this version cannot read: one line naming it and what to do (exit code 2)."""
 
 
 class _AlsoADict(dict):

@@ -1,0 +1,98 @@
+"""`launch plan` (what `up` would run for each task) and `launch check` (whether every host is
+ready for it): both start nothing."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+
+from cluster.spec import ClusterSpec, SpecError, TaskSpec
+from launch.backends import netns
+from launch.backends.base import HostCheck
+from launch.commands.flags import JsonFlags
+from launch.commands.request import Request, backends_for, plans_of
+from launch.planning import gpus
+from launch.planning.plan import TaskPlan, effective_spec_path
+from launch.run import registry
+from launch.run.preflight import warn_exposure
+
+
+def cmd_check(spec: ClusterSpec, req: Request[JsonFlags]) -> int:
+    """Pre-flight every host; exit code 0 when all are ready, else 1."""
+    plans = plans_of(spec, req)
+    with backends_for(spec, req, plans) as backends:
+        checks = [c for name, b in backends.items()
+                  for c in b.check([p for p in plans if p.backend == name], imports=True)]
+        _add_gpu_checks(spec, req, plans, backends, checks)
+    code = 0 if all(c.ok for c in checks) else 1
+    if req.flags.json:
+        print(json.dumps({'ok': code == 0, 'hosts': [dataclasses.asdict(c) for c in checks]}, indent=1))
+        return code
+    for c in checks:
+        print(c.line())
+    warn_exposure(plans)
+    return code
+
+
+def _add_gpu_checks(spec: ClusterSpec, req: Request[JsonFlags], plans: list[TaskPlan], backends: registry.Backends,
+                    checks: list[HostCheck]) -> None:
+    """The GPUs each worker would get, as one more check; a host with too few is said in its own
+    line of `checks` where it has one, else in a line of its own."""
+    try:
+        given = [p for p in registry.with_gpus(spec, req.backend, req.options, plans, backends)
+                 if p.slot and p.slot.gpus]
+        if given:
+            checks.append(HostCheck('gpus', True, '; '.join(f'{p.name} {p.slot.describe()}' for p in given)))
+    except gpus.GPUShortage as e:
+        for machine, names, text in e.problems:
+            problem = f'train.devices: {names}: {text}'
+            same = next((i for i, c in enumerate(checks) if c.host == machine), None)
+            if same is None:
+                checks.append(HostCheck(machine, False, problem))
+            else:
+                c = checks[same]
+                checks[same] = HostCheck(machine, False, problem if c.ok else f'{c.detail}; {problem}')
+    except SpecError as e:
+        checks.append(HostCheck('gpus', False, str(e)))
+
+
+def cmd_plan(spec: ClusterSpec, req: Request[JsonFlags]) -> int:
+    plans = plans_of(spec, req)
+    if req.flags.json:
+        print(json.dumps([_plan_json(task, plan, req) for task, plan in zip(spec.tasks, plans)], indent=1))
+        return 0
+    print(f'# {spec.path}: {spec.num_ps} ps, {spec.num_workers} workers, '
+          f'{"sync" if spec.train.sync else "async"}; `launch up` writes the effective spec to '
+          f'{effective_spec_path(spec)} (nothing is written now)')
+    if spec.train.program:
+        print(f'# every worker calls {spec.train.program}(ctx) instead of the built-in CIFAR-10 trainer')
+    if spec.train.command:
+        print(f'# every task runs `{shlex.join(spec.train.command)}` plus --job_name, --task_index, --ps_hosts and '
+              '--worker_hosts (python: the task\'s own interpreter); the ps tasks are stopped once every worker '
+              'exited 0')
+    for task, plan in zip(spec.tasks, plans):
+        where = registry.kind(plan.backend).where(plan, task, req.options)
+        reach = f' -> {plan.endpoint}' if plan.endpoint != plan.task.address else ''
+        print(f'{plan.name}  {plan.task.address}{reach}  ({where})')
+        print(f'  cwd:  {plan.cwd}')
+        print(f'  run:  {shlex.join(_argv(plan))}')
+        if plan.slot is not None and plan.task.job == 'worker':
+            print(f'  gpus: {plan.slot.describe()}')
+        for k, v in plan.env.items():
+            print(f'  env:  {k}={shlex.quote(v)}')
+        print(f'  log:  {plan.log_path}')
+    return 0
+
+
+def _argv(plan: TaskPlan) -> list[str]:
+    """The task's command line as it is started (inside its network namespace, if it has one)."""
+    return list(netns.wrap(plan.netns, plan.argv) if plan.netns else plan.argv)
+
+
+def _plan_json(task: TaskSpec, plan: TaskPlan, req: Request[JsonFlags]) -> dict:
+    """One task of `launch plan --json`."""
+    return {'task': plan.name, 'address': task.address, 'endpoint': plan.endpoint, 'backend': plan.backend,
+            'where': registry.kind(plan.backend).where(plan, task, req.options), 'cwd': plan.cwd,
+            'argv': _argv(plan), 'env': dict(plan.env),
+            'gpus': None if plan.slot is None or plan.slot.gpus is None else list(plan.slot.gpus),
+            'log': plan.log_path}
