@@ -9,7 +9,7 @@ import logging
 import os
 import signal
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from cluster.runtime.rundir import EXIT_USAGE
 from cluster.spec import ClusterSpec, SpecError, load_spec

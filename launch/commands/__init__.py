@@ -10,7 +10,8 @@ spec; the backends they need come from launch/run/registry.py.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from cluster.spec import ClusterSpec, SpecError
 from launch.commands.dataset import cmd_download, cmd_eval

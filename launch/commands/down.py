@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import Mapping
+from collections.abc import Mapping
 
 from cluster.spec import ClusterSpec
 from launch.backends.base import Backend, BackendError, stop_all

@@ -7,7 +7,7 @@ import os
 import signal
 import threading
 import time
-from typing import Mapping
+from collections.abc import Mapping
 
 from cluster.runtime import rundir
 from cluster.spec import ClusterSpec

@@ -12,7 +12,8 @@ import datetime
 import enum
 import functools
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar
+from collections.abc import Mapping
 
 from launch.records.jsonrecord import (JsonRecord, json_field, read_fields, read_real, read_text, read_texts,
                                        read_whole, read_wholes)

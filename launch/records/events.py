@@ -38,7 +38,8 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 from cluster.runtime import rundir
 from launch.records.event_types import Event, EventKind, parse_event  # noqa: F401 (re-exported)

@@ -14,7 +14,8 @@ import dataclasses
 import enum
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Mapping, TypeVar
+from typing import Any, ClassVar, TypeVar
+from collections.abc import Callable, Mapping
 
 R = TypeVar('R', bound='JsonRecord')
 

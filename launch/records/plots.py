@@ -10,7 +10,8 @@ import datetime
 import io
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 from matplotlib.figure import Figure

@@ -9,7 +9,8 @@ from __future__ import annotations
 import datetime
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from cluster.runtime import rundir
 from launch.records.jsonrecord import JsonRecord, json_field, read_real, read_text, read_whole
@@ -101,7 +102,7 @@ class RunRecord(JsonRecord):
     def is_empty(self) -> bool:
         return not self.written_keys()
 
-    def result(self) -> 'RunResult':
+    def result(self) -> RunResult:
         """The launcher's view of it (times as epoch seconds; what is missing, zero)."""
         state = self.state if isinstance(self.state, RunState) else RunState.UNKNOWN
         return RunResult(state=state, exit_code=self.exit_code or 0, seconds=self.seconds or 0.0,
@@ -140,6 +141,6 @@ class RunResult:
         return self.record(run, attempt, spec, backend, train_dir).to_json()
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> 'RunResult':
+    def from_json(cls, data: Mapping[str, Any]) -> RunResult:
         """The result a run.json holds (its run's identity is RunRecord's to read)."""
         return RunRecord.from_json(data).result()

@@ -14,7 +14,8 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 from cluster.runtime import rundir
 from launch.errors import UsageError

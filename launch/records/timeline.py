@@ -10,7 +10,8 @@ from __future__ import annotations
 import datetime
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 from cluster.runtime import rundir
 from launch.records.event_types import (Checkpoint, Event, Failover, Finished, FirstStep, Interrupted, Progress,

@@ -8,7 +8,7 @@ plans, not a spec with options, and is no entry here.)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 from cluster.spec import ClusterSpec
 from launch.render import jobset, sbatch, tfjob, trainjob

@@ -14,7 +14,8 @@ import os
 import posixpath
 import re
 import textwrap
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import yaml
 

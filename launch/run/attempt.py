@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from launch.backends.base import ENDED, UNKNOWN, Backend, TaskRecord
 from launch.run.lifecycle import Failure

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import subprocess
-from typing import Iterable
+from collections.abc import Iterable
 
 from launch.run import registry
 from launch.planning.plan import TaskPlan

@@ -23,7 +23,8 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, TextIO
+from typing import Any, TextIO
+from collections.abc import Callable, Iterable
 
 from cluster.runtime import rundir
 from cluster.runtime.rundir import EXIT_OK, write_atomically
@@ -101,7 +102,7 @@ class Outcome:
 class Strategy(abc.ABC):
     """How one backend runs the tasks of a run: the part of `launch up` that differs."""
 
-    def prepare(self, life: 'Lifecycle') -> None:
+    def prepare(self, life: Lifecycle) -> None:  # noqa: B027 (optional hook: most strategies need none)
         """Everything that can go wrong before anything starts (raise UsageError or SpecError:
         exit 2, and the lifecycle leaves no trace of the run); writes what the tasks need.
         life.run_id and life.attempt are known by then."""
@@ -111,10 +112,10 @@ class Strategy(abc.ABC):
         return [rundir.result_path(self.spec.train.train_dir, i) for i in range(self.spec.num_workers)]
 
     @abc.abstractmethod
-    def run(self, life: 'Lifecycle') -> Outcome:
+    def run(self, life: Lifecycle) -> Outcome:
         """Start, watch and end the tasks; return only once nothing of them is left running."""
 
-    def hurry(self) -> None:
+    def hurry(self) -> None:  # noqa: B027 (optional hook)
         """A second Ctrl-C or SIGTERM: end everything now, no checkpoint."""
 
     @abc.abstractmethod

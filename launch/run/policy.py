@@ -31,7 +31,7 @@ import enum
 import re
 import signal
 from dataclasses import dataclass
-from typing import Mapping
+from collections.abc import Mapping
 
 from cluster.runtime.rundir import EXIT_NO_RESTART
 from cluster.spec import ClusterSpec, is_chief
@@ -108,7 +108,7 @@ class Policy:
     backoff_max_secs: float = 30.0
 
     @classmethod
-    def of(cls, spec: ClusterSpec) -> 'Policy':
+    def of(cls, spec: ClusterSpec) -> Policy:
         s = spec.supervise
         return cls(sync=spec.train.sync, num_workers=spec.live_workers,
                    replicas_to_aggregate=spec.replicas_to_aggregate, restart=s.restart,
@@ -249,7 +249,7 @@ class Fault:
     checkpoint: int | None     # the newest checkpoint's step when it happened
 
     @classmethod
-    def of(cls, task: str, error: str | None, checkpoint: int | None) -> 'Fault':
+    def of(cls, task: str, error: str | None, checkpoint: int | None) -> Fault:
         # An address or a number that changes from one try to the next (the step a save failed at,
         # a pid) does not make it another error; the checkpoint says whether the run got further.
         same = re.sub(r'\d+', 'N', re.sub(r'0x[0-9a-fA-F]+', '0x?', error)) if error else None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from cluster.training import model
 from cluster.spec import ClusterSpec

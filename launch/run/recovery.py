@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Mapping, Protocol
+from typing import Protocol
+from collections.abc import Mapping
 
 from cluster.runtime import rundir
 from cluster.runtime.rundir import EXIT_FAILED

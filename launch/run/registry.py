@@ -13,7 +13,8 @@ from __future__ import annotations
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, ContextManager, Iterator
+from contextlib import AbstractContextManager as ContextManager
+from collections.abc import Callable, Iterator
 
 from cluster.spec import ClusterSpec, TaskSpec
 from launch.backends.base import Backend
@@ -40,7 +41,7 @@ class Options:
         return RenderOptions(partition=self.partition, time_limit=self.time_limit, port_base=self.port_base)
 
 
-def _no_checks(spec: ClusterSpec, plans: list[TaskPlan], backends: 'Backends', say: Callable[[str], None]) -> None:
+def _no_checks(spec: ClusterSpec, plans: list[TaskPlan], backends: Backends, say: Callable[[str], None]) -> None:
     pass
 
 
@@ -54,7 +55,7 @@ class UpSettings:
     # The supervised strategy's pre-flight, before anything starts, and its warning once the tasks
     # run. They are the caller's to give (launch/run/preflight.py) because the pre-flight asks this
     # registry what each backend can do: importing it here would be an import cycle.
-    checks: Callable[[ClusterSpec, list[TaskPlan], 'Backends', Callable[[str], None]], None] = _no_checks
+    checks: Callable[[ClusterSpec, list[TaskPlan], Backends, Callable[[str], None]], None] = _no_checks
     warn: Callable[[list[TaskPlan]], None] = lambda plans: None
 
 
@@ -232,7 +233,7 @@ def gpu_counts(spec: ClusterSpec, plans: list[TaskPlan], backends) -> dict[str, 
 
 
 def with_gpus(spec: ClusterSpec, name: str | None, opts: Options, planned: list[TaskPlan],
-              backends: 'Backends') -> list[TaskPlan]:
+              backends: Backends) -> list[TaskPlan]:
     """The plans again with the GPUs the workers' hosts say they have (launch/planning/gpus.py): each
     worker of a host its own. Raises SpecError when a host has too few."""
     counts = gpu_counts(spec, planned, backends)
@@ -275,7 +276,7 @@ def check_options(spec: ClusterSpec, command: str, name: str | None, opts: Optio
 class Backends(dict):
     """name -> Backend; used as a context manager it closes every connection on the way out."""
 
-    def __enter__(self) -> 'Backends':
+    def __enter__(self) -> Backends:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -12,7 +12,8 @@ import dataclasses
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Mapping, Protocol, Sequence
+from typing import Protocol
+from collections.abc import Callable, Mapping, Sequence
 
 from cluster.runtime.membership import Members
 from cluster.runtime.rundir import EXIT_OK, parse_task_name
@@ -68,7 +69,7 @@ class ScaleOp:
     secs: float                     # the time it was given
 
     @classmethod
-    def of(cls, request: dict, add: list[str], remove: list[str], line: str, secs: float) -> 'ScaleOp':
+    def of(cls, request: dict, add: list[str], remove: list[str], line: str, secs: float) -> ScaleOp:
         return cls(request, add, remove, [line], time.monotonic() + secs, secs)
 
     @property
@@ -96,7 +97,7 @@ class ScaleMove:
     remove: list[int]
 
     @classmethod
-    def of(cls, now: Members, pool: int, retired: set[str], want: int) -> 'ScaleMove':
+    def of(cls, now: Members, pool: int, retired: set[str], want: int) -> ScaleMove:
         epoch = now.epoch + 1
         workers = dict(now.workers)
         add, remove = supervise.scale_moves(pool, now.indices, {parse_task_name(n)[1] for n in retired}, want)

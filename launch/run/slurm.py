@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from cluster.runtime import rundir
 from cluster.runtime.rundir import EXIT_FAILED, EXIT_OK, EXIT_USAGE, write_atomically
@@ -164,7 +164,7 @@ def first_failure(lines: Iterable[str], spec: ClusterSpec) -> str | None:
     return None
 
 
-def make_strategy(spec: ClusterSpec, opts: RenderOptions) -> 'SlurmRun':
+def make_strategy(spec: ClusterSpec, opts: RenderOptions) -> SlurmRun:
     """The registry's factory: `up --backend slurm` runs the spec as one batch job (launch/render/sbatch.py)
     rendered with `opts`."""
     from launch.render import sbatch as slurm

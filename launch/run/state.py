@@ -6,7 +6,8 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from cluster.runtime.rundir import write_atomically
 from launch.backends.base import TaskRecord
@@ -40,7 +41,7 @@ class StepSeen(_AlsoADict):
         return {'global_step': self.global_step, 'steps': self.steps, 'at': self.at}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> 'StepSeen':
+    def from_json(cls, data: Mapping[str, Any]) -> StepSeen:
         return cls(global_step=data.get('global_step'), steps=data.get('steps'), at=data.get('at'))
 
 
@@ -58,7 +59,7 @@ class WorkerPool(_AlsoADict):
         return {'pool': self.pool, 'live': list(self.live), 'scaling': self.scaling}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> 'WorkerPool':
+    def from_json(cls, data: Mapping[str, Any]) -> WorkerPool:
         return cls(pool=data.get('pool'), live=list(data.get('live') or []), scaling=data.get('scaling'))
 
 
@@ -94,7 +95,7 @@ class LaunchState:
         write_atomically(path, json.dumps(data, indent=1))
 
     @classmethod
-    def load(cls, path: str) -> 'LaunchState | None':
+    def load(cls, path: str) -> LaunchState | None:
         try:
             with open(path) as f:
                 data = json.load(f)
@@ -125,6 +126,6 @@ class LaunchState:
                              'still live, stop them by hand, then remove the file') from None
 
     @staticmethod
-    def new(spec_path: str, launcher_ident: str) -> 'LaunchState':
+    def new(spec_path: str, launcher_ident: str) -> LaunchState:
         return LaunchState(spec=spec_path, launcher_pid=os.getpid(), launcher_ident=launcher_ident,
                            started=time.time())

@@ -19,7 +19,7 @@ import logging
 import os
 import threading
 import time
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from cluster.runtime import rundir
 from cluster.runtime.membership import Members
