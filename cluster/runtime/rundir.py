@@ -99,8 +99,9 @@ def log_path(train_dir: str, job: str, index: int) -> str:
     return os.path.join(train_dir, LOGS_DIR, f'{job}-{index}.log')
 
 
-def attempt_dirname(attempt: int) -> str:
-    """The folder of logs/ that holds one attempt's task logs."""
+def attempt_dirname(attempt: int | str) -> str:
+    """The folder of logs/ that holds one attempt's task logs: of attempt N, or (a str) of the
+    attempt a shell expression such as "$attempt" holds, in a script that works it out."""
     return f'attempt-{attempt}'
 
 

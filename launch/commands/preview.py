@@ -39,10 +39,10 @@ def _add_gpu_checks(spec: ClusterSpec, req: Request[JsonFlags], plans: list[Task
     """The GPUs each worker would get, as one more check; a host with too few is said in its own
     line of `checks` where it has one, else in a line of its own."""
     try:
-        given = [p for p in registry.with_gpus(spec, req.backend, req.options, plans, backends)
-                 if p.slot and p.slot.gpus]
+        given = [f'{p.name} {p.slot.describe()}' for p in registry.with_gpus(spec, req.backend, req.options, plans,
+                                                                            backends) if p.slot and p.slot.gpus]
         if given:
-            checks.append(HostCheck('gpus', True, '; '.join(f'{p.name} {p.slot.describe()}' for p in given)))
+            checks.append(HostCheck('gpus', True, '; '.join(given)))
     except gpus.GPUShortage as e:
         for machine, names, text in e.problems:
             problem = f'train.devices: {names}: {text}'

@@ -36,8 +36,10 @@ def cmd_status(spec: ClusterSpec, req: Request[JsonFlags]) -> int:
     if req.flags.json:
         print(json.dumps({'run': info.to_json() if info else None,
                           'launcher': {'pid': state.launcher_pid, 'alive': launcher_alive(state)} if state else None,
-                          'progress': state.progress if state else None, 'restarts': state.restarts if state else 0,
-                          'workers': state.workers if state else None, 'tasks': tasks}, indent=1))
+                          'progress': state.progress.to_json() if state and state.progress else None,
+                          'restarts': state.restarts if state else 0,
+                          'workers': state.workers.to_json() if state and state.workers else None, 'tasks': tasks},
+                         indent=1))
         return code
     if info is not None:
         print(f'run {info.id}: {info.state}, attempt {info.attempts}'
@@ -62,17 +64,18 @@ def _print_launcher(spec: ClusterSpec, req: Request[JsonFlags], plans: list[Task
         restarts = f', {state.restarts} restart(s)' if state.restarts else ''
         print(f'launcher pid {state.launcher_pid}, started {time.ctime(state.started)}{restarts}')
         w = state.workers
-        if w and len(w.get('live', [])) != w.get('pool'):
-            print(f'workers: {len(w["live"])} of a pool of {w["pool"]} run '
-                  f'({", ".join(f"worker:{i}" for i in w["live"])})'
-                  + (f'; scaling to {w["scaling"]}' if w.get('scaling') else ''))
+        if w and len(w.live) != w.pool:
+            print(f'workers: {len(w.live)} of a pool of {w.pool} run '
+                  f'({", ".join(f"worker:{i}" for i in w.live)})'
+                  + (f'; scaling to {w.scaling}' if w.scaling else ''))
     else:
         cleaned = _clean_up_after(spec, req, plans, state, tasks)
         print(f'launcher pid {state.launcher_pid} is gone; '
               + (cleaned or f'`launch down {spec.path}` stops what is left'))
     p = state.progress
     if p:
-        print(f'global step {p["global_step"]}/{p["steps"]}, seen {max(0.0, time.time() - p["at"]):.0f}s ago')
+        seen = f', seen {max(0.0, time.time() - p.at):.0f}s ago' if p.at is not None else ''
+        print(f'global step {p.global_step}/{p.steps}{seen}')
     else:
         print('global step: none seen yet')
 
@@ -99,7 +102,7 @@ def _task_status(spec: ClusterSpec, req: Request[JsonFlags], plans: list[TaskPla
                  state: LaunchState | None) -> list[dict]:
     """Each task as `launch status` shows it: alive (None: cannot tell), listening, a note."""
     records = {r.name: r for r in (state.tasks if state else [])}
-    live = state.workers.get('live') if state and state.workers else None
+    live = state.workers.live if state and state.workers else None
     out = []
     with backends_for(spec, req, plans, state) as backends:
         for plan in plans:

@@ -52,7 +52,7 @@ EVENTS = tuple(kind.value for kind in EventKind)
 class EventLog:
     """Appends events of one run; thread-safe (log followers and the supervisor write at once)."""
 
-    def __init__(self, path: str, run: str, attempt: int):
+    def __init__(self, path: str, run: str, attempt: int) -> None:
         self.path, self.run, self.attempt = path, run, attempt
         self._lock = threading.Lock()
         self._lost = 0      # events the disk refused since the last one written

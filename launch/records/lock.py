@@ -18,7 +18,7 @@ class TrainDirLock:
     launcher's life (the kernel drops it when the process ends, however it ends). The file says
     who holds it, for the launcher that is refused."""
 
-    def __init__(self, train_dir: str, name: str | None = None):
+    def __init__(self, train_dir: str, name: str | None = None) -> None:
         """`name`: another lock file of the train_dir (`launch scale` takes scale.lock)."""
         self.path = os.path.join(train_dir, name) if name else lock_path(train_dir)
         self._fd: int | None = None

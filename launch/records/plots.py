@@ -57,7 +57,7 @@ class TimeAxis:
     a line at either edge, so an idle stretch longer than a third of the rest is cut to a sliver,
     which the plots hatch and label with the time it stood for."""
 
-    def __init__(self, times: list[float], tz: datetime.tzinfo):
+    def __init__(self, times: list[float], tz: datetime.tzinfo) -> None:
         self.tz, self.lo, self.hi = tz, min(times), max(times)
         self.cuts = _cuts(sorted(set(times)))
         busy = (self.hi - self.lo) - sum(b - a for a, b in self.cuts)

@@ -177,7 +177,7 @@ def story(run: Run) -> Story:
 class _Walk:
     """The walk of story(): the open bars (`live`, by task) and what has been found so far."""
 
-    def __init__(self, attempt_end: dict[int, float]):
+    def __init__(self, attempt_end: dict[int, float]) -> None:
         self.attempt_end = attempt_end
         self.live: dict[str, Segment] = {}
         self.seen: set[str] = set()         # tasks started before: their next start is a restart

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import posixpath
+from collections.abc import Iterable
 
 from cluster.spec import ClusterSpec
 from launch.planning.plan import COMPOSE_WORKDIR, TaskPlan, service_name
@@ -39,13 +40,13 @@ ENTRY = ('mkdir -p "$(dirname "$0")" "$(dirname "$1")" '
 HEALTH = "import socket; socket.create_connection(('localhost', {port}), 2).close()"
 
 
-def _scalar(value) -> str:
+def _scalar(value: object) -> str:
     """A YAML scalar for compose: JSON's double-quoted string is valid YAML, and `$` is doubled so
     compose does not interpolate it (only the variables this module writes are interpolated)."""
     return json.dumps(str(value)).replace('$', '$$')
 
 
-def _flow(items) -> str:
+def _flow(items: Iterable[object]) -> str:
     return '[' + ', '.join(_scalar(i) for i in items) + ']'
 
 

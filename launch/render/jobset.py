@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import Any
 
 from cluster.env import jobset as jobset_env
 from cluster.spec import ClusterSpec
@@ -101,7 +102,7 @@ def pod_env(spec: ClusterSpec, role: Role, both: tuple[Role, Role]) -> list[dict
 
 def replicated_job(spec: ClusterSpec, role: Role, both: tuple[Role, Role], image: str, claim: str | None,
                    job_labels: dict | None = None) -> dict:
-    container = {'name': role.container, 'image': image, 'command': list(k8s.COMMAND),
+    container: dict[str, Any] = {'name': role.container, 'image': image, 'command': list(k8s.COMMAND),
                  'args': ['--jobset', *k8s.train_args(spec)],
                  'ports': [{'name': PORT_NAME, 'containerPort': PORT, 'protocol': 'TCP'}],
                  'env': pod_env(spec, role, both)}
@@ -136,8 +137,9 @@ def metadata(spec: ClusterSpec, name: str | None, namespace: str | None, both: t
              kind: str) -> dict:
     limit, derived = name_limit(both)
     out = {'name': k8s.object_name(spec, name, limit, kind, derived)}
-    if k8s.check_namespace(namespace) is not None:
-        out['namespace'] = namespace
+    checked = k8s.check_namespace(namespace)
+    if checked is not None:
+        out['namespace'] = checked
     return out
 
 

@@ -59,7 +59,7 @@ def object_name(spec: ClusterSpec, name: str | None, limit: int, kind: str, deri
     return name
 
 
-def _check(value: str | None, pattern: re.Pattern, limit: int, flag: str, what: str) -> str | None:
+def _check(value: str | None, pattern: re.Pattern[str], limit: int, flag: str, what: str) -> str | None:
     if value is not None and (not pattern.fullmatch(value) or len(value) > limit):
         raise UsageError(f'{flag} {value!r}: {what}, starting and ending with a letter or digit, at most {limit} '
                          'characters')
@@ -95,7 +95,7 @@ def build(spec: ClusterSpec, opts: RenderOptions | None, make: Callable[..., Any
     return made, opts.pvc, warn_unused(spec, kind)
 
 
-def set_value(value) -> str:
+def set_value(value: Any) -> str:
     """`value` as the YAML text after `--set train.KEY=`, such that cluster.task reads back the very
     same value: plain where YAML keeps it as it is, quoted where it would read another type (a path
     `2024-01-01` is a date, `on` a boolean), floats as YAML 1.1 floats (1.0e-05, not 1e-05)."""
@@ -116,9 +116,10 @@ def set_value(value) -> str:
 
 def train_args(spec: ClusterSpec) -> list[str]:
     """`--set train.KEY=VALUE` for every train setting that differs from cluster.task's default."""
-    out = []
+    out: list[str] = []
+    defaults = TrainConfig()
     for f in dataclasses.fields(TrainConfig):
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        default = getattr(defaults, f.name)
         value = getattr(spec.train, f.name)
         if value == default and type(value) is type(default):
             continue

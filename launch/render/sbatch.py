@@ -14,11 +14,13 @@ import os
 import re
 import shlex
 import sys
+from collections.abc import Mapping
 
 import cluster
 from cluster.runtime.rundir import attempt_dirname
 from cluster.env.slurm import DEFAULT_PORT_BASE
 from cluster.spec import ClusterSpec
+from cluster.spec.model import emptied
 from launch.planning.gpus import scheduler_request
 from launch.render.options import RenderOptions
 
@@ -55,7 +57,7 @@ def heterogeneous(spec: ClusterSpec) -> bool:
     return scheduler_request(spec) > 0
 
 
-def exports(env) -> str:
+def exports(env: Mapping[str, str]) -> str:
     """`export K=V ...;` for a mapping (values quoted), '' for none."""
     return f'export {" ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())};' if env else ''
 
@@ -73,11 +75,12 @@ def slurm_spec(spec: ClusterSpec, cwd: str | None = None) -> ClusterSpec:
     are replaced by Slurm's at run time. No `gpus` either: Slurm gives out the GPUs."""
     cwd = cwd or os.getcwd()
     train = spec.train
-    absolute = {'train_dir': os.path.join(cwd, os.path.expanduser(train.train_dir))}
-    if train.data != 'synthetic':
-        absolute['data'] = os.path.join(cwd, os.path.expanduser(train.data))
-    train = dataclasses.replace(train, **{k: os.path.normpath(v) for k, v in absolute.items()})
-    return dataclasses.replace(spec, train=train, hosts=type(spec.hosts)({}), gpus=type(spec.gpus)({}))
+
+    def absolute(path: str) -> str:
+        return os.path.normpath(os.path.join(cwd, os.path.expanduser(path)))
+    data = train.data if train.data == 'synthetic' else absolute(train.data)
+    train = dataclasses.replace(train, train_dir=absolute(train.train_dir), data=data)
+    return dataclasses.replace(spec, train=train, hosts=emptied(spec.hosts), gpus=emptied(spec.gpus))
 
 
 def package_root() -> str:

@@ -26,6 +26,8 @@ Choices, and why:
 """
 from __future__ import annotations
 
+from typing import Any
+
 from cluster.spec import ClusterSpec
 from launch.render import k8s
 from launch.render.options import RenderOptions
@@ -52,7 +54,7 @@ def job_name(spec: ClusterSpec, name: str | None) -> str:
 
 
 def _replica(spec: ClusterSpec, job: str, image: str, claim: str | None) -> dict:
-    container = {'name': CONTAINER, 'image': image, 'command': list(k8s.COMMAND), 'args': k8s.train_args(spec),
+    container: dict[str, Any] = {'name': CONTAINER, 'image': image, 'command': list(k8s.COMMAND), 'args': k8s.train_args(spec),
                  'ports': [{'name': PORT_NAME, 'containerPort': PORT}]}
     env = spec.task_env(job)
     if env:
@@ -74,8 +76,9 @@ def tfjob(spec: ClusterSpec, name: str | None = None, image: str | None = None,
     the workers' train_dir on that PersistentVolumeClaim instead of an emptyDir."""
     k8s.check_train_dir(spec)
     metadata = {'name': job_name(spec, name)}
-    if k8s.check_namespace(namespace) is not None:
-        metadata['namespace'] = namespace
+    checked = k8s.check_namespace(namespace)
+    if checked is not None:
+        metadata['namespace'] = checked
     image, claim = k8s.check_image(image), k8s.check_claim(pvc)
     run_policy: dict = {'cleanPodPolicy': CLEAN_POD_POLICY}
     if spec.supervise.restart == 'on-failure':

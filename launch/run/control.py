@@ -12,6 +12,7 @@ import json
 import os
 import time
 import uuid
+from collections.abc import Callable
 
 from cluster.runtime.rundir import read_text, write_atomically
 
@@ -71,7 +72,7 @@ def answer(train_dir: str, request: dict, state: Reply, lines: list[str]) -> Non
         pass
 
 
-def wait(train_dir: str, ident: str, running, poll: float = 0.2) -> dict | None:
+def wait(train_dir: str, ident: str, running: Callable[[], bool], poll: float = 0.2) -> dict | None:
     """The reply to request `ident`, or None once `running()` says the launcher is gone."""
     while True:
         text = read_text(path(train_dir, REPLY_FILE))

@@ -58,7 +58,8 @@ def _ports(plans: Iterable[TaskPlan]) -> str:
 def warning(plans: Iterable[TaskPlan], addresses: list[str] | None) -> str | None:
     """The one-line warning for these tasks, given this machine's non-loopback addresses (None:
     unknown), or None when no task port is reachable from another machine. Pure."""
-    here, remote = [], {}
+    here: list[TaskPlan] = []
+    remote: dict[str, list[TaskPlan]] = {}
     for p in plans:
         k = registry.kind(p.backend)
         if k.isolates_ports or p.netns:

@@ -34,7 +34,7 @@ class TaskFailed(Exception):
     count it as one more fault rather than end the run."""
 
     def __init__(self, message: str, log_tail: Sequence[str] = (), code: int = EXIT_FAILED,
-                 failures: Sequence[Failure] = (), task: str | None = None, exit_code: int | None = None):
+                 failures: Sequence[Failure] = (), task: str | None = None, exit_code: int | None = None) -> None:
         super().__init__(message)
         self.log_tail = list(log_tail)
         self.code = code

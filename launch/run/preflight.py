@@ -24,7 +24,7 @@ def launcher_alive(state: LaunchState) -> bool:
     return ident is not None and ident == state.launcher_ident and state.launcher_pid != os.getpid()
 
 
-def running_state(spec: ClusterSpec, backends) -> LaunchState | None:
+def running_state(spec: ClusterSpec, backends: Mapping[str, Backend]) -> LaunchState | None:
     """The state of a run of this spec whose launcher or tasks still live, else None."""
     state = LaunchState.load(state_path(spec))
     if state is None:
@@ -35,7 +35,7 @@ def running_state(spec: ClusterSpec, backends) -> LaunchState | None:
     return None
 
 
-def take_over(spec: ClusterSpec, backends, say) -> bool:
+def take_over(spec: ClusterSpec, backends: Mapping[str, Backend], say: Callable[[str], None]) -> bool:
     """An earlier run of this spec whose launcher is dead (killed hard: it could not stop its tasks)
     is taken over: what is left of its tasks is stopped (a compose project's containers and network
     removed), its state file removed, and the user told. Called under the train_dir's lock, so no
@@ -105,7 +105,8 @@ def prepare_data(spec: ClusterSpec, plans: list[TaskPlan]) -> None:
         data.resolve_spec_data(spec)
 
 
-def preflight(spec: ClusterSpec, plans: list[TaskPlan], backends, say=print) -> None:
+def preflight(spec: ClusterSpec, plans: list[TaskPlan], backends: Mapping[str, Backend],
+              say: Callable[[str], None] = print) -> None:
     """Everything that can be wrong before anything starts; raises UsageError (exit 2). A dead
     launcher's tasks are stopped first (`take_over`), saying so."""
     took_over = take_over(spec, backends, say)

@@ -19,7 +19,7 @@ from launch.run import faults
 from launch.run import policy as supervise
 from launch.run.failover import FailedOverRun, fail_over
 from launch.run.faults import FaultHistory, TaskFailed
-from launch.run.lifecycle import RunResult
+from launch.run.lifecycle import RunResult, RunState
 from launch.run.policy import Action, Decision, TaskState, TaskStatus, describe_exit
 
 
@@ -44,7 +44,7 @@ class RecoveringRun(FailedOverRun, Protocol):
 class Recovery:
     """Carries out the decisions about faults on a run."""
 
-    def __init__(self, run: RecoveringRun):
+    def __init__(self, run: RecoveringRun) -> None:
         self.run = run
 
     def act(self, decision: Decision, statuses: list[TaskStatus]) -> bool:
@@ -132,7 +132,7 @@ class Recovery:
                    'step 0 (no checkpoint was written yet)')
                 + (f' in {delay:g}s (supervise.backoff_secs, doubling with each restart in a row)' if delay else ''))
         reason = f'restart {run.restarts}/{run.policy.max_restarts}: {decision.reason}'
-        ended = RunResult(state='failed', exit_code=EXIT_FAILED, restarts=run.restarts - 1,
+        ended = RunResult(state=RunState.FAILED, exit_code=EXIT_FAILED, restarts=run.restarts - 1,
                           failures=list(run.attempt.failures), global_step=run.attempt.step)
         # The chief notes the restart in TensorBoard.
         run.new_attempt(reason, step, ended, env={rundir.RESTART_ENV: reason})

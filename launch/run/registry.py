@@ -14,7 +14,7 @@ import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 from contextlib import AbstractContextManager as ContextManager
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from cluster.spec import ClusterSpec, TaskSpec
 from launch.backends.base import Backend
@@ -94,6 +94,12 @@ class Kind:
     options_label: str = ''            # 'Slurm jobs': what those options are for
     unsupported: Callable[[str, ClusterSpec], str | None] = lambda command, spec: None
     check: Callable[[ClusterSpec, Options], str | None] = lambda spec, opts: None    # its options' values
+
+    def backend(self, spec: ClusterSpec, opts: Options) -> Backend:
+        """A Backend of this kind: only a supervised kind has one (a delegated one's scheduler runs the tasks)."""
+        if self.make is None:
+            raise ValueError(f'the {self.name} backend is {self.mode}: no Backend runs its tasks')
+        return self.make(spec, opts)
 
 
 def _ssh_addresses(spec: ClusterSpec, opts: Options) -> dict[str, str]:
@@ -222,7 +228,7 @@ def plans(spec: ClusterSpec, name: str | None, opts: Options, counts: dict[str, 
     return list(k.plan(spec, k.addresses(spec, opts), counts or {}))
 
 
-def gpu_counts(spec: ClusterSpec, plans: list[TaskPlan], backends) -> dict[str, int]:
+def gpu_counts(spec: ClusterSpec, plans: list[TaskPlan], backends: Mapping[str, Backend]) -> dict[str, int]:
     """Ask the hosts of the workers how many GPUs they have, when train.devices wants any."""
     if not gpus.wants_gpus(spec):
         return {}
@@ -273,26 +279,27 @@ def check_options(spec: ClusterSpec, command: str, name: str | None, opts: Optio
             raise UsageError(problem)
 
 
-class Backends(dict):
+class Backends(dict[str, Backend]):
     """name -> Backend; used as a context manager it closes every connection on the way out."""
 
     def __enter__(self) -> Backends:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         for backend in self.values():
             backend.close()
 
 
-def make_backends(spec: ClusterSpec, opts: Options, names_needed) -> Backends:
+def make_backends(spec: ClusterSpec, opts: Options, names_needed: Iterable[str]) -> Backends:
     """The backends these names need, the local one always first (its pre-flight comes first)."""
     backends = Backends()
     for name in [DEFAULT] + sorted(set(names_needed) - {DEFAULT}):
-        backends[name] = KINDS[name].make(spec, opts)
+        backends[name] = KINDS[name].backend(spec, opts)
     return backends
 
 
-def remembered(names_recorded) -> str | None:
-    """The backend a state file's tasks name when `status`, `down` and `logs` need no --backend."""
-    return next((n for n in names_recorded if n in KINDS and KINDS[n].remembered), None)
+def remembered(names_recorded: Iterable[object]) -> str | None:
+    """The backend a state file's tasks (or a run's events, as written) name when `status`, `down`
+    and `logs` need no --backend."""
+    return next((n for n in names_recorded if isinstance(n, str) and n in KINDS and KINDS[n].remembered), None)
 

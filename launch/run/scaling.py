@@ -22,7 +22,7 @@ from launch.run import control
 from launch.run import policy as supervise
 from launch.run.attempt import Attempt
 from launch.run.control import Reply
-from launch.run.lifecycle import CHECKPOINT_GRACE_SECS, Lifecycle, RunResult
+from launch.run.lifecycle import CHECKPOINT_GRACE_SECS, Lifecycle, RunResult, RunState
 from launch.run.policy import Policy, TaskState, TaskStatus
 
 
@@ -131,7 +131,7 @@ def refusal(spec: ClusterSpec, want: int) -> str | None:
 class Scaling:
     """Carries out `launch scale` requests on a run, one at a time."""
 
-    def __init__(self, run: ScaledRun):
+    def __init__(self, run: ScaledRun) -> None:
         self.run = run
         self.op: ScaleOp | None = None          # the request being carried out
 
@@ -247,7 +247,7 @@ class Scaling:
         run.life.emit('scale', to=want, add=add, remove=remove, pid=request.get('pid'))
         run.teardown(checkpoint=True)
         step = run.life.checkpoint_step()
-        ended = RunResult(state='scaled', exit_code=EXIT_OK, restarts=run.restarts,
+        ended = RunResult(state=RunState.SCALED, exit_code=EXIT_OK, restarts=run.restarts,
                           failures=list(run.attempt.failures), global_step=run.attempt.step)
         run.resize(members, leaving=remove)
         resumed = f'the checkpoint at global step {step}' if step is not None else 'step 0 (no checkpoint yet)'

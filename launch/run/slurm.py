@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from cluster.runtime import rundir
 from cluster.runtime.rundir import EXIT_FAILED, EXIT_OK, EXIT_USAGE, write_atomically
 from cluster.env.slurm import job_of
-from cluster.spec import ClusterSpec
+from cluster.spec import ClusterSpec, TaskSpec
 from launch import system
 from launch.errors import UsageError
 from launch.backends.base import follow_file
@@ -54,7 +54,7 @@ def missing_command() -> str | None:
     return next((c for c in COMMANDS if shutil.which(c) is None), None)
 
 
-def _run(*argv: str) -> subprocess.CompletedProcess:
+def _run(*argv: str) -> subprocess.CompletedProcess[str]:
     try:
         return system.run(argv, timeout=COMMAND_TIMEOUT)
     except system.CommandError as e:
@@ -112,8 +112,8 @@ def cancel(job: str, signal_name: str | None = None) -> None:
 def exit_status(info: dict[str, str]) -> int:
     """The launcher's exit code for an ended job: the script's exit code (srun's: the highest of
     its tasks'), 128 + a signal that killed it, else 0 only for COMPLETED."""
-    code, _, sig = info.get('ExitCode', '0:0').partition(':')
-    code, sig = int(code or 0), int(sig or 0)
+    code_text, _, sig_text = info.get('ExitCode', '0:0').partition(':')
+    code, sig = int(code_text or 0), int(sig_text or 0)
     if code:
         return code
     if sig:
@@ -126,7 +126,7 @@ _RANKS = re.compile(r'\b(tasks?) ([\d,-]+):')
 
 def _ranks(text: str) -> list[int]:
     """'0' -> [0]; '1-2,4' -> [1, 2, 4]."""
-    out = []
+    out: list[int] = []
     for part in text.split(','):
         low, _, high = part.partition('-')
         if low.isdigit() and (high or low).isdigit():
@@ -141,7 +141,7 @@ def name_ranks(line: str, spec: ClusterSpec) -> str:
     if heterogeneous(spec):
         return line
 
-    def named(m: re.Match) -> str:
+    def named(m: re.Match[str]) -> str:
         ranks = _ranks(m.group(2))
         if not ranks or max(ranks) >= spec.num_ps + spec.num_workers:
             return m.group(0)
@@ -158,7 +158,9 @@ def first_failure(lines: Iterable[str], spec: ClusterSpec) -> str | None:
         return None
     for line in lines:
         m = re.search(r'srun: error: \S+: tasks? ([\d,-]+): (.+)$', line)
-        ranks = _ranks(m.group(1)) if m else []
+        if m is None:
+            continue
+        ranks = _ranks(m.group(1))
         if ranks and max(ranks) < spec.num_ps + spec.num_workers:
             return ', '.join(rundir.task_name(*job_of(r, spec.num_ps)) for r in ranks) + f' ({m.group(2).strip()})'
     return None
@@ -177,15 +179,12 @@ def make_strategy(spec: ClusterSpec, opts: RenderOptions) -> SlurmRun:
 class SlurmRun(Strategy):
     """The delegated strategy: Slurm owns the tasks; the launcher submits, watches and cancels."""
 
-    def __init__(self, spec: ClusterSpec, script: Callable[[int], str], effective_spec: str):
+    def __init__(self, spec: ClusterSpec, script: Callable[[int], str], effective_spec: str) -> None:
         self.spec, self.script, self.effective_spec = spec, script, effective_spec
         self.train_dir = spec.train.train_dir
         self.script_path = rundir.batch_script_path(self.train_dir)
         self.logs = rundir.logs_dir(self.train_dir)
-        self.job: str | None = None
-        self.state = 'PENDING'      # the job's state when last seen
-        self.life: Lifecycle | None = None
-        self._hurry = threading.Event()
+        self.hurried = threading.Event()
 
     def prepare(self, life: Lifecycle) -> None:
         """The batch script and the effective spec in the train_dir, seen from here: the tasks
@@ -203,24 +202,37 @@ class SlurmRun(Strategy):
         except OSError as e:
             raise self.spec.error('train.train_dir', f'cannot write {e.filename}: {e.strerror}') from None
 
-
     def read_file(self, path: str) -> str | None:
         return rundir.read_text(path)
 
     def hurry(self) -> None:
-        self._hurry.set()       # a second Ctrl-C: cancel now, no checkpoint
+        self.hurried.set()       # a second Ctrl-C: cancel now, no checkpoint
 
     def run(self, life: Lifecycle) -> Outcome:
-        self.life = life
         t0 = time.monotonic()
         try:
-            try:
-                self.job = submit(self.script_path)
-            except SlurmError as e:
-                life.console.say(f'error: {e}')
-                return Outcome(EXIT_USAGE)
-            life.console.say(f'submitted job {self.job} ({self.spec.num_ps} ps + {self.spec.num_workers} '
-                             f'worker(s)); logs in {self.logs}; Ctrl-C cancels it')
+            job = submit(self.script_path)
+        except SlurmError as e:
+            life.console.say(f'error: {e}')
+            return Outcome(EXIT_USAGE)
+        life.console.say(f'submitted job {job} ({self.spec.num_ps} ps + {self.spec.num_workers} '
+                         f'worker(s)); logs in {self.logs}; Ctrl-C cancels it')
+        return SubmittedJob(self, life, job).follow(t0)
+
+
+class SubmittedJob:
+    """One submitted job of a SlurmRun, followed to its end (or cancelled) for one lifecycle."""
+
+    def __init__(self, strategy: SlurmRun, life: Lifecycle, job: str) -> None:
+        self.strategy, self.life, self.job = strategy, life, job
+        self.spec, self.train_dir = strategy.spec, strategy.train_dir
+        self.state = 'PENDING'      # the job's state when last seen
+
+    def follow(self, t0: float) -> Outcome:
+        """Stream its logs and watch it until it has left the queue; the outcome (`t0`: when it
+        was submitted, monotonic)."""
+        life = self.life
+        try:
             self._follow()
             info = self._watch()
             if life.interrupted.is_set():
@@ -230,20 +242,25 @@ class SlurmRun(Strategy):
             return self._report(info, time.monotonic() - t0)
         except SlurmError as e:
             life.console.say(f'error: {e}')
-            if self.job is not None:
-                self._cancel('cannot follow it')
+            self._cancel('cannot follow it')
             return Outcome(EXIT_FAILED)
 
     # -- following ------------------------------------------------------------------------
     def _follow(self) -> None:
         """Every task's log of this attempt, and the batch script's own output; what the task
         lines say (serving, steps) goes into the event log as for any backend."""
+        life, spec = self.life, self.spec
         path = rundir.slurm_log_path(self.train_dir, self.job)
-        self.life.follow('slurm', lambda stop: (name_ranks(line, self.spec) for line in follow_file(path, stop)))
-        for t in self.spec.tasks:
-            path = rundir.attempt_log_path(self.train_dir, self.life.attempt, t.job, t.index)
-            self.life.follow(t.name, lambda stop, path=path: follow_file(path, stop),
-                             lambda line, t=t: self.life.saw_line(t.name, line, t.job == 'worker', t.is_chief))
+        life.follow('slurm', lambda stop: (name_ranks(line, spec) for line in follow_file(path, stop)))
+        for t in spec.tasks:
+            log_path = rundir.attempt_log_path(self.train_dir, life.attempt, t.job, t.index)
+
+            def lines(stop: threading.Event, log_path: str = log_path) -> Iterable[str]:
+                return follow_file(log_path, stop)
+
+            def seen(line: str, t: TaskSpec = t) -> None:
+                life.saw_line(t.name, line, t.job == 'worker', t.is_chief)
+            life.follow(t.name, lines, seen)
 
     def _watch(self) -> dict[str, str] | None:
         """Poll the job until it has ended and left the queue (or a signal came); its last fields."""
@@ -280,10 +297,10 @@ class SlurmRun(Strategy):
             say(f'{why}: cancelling job {self.job} (SIGTERM to every task first, so the chief saves a checkpoint; '
                 'Ctrl-C again to cancel at once)')
         try:
-            if not self._hurry.is_set() and self.state != 'PENDING':
+            if not self.strategy.hurried.is_set() and self.state != 'PENDING':
                 try:
                     cancel(self.job, 'TERM')
-                    self._wait_gone(time.monotonic() + CHECKPOINT_GRACE_SECS, self._hurry)
+                    self._wait_gone(time.monotonic() + CHECKPOINT_GRACE_SECS, self.strategy.hurried)
                 except SlurmError as e:     # e.g. a job still pending has no task to signal
                     log.debug('%s', e)
             if in_queue(self.job):
@@ -319,7 +336,7 @@ class SlurmRun(Strategy):
             why += ': cancelled outside this launcher (scancel, or an administrator)'
         elif state == 'TIMEOUT':
             why += ': it reached its time limit'
-        first = first_failure((self.read_file(rundir.slurm_log_path(self.train_dir, self.job)) or '').splitlines(),
+        first = first_failure((self.strategy.read_file(rundir.slurm_log_path(self.train_dir, self.job)) or '').splitlines(),
                               self.spec)
         failures = []
         if first and state != 'CANCELLED':
@@ -327,10 +344,10 @@ class SlurmRun(Strategy):
             task = first.split(' ', 1)[0].rstrip(',')
             job, index = rundir.parse_task_name(task)
             exit_code = re.search(r'exit code (\d+)', first)
-            error = rundir.last_error_line((self.read_file(rundir.attempt_log_path(
+            error = rundir.last_error_line((self.strategy.read_file(rundir.attempt_log_path(
                 self.train_dir, self.life.attempt, job, index)) or '').splitlines())
             failures.append(Failure(task, first))
             self.life.emit(TaskLost(task=task, cause=first, exit_code=int(exit_code.group(1)) if exit_code else None,
                                     signal=None, error=error))
-        say(f'error: job {self.job} ended {why}; {resume_hint(self.life.checkpoint_step())}; task logs in {self.logs}')
+        say(f'error: job {self.job} ended {why}; {resume_hint(self.life.checkpoint_step())}; task logs in {self.strategy.logs}')
         return Outcome(code, failures=failures)

@@ -6,7 +6,7 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 from collections.abc import Mapping
 
 from cluster.runtime.rundir import write_atomically
@@ -21,21 +21,12 @@ class StateError(LaunchError):
     """A state file this version cannot read: one line naming it and what to do (exit code 2)."""
 
 
-class _AlsoADict(dict):
-    """An entry is also the dict of its JSON, so that code written against the state file's old
-    dict entries (state.progress['global_step'], json.dumps(state.workers)) reads it unchanged;
-    the fields are the interface."""
-
-
-@dataclass(frozen=True, eq=False)
-class StepSeen(_AlsoADict):
+@dataclass(frozen=True)
+class StepSeen:
     """The newest global step the launcher saw, for `launch status`."""
     global_step: int | None
     steps: int | None               # train.steps: the step the training ends at
     at: float | None                # epoch seconds: when the step was seen
-
-    def __post_init__(self) -> None:
-        dict.update(self, self.to_json())
 
     def to_json(self) -> dict[str, Any]:
         return {'global_step': self.global_step, 'steps': self.steps, 'at': self.at}
@@ -45,15 +36,12 @@ class StepSeen(_AlsoADict):
         return cls(global_step=data.get('global_step'), steps=data.get('steps'), at=data.get('at'))
 
 
-@dataclass(frozen=True, eq=False)
-class WorkerPool(_AlsoADict):
+@dataclass(frozen=True)
+class WorkerPool:
     """The workers of the run: the pool the spec names, those running, and a `launch scale` under way."""
     pool: int | None                # the spec's worker count
     live: list[int]                 # the indices of the workers that run
     scaling: int | None = None      # the worker count a `launch scale` asked for, while it is carried out
-
-    def __post_init__(self) -> None:
-        dict.update(self, self.to_json())
 
     def to_json(self) -> dict[str, Any]:
         return {'pool': self.pool, 'live': list(self.live), 'scaling': self.scaling}
@@ -63,10 +51,13 @@ class WorkerPool(_AlsoADict):
         return cls(pool=data.get('pool'), live=list(data.get('live') or []), scaling=data.get('scaling'))
 
 
-def _entry(cls: Any, value: Any) -> Any:
-    """An entry of the state file as its dataclass (None stays None); TypeError if it is not an object."""
-    if value is None or isinstance(value, cls):
-        return value
+Entry = TypeVar('Entry', StepSeen, WorkerPool)
+
+
+def _entry(cls: type[Entry], value: Any) -> Entry | None:
+    """An entry of the state file as its dataclass (null stays None); TypeError if it is not an object."""
+    if value is None:
+        return None
     if not isinstance(value, Mapping):
         raise TypeError(f'{cls.__name__}: not an object: {value!r}')
     return cls.from_json(value)
@@ -84,14 +75,12 @@ class LaunchState:
     workers: WorkerPool | None = None
 
     def save(self, path: str) -> None:
-        """Write the state file (whole: a reader never sees half of it). An entry given as a plain
-        dict (the supervisor's) is written as its dataclass would be."""
+        """Write the state file (whole: a reader never sees half of it)."""
         os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
-        progress, workers = _entry(StepSeen, self.progress), _entry(WorkerPool, self.workers)
         data = {'format': FORMAT, 'spec': self.spec, 'launcher_pid': self.launcher_pid, 'launcher_ident': self.launcher_ident,
                 'started': self.started, 'tasks': [t.to_dict() for t in self.tasks],
-                'progress': None if progress is None else progress.to_json(), 'restarts': self.restarts,
-                'workers': None if workers is None else workers.to_json()}
+                'progress': None if self.progress is None else self.progress.to_json(), 'restarts': self.restarts,
+                'workers': None if self.workers is None else self.workers.to_json()}
         write_atomically(path, json.dumps(data, indent=1))
 
     @classmethod
@@ -117,10 +106,10 @@ class LaunchState:
                              'started them or by hand, then remove the file')
         try:
             tasks = [TaskRecord.from_dict(t) for t in data.pop('tasks', [])]
-            entries = {'progress': _entry(StepSeen, data.pop('progress', None)),
-                       'workers': _entry(WorkerPool, data.pop('workers', None))}
+            progress = _entry(StepSeen, data.pop('progress', None))
+            workers = _entry(WorkerPool, data.pop('workers', None))
             known = set(cls.__dataclass_fields__)
-            return cls(tasks=tasks, **entries, **{k: v for k, v in data.items() if k in known})
+            return cls(tasks=tasks, progress=progress, workers=workers, **{k: v for k, v in data.items() if k in known})
         except (TypeError, KeyError, AttributeError) as e:
             raise StateError(f'{path}: damaged state file ({type(e).__name__}: {e}); if tasks of that run '
                              'still live, stop them by hand, then remove the file') from None

@@ -59,7 +59,7 @@ class SupervisedRun(Strategy):
     def __init__(self, spec: ClusterSpec, spec_yaml: str, plans: list[TaskPlan], backends: Mapping[str, Backend],
                  start_timeout: float = 120.0, finish_timeout: float = 60.0,
                  checks: Callable[[], None] | None = None, warn: Callable[[], None] | None = None,
-                 workers: int | None = None):
+                 workers: int | None = None) -> None:
         self.spec, self.spec_yaml, self.plans, self.backends = spec, spec_yaml, plans, backends
         self.start_timeout, self.finish_timeout = start_timeout, finish_timeout
         self._checks = checks                        # the pre-flight, run by prepare()
