@@ -7,6 +7,7 @@ over SSH) to stream it with a `[job:index]` prefix. So output survives the launc
 from __future__ import annotations
 
 import abc
+import enum
 import os
 import socket
 import threading
@@ -151,12 +152,25 @@ def handle_of(record: TaskRecord, cls: type[H]) -> H:
     return record.handle
 
 
+class Seen(str, enum.Enum):
+    """What a backend can tell of a task's process."""
+    RUNNING = 'running'
+    ENDED = 'ended'
+    UNKNOWN = 'unknown'         # its host cannot be asked
+
+    def __str__(self) -> str:
+        return self.value
+
+
+RUNNING, ENDED, UNKNOWN = Seen.RUNNING, Seen.ENDED, Seen.UNKNOWN
+
+
 @dataclass(frozen=True)
 class Observation:
     """What a backend can tell of one task now: running, ended (with its exit code, negative for
     a signal), or unknown (its host cannot be asked; `error` says why). A running task that makes
     no progress says how in `stopped` (e.g. 'is stopped (SIGSTOP, or a debugger)')."""
-    state: str                      # 'running' | 'ended' | 'unknown'
+    state: Seen
     exit_code: int | None = None
     stopped: str | None = None
     error: str = ''
@@ -165,9 +179,6 @@ class Observation:
     def alive(self) -> bool:
         """Running, or unknown: what keeps a state file (so `launch down` can try again later)."""
         return self.state != ENDED
-
-
-RUNNING, ENDED, UNKNOWN = 'running', 'ended', 'unknown'
 
 
 class BackendError(Exception):

@@ -13,6 +13,7 @@ from launch.commands.request import Request, backends_for, plans_of
 from launch.errors import EXIT_NO_RUN
 from launch.planning.plan import TaskPlan, state_path
 from launch.records import runs
+from launch.records.result import RunState
 from launch.run import registry
 from launch.run.preflight import launcher_alive
 from launch.run.state import LaunchState
@@ -32,7 +33,7 @@ def cmd_status(spec: ClusterSpec, req: Request[JsonFlags]) -> int:
     info = runs.describe(spec.train.train_dir)
     tasks = _task_status(spec, req, plans, state)
     code = EXIT_NO_RUN if info is None and state is None else \
-        EXIT_OK if info is None or info.state in ('running', 'done') else EXIT_FAILED
+        EXIT_OK if info is None or info.state in (RunState.RUNNING, RunState.DONE) else EXIT_FAILED
     if req.flags.json:
         print(json.dumps({'run': info.to_json() if info else None,
                           'launcher': {'pid': state.launcher_pid, 'alive': launcher_alive(state)} if state else None,

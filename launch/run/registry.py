@@ -10,6 +10,7 @@ new backend is one module plus one entry here.
 """
 from __future__ import annotations
 
+import enum
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,7 +25,16 @@ from launch.planning.plan import TaskPlan, is_local, plan_cluster, plan_compose,
 from launch.render.options import RenderOptions
 from launch.run.lifecycle import Strategy
 
-SUPERVISED, DELEGATED = 'supervised', 'delegated'
+class Mode(str, enum.Enum):
+    """Who owns a run's tasks: the launcher through a backend, or a scheduler it hands them to."""
+    SUPERVISED = 'supervised'
+    DELEGATED = 'delegated'
+
+    def __str__(self) -> str:
+        return self.value
+
+
+SUPERVISED, DELEGATED = Mode.SUPERVISED, Mode.DELEGATED
 
 
 @dataclass(frozen=True)
@@ -75,7 +85,7 @@ StrategyFactory = Callable[[ClusterSpec, 'str | None', Options, UpSettings], Con
 @dataclass(frozen=True)
 class Kind:
     name: str
-    mode: str                                       # SUPERVISED | DELEGATED
+    mode: Mode
     strategy: StrategyFactory
     addresses: Callable[[ClusterSpec, Options], dict[str, str]] = lambda spec, opts: {}
     # spec, addresses, GPU counts (a spec host or machine -> count, where asked) -> the task plans
