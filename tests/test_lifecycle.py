@@ -258,3 +258,17 @@ def test_the_event_log_and_run_json_tell_a_restart(tmp_path):
     record = json.load(open(rundir.run_path(train_dir)))
     assert (record['state'], record['attempt'], record['restarts'], record['global_step']) == ('done', 2, 1, 100)
     assert record['id'] == events[0]['run'] and out.splitlines()[0].startswith(f'[launch]   run {record["id"]}, ')
+
+
+def test_checkpoints_that_do_not_restore_are_named_even_when_the_chief_dies_during_start_up(tmp_path):
+    """The chief may find that no checkpoint restores before every other server is up (a slow
+    ps): the start-up's line then says so as the supervisor's does, not only `exited with code 3`."""
+    cause = 'no checkpoint in /r/run restores: model.ckpt-6: DataLossError; move them away to start afresh'
+    backend = ScriptedBackend({'ps:0': {'*': []}, 'worker:1': {'*': []},
+                               'worker:0': {'*': [(0.0, 'log', f'{NOW} E worker:0: {cause}'), (0.0, 'exit', 3)]}})
+    result, out, _ = run(tmp_path, backend, supervise={'restart': 'on-failure'})
+    assert (result.state, result.exit_code, result.restarts) == ('failed', 1, 0), out
+    [error] = [line for line in out.splitlines() if 'error:' in line]
+    assert 'worker:0 exited with code 3 during start-up; its last error: no checkpoint in /r/run restores' in error
+    assert error.endswith('no checkpoint restores, so a new `launch up` fails the same way until they are moved '
+                          'away'), error
