@@ -262,3 +262,9 @@ def test_a_killed_launcher_leaves_no_containers_or_network_for_long(tmp_path, co
     assert again.returncode in (0, 1) and 'Traceback' not in again.stdout + again.stderr
     down = launch('down', spec)
     assert down.returncode == 0, down.stdout + down.stderr
+
+
+def test_the_backend_finds_the_build_script_of_this_checkout():
+    """The script's path is computed from the backend module's place in the tree."""
+    from launch.backends import compose
+    assert os.path.isfile(compose.BUILD_SCRIPT), compose.BUILD_SCRIPT

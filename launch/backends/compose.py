@@ -39,7 +39,7 @@ from launch.planning.plan import TaskPlan, compose_spec, effective_spec_path, se
 
 log = logging.getLogger(__name__)
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))     # above launch/backends/
 BUILD_SCRIPT = os.path.join(REPO, 'docker', 'build-offline.sh')
 PROJECT_LABEL = 'com.docker.compose.project'      # set by Compose v1 and v2 alike
 SERVICE_LABEL = 'com.docker.compose.service'
