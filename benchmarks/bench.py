@@ -62,13 +62,13 @@ def single_process(batch_size: int, steps: int) -> dict:
     its images/s, and the CPU time (every thread, user + system) one batch costs."""
     code = f'''
 import os, time, tempfile, tensorflow as tf
-from cluster.training import data
+from cluster.training import data, inputs
 from cluster.training import model
 v1 = tf.compat.v1
 v1.disable_eager_execution()
 tmp = tempfile.TemporaryDirectory()
 d = data.resolve_data("synthetic", tmp.name)
-images, labels = data.train_inputs(d, {batch_size}, seed=1)
+images, labels = inputs.train_inputs(d, {batch_size}, seed=1)
 logits, decay = model.inference(images)
 loss = model.loss(logits, labels, decay)
 step = v1.train.get_or_create_global_step()
