@@ -7,7 +7,6 @@ import gzip
 import os
 import re
 import shutil
-import struct
 
 import numpy as np
 import pytest
@@ -16,47 +15,13 @@ import tensorflow as tf
 from cluster.spec import SpecError, load_spec
 from cluster.training import data, idx, inputs, model
 from cluster.training.data import DataError
-from tests.conftest import write_spec
-from tests.harness.parts import unavailable
+from tests.conftest import idx_bytes, need_fashion_mnist, write_idx_set, write_spec
 
 tf.compat.v1.disable_eager_execution()
 
 PACKAGE = data.FASHION_MNIST_DIR
 TRAIN_LABELS_START = [9, 0, 0, 3, 0, 2, 7, 2, 5, 5]     # the data set's own first labels (ankle boot, T-shirt, ...)
 TEST_LABELS_START = [9, 2, 1, 1, 6, 1, 4, 6, 5, 7]
-
-
-def need_package() -> None:
-    """Skip in one line where Debian's dataset-fashion-mnist is not installed; fail under CI=true,
-    whose command installs it."""
-    if not os.path.isdir(PACKAGE):
-        unavailable(f'{PACKAGE} is missing: apt-get install {data.FASHION_MNIST_PACKAGE}',
-                    'the CI command installs dataset-fashion-mnist')
-
-
-def idx_bytes(array: np.ndarray) -> bytes:
-    """An IDX file of unsigned bytes holding `array`."""
-    return bytes([0, 0, idx.UBYTE, array.ndim]) + struct.pack(f'>{array.ndim}I', *array.shape) + \
-        array.astype(np.uint8).tobytes()
-
-
-def write_idx_set(directory, train: int = 12, test: int = 6, side: int = 28, gz: bool = True, seed: int = 0):
-    """The four IDX files of a small data set; images are random, labels cycle through 0..9."""
-    os.makedirs(directory, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    for split, count in (('train', train), ('test', test)):
-        images_name, labels_name = idx.base_names(split)
-        images = rng.integers(0, 256, size=(count, side, side), dtype=np.uint8)
-        labels = np.arange(count) % 10
-        for name, array in ((images_name, images), (labels_name, labels)):
-            payload = idx_bytes(array)
-            if gz:
-                with gzip.open(os.path.join(directory, name + '.gz'), 'wb') as f:
-                    f.write(payload)
-            else:
-                with open(os.path.join(directory, name), 'wb') as f:
-                    f.write(payload)
-    return str(directory)
 
 
 def one_line(error: BaseException) -> str:
@@ -68,7 +33,7 @@ def one_line(error: BaseException) -> str:
 # --------------------------------------------------------------------------- the package's real files
 
 def test_the_package_files_read_as_fashion_mnist():
-    need_package()
+    need_fashion_mnist()
     found = {}
     for split, count in (('train', 60000), ('test', 10000)):
         images_name, labels_name = idx.base_names(split)
@@ -84,7 +49,7 @@ def test_the_package_files_read_as_fashion_mnist():
 
 
 def test_fashion_mnist_in_the_spec_is_the_package_checked():
-    need_package()
+    need_fashion_mnist()
     fashion = data.resolve_data('fashion-mnist', 'unused')
     assert (fashion.name, fashion.directory, fashion.layout) == ('Fashion-MNIST', PACKAGE, data.Layout.IDX)
     assert (fashion.image_shape, fashion.train_examples, fashion.test_examples, fashion.num_classes) == \
@@ -255,7 +220,7 @@ def test_idx_inputs_in_plain_order_are_the_files_standardised(tmp_path, gz):
 
 @pytest.mark.slow      # TensorFlow sessions over the real 70,000 images
 def test_the_real_test_split_is_read_once_and_training_batches_are_flipped_at_most():
-    need_package()
+    need_fashion_mnist()
     fashion = data.resolve_data('fashion-mnist', 'unused')
     test_labels = idx.read(idx.find(PACKAGE, 't10k-labels-idx1-ubyte'))
     train_images = idx.read(idx.find(PACKAGE, 'train-images-idx3-ubyte')).astype(np.float32)
