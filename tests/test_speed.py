@@ -115,4 +115,8 @@ def test_the_benchmark_quick_mode_runs_and_writes_every_figure(tmp_path):
     assert figures['bytes']['loopback_bytes_per_sec'] > 0 and figures['bytes']['largest_ps_share']['2'] <= 0.6
     assert set(figures['learning']) == {'sync'}      # the full mode adds async (test_async_run_learns learns)
     assert set(figures['elastic']) == {'async'} and figures['elastic']['async']['scale_s'] > 0
+    accuracy = figures['accuracy']      # skipped only where dataset-fashion-mnist is missing, never under CI
+    if 'skipped' not in accuracy or os.environ.get('CI') == 'true':
+        assert set(accuracy['runs']) == {'single', 'sync'}, accuracy
+        assert all(0 <= run['final'] <= 1 and run['points'] for run in accuracy['runs'].values()), accuracy
     assert ' one process' in result.stdout and ' one import' in result.stdout     # n/a where a run was too short
