@@ -1,9 +1,10 @@
 """Benchmarks: figures and ratios against baselines measured in the same run (machines are shared
 and noisy, so absolute seconds only mean something next to their baseline).
 
-    python benchmarks/bench.py                 # everything but links, 3 repetitions, medians (about 45 min)
+    python benchmarks/bench.py                 # everything but links, 3 repetitions, medians (about 75 min)
     python benchmarks/bench.py --quick         # every figure once, tiny runs (CI: no speed asserted)
     python benchmarks/bench.py --only cluster  # or scaling, bytes, learning, towers, elastic
+    python benchmarks/bench.py --only accuracy # Fashion-MNIST: one process, sync, async, 6 epochs each (about 30 min)
     python benchmarks/bench.py --only links    # emulated links, by hand (root; about 20 min, 3 with --quick)
 
 Baselines: the time one process takes to `import tensorflow` (start-up is mostly imports), the
@@ -62,13 +63,13 @@ def single_process(batch_size: int, steps: int) -> dict:
     its images/s, and the CPU time (every thread, user + system) one batch costs."""
     code = f'''
 import os, time, tempfile, tensorflow as tf
-from cluster.training import data
+from cluster.training import data, inputs
 from cluster.training import model
 v1 = tf.compat.v1
 v1.disable_eager_execution()
 tmp = tempfile.TemporaryDirectory()
 d = data.resolve_data("synthetic", tmp.name)
-images, labels = data.train_inputs(d, {batch_size}, seed=1)
+images, labels = inputs.train_inputs(d, {batch_size}, seed=1)
 logits, decay = model.inference(images)
 loss = model.loss(logits, labels, decay)
 step = v1.train.get_or_create_global_step()
@@ -530,7 +531,14 @@ def bench_links(args, tmp: str) -> dict:
     return {'links': rows, 'bfloat16_gain': gains, 'model_bytes': model_bytes}
 
 
-SECTIONS = ('cluster', 'scaling', 'bytes', 'learning', 'towers', 'elastic')
+def bench_accuracy(args, tmp: str) -> dict:
+    """Test precision@1 on Fashion-MNIST after the same images, one process against the cluster
+    (benchmarks/accuracy.py, beside this script)."""
+    import accuracy
+    return accuracy.bench(args, tmp, free_ports)
+
+
+SECTIONS = ('cluster', 'scaling', 'bytes', 'learning', 'towers', 'elastic', 'accuracy')
 BY_HAND = ('links',)        # long: only with --only
 
 
@@ -543,6 +551,7 @@ def main() -> None:
     p.add_argument('--reps', type=int, default=3)
     p.add_argument('--steps', type=int, default=300, help='global steps of each cluster run')
     p.add_argument('--batch', type=int, default=64, help='batch per worker (per tower)')
+    p.add_argument('--epochs', type=float, default=6, help='epochs of Fashion-MNIST each accuracy run sees')
     p.add_argument('--json', '--out', default=os.path.join(REPO, 'benchmarks', 'results.json'),
                    help='where the figures go as JSON (default benchmarks/results.json)')
     args = p.parse_args()
@@ -551,11 +560,13 @@ def main() -> None:
     args.elastic_modes, args.elastic_steps = ('async', 'sync'), 800
     args.link_rates, args.link_ps, args.link_dtypes, args.link_steps = LINK_RATES, (1, 2), ('float32', 'bfloat16'), 100
     args.link_batch = args.batch
+    args.accuracy_kinds, args.accuracy_epochs = ('single', 'sync', 'async'), args.epochs
     if args.quick:
         args.reps, args.steps, args.batch, args.single_steps = 1, 30, 16, 10
         args.learn_steps, args.learn_every, args.learn_modes = 40, 40, 1     # sync: one checkpoint, one eval
         args.elastic_modes, args.elastic_steps = ('async',), 450     # the scale takes some 12 s to join
         args.link_ps, args.link_dtypes, args.link_steps = (1,), ('float32',), 60
+        args.accuracy_kinds, args.accuracy_epochs = ('single', 'sync'), 0.05    # a checkpoint each, evaluated
     figures = {'quick': args.quick, 'cores': len(os.sched_getaffinity(0))}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.only or SECTIONS:

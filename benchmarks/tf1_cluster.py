@@ -27,7 +27,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
 import tensorflow as tf  # noqa: E402
 
-from cluster.training import data
+from cluster.training import data, inputs  # noqa: E402
 from cluster.training import model  # noqa: E402
 
 v1 = tf.compat.v1
@@ -52,13 +52,13 @@ def main() -> None:
     num_workers = len(cluster.job_tasks('worker'))
     is_chief = args.index == 0
     tmp = tempfile.TemporaryDirectory()
-    data_dir = data.resolve_data(args.data or 'synthetic', tmp.name)
+    data_set = data.resolve_data(args.data or 'synthetic', tmp.name)
     per_step = args.batch * (num_workers if args.sync else 1)
 
     with v1.device(v1.train.replica_device_setter(worker_device=f'/job:worker/task:{args.index}', cluster=cluster)):
         global_step = v1.train.get_or_create_global_step()
-        images, labels = data.train_inputs(data_dir, args.batch, shard_index=args.index, num_shards=num_workers,
-                                           seed=1)
+        images, labels = inputs.train_inputs(data_set, args.batch, shard_index=args.index, num_shards=num_workers,
+                                             seed=1)
         logits, decay = model.inference(images)
         loss = model.loss(logits, labels, decay)
         lr = model.learning_rate(global_step, model.default_learning_rate(per_step), per_step)

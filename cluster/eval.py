@@ -1,5 +1,6 @@
-"""Precision@1 on the CIFAR-10 test split from a checkpoint, with the moving averages of the
-weights in place of the weights (as the tutorial evaluates): `python -m cluster.eval --spec SPEC`
+"""Precision@1 on the data set's test split (CIFAR-10's 10,000 images, Fashion-MNIST's 10,000, ...)
+from a checkpoint, with the moving averages of the weights in place of the weights (as the tutorial
+evaluates): `python -m cluster.eval --spec SPEC`
 or `launch eval SPEC`. Runs in this process, on this machine; it needs no cluster. The figure also
 goes to TensorBoard, under <train_dir>/eval at the checkpoint's global step.
 """
@@ -12,7 +13,7 @@ import sys
 import types
 from collections.abc import Sequence
 
-from cluster.training import data
+from cluster.training import data, inputs
 from cluster.runtime import rundir
 from cluster.spec import DEFAULT_SPEC, ClusterSpec, load_spec
 
@@ -30,8 +31,8 @@ def evaluate(spec: ClusterSpec, checkpoint: str | None = None) -> dict:
     if checkpoint is None and not os.path.exists(rundir.checkpoint_index_path(train_dir)):
         # Before the data: synthetic data would be written for nothing.
         raise EvalError(f'{train_dir}: no checkpoint to evaluate; train first with `launch up {spec.path}`')
-    data_dir = data.resolve_data(spec.train.data, train_dir)
-    data.check_data_dir(data_dir, 'test')
+    data_set = data.resolve_data(spec.train.data, train_dir)
+    data.check_split(data_set, 'test')
     import tensorflow as tf
     from cluster.training import model
     from cluster.training import summaries
@@ -40,7 +41,7 @@ def evaluate(spec: ClusterSpec, checkpoint: str | None = None) -> dict:
     if not checkpoint:
         raise EvalError(f'{train_dir}: the checkpoint index names no checkpoint that exists')
     with tf.Graph().as_default():
-        images, labels = data.eval_inputs(data_dir, EVAL_BATCH)
+        images, labels = inputs.eval_inputs(data_set, EVAL_BATCH)
         logits, _ = model.inference(images, partitions=_partitions(tf, checkpoint))
         correct = model.precision_at_1(logits, labels)
         count = tf.shape(labels)[0]
@@ -48,7 +49,12 @@ def evaluate(spec: ClusterSpec, checkpoint: str | None = None) -> dict:
         ema = v1.train.ExponentialMovingAverage(model.MOVING_AVERAGE_DECAY)
         saver = v1.train.Saver(ema.variables_to_restore())
         with v1.Session() as sess:
-            saver.restore(sess, checkpoint)
+            try:
+                saver.restore(sess, checkpoint)
+            except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError) as e:
+                raise EvalError(f'{checkpoint} does not hold this model for {data_set.name}\'s '
+                                f'{data_set.shape_text} images (trained on another data set?): '
+                                f'{rundir.cause_line(e.message, "restore failed")}') from None
             right = total = 0
             while True:
                 try:

@@ -35,6 +35,8 @@ from cluster.spec import (DEFAULT_SPEC, TF_CONFIG_ENV, ClusterSpec, SpecError, T
 if TYPE_CHECKING:
     import subprocess
 
+    from cluster.training.data import DataSet
+
 log = logging.getLogger('cluster.task')
 
 CHILDREN: list[subprocess.Popen] = []     # the train.command process this task runs, if any (killed with the task)
@@ -212,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         check_user_code(spec, task)
         from cluster.training import data   # no TensorFlow at import time
         builtin = not (spec.train.program or spec.train.command)
-        data_dir = data.resolve_spec_data(spec) if task.job == 'worker' and builtin else None
+        data_set = data.resolve_spec_data(spec) if task.job == 'worker' and builtin else None
     except ValueError as e:       # SpecError
         print(f'cluster.task: error: {e}', file=sys.stderr)
         return EXIT_USAGE
@@ -233,10 +235,10 @@ def main(argv: list[str] | None = None) -> int:
     if spec.train.command:        # the user's process is the task: no TensorFlow in this one
         # With no launcher (Slurm, TFJob, by hand), a command's ps ends once its workers have.
         return run_command(spec, task, port_in_use, CHILDREN, stop_with_workers=not os.environ.get(LEASE_ENV))
-    return serve_and_train(spec, task, data_dir)
+    return serve_and_train(spec, task, data_set)
 
 
-def serve_and_train(spec: ClusterSpec, task: TaskSpec, data_dir: str | None) -> int:
+def serve_and_train(spec: ClusterSpec, task: TaskSpec, data_set: DataSet | None) -> int:
     """Start the task's TensorFlow server, then serve (ps), run the user's program or the built-in
     trainer (worker); the exit code of the task."""
     ref = spec.train.program if task.job == 'worker' else None     # the user's program this task runs
@@ -265,8 +267,8 @@ def serve_and_train(spec: ClusterSpec, task: TaskSpec, data_dir: str | None) -> 
         elif program is not None:
             run_program(server, spec, task, program)
         else:
-            assert data_dir is not None     # main resolves it for every worker of the built-in trainer
-            train.run_worker(server, spec, task, data_dir)
+            assert data_set is not None     # main resolves it for every worker of the built-in trainer
+            train.run_worker(server, spec, task, data_set)
     except tf.errors.OpError as e:
         # A peer that went away (Unavailable, Aborted, a closed stream): one line, not 40 frames of
         # TensorFlow internals; the launcher names the task that was lost first.

@@ -14,7 +14,7 @@ import time
 import pytest
 import yaml
 
-from tests.harness.parts import REPO, free_ports, task_processes     # tests import REPO, free_ports from here
+from tests.harness.parts import REPO, free_ports, task_processes, unavailable     # tests import REPO, free_ports from here
 
 # The harness modules that define fixtures (sshd: ssh_hosts; slurm: slurm_cluster; dockerd:
 # docker_engine, compose_image, compose_project): a test names the fixture as an argument, imports nothing.
@@ -127,6 +127,42 @@ def write_spec(path, workers: int = 2, ps: int = 1, host: str = 'localhost', hos
     file = path / 'spec.yaml'
     file.write_text(yaml.safe_dump(spec, sort_keys=False))
     return str(file)
+
+
+def need_fashion_mnist() -> str:
+    """The Debian package's Fashion-MNIST folder; a one-line skip where dataset-fashion-mnist is
+    not installed, a failure under CI=true (whose command installs it)."""
+    from cluster.training import data
+    if not os.path.isdir(data.FASHION_MNIST_DIR):
+        unavailable(f'{data.FASHION_MNIST_DIR} is missing: apt-get install {data.FASHION_MNIST_PACKAGE}',
+                    'the CI command installs dataset-fashion-mnist')
+    return data.FASHION_MNIST_DIR
+
+
+def idx_bytes(array) -> bytes:
+    """An IDX file of unsigned bytes holding the numpy `array` (its magic, dimensions, bytes)."""
+    import struct
+    import numpy as np
+    return bytes([0, 0, 0x08, array.ndim]) + struct.pack(f'>{array.ndim}I', *array.shape) + \
+        array.astype(np.uint8).tobytes()
+
+
+def write_idx_set(directory, train: int = 12, test: int = 6, side: int = 28, gz: bool = True, seed: int = 0) -> str:
+    """The four IDX files of a small MNIST-like data set in `directory`: random images, labels
+    0..9 in turn; gzip-compressed (`.gz`) or plain."""
+    import gzip
+    import numpy as np
+    from cluster.training import idx
+    os.makedirs(directory, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for split, count in (('train', train), ('test', test)):
+        images_name, labels_name = idx.base_names(split)
+        images = rng.integers(0, 256, size=(count, side, side), dtype=np.uint8)
+        for name, array in ((images_name, images), (labels_name, np.arange(count) % 10)):
+            path = os.path.join(directory, name + ('.gz' if gz else ''))
+            with (gzip.open(path, 'wb') if gz else open(path, 'wb')) as f:
+                f.write(idx_bytes(array))
+    return str(directory)
 
 
 # The spec's env: as the backends' tests give it (values that need quoting, a number, a per-job

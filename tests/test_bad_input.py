@@ -12,7 +12,7 @@ import sys
 import pytest
 import yaml
 
-from tests.conftest import REPO, free_ports, launch, project_processes, write_spec
+from tests.conftest import REPO, free_ports, launch, project_processes, write_idx_set, write_spec
 
 
 def _spec(tmp_path, cluster=None, train=None, top=None, raw=None) -> str:
@@ -42,6 +42,16 @@ def _cut_data(tmp_path) -> str:
     data.write_synthetic(str(directory), records_per_file=4, test_records=4)
     os.remove(directory / data.SYNTHETIC_MANIFEST)        # as a copy of the real data set would be
     return _spec(tmp_path, train={'data': str(directory)})
+
+
+def _damaged_idx(tmp_path) -> str:
+    """A spec whose data is a directory of IDX files, the train images' gzip cut short (a download
+    that stopped early)."""
+    directory = write_idx_set(tmp_path / 'mnist')
+    images = os.path.join(directory, 'train-images-idx3-ubyte.gz')
+    with open(images, 'r+b') as f:
+        f.truncate(os.path.getsize(images) - 100)
+    return _spec(tmp_path, train={'data': directory})
 
 
 def _port_busy(tmp_path, holder):
@@ -105,6 +115,10 @@ CASES = {
                          'train.data: data directory'),
     'data file cut to whole records': (lambda t: ['up', _cut_data(t)],
                                        'data_batch_1.bin has 4 records where the real CIFAR-10 has 10000'),
+    'IDX file cut short': (lambda t: ['up', _damaged_idx(t)], 'mnist/train-images-idx3-ubyte.gz is damaged '
+                           '(Compressed file ended before the end-of-stream marker was reached'),
+    'task with a damaged IDX file': (lambda t: ['task', '--spec', _damaged_idx(t), '--job', 'worker', '--index', '0'],
+                                     'train.data: IDX data set: '),
     # -- supervise and hosts
     'bad restart policy': (lambda t: ['up', _spec(t, top={'supervise': {'restart': 'always'}})],
                            'supervise.restart: expected one of never, on-failure'),

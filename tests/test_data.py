@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from cluster.training import data
+from cluster.training import data, inputs
 from cluster.training.data import DataError
 
 tf.compat.v1.disable_eager_execution()
@@ -179,19 +179,23 @@ def test_check_data_dir_empty_file(small_dir):
 
 def test_resolve_data_synthetic_is_generated_once(tmp_path):
     train_dir = str(tmp_path / 'run')
-    directory = data.resolve_data('synthetic', train_dir)
+    synthetic = data.resolve_data('synthetic', train_dir)
+    directory = synthetic.directory
     assert directory == os.path.join(train_dir, 'synthetic-data')
+    assert (synthetic.layout, synthetic.image_shape, synthetic.train_examples, synthetic.test_examples) == \
+        (data.Layout.CIFAR10, (24, 24, 3), 5000, 1000)
+    assert synthetic.epoch_examples == 50000      # the schedule's epoch, as for the real CIFAR-10
     data.check_data_dir(directory, 'train')
     data.check_data_dir(directory, 'test')
     names = data.TRAIN_FILES + [data.TEST_FILE]
     before = {n: os.stat(os.path.join(directory, n)).st_mtime_ns for n in names}
-    assert data.resolve_data('synthetic', train_dir) == directory
+    assert data.resolve_data('synthetic', train_dir) == synthetic
     after = {n: os.stat(os.path.join(directory, n)).st_mtime_ns for n in names}
     assert before == after
 
 
 def test_resolve_data_synthetic_repairs_a_damaged_cache(tmp_path):
-    directory = data.resolve_data('synthetic', str(tmp_path))
+    directory = data.resolve_data('synthetic', str(tmp_path)).directory
     open(os.path.join(directory, data.TEST_FILE), 'wb').close()
     data.resolve_data('synthetic', str(tmp_path))
     data.check_data_dir(directory, 'test')
@@ -200,7 +204,7 @@ def test_resolve_data_synthetic_repairs_a_damaged_cache(tmp_path):
 def test_resolve_data_real_directory_expands_home(tmp_path, monkeypatch):
     monkeypatch.setenv('HOME', str(tmp_path))
     data.write_synthetic(str(tmp_path / 'cifar'), records_per_file=2, test_records=2)
-    assert data.resolve_data('~/cifar', 'unused') == str(tmp_path / 'cifar')
+    assert data.resolve_data('~/cifar', 'unused').directory == str(tmp_path / 'cifar')
     with pytest.raises(DataError, match='does not exist'):
         data.resolve_data('~/missing', 'unused')
 
@@ -210,7 +214,7 @@ def test_resolve_data_real_directory_expands_home(tmp_path, monkeypatch):
 @pytest.mark.slow      # TensorFlow sessions, seconds each
 def test_train_inputs_shapes_and_standardization(synth_dir):
     with tf.compat.v1.Graph().as_default():
-        images, labels = data.train_inputs(synth_dir, 16, seed=1)
+        images, labels = inputs.train_inputs(synth_dir, 16, seed=1)
         assert images.shape.as_list() == [16, 24, 24, 3]
         assert labels.shape.as_list() == [16]
         assert images.dtype == tf.float32 and labels.dtype == tf.int32
@@ -227,7 +231,7 @@ def test_train_inputs_shapes_and_standardization(synth_dir):
 def test_train_inputs_seed_is_deterministic(synth_dir):
     def first_batches(seed):
         with tf.compat.v1.Graph().as_default():
-            return run_batches(data.train_inputs(synth_dir, 8, seed=seed), 2)
+            return run_batches(inputs.train_inputs(synth_dir, 8, seed=seed), 2)
 
     a, b, c = first_batches(7), first_batches(7), first_batches(8)
     for (xa, ya), (xb, yb) in zip(a, b):
@@ -244,12 +248,12 @@ def test_train_inputs_shards_read_disjoint_records(tmp_path, num_shards):
     directory = write_labelled(str(tmp_path), labels)
     for shard in sorted({0, num_shards // 2, num_shards - 1}):  # a session per shard is slow
         with tf.compat.v1.Graph().as_default():
-            _, batch_labels = data.train_inputs(directory, 4, shard_index=shard,
+            _, batch_labels = inputs.train_inputs(directory, 4, shard_index=shard,
                                                 num_shards=num_shards, seed=0)
             seen = np.concatenate(run_batches(batch_labels, 3))
         assert set(seen) == {shard}
     with pytest.raises(ValueError):
-        data.train_inputs(directory, 4, shard_index=2, num_shards=2)
+        inputs.train_inputs(directory, 4, shard_index=2, num_shards=2)
 
 
 @pytest.mark.slow
@@ -259,7 +263,7 @@ def test_a_reshardable_input_reads_the_shard_of_the_live_count_it_was_last_given
     record. Record r carries label r % 6, and shard i of M (M divides 6) sees labels l % M == i."""
     directory = write_labelled(str(tmp_path), np.arange(5 * 12).reshape(5, 12) % 6)
     with tf.compat.v1.Graph().as_default():
-        (_, batch_labels), initialize = data.train_inputs(directory, 4, seed=0, reshardable=True)
+        (_, batch_labels), initialize = inputs.train_inputs(directory, 4, seed=0, reshardable=True)
         with tf.compat.v1.Session() as sess:
             for index, count in ((0, 2), (1, 2), (0, 3), (2, 3), (1, 2)):
                 initialize(sess, index, count)
@@ -271,7 +275,7 @@ def test_a_reshardable_input_reads_the_shard_of_the_live_count_it_was_last_given
 def test_eval_inputs_covers_each_test_record_once(synth_dir):
     records = read_records(os.path.join(synth_dir, data.TEST_FILE))
     with tf.compat.v1.Graph().as_default():
-        images, labels = data.eval_inputs(synth_dir, 32)
+        images, labels = inputs.eval_inputs(synth_dir, 32)
         got_images, got_labels = [], []
         with tf.compat.v1.Session() as sess:
             with pytest.raises(tf.errors.OutOfRangeError):
@@ -292,7 +296,7 @@ def test_deterministic_inputs_record_order(tmp_path):
     expected = central_standardized(records)
     offset, batch = 4, 4
     with tf.compat.v1.Graph().as_default():
-        batches = run_batches(data.deterministic_inputs(directory, batch, offset=offset), 6)
+        batches = run_batches(inputs.deterministic_inputs(directory, batch, offset=offset), 6)
     for k, (x, y) in enumerate(batches):
         index = (offset + k * batch + np.arange(batch)) % n
         np.testing.assert_array_equal(y, records[index, 0])
@@ -304,12 +308,12 @@ def test_deterministic_inputs_two_workers_match_one(tmp_path):
     directory = data.write_synthetic(str(tmp_path), records_per_file=4, test_records=1)
     b, steps = 3, 5
     with tf.compat.v1.Graph().as_default():
-        single = run_batches(data.deterministic_inputs(directory, 2 * b), steps)
+        single = run_batches(inputs.deterministic_inputs(directory, 2 * b), steps)
     workers = []
     for w in range(2):
         with tf.compat.v1.Graph().as_default():
             workers.append(run_batches(
-                data.deterministic_inputs(directory, b, offset=w * b, stride=2 * b), steps))
+                inputs.deterministic_inputs(directory, b, offset=w * b, stride=2 * b), steps))
     for k in range(steps):
         joined_x = np.concatenate([workers[0][k][0], workers[1][k][0]])
         joined_y = np.concatenate([workers[0][k][1], workers[1][k][1]])

@@ -1,2 +1,3 @@
-"""The built-in TensorFlow training: the CIFAR-10 model, the input pipeline, the worker graph and its
-placement, the training loop, summaries, the profiler. It knows nothing of launching."""
+"""The built-in TensorFlow training: the data sets (CIFAR-10, synthetic, Fashion-MNIST and other IDX
+files) and their input pipelines, the CIFAR-10 tutorial model, the worker graph and its placement,
+the training loop, summaries, the profiler. It knows nothing of launching."""

@@ -1,11 +1,17 @@
-"""CIFAR-10 binary data: validation, learnable synthetic batches and tf.data input pipelines.
+"""Data sets: what the spec's `train.data` names, checked, and described for the model, the input
+pipelines (cluster/training/inputs.py), evaluation and the memory estimate.
 
-The pipelines are TF1-style graph-mode tensors (``tf.compat.v1``; the caller has disabled eager
-execution).  TensorFlow is imported inside the functions that build graphs, so the launcher can
-import this module to validate a spec without paying TensorFlow's import time.
+`data` is `synthetic` (learnable images written in CIFAR-10's binary format under the train_dir),
+`fashion-mnist` (Debian's package dataset-fashion-mnist), or a directory holding either CIFAR-10's
+binary batches or the four IDX files of MNIST or Fashion-MNIST (cluster/training/idx.py). Whatever
+it names becomes a `DataSet`: its image shape, split sizes, classes, how its files are laid out and
+which distortions train on it, so nothing downstream needs to know which set it is.
 
-The file format is the CIFAR-10 binary one: fixed 3073-byte records, one label byte (0-9) then a
-32x32x3 image stored channel-major (1024 red bytes, 1024 green, 1024 blue, each row-major).
+TensorFlow is not imported here, nor numpy at import time, so the launcher checks a spec's data
+without their import time.
+
+CIFAR-10's binary format: fixed 3073-byte records, one label byte (0-9) then a 32x32x3 image stored
+channel-major (1024 red bytes, 1024 green, 1024 blue, each row-major).
 """
 from __future__ import annotations
 
@@ -13,23 +19,23 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING
 
 from cluster.runtime import rundir
+from cluster.training import idx
 
 if TYPE_CHECKING:
     import numpy as np
-    import tensorflow as tf
 
     from cluster.spec import ClusterSpec
 
-    Batch = tuple[tf.Tensor, tf.Tensor]         # images, labels
     Templates = tuple[np.ndarray, np.ndarray, np.ndarray]     # colours, stripe orientations, frequencies
 
 log = logging.getLogger(__name__)
 
-IMAGE_SIZE = 24
+IMAGE_SIZE = 24          # CIFAR-10's crops: what the model sees of its 32x32 images
 RAW_SIZE = 32
 NUM_CLASSES = 10
 RECORD_BYTES = 1 + RAW_SIZE * RAW_SIZE * 3
@@ -37,15 +43,16 @@ TRAIN_FILES = ['data_batch_%d.bin' % i for i in range(1, 6)]
 TEST_FILE = 'test_batch.bin'
 SYNTHETIC_SUBDIR = 'synthetic-data'
 CIFAR10_RECORDS_PER_FILE = 10000     # every file of the real data set, train and test alike
+CIFAR10_TRAIN_EXAMPLES = CIFAR10_RECORDS_PER_FILE * len(TRAIN_FILES)
 # Written by write_synthetic next to its files: how many records each holds. Without it a data
 # directory must have the real data set's sizes, so a copy cut to whole records is not trained on.
 SYNTHETIC_MANIFEST = 'tfcluster-synthetic.json'
+SYNTHETIC_RECORDS_PER_FILE = SYNTHETIC_TEST_RECORDS = 1000     # write_synthetic's defaults
 
-# Explicit small parallelism: AUTOTUNE would need tf.data autotuning, which we switch off because
-# it can make Session.close() hang for ~10 s.
-_PARALLEL_CALLS = 2
-_PREFETCH_BATCHES = 2
-_SHUFFLE_BUFFER = 10000
+FASHION_MNIST = 'fashion-mnist'                         # the spec's name for Debian's package
+FASHION_MNIST_PACKAGE = 'dataset-fashion-mnist'
+FASHION_MNIST_DIR = '/usr/share/datasets/fashion-mnist'
+MNIST_SHAPE = (28, 28, 1)
 
 
 class DataError(ValueError):
@@ -212,7 +219,109 @@ def write_synthetic(directory: str, records_per_file: int = 1000, test_records: 
     return directory
 
 
-def resolve_spec_data(spec: ClusterSpec) -> str:
+# --------------------------------------------------------------------------- data sets
+
+class Layout(str, Enum):
+    """How a data set's files hold its records."""
+    CIFAR10 = 'cifar10'     # CIFAR-10's binary batches: 3073-byte records, label then image
+    IDX = 'idx'             # MNIST's IDX files: an images file and a labels file per split
+
+
+class Augment(str, Enum):
+    """Which distortions train on a data set (evaluation and exactness runs use none)."""
+    # The tutorial's, for CIFAR-10's 32x32 photos: a random 24x24 crop, left-right flip, brightness
+    # and contrast; evaluation sees the central 24x24 crop.
+    CIFAR10 = 'cifar10'
+    # For 28x28 centred objects (Fashion-MNIST, MNIST): the whole image, flipped left-right at random
+    # (a mirrored shirt or shoe is one of the same class). A crop would cut off what fills the
+    # frame, and brightness or contrast change nothing once each image is standardised.
+    FLIP = 'flip'
+
+
+@dataclass(frozen=True)
+class DataSet:
+    """What the model, the input pipelines, evaluation and the memory estimate ask of a data set.
+
+    Described from names and headers alone (`describe`), or checked too (`resolve_data`)."""
+    name: str                                  # for messages: 'CIFAR-10', 'Fashion-MNIST', ...
+    directory: str
+    layout: Layout
+    stored_shape: tuple[int, int, int]         # (height, width, channels) as a record holds it
+    image_shape: tuple[int, int, int]          # what the model sees of it
+    train_examples: int
+    test_examples: int
+    epoch_examples: int      # an epoch of the learning-rate schedule (50,000 for every CIFAR-10 layout, as ever)
+    augment: Augment
+    num_classes: int = NUM_CLASSES
+    remedy: str = ''         # what fixes a missing or damaged file, said after the error
+
+    @property
+    def shape_text(self) -> str:
+        """`28x28x1`: the model's input, as messages give it."""
+        return 'x'.join(map(str, self.image_shape))
+
+
+def _cifar10(directory: str, name: str, sizes: tuple[int, int]) -> DataSet:
+    return DataSet(name=name, directory=directory, layout=Layout.CIFAR10, stored_shape=(RAW_SIZE, RAW_SIZE, 3),
+                   image_shape=(IMAGE_SIZE, IMAGE_SIZE, 3), train_examples=sizes[0], test_examples=sizes[1],
+                   epoch_examples=CIFAR10_TRAIN_EXAMPLES, augment=Augment.CIFAR10)
+
+
+def _idx(directory: str, name: str, remedy: str) -> DataSet:
+    """An IDX data set as its headers say (MNIST's shape and sizes where they cannot be read: the
+    check that training relies on then says why)."""
+    train, test = idx.peek_split(directory, 'train'), idx.peek_split(directory, 'test')
+    shape = train.image_shape if train else MNIST_SHAPE
+    train_examples = train.count if train else 60000
+    return DataSet(name=name, directory=directory, layout=Layout.IDX, stored_shape=shape, image_shape=shape,
+                   train_examples=train_examples, test_examples=test.count if test else 10000,
+                   epoch_examples=train_examples, augment=Augment.FLIP, remedy=remedy)
+
+
+def _synthetic_sizes(directory: str) -> tuple[int, int]:
+    """(train, test) records of the synthetic set in `directory`, from its manifest (the defaults
+    before it is written)."""
+    try:
+        with open(os.path.join(directory, SYNTHETIC_MANIFEST)) as f:
+            counts = json.load(f)
+        return int(counts['records_per_file']) * len(TRAIN_FILES), int(counts['test_records'])
+    except (OSError, ValueError, KeyError, TypeError):
+        return SYNTHETIC_RECORDS_PER_FILE * len(TRAIN_FILES), SYNTHETIC_TEST_RECORDS
+
+
+def describe(data: str, train_dir: str) -> DataSet:
+    """The data set the spec's `data` names, from names and headers alone: nothing is checked or
+    written (the graph's shape, the memory estimate). A directory holding IDX files is an IDX set,
+    any other a CIFAR-10 one."""
+    if data == 'synthetic':
+        directory = os.path.join(os.path.expanduser(str(train_dir)), SYNTHETIC_SUBDIR)
+        return _cifar10(directory, 'synthetic CIFAR-10', _synthetic_sizes(directory))
+    if data == FASHION_MNIST:
+        return _idx(FASHION_MNIST_DIR, 'Fashion-MNIST',
+                    f'reinstall it with `apt-get install --reinstall {FASHION_MNIST_PACKAGE}`')
+    directory = os.path.expanduser(str(data))
+    if os.path.isdir(directory) and idx.holds_idx(directory):
+        return _idx(directory, 'IDX data set', 'copy the data set there again')
+    return _cifar10(directory, 'CIFAR-10', (CIFAR10_TRAIN_EXAMPLES, CIFAR10_RECORDS_PER_FILE))
+
+
+def check_split(data_set: DataSet, split: str) -> list[str]:
+    """Check the files of `split` (train or test); return their paths. A DataError says which
+    file is missing or damaged and what fixes it."""
+    if data_set.layout is Layout.CIFAR10:
+        return check_data_dir(data_set.directory, split)
+    try:
+        found = idx.check_split(data_set.directory, split, data_set.num_classes)
+    except idx.IdxError as e:
+        fix = f': {data_set.remedy}' if data_set.remedy else ''
+        raise DataError(f'{data_set.name}: {e}{fix}') from None
+    if found.image_shape != data_set.image_shape:
+        raise DataError(f'{data_set.name}: {found.images.path} holds {"x".join(map(str, found.image_shape))} '
+                        f'images, the train split {data_set.shape_text}')
+    return [found.images.path, found.labels.path]
+
+
+def resolve_spec_data(spec: ClusterSpec) -> DataSet:
     """resolve_data for a ClusterSpec, its failures as the spec's errors (a SpecError naming
     train.data, or train.train_dir where the synthetic set cannot be written)."""
     try:
@@ -229,8 +338,8 @@ def _write_error(error: OSError, where: str) -> str:
     return f'cannot write {error.filename or where}: {rundir.os_cause(error) or error}'
 
 
-def resolve_data(data: str, train_dir: str) -> str:
-    """Turn the spec's `data` value into a checked directory of CIFAR-10 binary files.
+def resolve_data(data: str, train_dir: str) -> DataSet:
+    """The spec's `data` value as a data set whose train split is checked.
 
     'synthetic' means `<train_dir>/synthetic-data`, generated on first use.  Several tasks may race
     to generate it; the writes are atomic and deterministic, so the loser rewrites identical bytes.
@@ -242,152 +351,23 @@ def resolve_data(data: str, train_dir: str) -> str:
             log.debug('reusing synthetic data in %s', directory)
         except DataError:
             write_synthetic(directory)
-        return directory
-    directory = os.path.expanduser(str(data))
-    check_data_dir(directory, 'train')
-    return directory
+        return describe(data, train_dir)
+    if data == FASHION_MNIST and not os.path.isdir(FASHION_MNIST_DIR):
+        raise DataError(f'{FASHION_MNIST}: Debian\'s package {FASHION_MNIST_PACKAGE} is not installed (no '
+                        f'{FASHION_MNIST_DIR}): install it with `apt-get install {FASHION_MNIST_PACKAGE}`')
+    data_set = describe(data, train_dir)
+    if data_set.layout is Layout.CIFAR10:
+        _neither(data_set.directory)
+    check_split(data_set, 'train')
+    return data_set
 
 
-# --------------------------------------------------------------------------- tf.data pipelines
-
-def _options() -> tf.data.Options:
-    import tensorflow as tf
-    options = tf.data.Options()
-    options.autotune.enabled = False
-    return options
-
-
-def _decode(record: tf.Tensor) -> Batch:
-    """Raw record -> (float32 [32,32,3] image in 0..255, int32 label)."""
-    import tensorflow as tf
-    raw = tf.io.decode_raw(record, tf.uint8)
-    label = tf.cast(raw[0], tf.int32)
-    chw = tf.reshape(raw[1:RECORD_BYTES], [3, RAW_SIZE, RAW_SIZE])
-    image = tf.cast(tf.transpose(chw, [1, 2, 0]), tf.float32)
-    return image, label
-
-
-def _central(record: tf.Tensor) -> Batch:
-    import tensorflow as tf
-    image, label = _decode(record)
-    image = tf.image.resize_with_crop_or_pad(image, IMAGE_SIZE, IMAGE_SIZE)
-    image = tf.image.per_image_standardization(image)
-    image.set_shape([IMAGE_SIZE, IMAGE_SIZE, 3])
-    return image, label
-
-
-def _distorted(element_seed: tf.Tensor, record: tf.Tensor) -> Batch:
-    """The tutorial's training distortions, made with stateless ops from a per-element seed.
-
-    Stateless ops keep a seeded pipeline deterministic although the map runs in parallel.
-    """
-    import tensorflow as tf
-    image, label = _decode(record)
-    seeds = tf.random.experimental.stateless_split(element_seed, num=4)
-    image = tf.image.stateless_random_crop(image, [IMAGE_SIZE, IMAGE_SIZE, 3], seed=seeds[0])
-    image = tf.image.stateless_random_flip_left_right(image, seed=seeds[1])
-    image = tf.image.stateless_random_brightness(image, max_delta=63, seed=seeds[2])
-    image = tf.image.stateless_random_contrast(image, lower=0.2, upper=1.8, seed=seeds[3])
-    image = tf.image.per_image_standardization(image)
-    image.set_shape([IMAGE_SIZE, IMAGE_SIZE, 3])
-    return image, label
-
-
-def _plain(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """fn for Dataset.map as it is: these functions have no Python control flow for AutoGraph to
-    convert, and converting them was a third of a worker's graph building (0.4 s of its start-up)."""
-    import tensorflow as tf
-    return tf.autograph.experimental.do_not_convert(fn)
-
-
-def _get_next(dataset: tf.data.Dataset) -> Batch:
-    import tensorflow as tf
-    dataset = dataset.prefetch(_PREFETCH_BATCHES).with_options(_options())
-    return tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
-
-
-def train_inputs(data_dir: str, batch_size: int, shard_index: int = 0, num_shards: int = 1, seed: int | None = None,
-                 reshardable: bool = False) -> Batch | tuple[Batch, Callable[[tf.compat.v1.Session, int, int], None]]:
-    """Endless shuffled, distorted training batches for worker `shard_index` of `num_shards`.
-
-    Sharding is by record (record r goes to shard r % num_shards), so any number of shards works
-    whatever the number of files.  With `seed` the stream (shuffle and distortions) is
-    reproducible; without one every call draws a fresh seed.
-
-    With `reshardable`, the shard is chosen when the returned `initialize(sess, index, count)` is
-    run (again whenever the workers that share the records change): returns (batch, initialize).
-    """
-    import tensorflow as tf
-    if reshardable:
-        index_ph = tf.compat.v1.placeholder_with_default(tf.constant(0, tf.int64), [], name='shard_index')
-        count_ph = tf.compat.v1.placeholder_with_default(tf.constant(1, tf.int64), [], name='num_shards')
-        ds = _train_dataset(data_dir, batch_size, index_ph, count_ph, seed)
-        iterator = tf.compat.v1.data.make_initializable_iterator(
-            ds.prefetch(_PREFETCH_BATCHES).with_options(_options()))
-
-        def initialize(sess: tf.compat.v1.Session, index: int, count: int) -> None:
-            sess.run(iterator.initializer, feed_dict={index_ph: index, count_ph: count})
-        return iterator.get_next(), initialize
-    if not 0 <= shard_index < num_shards:
-        raise ValueError('shard_index %r is not in [0, %r)' % (shard_index, num_shards))
-    return _get_next(_train_dataset(data_dir, batch_size, shard_index, num_shards, seed))
-
-
-def _train_dataset(data_dir: str, batch_size: int, shard_index: int | tf.Tensor, num_shards: int | tf.Tensor,
-                   seed: int | None) -> tf.data.Dataset:
-    import tensorflow as tf
-    files = check_data_dir(data_dir, 'train')
-    if seed is None:
-        seed = int.from_bytes(os.urandom(4), 'little') & 0x7FFFFFFF
-    with tf.compat.v1.device('/cpu:0'):
-        ds = tf.data.FixedLengthRecordDataset(files, RECORD_BYTES)
-        ds = ds.shard(tf.cast(num_shards, tf.int64), tf.cast(shard_index, tf.int64))
-        ds = ds.shuffle(_SHUFFLE_BUFFER, seed=seed, reshuffle_each_iteration=True).repeat()
-        # Element k of shard s gets the stateless seed (seed, k * num_shards + s): unique per record
-        # visit across epochs and across workers.
-        ds = ds.enumerate().map(
-            _plain(lambda k, rec: _distorted(
-                tf.stack([tf.constant(seed, tf.int64),
-                          k * tf.cast(num_shards, tf.int64) + tf.cast(shard_index, tf.int64)]), rec)),
-            num_parallel_calls=_PARALLEL_CALLS)
-        return ds.batch(batch_size, drop_remainder=True)
-
-
-def eval_inputs(data_dir: str, batch_size: int) -> Batch:
-    """One pass over the test split in file order, centrally cropped; the last batch may be short."""
-    import tensorflow as tf
-    files = check_data_dir(data_dir, 'test')
-    with tf.compat.v1.device('/cpu:0'):
-        ds = tf.data.FixedLengthRecordDataset(files, RECORD_BYTES)
-        ds = ds.map(_plain(_central), num_parallel_calls=_PARALLEL_CALLS)
-        ds = ds.batch(batch_size, drop_remainder=False)
-        return _get_next(ds)
-
-
-def deterministic_inputs(data_dir: str, batch_size: int, offset: int = 0, stride: int | None = None) -> Batch:
-    """Undistorted, unshuffled training batches in plain record order, for exactness tests.
-
-    Number the N training records 0..N-1 in file order (data_batch_1.bin first, record order
-    within each file).  Batch k (k = 0, 1, ...) holds, in this order, the records
-
-        (offset + k * stride + j) mod N      for j = 0 .. batch_size - 1
-
-    with `stride` defaulting to `batch_size` (consecutive batches, wrapping around forever).
-    So W workers of batch b using offset=w*b and stride=W*b together see, step by step, exactly
-    the records that one worker of batch W*b (offset=0) sees.  Images are the central 24x24 crop,
-    per-image standardised.
-    """
-    import tensorflow as tf
-    stride = batch_size if stride is None else stride
-    if stride < batch_size:
-        raise ValueError('stride %r is smaller than batch_size %r' % (stride, batch_size))
-    if offset < 0:
-        raise ValueError('offset must be >= 0, not %r' % (offset,))
-    files = check_data_dir(data_dir, 'train')
-    with tf.compat.v1.device('/cpu:0'):
-        ds = tf.data.FixedLengthRecordDataset(files, RECORD_BYTES).repeat().skip(offset)
-        ds = ds.map(_plain(_central), num_parallel_calls=_PARALLEL_CALLS)
-        ds = ds.batch(stride, drop_remainder=True)
-        if stride != batch_size:
-            ds = ds.map(_plain(lambda images, labels: (images[:batch_size], labels[:batch_size])))
-        return _get_next(ds)
+def _neither(directory: str) -> None:
+    """A DataError if `directory` exists but holds no file of either layout (no CIFAR-10 batch, no
+    IDX file, no unpacked CIFAR-10 folder inside): say what it should hold."""
+    if not os.path.isdir(directory) or os.path.isdir(os.path.join(directory, 'cifar-10-batches-bin')):
+        return      # check_data_dir says so, or where the batches are
+    if not any(os.path.exists(os.path.join(directory, name)) for name in TRAIN_FILES + [TEST_FILE]):
+        raise DataError(f'data directory {directory} holds neither CIFAR-10\'s binary batches ({TRAIN_FILES[0]} ... '
+                        f'{TEST_FILE}) nor the IDX files of MNIST or Fashion-MNIST ({idx.base_names("train")[0]}'
+                        '[.gz] ...)')

@@ -15,7 +15,8 @@ import tensorflow as tf
 from cluster.runtime import session
 from cluster.runtime.membership import LIVE
 from cluster.spec import ClusterSpec, TaskSpec
-from cluster.training import data, model
+from cluster.training import data, inputs, model
+from cluster.training.data import DataSet
 from cluster.training.placement import ByteBalance, WeightReads, ps_index, tower_devices
 
 v1 = tf.compat.v1
@@ -49,10 +50,12 @@ class _Updates(NamedTuple):
     sync_op: object | None
 
 
-def build_graph(spec: ClusterSpec, task: TaskSpec, data_dir: str | None) -> TrainGraph:
+def build_graph(spec: ClusterSpec, task: TaskSpec, data_set: DataSet | None) -> TrainGraph:
     """This worker's training graph, in the default graph: towers on its devices, variables on
-    the ps tasks. With `data_dir` None no data is read (only the graph's shape is wanted)."""
+    the ps tasks. With `data_set` None no data is read (only the graph's shape is wanted: that
+    of the spec's data set, from its description)."""
     train = spec.train
+    described = data_set or data.describe(train.data, train.train_dir)
     worker_device = f'/job:worker/task:{task.index}'
     devices = tower_devices(spec, task)
     n = len(devices)
@@ -60,8 +63,8 @@ def build_graph(spec: ClusterSpec, task: TaskSpec, data_dir: str | None) -> Trai
     examples_per_step = examples_per_run * (spec.replicas_to_aggregate if train.sync else 1)
     setter = _device_setter(spec)
     with v1.device(setter(worker_device)):
-        global_step, lr, opt, ema = _optimizer(spec, examples_per_step)
-    images, labels, reshard = _inputs(spec, task, data_dir, examples_per_run)
+        global_step, lr, opt, ema = _optimizer(spec, examples_per_step, described.epoch_examples)
+    images, labels, reshard = _inputs(spec, task, data_set, described, examples_per_run)
     with v1.device(f'{worker_device}/device:CPU:0'):
         image_parts, label_parts = tf.split(images, n), tf.split(labels, n)
 
@@ -104,12 +107,13 @@ def _device_setter(spec: ClusterSpec) -> Callable[[str], Callable]:
     return setter
 
 
-def _optimizer(spec: ClusterSpec, examples_per_step: int) -> tuple:
-    """(global step, learning rate, optimizer, moving average), built under the caller's device."""
+def _optimizer(spec: ClusterSpec, examples_per_step: int, epoch_examples: int) -> tuple:
+    """(global step, learning rate, optimizer, moving average), built under the caller's device;
+    the rate decays by epochs of `epoch_examples`."""
     train = spec.train
     global_step = v1.train.get_or_create_global_step()
     lr = model.learning_rate(global_step, train.learning_rate or model.default_learning_rate(examples_per_step),
-                             examples_per_step)
+                             examples_per_step, epoch_examples)
     opt = v1.train.GradientDescentOptimizer(lr)
     ema = v1.train.ExponentialMovingAverage(model.MOVING_AVERAGE_DECAY, global_step)
     if train.sync:
@@ -121,27 +125,29 @@ def _optimizer(spec: ClusterSpec, examples_per_step: int) -> tuple:
     return global_step, lr, opt, ema
 
 
-def _inputs(spec: ClusterSpec, task: TaskSpec, data_dir: str | None, examples_per_run: int) -> tuple:
-    """(images, labels, reshard) of one run of this worker, on its CPU. The live workers split
-    the records among them, by their rank in index order (a sync scale restarts the cluster; an
-    async worker switches shards at its next step: `reshard`, None otherwise)."""
+def _inputs(spec: ClusterSpec, task: TaskSpec, data_set: DataSet | None, described: DataSet,
+            examples_per_run: int) -> tuple:
+    """(images, labels, reshard) of one run of this worker, on its CPU, from `data_set` (None:
+    zeros of the `described` set's shape). The live workers split the records among them, by
+    their rank in index order (a sync scale restarts the cluster; an async worker switches shards
+    at its next step: `reshard`, None otherwise)."""
     train = spec.train
     members = LIVE.current(spec.num_workers)
     shard, shards = members.rank(task.index) or 0, members.count
     reshard = None
     with v1.device(f'/job:worker/task:{task.index}/device:CPU:0'):
-        if data_dir is None:        # only the graph's shape is wanted (ps_bytes): no data is read
-            images = tf.zeros([examples_per_run, data.IMAGE_SIZE, data.IMAGE_SIZE, 3])
+        if data_set is None:        # only the graph's shape is wanted (ps_bytes): no data is read
+            images = tf.zeros([examples_per_run, *described.image_shape])
             labels = tf.zeros([examples_per_run], tf.int32)
         elif train.deterministic:     # worker w reads batches w, w+W, ...: together one big batch a step
-            images, labels = data.deterministic_inputs(data_dir, examples_per_run, shard * examples_per_run,
-                                                       stride=shards * examples_per_run)
+            images, labels = inputs.deterministic_inputs(data_set, examples_per_run, shard * examples_per_run,
+                                                         stride=shards * examples_per_run)
         elif train.sync:     # a scale restarts a sync cluster: the shard is fixed for this start
-            images, labels = data.train_inputs(data_dir, examples_per_run, shard_index=shard,
-                                               num_shards=shards, seed=train.seed)
+            images, labels = inputs.train_inputs(data_set, examples_per_run, shard_index=shard,
+                                                 num_shards=shards, seed=train.seed)
         else:                # async: the live workers can change while it runs (launch scale)
-            (images, labels), reshard = data.train_inputs(data_dir, examples_per_run, seed=train.seed,
-                                                          reshardable=True)
+            (images, labels), reshard = inputs.train_inputs(data_set, examples_per_run, seed=train.seed,
+                                                            reshardable=True)
     return images, labels, reshard
 
 
@@ -207,7 +213,7 @@ def ps_bytes(spec: ClusterSpec) -> list[int]:
     """The bytes of variables each ps task holds for this spec: its graph is built, nothing runs."""
     task = spec.task('worker', 0)
     with tf.Graph().as_default() as graph:
-        build_graph(spec, task, data_dir=None)
+        build_graph(spec, task, data_set=None)
         out = [0] * spec.num_ps
         for var in graph.get_collection(v1.GraphKeys.GLOBAL_VARIABLES):
             index = ps_index(var.op)       # a moving average lives where its variable does

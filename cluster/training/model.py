@@ -6,6 +6,10 @@ local4 (192) -> softmax_linear (10), with L2 weight decay on the two fully conne
 tutorial's staircase learning-rate decay. Callers build it under a device function; variables are
 created once and reused by every tower.
 
+The network follows its images' shape (CIFAR-10's 24x24x3 crops, Fashion-MNIST's 28x28x1): conv1
+takes their channels and local3 the pooled size, so the layers and their widths stay the
+tutorial's whatever the data set (cluster/training/data.py: DataSet.image_shape).
+
 TensorFlow is imported by the functions that build the graph, not by this module, so the launcher
 can read the model's memory estimate (`batch_memory_refusal`) without the seconds of that import.
 """
@@ -15,6 +19,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from cluster.runtime import hostinfo
+from cluster.training import data
 from cluster.training.data import IMAGE_SIZE, NUM_CLASSES
 
 if TYPE_CHECKING:
@@ -24,7 +29,7 @@ if TYPE_CHECKING:
 
     Read = Callable[[Any], tf.Tensor]       # a variable, or a partitioned one, to the value its towers use
 
-NUM_EXAMPLES_PER_EPOCH = 50000
+NUM_EXAMPLES_PER_EPOCH = data.CIFAR10_TRAIN_EXAMPLES      # the schedule's epoch for CIFAR-10
 NUM_EPOCHS_PER_DECAY = 350.0
 LEARNING_RATE_DECAY_FACTOR = 0.1
 MOVING_AVERAGE_DECAY = 0.9999
@@ -57,7 +62,7 @@ def _bias(name: str, size: int, value: float, read: Read | None = None) -> tf.Te
 
 
 def _pooled(size: int) -> int:
-    """A side after a 3x3 max-pool of stride 2, 'SAME' padding: 24 -> 12 -> 6."""
+    """A side after a 3x3 max-pool of stride 2, 'SAME' padding: 24 -> 12 -> 6, 28 -> 14 -> 7."""
     return -(-size // 2)
 
 
@@ -68,7 +73,9 @@ def _lrn(x: tf.Tensor, name: str) -> tf.Tensor:
 
 def inference(images: tf.Tensor, seed: int | None = None, partitions: int = 1,
               read: Read | None = None) -> tuple[tf.Tensor, tf.Tensor]:
-    """images [batch, 24, 24, 3] -> (logits [batch, 10], weight-decay loss of this tower).
+    """images [batch, height, width, channels] -> (logits [batch, 10], weight-decay loss of this
+    tower). The images' static shape sets conv1's input channels and local3's input width
+    (CIFAR-10's [batch, 24, 24, 3] gives the tutorial's network).
 
     Variables live under the `cifar10` scope with AUTO_REUSE, so the first tower creates them
     and the others share them. `partitions` > 1 splits the local3 weights (83% of the model's
@@ -82,9 +89,11 @@ def inference(images: tf.Tensor, seed: int | None = None, partitions: int = 1,
     def s(k: int) -> int | None:
         return None if seed is None else seed * 10 + k
 
+    height, width, channels = images.shape[1:]
+    # The scope keeps the tutorial's name on every data set: checkpoints and eval find it there.
     with v1.variable_scope('cifar10', reuse=v1.AUTO_REUSE):
         with v1.variable_scope('conv1'):
-            w = _weight('weights', [5, 5, 3, CONV_FILTERS], 5e-2, s(1), read=read)
+            w = _weight('weights', [5, 5, channels, CONV_FILTERS], 5e-2, s(1), read=read)
             x = tf.nn.relu(tf.nn.conv2d(images, w, [1, 1, 1, 1], 'SAME') + _bias('biases', CONV_FILTERS, 0.0, read))
         x = tf.nn.max_pool2d(x, 3, 2, 'SAME', name='pool1')
         x = _lrn(x, 'norm1')
@@ -93,7 +102,7 @@ def inference(images: tf.Tensor, seed: int | None = None, partitions: int = 1,
             x = tf.nn.relu(tf.nn.conv2d(x, w, [1, 1, 1, 1], 'SAME') + _bias('biases', CONV_FILTERS, 0.1, read))
         x = _lrn(x, 'norm2')
         x = tf.nn.max_pool2d(x, 3, 2, 'SAME', name='pool2')
-        flat = _pooled(_pooled(IMAGE_SIZE)) ** 2 * CONV_FILTERS     # 6 x 6 x 64
+        flat = _pooled(_pooled(height)) * _pooled(_pooled(width)) * CONV_FILTERS     # CIFAR-10: 6 x 6 x 64
         x = tf.reshape(x, [-1, flat])
         with v1.variable_scope('local3'):
             w3 = _weight('weights', [flat, LOCAL3], 0.04, s(3), partitions, read)
@@ -128,11 +137,13 @@ def default_learning_rate(examples_per_update: int) -> float:
     return BASE_LEARNING_RATE * examples_per_update / BASE_EXAMPLES
 
 
-def learning_rate(global_step: tf.Tensor, initial: float, examples_per_step: int) -> tf.Tensor:
-    """The tutorial's schedule: x0.1 every 350 epochs of 50,000 examples, as a staircase."""
+def learning_rate(global_step: tf.Tensor, initial: float, examples_per_step: int,
+                  epoch_examples: int = NUM_EXAMPLES_PER_EPOCH) -> tf.Tensor:
+    """The tutorial's schedule: x0.1 every 350 epochs (of 50,000 examples for CIFAR-10, the data
+    set's `epoch_examples` otherwise), as a staircase."""
     import tensorflow as tf
     v1 = tf.compat.v1
-    decay_steps = max(1, int(NUM_EXAMPLES_PER_EPOCH / examples_per_step * NUM_EPOCHS_PER_DECAY))
+    decay_steps = max(1, int(epoch_examples / examples_per_step * NUM_EPOCHS_PER_DECAY))
     return v1.train.exponential_decay(initial, global_step, decay_steps, LEARNING_RATE_DECAY_FACTOR,
                                       staircase=True, name='learning_rate')
 
@@ -147,30 +158,42 @@ def precision_at_1(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
 # ---------------------------------------------------------------------------------------------
 # Memory: what one batch of this model surely needs
 
-def activation_floats_per_example(image_size: int = IMAGE_SIZE) -> int:
+CIFAR10_SHAPE = (IMAGE_SIZE, IMAGE_SIZE, 3)      # the model's input on CIFAR-10: its 24x24 crops
+
+
+def activation_floats_per_example(shape: tuple[int, int, int] = CIFAR10_SHAPE) -> int:
     """The float32 values per example a training step holds from the forward pass until the
-    backward pass has used them: the input and each layer's output as `inference` builds it
-    (conv1 after ReLU, pool1, norm1, conv2 after ReLU, norm2, pool2, local3, local4, logits).
-    The backward pass's own gradients come on top of these: this is a floor, not a forecast."""
-    side1, side2 = _pooled(image_size), _pooled(_pooled(image_size))
-    return (image_size * image_size * 3                    # the images
-            + image_size * image_size * CONV_FILTERS       # conv1
-            + 4 * side1 * side1 * CONV_FILTERS             # pool1, norm1, conv2, norm2
-            + side2 * side2 * CONV_FILTERS                 # pool2
+    backward pass has used them, for images of `shape` (height, width, channels): the input and
+    each layer's output as `inference` builds it (conv1 after ReLU, pool1, norm1, conv2 after
+    ReLU, norm2, pool2, local3, local4, logits). The backward pass's own gradients come on top of
+    these: this is a floor, not a forecast."""
+    height, width, channels = shape
+    area1 = _pooled(height) * _pooled(width)
+    area2 = _pooled(_pooled(height)) * _pooled(_pooled(width))
+    return (height * width * channels                  # the images
+            + height * width * CONV_FILTERS            # conv1
+            + 4 * area1 * CONV_FILTERS                 # pool1, norm1, conv2, norm2
+            + area2 * CONV_FILTERS                     # pool2
             + LOCAL3 + LOCAL4 + NUM_CLASSES)
+
+
+def bytes_per_example(shape: tuple[int, int, int] = CIFAR10_SHAPE) -> int:
+    """The activations' bytes per example (float32) for images of `shape`: 313,384 for CIFAR-10's
+    24x24x3 crops, 419,432 for Fashion-MNIST's 28x28x1 (conv1's output is the most of it)."""
+    return 4 * activation_floats_per_example(shape)
 
 
 # 313,384 bytes. Measured once (a single-process worker, batch 128, 512 and 2048, peak RSS): a
 # batch costs 420-580 KiB per example more, and the process ~690 MiB before its first step; the
 # estimate stays under both, so a batch it refuses surely cannot fit.
-BYTES_PER_EXAMPLE = 4 * activation_floats_per_example()
+BYTES_PER_EXAMPLE = bytes_per_example()
 RUNTIME_BYTES = 512 << 20       # TensorFlow, the graph and the input pipeline, at the least
 
 
-def worker_bytes(batch_size: int, towers: int) -> int:
+def worker_bytes(batch_size: int, towers: int, shape: tuple[int, int, int] = CIFAR10_SHAPE) -> int:
     """The least memory a worker needs for `towers` towers (whose activations are in host memory,
-    i.e. CPU towers) of `batch_size` examples each: they all hold their activations at once."""
-    return RUNTIME_BYTES + batch_size * towers * BYTES_PER_EXAMPLE
+    i.e. CPU towers) of `batch_size` examples of `shape` each: they all hold their activations at once."""
+    return RUNTIME_BYTES + batch_size * towers * bytes_per_example(shape)
 
 
 def host_memory_bytes(meminfo: str = '/proc/meminfo') -> int | None:
@@ -201,19 +224,20 @@ def _gib(n: float) -> str:
     return f'{n / (1 << 30):.1f} GiB'
 
 
-def batch_memory_refusal(batch_size: int, towers: int, host_bytes: int | None,
-                         host: str = 'this machine') -> str | None:
-    """Why a worker with `towers` CPU towers of `batch_size` examples cannot train on a host with
-    `host_bytes` of memory (one line), or None when it may."""
+def batch_memory_refusal(batch_size: int, towers: int, host_bytes: int | None, host: str = 'this machine',
+                         shape: tuple[int, int, int] = CIFAR10_SHAPE) -> str | None:
+    """Why a worker with `towers` CPU towers of `batch_size` examples of `shape` cannot train on a
+    host with `host_bytes` of memory (one line), or None when it may."""
     if host_bytes is None or towers < 1:
         return None
-    need = worker_bytes(batch_size, towers)
+    need = worker_bytes(batch_size, towers, shape)
     if need <= host_bytes:
         return None
-    most = max(0, (host_bytes - RUNTIME_BYTES) // (towers * BYTES_PER_EXAMPLE))
+    per_example = bytes_per_example(shape)
+    most = max(0, (host_bytes - RUNTIME_BYTES) // (towers * per_example))
     tower_text = f' x {towers} towers' if towers > 1 else ''
     return (f'a batch of {batch_size:,}{tower_text} needs at least {_gib(need)} of memory (the CIFAR-10 model keeps '
-            f'{BYTES_PER_EXAMPLE // 1000:,} KB of activations per example for the backward pass, plus '
+            f'{per_example // 1000:,} KB of activations per {"x".join(map(str, shape))} example for the backward pass, plus '
             f'{_gib(RUNTIME_BYTES)} for TensorFlow), but {host} has {_gib(host_bytes)}: at most about {most:,} '
             'fits (README: Training)')
 
@@ -225,10 +249,12 @@ def gpus_here() -> int:
 
 def check_batch_memory(spec: ClusterSpec, tasks: Iterable[TaskSpec]) -> None:
     """Raise the spec's error about train.batch_size if a worker among `tasks` (those that run
-    on this machine) cannot hold one batch of the built-in model in this machine's memory."""
+    on this machine) cannot hold one batch of the built-in model, on the images of the spec's
+    data set, in this machine's memory."""
     if spec.train.program or spec.train.command or not any(t.job == 'worker' for t in tasks):
         return      # the user's code: its memory is its own
+    shape = data.describe(spec.train.data, spec.train.train_dir).image_shape
     refusal = batch_memory_refusal(spec.train.batch_size, host_towers(spec.train.devices, gpus_here()),
-                                   host_memory_bytes())
+                                   host_memory_bytes(), shape=shape)
     if refusal:
         raise spec.error('train.batch_size', refusal)

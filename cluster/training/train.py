@@ -27,6 +27,7 @@ from cluster.runtime import rundir, session
 from cluster.runtime.membership import LIVE, DoneTracker
 from cluster.spec import ClusterSpec, TaskSpec
 from cluster.training import model, summaries
+from cluster.training.data import DataSet
 from cluster.training.graph import TrainGraph, build_graph, ps_bytes
 from cluster.training.placement import cpu_device_count, tower_devices
 from cluster.training.profiler import StepProfiler
@@ -99,27 +100,28 @@ class _Aggregator(threading.Thread):
             os._exit(rundir.EXIT_FAILED)
 
 
-def check_memory(spec: ClusterSpec, task: TaskSpec) -> None:
+def check_memory(spec: ClusterSpec, task: TaskSpec, data_set: DataSet) -> None:
     """SpecError (one line, about train.batch_size) if this worker's CPU towers cannot hold one
-    batch of the model in this host's memory: refused here, on the worker's own host (the
+    batch of the model on `data_set`'s images in this host's memory: refused here, on the worker's own host (the
     launcher checks workers on its machine before anything starts), not after a minute of
     silence and a ResourceExhaustedError. No restart can help."""
     towers = sum(1 for d in tower_devices(spec, task) if '/device:CPU:' in d)
     refusal = model.batch_memory_refusal(spec.train.batch_size, towers, model.host_memory_bytes(),
-                                         host=f'{task.name}\'s host ({socket.gethostname()})')
+                                         host=f'{task.name}\'s host ({socket.gethostname()})',
+                                         shape=data_set.image_shape)
     if refusal:
         raise spec.error('train.batch_size', refusal)
 
 
-def run_worker(server: tf.compat.v1.train.Server, spec: ClusterSpec, task: TaskSpec, data_dir: str) -> dict:
-    """Train to `train.steps` global steps; returns this worker's figures (also written as JSON)."""
+def run_worker(server: tf.compat.v1.train.Server, spec: ClusterSpec, task: TaskSpec, data_set: DataSet) -> dict:
+    """Train to `train.steps` global steps on `data_set`; returns this worker's figures (also written as JSON)."""
     train = spec.train
-    check_memory(spec, task)
+    check_memory(spec, task, data_set)
     os.makedirs(train.train_dir, exist_ok=True)
     with tf.Graph().as_default():
         if train.seed is not None:
             v1.set_random_seed(train.seed)
-        g = build_graph(spec, task, data_dir)
+        g = build_graph(spec, task, data_set)
         config = v1.ConfigProto(device_filters=['/job:ps', f'/job:worker/task:{task.index}'],
                                 allow_soft_placement=True)
         start = time.monotonic()
