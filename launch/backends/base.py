@@ -22,7 +22,6 @@ from cluster.spec import address as host_port, is_chief
 from cluster.runtime import rundir
 from cluster.runtime.rundir import LEASE_ENV, read_text, write_atomically
 from launch.errors import UsageError
-from launch.system import poll_until
 from launch.planning.plan import TaskPlan
 
 if TYPE_CHECKING:
@@ -406,6 +405,3 @@ def tail(lines: Iterable[str], n: int = 15) -> list[str]:
         if len(out) > n:
             out.pop(0)
     return out
-
-
-wait_all = poll_until       # the name the backends have used

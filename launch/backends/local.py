@@ -20,10 +20,11 @@ from cluster.task import port_in_use
 from launch.backends import netns
 from launch.backends.procstat import process_ident
 from launch.errors import UsageError
+from launch.system import poll_until
 from cluster.runtime.rundir import read_text, write_atomically
 from launch.backends.base import (ENDED, HOST_PROBE, RUNNING, STOP_GRACE_SECS, Backend, BackendError, HostCheck,
                             Observation, TaskRecord, follow_file, handle_of, link_attempt_log,
-                            planned_record, touch_leases, wait_all)
+                            planned_record, touch_leases)
 from launch.planning.plan import TaskPlan
 
 if TYPE_CHECKING:
@@ -217,8 +218,8 @@ class LocalBackend(Backend):
                         os.killpg(r.pid, signal.SIGCONT)
                 except ProcessLookupError:
                     pass
-            # wait_all calls the lambda before it returns: `live` is this turn's (B023 fears a later call)
-            wait_all(lambda: not any(self._ours(r) for r in live), time.monotonic() + wait)  # noqa: B023
+            # poll_until calls the lambda before it returns: `live` is this turn's (B023 fears a later call)
+            poll_until(lambda: not any(self._ours(r) for r in live), time.monotonic() + wait)  # noqa: B023
             live = [r for r in live if self._ours(r)]
             if not live:
                 break

@@ -72,6 +72,11 @@ def last_error(record: TaskRecord, backends: Mapping[str, Backend]) -> str | Non
     return rundir.last_error_line(log_tail(record, backends, 200))
 
 
+def own_error(name: str, error: str | None) -> str | None:
+    """A task's error line without its leading `name: ` (the line it goes into names the task)."""
+    return error[len(name) + 2:] if error and error.startswith(f'{name}: ') else error
+
+
 def holds_variables(name: str) -> bool:
     """The ps tasks hold the variables, the chief writes the checkpoint: both for a save."""
     return name.startswith('ps:') or name == 'worker:0'
@@ -188,8 +193,7 @@ def judge(decision: Decision, records: Sequence[TaskRecord], backends: Mapping[s
             verdict.code = exit_code
         verdict.message = message.replace(first.name, f'{first.name} (pid {first.pid} on {first.host})', 1)
         error = last_error(first, backends)
-        if error and error.startswith(f'{first.name}: '):       # the task is named already
-            error = error[len(first.name) + 2:]
+        error = own_error(first.name, error)
         verdict.error = error
         verdict.failures = [Failure(first.name, verdict.message + (f'; its last error: {short(error, ERROR_CHARS)}'
                                                                    if error else ''), first.host, first.pid)]

@@ -10,7 +10,7 @@ import grpc
 
 from launch.backends.base import ENDED, Backend, TaskRecord
 from cluster.runtime.rundir import EXIT_FAILED, EXIT_NO_RESTART
-from launch.run.faults import TaskFailed, Verdict, explaining_tail, last_error, log_tail
+from launch.run.faults import TaskFailed, Verdict, explaining_tail, last_error, log_tail, own_error
 from launch.run.lifecycle import Failure
 from launch.run.policy import describe_exit
 
@@ -55,16 +55,11 @@ def _is_up(record: TaskRecord, backends: Mapping[str, Backend], ready: grpc.Futu
         failures = [Failure(record.name, message, record.host, record.pid or None)]
         if code == EXIT_NO_RESTART:     # its checkpoints do not restore: say so, as when it dies later
             line = str(Verdict(message, EXIT_FAILED, failures, can_save=False, no_restore=True,
-                               error=_own(record.name, last_error(record, backends))).failed(lambda: None))
+                               error=own_error(record.name, last_error(record, backends))).failed(lambda: None))
             raise TaskFailed(line, failures=failures, task=record.name, exit_code=code)
         raise TaskFailed(message, explaining_tail(record, backends), failures=failures,
                          task=record.name, exit_code=code)
     return code == 0 or (backend.probe(record, 0.5, channel_ready=ready) and reported(record.name))
-
-
-def _own(name: str, error: str | None) -> str | None:
-    """A task's error line without its leading `name: ` (the line names the task already)."""
-    return error[len(name) + 2:] if error and error.startswith(f'{name}: ') else error
 
 
 def _late(record: TaskRecord, backends: Mapping[str, Backend], answered: bool) -> TaskFailed:
