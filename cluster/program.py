@@ -159,7 +159,7 @@ def _not_a_program(node: ast.stmt) -> str | None:
     return None
 
 
-def load_program(ref: str) -> Callable[[ProgramContext], Any]:
+def load_program(ref: str) -> Callable[[Any], Any]:
     """Import the program's function; ProgramError (one line) if it cannot be."""
     module, function = split_program(ref)
     try:
@@ -202,11 +202,14 @@ def signature_problem(fn: Callable[..., object]) -> str | None:
 
 
 def command_argv(command: tuple[str, ...], spec: ClusterSpec, task: TaskSpec) -> list[str]:
-    """The command line a task runs: the user's command with the classic TF1 flags appended, and
-    `python`/`python3` replaced by this task's interpreter (the one with TensorFlow)."""
+    """The command line a task runs: the user's command with the classic TF1 flags appended (not
+    in a coordinator run: a TF2 program reads TF_CONFIG), and `python`/`python3` replaced by this
+    task's interpreter (the one with TensorFlow)."""
     argv = list(command)
     if argv[0] in PYTHON_NAMES:
         argv[0] = sys.executable
+    if spec.coordinator:
+        return argv
     hosts = spec.cluster_def()
     return argv + ['--job_name', task.job, '--task_index', str(task.index),
                    '--ps_hosts', ','.join(hosts['ps']), '--worker_hosts', ','.join(hosts['worker'])]
@@ -391,7 +394,7 @@ def run_program(server: tf.compat.v1.train.Server, spec: ClusterSpec, task: Task
 # train.command: the user's process in place of the task
 
 def run_command(spec: ClusterSpec, task: TaskSpec, listening: Callable[[int], bool], children: list[subprocess.Popen],
-                stop_with_workers: bool = False) -> int:
+                stop_with_workers: bool = False, command: tuple[str, ...] | None = None) -> int:
     """Run the spec's command as this task and return its exit code (128 + N if killed by signal
     N). SIGTERM, SIGINT and SIGHUP are passed on; "serving on" is logged once its server listens
     on the task's port (`listening(port)`), which is what the launcher waits for. The process is
@@ -400,8 +403,9 @@ def run_command(spec: ClusterSpec, task: TaskSpec, listening: Callable[[int], bo
     `stop_with_workers` (a ps task with no launcher to stop it: under Slurm, TFJob, or by hand):
     once every worker's server has been seen and all of them are gone, the command's ps, which
     would `server.join()` for ever, is stopped and the task exits 0."""
-    assert spec.train.command is not None       # called only for a spec with a train.command
-    argv = command_argv(spec.train.command, spec, task)
+    command = command or spec.train.command
+    assert command is not None       # called only for a spec with a train.command (or an evaluator's)
+    argv = command_argv(command, spec, task)
     env = dict(os.environ, TF_CONFIG=spec.tf_config(task))
     child = subprocess.Popen(argv, env=env)
     children.append(child)

@@ -26,10 +26,11 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from cluster.runtime.membership import LIVE, Members
+from cluster.coordinator import check_keras
 from cluster.program import ProgramError, check_command, check_program, load_program, run_command, run_program
 from cluster.runtime.rundir import (EXIT_FAILED, EXIT_NO_RESTART, EXIT_OK, EXIT_USAGE, LEASE_ENV, LEASE_SECS_ENV,
                             TaskLogFormatter, cause_line, read_text, serving_line)
-from cluster.spec import (DEFAULT_SPEC, TF_CONFIG_ENV, ClusterSpec, SpecError, TaskSpec, load_spec,
+from cluster.spec import (DEFAULT_SPEC, JOBS, TF_CONFIG_ENV, ClusterSpec, SpecError, TaskSpec, load_spec,
                           read_tf_config)
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     from cluster.env.slurm import DEFAULT_PORT_BASE
     p = argparse.ArgumentParser(prog='python -m cluster.task', description=__doc__.splitlines()[0])
     p.add_argument('--spec', help=f'cluster spec (default: $CLUSTER_SPEC, else {DEFAULT_SPEC})')
-    p.add_argument('--job', choices=['ps', 'worker'], help='the task\'s job (default: from $TF_CONFIG)')
+    p.add_argument('--job', choices=list(JOBS), help='the task\'s job (default: from $TF_CONFIG)')
     p.add_argument('--index', type=int, help="the task's position in its job's list (default: from $TF_CONFIG)")
     p.add_argument('--set', dest='overrides', action='append', default=[], metavar='KEY=VALUE',
                    help='override a spec key, e.g. --set train.steps=50')
@@ -154,15 +155,33 @@ def watch_lease(path: str, secs: float, poll: float = 1.0, pool: int = 0) -> Non
     threading.Thread(target=watch, name='lease', daemon=True).start()
 
 
+def user_code(spec: ClusterSpec, task: TaskSpec) -> tuple[str, str | tuple[str, ...] | None]:
+    """The spec key and what `task` runs of the user's: a program, a command, or None (it serves,
+    or runs the built-in trainer). A coordinator run's chief runs train.program or train.command,
+    its evaluator train.evaluator, its ps and workers nothing; else every worker runs the program
+    and every task the command."""
+    train = spec.train
+    if spec.coordinator:
+        if task.job == 'chief':
+            return ('train.program', train.program) if train.program else ('train.command', train.command)
+        return ('train.evaluator', train.evaluator) if task.job == 'evaluator' else ('train.program', None)
+    if train.program:
+        return 'train.program', train.program if task.job == 'worker' else None
+    return 'train.command', train.command
+
+
 def check_user_code(spec: ClusterSpec, task: TaskSpec, cwd: str = '.') -> None:
-    """The spec's program (workers) or command (every task) can be found here: else SpecError."""
+    """What the task runs of the user's (user_code) can be found here: else SpecError."""
+    key, code = user_code(spec, task)
     try:
-        if spec.train.program and task.job == 'worker':
-            check_program(spec.train.program, [os.path.abspath(cwd)])
-        if spec.train.command:
-            check_command(spec.train.command, cwd)
+        if isinstance(code, str):
+            check_program(code, [os.path.abspath(cwd)])
+            if spec.coordinator:
+                check_keras(code, [os.path.abspath(cwd)])
+        elif code is not None:
+            check_command(code, cwd)
     except ProgramError as e:
-        raise spec.error('train.program' if spec.train.program else 'train.command', str(e)) from None
+        raise spec.error(key, str(e)) from None
 
 
 def import_tensorflow(keras: bool) -> types.ModuleType:
@@ -218,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:       # SpecError
         print(f'cluster.task: error: {e}', file=sys.stderr)
         return EXIT_USAGE
-    if port_in_use(task.port):
+    if task.job != 'evaluator' and port_in_use(task.port):     # an evaluator serves nothing
         print(f'cluster.task: error: {task.name}: port {task.port} is already in use', file=sys.stderr)
         return EXIT_USAGE
 
@@ -232,10 +251,43 @@ def main(argv: list[str] | None = None) -> int:
     line = environment_line(spec, task, os.environ)
     if line:
         log.info('%s: %s', task.name, line)
+    if spec.coordinator:
+        return run_coordinator_task(spec, task)
     if spec.train.command:        # the user's process is the task: no TensorFlow in this one
         # With no launcher (Slurm, TFJob, by hand), a command's ps ends once its workers have.
         return run_command(spec, task, port_in_use, CHILDREN, stop_with_workers=not os.environ.get(LEASE_ENV))
     return serve_and_train(spec, task, data_set)
+
+
+def run_coordinator_task(spec: ClusterSpec, task: TaskSpec) -> int:
+    """A task of a coordinator run (cluster/coordinator.py): ps and workers serve, the chief runs
+    the program or command, the evaluator train.evaluator."""
+    from cluster import coordinator
+    for name, value in coordinator.coordinator_env().items():     # also when started by hand
+        os.environ.setdefault(name, value)
+    key, code = user_code(spec, task)
+    if isinstance(code, tuple):     # TF_CONFIG alone tells a TF2 program its place
+        return run_command(spec, task, lambda port: True, CHILDREN, command=code)
+    tf = import_tensorflow(keras=code is not None)
+    tf.get_logger().setLevel(logging.ERROR)
+    if code is None:
+        return coordinator.serve(spec, task)
+    try:
+        function = load_program(code)
+    except ProgramError as e:
+        print(f'cluster.task: error: {spec.error(key, str(e))}', file=sys.stderr)
+        return EXIT_USAGE
+    run = coordinator.run_chief if task.job == 'chief' else coordinator.run_evaluator
+    try:
+        exit_code = run(spec, task, function)
+    except tf.errors.OpError as e:      # a lost ps (PSS raises it to the coordinator), a lost peer
+        log.error('%s: %s: %s', task.name, type(e).__name__, cause_line(e.message, '(no message)'))
+        return EXIT_FAILED
+    except ProgramError as e:
+        log.error('%s', e)
+        return EXIT_NO_RESTART
+    log.info('%s finished', task.name)
+    return exit_code
 
 
 def serve_and_train(spec: ClusterSpec, task: TaskSpec, data_set: DataSet | None) -> int:

@@ -139,8 +139,8 @@ def test_tf_config_names_the_cluster_and_the_task(tmp_path):
      'index must be a whole number'),
     ('{"cluster": {"ps": ["a:1"], "worker": ["b:2"]}, "task": {"type": "ps", "index": 1}}',
      'task ps:1 is not in its cluster'),
-    ('{"cluster": {"worker": ["b:2"], "evaluator": ["c:3"]}, "task": {"type": "evaluator"}}',
-     "job 'evaluator' is not one tfcluster runs"),
+    ('{"cluster": {"worker": ["b:2"], "master": ["c:3"]}, "task": {"type": "master"}}',
+     "job 'master' is not one tfcluster runs"),
 ])
 def test_bad_tf_config_is_one_line(text, expected):
     with pytest.raises(SpecError, match=expected) as e:

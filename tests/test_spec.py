@@ -197,7 +197,8 @@ def test_task_lookup(tmp_path, job, index, expected):
     ('worker', 3, 'indices 0..2'),
     ('worker', -1, 'worker:-1 does not exist'),
     ('ps', 2, 'ps:2 does not exist'),
-    ('chief', 0, "unknown job 'chief'"),
+    ('chief', 0, 'the cluster has no chief task'),
+    ('master', 0, "unknown job 'master'"),
 ])
 def test_task_lookup_errors(tmp_path, job, index, fragment):
     path = write(tmp_path, FULL)
@@ -306,8 +307,8 @@ BAD_SPECS = [
     ('train-unknown', TRAIN + '  stesp: 3  # <-\n', 'train.stesp',
      ['unknown key', 'batch_size', 'devices', 'steps', 'sync', 'train_dir']),
     ('train-not-mapping', CLUSTER + 'train: [1, 2]  # <-\n', 'train', ['mapping']),
-    ('cluster-unknown-job', CLUSTER + '  chief: [localhost:2000]  # <-\n', 'cluster.chief',
-     ['unknown key', 'ps, worker']),
+    ('cluster-unknown-job', CLUSTER + '  master: [localhost:2000]  # <-\n', 'cluster.master',
+     ['unknown key', 'chief, ps, worker, evaluator']),
     ('cluster-null', 'cluster:  # <-\ntrain:\n  steps: 5\n', 'cluster', ['missing']),
     ('cluster-not-mapping', 'cluster: [localhost:2222]  # <-\n', 'cluster', ['mapping']),
     ('missing-worker', 'cluster:  # <-\n  ps: [localhost:2222]\n', 'cluster.worker', ["'worker'"]),
@@ -495,7 +496,7 @@ OVERRIDE_ERRORS = [
     ('bad-yaml', 'train.steps=[1', None, ['not valid YAML']),
     ('unknown-train-key', 'train.stpes=5', 'train.stpes', ['unknown key', 'steps']),
     ('unknown-top-key', 'trian=5', 'trian', ['unknown key']),
-    ('unknown-job', 'cluster.chief=[localhost:2000]', 'cluster.chief', ['unknown key']),
+    ('unknown-job', 'cluster.master=[localhost:2000]', 'cluster.master', ['unknown key']),
     ('wrong-type', 'train.steps=abc', 'train.steps', ["'abc'"]),
     ('wrong-type-bool', 'train.sync=maybe', 'train.sync', ["'maybe'"]),
     ('bad-address', 'cluster.worker=[localhost:3000, localhost]', 'cluster.worker[1]', ["'localhost'"]),

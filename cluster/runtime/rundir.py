@@ -278,6 +278,23 @@ def saved_step(line: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+_EVALUATION = re.compile(r'\bevaluation at global step (\d+): (.*)$')
+_METRIC = re.compile(r'([A-Za-z_][\w./-]*)=(-?[\d.]+(?:e[-+]?\d+)?|nan|inf|-inf)')
+
+
+def evaluation_line(step: int, metrics: dict[str, float]) -> str:
+    """What an evaluator logs for each checkpoint it evaluated (the launcher's event log records it)."""
+    return f'evaluation at global step {step}: ' + ' '.join(f'{k}={v:.6g}' for k, v in sorted(metrics.items()))
+
+
+def parse_evaluation(line: str) -> tuple[int, dict[str, float]] | None:
+    """(step, metrics) from an evaluation line, else None."""
+    m = _EVALUATION.search(line)
+    if not m:
+        return None
+    return int(m.group(1)), {k: float(v) for k, v in _METRIC.findall(m.group(2))}
+
+
 def step_of(line: str) -> tuple[int, int] | None:
     """(global step, total) from a progress line."""
     m = _STEP.search(line)

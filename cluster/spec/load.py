@@ -59,9 +59,8 @@ def read_tf_config(text: str) -> tuple[dict, str, int]:
     cluster = config['cluster']
     other = [job for job in cluster if job not in JOBS]
     if other:
-        raise SpecError(f'{TF_CONFIG_ENV}: job {other[0]!r} is not one tfcluster runs: its clusters have ps and '
-                        'worker jobs, and worker 0 is the chief (render a TFJob without Chief or Evaluator '
-                        'replicas)')
+        raise SpecError(f'{TF_CONFIG_ENV}: job {other[0]!r} is not one tfcluster runs: its clusters have ps, '
+                        'worker, chief and evaluator jobs')
     task = config.get('task')
     if not isinstance(task, dict) or 'type' not in task:
         raise SpecError(f'{TF_CONFIG_ENV}: no "task": {{"type": ..., "index": ...}} names this process\'s task')

@@ -18,7 +18,12 @@ import yaml
 
 from cluster.spec.errors import Origins, SpecError
 
-JOBS = ('ps', 'worker')
+JOBS = ('chief', 'ps', 'worker', 'evaluator')      # in the order a spec's tasks are listed and started
+REQUIRED_JOBS = ('ps', 'worker')
+SINGLE_JOBS = ('chief', 'evaluator')               # at most one task each
+# The jobs of the training cluster (TF_CONFIG's `cluster`): an evaluator is never in it, or
+# ParameterServerStrategy's coordinator would wait for it (tensorflow#46169).
+TRAINING_JOBS = ('chief', 'ps', 'worker')
 DEFAULT_SPEC = os.path.join('specs', 'local2.yaml')
 LOOPBACK_NAMES = ('localhost', '127.0.0.1', '::1')
 
@@ -29,8 +34,10 @@ def address(host: str, port: int) -> str:
 
 
 def is_chief(job: str, index: int) -> bool:
-    """Worker 0 is the chief (it initialises, restores and saves), wherever a task is named."""
-    return job == 'worker' and index == 0
+    """The task that initialises, restores and saves: the `chief` of a coordinator run, else worker 0
+    (in a coordinator run worker 0 only serves; code that must tell the two apart asks
+    ClusterSpec.chief or the run's `coordinator` flag)."""
+    return job == 'chief' or (job == 'worker' and index == 0)
 
 
 def same_machine_key(host: str) -> str:
@@ -90,8 +97,13 @@ class TrainConfig:
     deterministic: bool = False      # plain record order, no distortions: for exactness checks
     transfer_dtype: str = 'float32'  # bfloat16: weights and gradients cross between tasks in half the bytes
     # The user's own training instead of the built-in CIFAR-10 trainer (at most one of the two):
-    program: str | None = None       # 'package.module:function', called in each worker (cluster/program.py)
+    program: str | None = None       # 'package.module:function', called in each worker (cluster/program.py),
+                                     # or in the chief of a coordinator run (cluster/coordinator.py)
     command: tuple[str, ...] | None = None   # argv run in every task with TF_CONFIG and the TF1 flags
+                                             # (in a coordinator run: in the chief only, TF_CONFIG alone)
+    # What the evaluator task runs: 'package.module:function' (called with an EvaluatorContext) or a
+    # command line (TF_CONFIG names only the evaluator); only with an `evaluator` task.
+    evaluator: str | tuple[str, ...] | None = None
 
 
 # What the weights and gradients are sent between the ps tasks and the workers as; the variables
@@ -160,6 +172,17 @@ class ClusterSpec:
         return len(self.job_tasks('worker'))
 
     @property
+    def coordinator(self) -> bool:
+        """A TF2 ParameterServerStrategy run: the chief runs the user's program, workers and ps
+        tasks only serve (cluster/coordinator.py)."""
+        return bool(self.job_tasks('chief'))
+
+    @property
+    def chief(self) -> TaskSpec:
+        """The task that initialises, restores and saves: the chief, else worker 0."""
+        return (self.job_tasks('chief') or self.job_tasks('worker'))[0]
+
+    @property
     def num_ps(self) -> int:
         return len(self.job_tasks('ps'))
 
@@ -174,13 +197,19 @@ class ClusterSpec:
         return self.train.replicas_to_aggregate or self.live_workers
 
     def cluster_def(self) -> dict[str, list[str]]:
-        """job -> addresses, the shape tf.train.ClusterSpec and TF_CONFIG take."""
+        """job -> addresses of the training cluster (no evaluator), the shape tf.train.ClusterSpec and
+        TF_CONFIG take."""
+        return {job: [t.address for t in self.job_tasks(job)] for job in TRAINING_JOBS if self.job_tasks(job)}
+
+    def all_jobs_def(self) -> dict[str, list[str]]:
+        """job -> addresses of every task, the evaluator included: the spec file's `cluster`."""
         return {job: [t.address for t in self.job_tasks(job)] for job in JOBS if self.job_tasks(job)}
 
     def tf_config(self, task: TaskSpec) -> str:
-        """TF_CONFIG for `task`: the cluster and the task, as TensorFlow's resolvers read it."""
-        return json.dumps({'cluster': self.cluster_def(), 'task': {'type': task.job, 'index': task.index}},
-                          sort_keys=True)
+        """TF_CONFIG for `task`: the cluster and the task, as TensorFlow's resolvers read it. An
+        evaluator's names only itself: in the training cluster it would make the coordinator wait."""
+        cluster = {'evaluator': [task.address]} if task.job == 'evaluator' else self.cluster_def()
+        return json.dumps({'cluster': cluster, 'task': {'type': task.job, 'index': task.index}}, sort_keys=True)
 
     def task_env(self, job: str) -> dict[str, str]:
         """The environment the spec gives a task of `job`: `env`, then `tasks.<job>.env` over it."""
@@ -190,6 +219,8 @@ class ClusterSpec:
         if job not in JOBS:
             raise SpecError(f'{self.path}: unknown job {job!r}; expected one of {", ".join(JOBS)}')
         tasks = self.job_tasks(job)
+        if not tasks:
+            raise SpecError(f'{self.path}: task {job}:{index} does not exist: the cluster has no {job} task')
         if not 0 <= index < len(tasks):
             raise SpecError(f'{self.path}: task {job}:{index} does not exist; job {job!r} has '
                             f'{len(tasks)} task(s), indices 0..{len(tasks) - 1}')
@@ -197,7 +228,7 @@ class ClusterSpec:
 
     def to_dict(self) -> dict:
         """The effective spec (overrides applied) in the file format, for tasks to read back."""
-        out: dict[str, Any] = {'cluster': self.cluster_def(), 'train': _train_dict(self.train),
+        out: dict[str, Any] = {'cluster': self.all_jobs_def(), 'train': _train_dict(self.train),
                'supervise': dataclasses.asdict(self.supervise)}
         hosts = {name: {k: v for k, v in dataclasses.asdict(h).items() if k != 'name' and v is not None}
                  for name, h in self.hosts.items()}
@@ -220,10 +251,10 @@ class ClusterSpec:
 def _train_dict(train: TrainConfig) -> dict:
     """The train section as the file spells it: lists for tuples, no line for the built-in trainer."""
     out: dict[str, Any] = dataclasses.asdict(train)
-    for name in ('devices', 'command'):
+    for name in ('devices', 'command', 'evaluator'):
         if isinstance(out[name], tuple):
             out[name] = list(out[name])
-    for name in ('program', 'command'):     # the built-in trainer: not worth a line each
+    for name in ('program', 'command', 'evaluator'):     # the built-in trainer: not worth a line each
         if out[name] is None:
             del out[name]
     return out

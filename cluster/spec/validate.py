@@ -14,8 +14,8 @@ import types
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from cluster.spec.model import (HOST_SETTINGS, ISOLATION_MODES, JOBS, LOOPBACK_NAMES, RESTART_POLICIES,
-                                TRANSFER_DTYPES, ClusterSpec, HostConfig, SuperviseConfig, TaskSpec, TrainConfig,
+from cluster.spec.model import (HOST_SETTINGS, ISOLATION_MODES, JOBS, LOOPBACK_NAMES, REQUIRED_JOBS,
+                                RESTART_POLICIES, SINGLE_JOBS, TRANSFER_DTYPES, ClusterSpec, HostConfig, SuperviseConfig, TaskSpec, TrainConfig,
                                 same_machine_key)
 from cluster.spec.errors import Origins
 
@@ -45,11 +45,33 @@ def build_spec(raw: dict, origins: Origins) -> ClusterSpec:
         raise origins.error(key, f'the stall limit ({supervise.stall_secs:g}s) must be at least 3 times '
                                  f'train.log_every_secs ({train.log_every_secs:g}s): progress is read from '
                                  'the chief\'s progress lines')
+    _check_roles(spec, raw.get('train') or {}, origins)
     r = train.replicas_to_aggregate
     if r is not None and not 1 <= r <= spec.num_workers:
         raise origins.error('train.replicas_to_aggregate',
                             f'must be between 1 and the number of workers ({spec.num_workers}), got {r}')
     return spec
+
+
+def _check_roles(spec: ClusterSpec, raw_train: dict, origins: Origins) -> None:
+    """A chief and an evaluator each need what they run: the chief a TF2 program (the built-in
+    trainer is TF1 between-graph code, whose chief is worker 0), the evaluator `train.evaluator`."""
+    train = spec.train
+    if spec.coordinator and not (train.program or train.command):
+        raise origins.error('cluster.chief', 'a chief runs your TF2 ParameterServerStrategy program '
+                                             '(cluster/coordinator.py): set train.program or train.command; the '
+                                             'built-in trainer is TF1 between-graph code with worker 0 as its chief '
+                                             '(drop the chief to run it)')
+    if spec.job_tasks('evaluator') and not spec.coordinator:
+        raise origins.error('cluster.evaluator', 'an evaluator runs beside the chief of a coordinator run: add a '
+                                                 'chief (TF1 runs are evaluated with `launch eval`)')
+    if spec.job_tasks('evaluator') and train.evaluator is None:
+        raise origins.error('cluster.evaluator', 'an evaluator needs something to run: set train.evaluator to a '
+                                                 'package.module:function or a command line')
+    if train.evaluator is not None and not spec.job_tasks('evaluator'):
+        key = 'train.evaluator' if 'evaluator' in raw_train else 'cluster'
+        raise origins.error(key, 'train.evaluator is set but the cluster has no evaluator task: add '
+                                 'evaluator: [host:port] to cluster')
 
 
 def _no_unknown(mapping: dict, allowed: Iterable[str], prefix: str, origins: Origins) -> None:
@@ -62,7 +84,8 @@ def _no_unknown(mapping: dict, allowed: Iterable[str], prefix: str, origins: Ori
 
 def _parse_cluster(cluster: Any, origins: Origins) -> tuple[TaskSpec, ...]:
     if cluster is None:
-        raise origins.error('cluster', 'missing section; it maps ps and worker to lists of host:port')
+        raise origins.error('cluster', 'missing section; it maps ps and worker (and optionally chief and '
+                                       'evaluator) to lists of host:port')
     if not isinstance(cluster, dict):
         raise origins.error('cluster', 'expected a mapping of job name to a list of host:port')
     _no_unknown(cluster, JOBS, 'cluster', origins)
@@ -70,12 +93,18 @@ def _parse_cluster(cluster: Any, origins: Origins) -> tuple[TaskSpec, ...]:
     seen: dict[tuple[str, int], str] = {}
     for job in JOBS:
         addresses = cluster.get(job)
+        if (addresses is None or addresses == []) and job not in REQUIRED_JOBS:
+            continue
         if addresses is None or addresses == []:
             raise origins.error(f'cluster.{job}', f'missing job {job!r}: give at least one host:port')
         if isinstance(addresses, str):
             addresses = [addresses]
         if not isinstance(addresses, list):
             raise origins.error(f'cluster.{job}', 'expected a list of host:port')
+        if job in SINGLE_JOBS and len(addresses) > 1:
+            raise origins.error(f'cluster.{job}', f'at most one {job} task, got {len(addresses)}: '
+                                                  + ('ParameterServerStrategy has one coordinator' if job == 'chief'
+                                                     else 'one evaluator follows the checkpoints'))
         for index, address in enumerate(addresses):
             key = f'cluster.{job}[{index}]'
             host, port = parse_address(address, functools.partial(origins.error, key))
@@ -169,6 +198,8 @@ def _parse_train(train: Any, origins: Origins) -> TrainConfig:
             values[name] = _parse_program(value, key, origins)
         elif name == 'command':
             values[name] = _parse_command(value, key, origins)
+        elif name == 'evaluator':
+            values[name] = _parse_evaluator(value, key, origins)
     if values.get('program') and values.get('command'):
         raise origins.error('train.command', 'train.program and train.command exclude each other: a program is '
                                              'called inside the worker task, a command replaces the task; keep one')
@@ -184,6 +215,13 @@ def _parse_program(value: Any, key: str, origins: Origins) -> str | None:
     if not isinstance(value, str) or not _PROGRAM.match(value.strip()):
         raise origins.error(key, f'expected package.module:function, e.g. examples.linear_program:train, got {value!r}')
     return value.strip()
+
+
+def _parse_evaluator(value: Any, key: str, origins: Origins) -> str | tuple[str, ...] | None:
+    """A 'package.module:function' (called in the evaluator task), else a command line."""
+    if isinstance(value, str) and _PROGRAM.match(value.strip()):
+        return value.strip()
+    return _parse_command(value, key, origins)
 
 
 def _parse_command(value: Any, key: str, origins: Origins) -> tuple[str, ...] | None:
@@ -255,7 +293,8 @@ def _parse_isolation(value: Any, tasks: tuple[TaskSpec, ...], hosts: dict[str, H
 # The variables the launcher sets itself in every task: the cluster, the GPUs it gives out, its
 # lease and restart notes, and unbuffered output (the launcher reads task logs as they grow).
 LAUNCHER_ENV = ('TF_CONFIG', 'CUDA_VISIBLE_DEVICES', 'NVIDIA_VISIBLE_DEVICES', 'PYTHONUNBUFFERED',
-                'TFCLUSTER_LEASE', 'TFCLUSTER_LEASE_SECS', 'TFCLUSTER_RESTART')
+                'TFCLUSTER_LEASE', 'TFCLUSTER_LEASE_SECS', 'TFCLUSTER_RESTART', 'GRPC_FAIL_FAST',
+                'TF_USE_LEGACY_KERAS')
 _ENV_NAME = re.compile(r'^[A-Za-z_][A-Za-z0-9_]*$')
 
 
@@ -294,7 +333,7 @@ def _parse_job_settings(tasks: Any, origins: Origins) -> dict[str, dict[str, str
     if tasks is None:
         return {}
     if not isinstance(tasks, dict):
-        raise origins.error('tasks', 'expected a mapping of job (ps, worker) to its settings, '
+        raise origins.error('tasks', 'expected a mapping of job (chief, ps, worker, evaluator) to its settings, '
                                      'e.g. {worker: {env: {OMP_NUM_THREADS: 4}}}')
     _no_unknown(tasks, JOBS, 'tasks', origins)
     out = {}

@@ -1,0 +1,332 @@
+"""Coordinator runs: TF2 `tf.distribute.ParameterServerStrategy` programs, as people write them today.
+
+A spec with a `chief` task is a coordinator run. Its tasks play the roles PSS gives them:
+
+- ps and worker tasks only serve: a `tf.distribute.Server` that joins for ever (no user code runs
+  there; PSS sends them functions). They never exit by themselves: the launcher stops them once
+  the chief's program has ended.
+- the chief runs the user's program: `train.program` is called with a `CoordinatorContext` (the
+  cluster resolver, the train_dir, `report` for the launcher's progress line, `checkpoint` for
+  saves it knows about, `should_stop` for a graceful stop); a `train.command` runs with TF_CONFIG
+  alone (no TF1 flags) and prints what it likes.
+- the evaluator runs `train.evaluator` beside the training, never in its cluster (its TF_CONFIG
+  names only itself): a function gets an `EvaluatorContext` that walks the train_dir's checkpoints
+  and records each evaluation for TensorBoard and the launcher's event log.
+
+The launcher's side of these rules (who restarts what) is launch/run/policy.py's.
+"""
+from __future__ import annotations
+
+import ast
+import importlib.util
+import logging
+import os
+import re
+import signal
+import sys
+import threading
+import time
+import types
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from cluster.program import ProgramError
+from cluster.runtime import rundir
+from cluster.spec import ClusterSpec, TaskSpec, TrainConfig
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+log = logging.getLogger(__name__)
+
+KERAS_ENV = {'TF_USE_LEGACY_KERAS': '1'}      # tf.keras is then Keras 2 (tf-keras): the only Keras with PSS
+FAIL_FAST_ENV = {'GRPC_FAIL_FAST': 'use_caller'}     # PSS tolerates a lost worker only with this
+CHECKPOINT_POLL_SECS = 1.0
+_CKPT_STEP = re.compile(r'-(\d+)$')
+
+
+def coordinator_env() -> dict[str, str]:
+    """What every task of a coordinator run needs in its environment before TensorFlow starts."""
+    return {**FAIL_FAST_ENV, **KERAS_ENV}
+
+
+class StopSignal:
+    """SIGTERM or SIGINT asks the program to stop at its next `should_stop()` (it then saves and
+    returns); a second one ends the process at once."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.signum = 0
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: types.FrameType | None) -> None:
+        if self.event.is_set():
+            log.error('%s again: exiting now', signal.Signals(signum).name)
+            os._exit(128 + signum)
+        self.signum = signum
+        self.event.set()
+        log.info('%s received: stopping after the work under way (a checkpoint is saved first)',
+                 signal.Signals(signum).name)
+
+
+def checkpoint_step(path: str) -> int:
+    """The step a checkpoint's path ends with (model.ckpt-120 -> 120), 0 for none."""
+    m = _CKPT_STEP.search(path or '')
+    return int(m.group(1)) if m else 0
+
+
+class Checkpoints:
+    """The chief's checkpoints in train_dir, as `model.ckpt-<step>` with TensorFlow's index file,
+    the names the launcher reads the resume step from and the evaluator follows. `counter` is the
+    variable that counts the global step (an optimizer's `iterations`)."""
+
+    def __init__(self, train_dir: str, counter: tf.Variable, objects: Mapping[str, Any]) -> None:
+        import tensorflow as tf
+        self.counter = counter
+        self.checkpoint = tf.train.Checkpoint(**objects)
+        self.manager = tf.train.CheckpointManager(self.checkpoint, train_dir, max_to_keep=5,
+                                                  checkpoint_name=rundir.CHECKPOINT_PREFIX)
+        self.saved_step: int | None = None
+        self.saved_at = time.monotonic()
+
+    def restore(self) -> int:
+        """Restore the newest checkpoint, if there is one; the global step training goes on from."""
+        path = self.manager.latest_checkpoint
+        if not path:
+            log.info('no checkpoint in %s: training starts at step 0', self.manager.directory)
+            return 0
+        self.checkpoint.restore(path).assert_existing_objects_matched()
+        step = int(self.counter.numpy())
+        self.saved_step = step
+        log.info('restored %s: training goes on from global step %d', path, step)
+        return step
+
+    def save(self) -> int:
+        step = int(self.counter.numpy())
+        self.manager.save(checkpoint_number=step)
+        self.saved_step, self.saved_at = step, time.monotonic()
+        log.info('%s', rundir.checkpoint_line(step))
+        return step
+
+
+@dataclass
+class _Progress:
+    step: int = 0
+    loss: float = float('nan')
+    reports: int = 0
+    examples: int = 0
+    first_step: int | None = None
+    last_log: float = 0.0
+    last_log_step: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+
+class CoordinatorContext:
+    """What a coordinator `train.program` gets. A minimal program (examples/pss_loop.py is a whole one):
+
+        def train(ctx):
+            strategy = tf.distribute.ParameterServerStrategy(ctx.cluster_resolver)
+            coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+            with strategy.scope():
+                model, optimizer = ..., ...
+            saves = ctx.checkpoint(optimizer.iterations, model=model, optimizer=optimizer)
+            while not ctx.should_stop():
+                ... coordinator.schedule(step_fn, ...); coordinator.join()
+                ctx.report(int(optimizer.iterations.numpy()), loss)
+    """
+
+    def __init__(self, spec: ClusterSpec, task: TaskSpec, stop: StopSignal | None = None) -> None:
+        self.spec, self.task = spec, task
+        self.train: TrainConfig = spec.train
+        self.train_dir = spec.train.train_dir
+        self.num_workers, self.num_ps = spec.num_workers, spec.num_ps
+        self._stop = stop or StopSignal()
+        self._progress = _Progress()
+        self.checkpoints: Checkpoints | None = None
+
+    @property
+    def cluster_resolver(self) -> Any:
+        """The training cluster (chief, ps, workers) with this task as the chief: what
+        ParameterServerStrategy takes."""
+        import tensorflow as tf
+        return tf.distribute.cluster_resolver.SimpleClusterResolver(
+            tf.train.ClusterSpec(self.spec.cluster_def()), task_type='chief', task_id=0, rpc_layer='grpc')
+
+    @property
+    def stopping(self) -> bool:
+        """Whether the launcher (or a user) asked the task to stop: SIGTERM or SIGINT."""
+        return self._stop.event.is_set()
+
+    def should_stop(self) -> bool:
+        """Whether to leave the training loop: asked to stop, or train.steps reached by the last report."""
+        return self.stopping or self._progress.step >= self.train.steps
+
+    def checkpoint(self, counter: tf.Variable, **objects: Any) -> Checkpoints:
+        """Checkpoints of `objects` in train_dir, restored now from the newest one (if any): saved
+        as train.checkpoint_steps/_secs ask (checked in `report`), and when the program returns."""
+        self.checkpoints = Checkpoints(self.train_dir, counter, objects)
+        step = self.checkpoints.restore()
+        p = self._progress
+        p.step = p.last_log_step = step
+        p.first_step = step
+        return self.checkpoints
+
+    def report(self, step: int, loss: float, examples: int | None = None) -> None:
+        """The newest global step and loss (and the examples since the last report, for images/s):
+        prints the progress line the launcher's supervisor reads, at most every
+        train.log_every_secs, and saves a checkpoint when one is due."""
+        from cluster.runtime.session import save_due
+        p, now = self._progress, time.monotonic()
+        if p.first_step is None:
+            p.first_step = int(step)
+        previous = p.step
+        p.step, p.loss = int(step), float(loss)
+        p.reports += 1
+        p.examples += examples or 0
+        if now - p.last_log >= self.train.log_every_secs or p.reports == 1 or p.step >= self.train.steps:
+            rate = '' if p.reports == 1 or now <= p.last_log else \
+                f'  {(p.step - p.last_log_step) / (now - p.last_log):.1f} global steps/s'
+            log.info('%s', rundir.progress_line(p.step, self.train.steps, p.loss, rate))
+            p.last_log, p.last_log_step = now, p.step
+        c = self.checkpoints
+        if c is not None and save_due(self.train, p.step, c.saved_step if c.saved_step is not None else previous,
+                                      now - c.saved_at):
+            c.save()
+
+    def finish(self) -> None:
+        """After the program: the last checkpoint, unless the newest step is saved already."""
+        c = self.checkpoints
+        if c is not None and c.saved_step != int(c.counter.numpy()):
+            c.save()
+
+    def result(self) -> dict:
+        p = self._progress
+        seconds = time.monotonic() - p.started
+        out = {'task': self.task.name, 'reports': p.reports, 'first_global_step': p.first_step,
+               'global_step': p.step, 'loss': p.loss, 'seconds': seconds}
+        if p.examples:
+            out['images_per_sec'] = p.examples / max(seconds, 1e-9)
+        return out
+
+
+class EvaluatorContext:
+    """What an evaluator `train.evaluator` function gets: the checkpoints to evaluate, one by one,
+    and `report` for each evaluation's figures."""
+
+    def __init__(self, spec: ClusterSpec, task: TaskSpec, stop: StopSignal | None = None) -> None:
+        self.spec, self.task = spec, task
+        self.train: TrainConfig = spec.train
+        self.train_dir = spec.train.train_dir
+        self.final_step = spec.train.steps
+        self._stop = stop or StopSignal()
+        self._writer: Any = None
+        self.evaluated: int | None = None
+
+    def should_stop(self) -> bool:
+        """Asked to stop, or the final checkpoint (train.steps) evaluated."""
+        return self._stop.event.is_set() or (self.evaluated is not None and self.evaluated >= self.final_step)
+
+    def checkpoints(self, poll_secs: float = CHECKPOINT_POLL_SECS) -> Iterator[tuple[str, int]]:
+        """(path, step) of each newest checkpoint as the chief writes it (a newer one may skip
+        some); ends after the final one (its step reaches train.steps) or when asked to stop."""
+        import tensorflow as tf
+        seen = None
+        while not self.should_stop():
+            path = tf.train.latest_checkpoint(self.train_dir)
+            if path and path != seen:
+                seen = path
+                yield path, checkpoint_step(path)
+            elif self._stop.event.wait(poll_secs):
+                return
+
+    def report(self, step: int, metrics: Mapping[str, float]) -> None:
+        """One evaluation's figures: scalars in TensorBoard under <train_dir>/eval, and the line the
+        launcher records as an `evaluation` event."""
+        import tensorflow as tf
+        values = {k: float(v) for k, v in metrics.items()}
+        if self._writer is None:
+            self._writer = tf.summary.create_file_writer(rundir.eval_summary_dir(self.train_dir))
+        with self._writer.as_default():
+            for name, value in values.items():
+                tf.summary.scalar(f'eval/{name}', value, step=step)
+        self._writer.flush()
+        self.evaluated = max(step, self.evaluated or 0)
+        log.info('%s', rundir.evaluation_line(step, values))
+
+
+def uses_keras(ref: str, search_path: list[str] | None = None) -> bool:
+    """Whether the program's module imports Keras or reaches for `tf.keras` (read from its source,
+    nothing run): under ParameterServerStrategy that must be Keras 2 (tf-keras)."""
+    module, _ = ref.partition(":")[::2]
+    saved = sys.path[:]
+    if search_path is not None:
+        sys.path[:0] = search_path
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return False
+    finally:
+        sys.path[:] = saved
+    if found is None or not found.origin or not found.origin.endswith('.py'):
+        return False
+    try:
+        with open(found.origin, 'rb') as f:
+            tree = ast.parse(f.read(), found.origin)
+    except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+    for node in ast.walk(tree):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module or ''] if isinstance(node, ast.ImportFrom) else []
+        if any(n.split('.')[0] in ('keras', 'tf_keras') for n in names):
+            return True
+        if isinstance(node, ast.Attribute) and node.attr == 'keras':
+            return True
+    return False
+
+
+def check_keras(ref: str, search_path: list[str] | None = None) -> None:
+    """A Keras program under ParameterServerStrategy needs tf-keras installed (Keras 3 has no PSS)."""
+    if uses_keras(ref, search_path) and importlib.util.find_spec('tf_keras') is None:
+        raise ProgramError(f'{ref} uses Keras, and Keras under ParameterServerStrategy needs Keras 2: '
+                           "install tf-keras (pip install -e '.[keras]')")
+
+
+# -- the task side ---------------------------------------------------------------------------------
+
+def serve(spec: ClusterSpec, task: TaskSpec) -> int:
+    """A ps or worker task of a coordinator run: serve until stopped (PSS runs the work here)."""
+    import tensorflow as tf
+    server = tf.distribute.Server(tf.train.ClusterSpec(spec.cluster_def()), job_name=task.job,
+                                  task_index=task.index, protocol='grpc', start=True)
+    log.info('%s', rundir.serving_line(task.name, task.address, os.getpid()))
+    server.join()
+    return rundir.EXIT_OK
+
+
+def run_chief(spec: ClusterSpec, task: TaskSpec, program: Callable[[CoordinatorContext], Any]) -> int:
+    """The chief: call the user's program with a CoordinatorContext, then save what is left."""
+    stop = StopSignal()
+    stop.install()
+    os.makedirs(spec.train.train_dir, exist_ok=True)
+    ctx = CoordinatorContext(spec, task, stop)
+    # The coordinator serves on its own port once the strategy connects; the launcher waits for
+    # this line instead (cluster/task.py skips the port probe for it).
+    log.info('%s', rundir.serving_line(task.name, task.address, os.getpid()))
+    program(ctx)
+    ctx.finish()
+    log.info('%s', 'the program ended at global step %d' % ctx._progress.step)
+    return 128 + stop.signum if stop.signum and ctx._progress.step < spec.train.steps else rundir.EXIT_OK
+
+
+def run_evaluator(spec: ClusterSpec, task: TaskSpec, function: Callable[[EvaluatorContext], Any]) -> int:
+    stop = StopSignal()
+    stop.install()
+    ctx = EvaluatorContext(spec, task, stop)
+    log.info('%s', rundir.serving_line(task.name, task.address, os.getpid()))
+    function(ctx)
+    log.info('evaluated up to global step %s', ctx.evaluated)
+    return 128 + stop.signum if stop.signum else rundir.EXIT_OK
