@@ -246,13 +246,12 @@ class EvaluatorContext:
     def report(self, step: int, metrics: Mapping[str, float]) -> None:
         """One evaluation's figures: scalars in TensorBoard under <train_dir>/eval, and the line the
         launcher records as an `evaluation` event."""
-        import tensorflow as tf
+        from cluster.training import summaries     # the protos: tf.summary needs the tensorboard package
         values = {k: float(v) for k, v in metrics.items()}
         if self._writer is None:
-            self._writer = tf.summary.create_file_writer(rundir.eval_summary_dir(self.train_dir))
-        with self._writer.as_default():
-            for name, value in values.items():
-                tf.summary.scalar(f'eval/{name}', value, step=step)
+            self._writer = summaries.writer(rundir.eval_summary_dir(self.train_dir))
+        for name, value in values.items():
+            self._writer.add_summary(summaries.scalar(f'eval/{name}', value), step)
         self._writer.flush()
         self.evaluated = max(step, self.evaluated or 0)
         log.info('%s', rundir.evaluation_line(step, values))
@@ -298,13 +297,48 @@ def check_keras(ref: str, search_path: list[str] | None = None) -> None:
 # -- the task side ---------------------------------------------------------------------------------
 
 def serve(spec: ClusterSpec, task: TaskSpec) -> int:
-    """A ps or worker task of a coordinator run: serve until stopped (PSS runs the work here)."""
+    """A ps or worker task of a coordinator run: serve until stopped (PSS runs the work here).
+    With no launcher to stop it (under Slurm, or started by hand) it ends by itself once the chief
+    has come and gone (watch_chief)."""
     import tensorflow as tf
     server = tf.distribute.Server(tf.train.ClusterSpec(spec.cluster_def()), job_name=task.job,
                                   task_index=task.index, protocol='grpc', start=True)
     log.info('%s', rundir.serving_line(task.name, task.address, os.getpid()))
+    if not os.environ.get(rundir.LEASE_ENV):
+        threading.Thread(target=watch_chief, args=(spec.chief,), name='chief-watch', daemon=True).start()
     server.join()
     return rundir.EXIT_OK
+
+
+CHIEF_GONE_SECS = 10.0      # the chief's port closed this long (once seen open): its program has ended
+
+
+def watch_chief(chief: TaskSpec, poll: float = 1.0) -> None:
+    """End this serving task (exit 0) once the chief's port, seen open, has stayed closed for
+    CHIEF_GONE_SECS: what ends a coordinator run's servers where no launcher stops them (a Slurm
+    job ends when its last task does)."""
+    seen = False
+    closed_since: float | None = None
+    while True:
+        time.sleep(poll)
+        if _connects(chief.host, chief.port):
+            seen, closed_since = True, None
+        elif seen:
+            closed_since = closed_since or time.monotonic()
+            if time.monotonic() - closed_since >= CHIEF_GONE_SECS:
+                log.info('%s has ended (its port closed %.0fs ago): nothing left to serve', chief.name,
+                         CHIEF_GONE_SECS)
+                logging.shutdown()
+                os._exit(rundir.EXIT_OK)
+
+
+def _connects(host: str, port: int) -> bool:
+    import socket
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
 
 
 def run_chief(spec: ClusterSpec, task: TaskSpec, program: Callable[[CoordinatorContext], Any]) -> int:

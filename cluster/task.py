@@ -269,6 +269,8 @@ def run_coordinator_task(spec: ClusterSpec, task: TaskSpec) -> int:
     if isinstance(code, tuple):     # TF_CONFIG alone tells a TF2 program its place
         return run_command(spec, task, lambda port: True, CHILDREN, command=code)
     tf = import_tensorflow(keras=code is not None)
+    for name in ('tensorflow', 'absl'):     # a line per save, a session config dump: not progress
+        logging.getLogger(name).setLevel(logging.WARNING)
     tf.get_logger().setLevel(logging.ERROR)
     if code is None:
         return coordinator.serve(spec, task)

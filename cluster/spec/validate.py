@@ -57,6 +57,9 @@ def _check_roles(spec: ClusterSpec, raw_train: dict, origins: Origins) -> None:
     """A chief and an evaluator each need what they run: the chief a TF2 program (the built-in
     trainer is TF1 between-graph code, whose chief is worker 0), the evaluator `train.evaluator`."""
     train = spec.train
+    for job in spec.job_env:
+        if not spec.job_tasks(job):
+            raise origins.error(f'tasks.{job}', f'the cluster has no {job} task to give these settings')
     if spec.coordinator and not (train.program or train.command):
         raise origins.error('cluster.chief', 'a chief runs your TF2 ParameterServerStrategy program '
                                              '(cluster/coordinator.py): set train.program or train.command; the '

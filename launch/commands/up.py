@@ -16,7 +16,15 @@ from launch.run.preflight import checks_before_up, warn_exposure
 
 
 def check_workers(spec: ClusterSpec, workers: int | None, flag: str = '--workers') -> None:
-    """A worker count for `up --workers` or `scale --workers`: 1..the spec's pool, else UsageError."""
+    """A worker count for `up --workers` or `scale --workers`: 1..the spec's pool, else UsageError.
+    A coordinator run takes none: ParameterServerStrategy fixes its workers when the chief builds
+    the strategy, so scaling it would mean restarting the chief into a new TF_CONFIG, mid-run,
+    with nothing gained over stopping and starting again with the new worker list."""
+    if workers is not None and spec.coordinator:
+        raise UsageError(f'{flag} {workers}: {spec.path} is a coordinator run (it has a chief): '
+                         'ParameterServerStrategy fixes the worker count when the strategy is built, so it '
+                         'always runs every worker of cluster.worker; change that list and start again '
+                         '(the chief resumes from its checkpoint)')
     if workers is not None and not 1 <= workers <= spec.num_workers:
         raise UsageError(f'{flag} {workers}: expected 1..{spec.num_workers}, the workers {spec.path} lists '
                          '(the pool; worker 0, the chief, always runs)')

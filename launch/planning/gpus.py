@@ -78,7 +78,7 @@ def assign(spec: ClusterSpec, machine_of: Mapping[str, str] | None = None,
     by_machine: dict[str, list[TaskSpec]] = {}
     for t in spec.job_tasks('worker'):
         by_machine.setdefault(machine(t.host, machine_of), []).append(t)
-    slots = {t.name: Slot(machine(t.host, machine_of), ()) for t in spec.job_tasks('ps')}
+    slots = {t.name: Slot(machine(t.host, machine_of), ()) for t in spec.tasks if t.job != 'worker'}
     problems: list[tuple[str, str, str]] = []
     for where, workers in by_machine.items():
         count = counts.get(where)

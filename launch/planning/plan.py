@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 from cluster.spec import LOOPBACK_NAMES, ClusterSpec, HostConfig, SpecError, TaskSpec, address
 from cluster.spec.model import emptied
+from cluster.coordinator import coordinator_env
 from cluster.runtime import rundir
 from cluster.runtime.rundir import LEASE_ENV, LEASE_SECS_ENV
 from launch.planning import gpus as gpu_slots
@@ -89,7 +90,7 @@ def task_env(spec: ClusterSpec, task: TaskSpec, backend: str, slot: Slot) -> dic
     task's slot (launch/planning/gpus.py); ps tasks and CPU towers see none; unset only for `auto` on a
     machine whose count is unknown."""
     env = {'PYTHONUNBUFFERED': '1', 'TF_CPP_MIN_LOG_LEVEL': '2', **spec.task_env(task.job),
-           'TF_CONFIG': spec.tf_config(task),
+           **(coordinator_env() if spec.coordinator else {}), 'TF_CONFIG': spec.tf_config(task),
            LEASE_ENV: rundir.lease_path(spec.train.train_dir), LEASE_SECS_ENV: str(LEASE_SECS.get(backend, 20))}
     if slot.gpus is not None:
         env['CUDA_VISIBLE_DEVICES'] = ','.join(map(str, slot.gpus))

@@ -28,6 +28,7 @@ class EventKind(str, enum.Enum):
     FIRST_STEP = 'first_step'
     PROGRESS = 'progress'
     CHECKPOINT = 'checkpoint'
+    EVALUATION = 'evaluation'
     TASK_LOST = 'task_lost'
     TOLERATED = 'tolerated'
     STALL = 'stall'
@@ -149,6 +150,22 @@ class Checkpoint(Event):
     step: int | None = json_field(read_whole)
 
 
+def read_metrics(value: Any) -> dict[str, float] | None:
+    """An evaluation's figures: name -> number (anything else is dropped)."""
+    if not isinstance(value, dict):
+        return None
+    return {str(k): float(v) for k, v in value.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Evaluation(Event):
+    """An evaluator's figures for the checkpoint at `step` (a coordinator run's evaluator task)."""
+    kind = EventKind.EVALUATION
+    task: str | None = json_field(read_text)
+    step: int | None = json_field(read_whole)
+    metrics: dict[str, float] | None = json_field(read_metrics)
+
+
 @dataclass(frozen=True, kw_only=True)
 class TaskLost(Event):
     kind = EventKind.TASK_LOST
@@ -237,7 +254,7 @@ class OtherEvent(Event):
 
 
 EVENT_TYPES: dict[str, type[Event]] = {cls.kind.value: cls for cls in (
-    RunStarted, TaskStarted, Serving, FirstStep, Progress, Checkpoint, TaskLost, Tolerated, Stall, Restart,
+    RunStarted, TaskStarted, Serving, FirstStep, Progress, Checkpoint, Evaluation, TaskLost, Tolerated, Stall, Restart,
     Scale, Scaled, Failover, Interrupted, Finished) if cls.kind is not None}
 assert set(EVENT_TYPES) == {k.value for k in EventKind}
 

@@ -33,6 +33,12 @@ class Attempt:
             if self.step is None or step > self.step:
                 self.step, self.step_at = step, time.monotonic()
 
+    def restarted_chief(self) -> None:
+        """The chief starts again from a checkpoint: the steps it reports from there are progress,
+        even below the newest seen before (the stall clock starts again too)."""
+        with self._lock:
+            self.step, self.step_at = None, time.monotonic()
+
     def progress(self, total: int) -> Progress:
         with self._lock:
             return Progress(self.step, total, time.monotonic() - self.step_at)

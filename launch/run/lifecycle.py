@@ -30,7 +30,7 @@ from cluster.runtime import rundir
 from cluster.runtime.rundir import EXIT_OK, write_atomically
 from cluster.spec import ClusterSpec
 from launch.errors import UsageError
-from launch.records.event_types import (Checkpoint, Event, EventKind, Finished, FirstStep, Progress, Restart,
+from launch.records.event_types import (Checkpoint, Evaluation, Event, EventKind, Finished, FirstStep, Progress, Restart,
                                         RunStarted, Serving)
 from launch.records.events import EventLog, read_events, read_run_record
 from launch.records.result import Failure, RunRecord, RunResult, RunState     # the strategies import them from here
@@ -292,6 +292,9 @@ class Lifecycle:
         serving = rundir.says_serving(line, task)
         saved = rundir.saved_step(line) if chief else None
         found = rundir.parse_progress(line) if worker else None
+        evaluated = rundir.parse_evaluation(line) if task.startswith('evaluator:') else None
+        if evaluated is not None:
+            self.emit(Evaluation(task=task, step=evaluated[0], metrics=evaluated[1]))
         if not (serving or saved is not None or found is not None):
             return None
         with self._seen_lock:

@@ -24,6 +24,14 @@ The rules, in order:
   - a task lost while a restart starts the cluster again is one more fault, under the same rules.
   - a user's `train.command` is a black box: losing any of its tasks is fatal, and its ps tasks are
     stopped once every worker has exited 0 (they `server.join()` for ever).
+
+A coordinator run (a `chief`: TF2 ParameterServerStrategy) follows PSS's own recovery rules
+(`decide_coordinator`): a lost worker is started again alone at its address while the chief
+trains on (PSS re-queues its work and takes it back); a lost ps is started again with the chief,
+which resumes from its checkpoint; a lost chief or evaluator is started again alone. Without
+restarts a lost worker or evaluator is let go, a lost ps or chief ends the run. The run is done
+when the chief's program has ended and the evaluator (if any) has evaluated the last checkpoint;
+the servers, which never end by themselves, are then stopped.
 """
 from __future__ import annotations
 
@@ -106,6 +114,7 @@ class Policy:
     user_command: bool = False
     backoff_secs: float = 1.0
     backoff_max_secs: float = 30.0
+    coordinator: bool = False        # a chief runs a ParameterServerStrategy program: PSS's rules
 
     @classmethod
     def of(cls, spec: ClusterSpec) -> Policy:
@@ -114,7 +123,7 @@ class Policy:
                    replicas_to_aggregate=spec.replicas_to_aggregate, restart=s.restart,
                    max_restarts=s.max_restarts, stall_secs=s.stall_secs, unreachable_secs=s.unreachable_secs,
                    user_command=spec.train.command is not None, backoff_secs=s.backoff_secs,
-                   backoff_max_secs=s.backoff_max_secs)
+                   backoff_max_secs=s.backoff_max_secs, coordinator=spec.coordinator)
 
 
 def is_lost(t: TaskStatus, policy: Policy, stalled: bool = False) -> bool:
@@ -171,6 +180,8 @@ def decide(policy: Policy, tasks: list[TaskStatus], tolerated: frozenset[str] | 
            restarts: int, progress: Progress) -> Decision:
     """What to do now. `tolerated`: workers already lost and let go (not counted again);
     `restarts`: restarts made so far in this run."""
+    if policy.coordinator:
+        return decide_coordinator(policy, tasks, tolerated, restarts, progress)
     can_restart = policy.restart == 'on-failure' and restarts < policy.max_restarts
     stalled = progress.step is not None and progress.step < progress.total and progress.quiet_secs >= policy.stall_secs
     newly_lost = [t for t in tasks if is_lost(t, policy, stalled) and t.name not in tolerated]
@@ -216,6 +227,50 @@ def decide(policy: Policy, tasks: list[TaskStatus], tolerated: frozenset[str] | 
 
     if progress.step is not None and progress.step < progress.total and progress.quiet_secs >= policy.stall_secs:
         stuck = tuple(t.name for t in tasks if t.state in (TaskState.RUNNING, TaskState.UNKNOWN))
+        reason = f'no new global step for {progress.quiet_secs:.0f}s (stuck at {progress.step}/{progress.total})'
+        return Decision(Action.RESTART if can_restart else Action.GIVE_UP, stuck, reason, stalled=True)
+    return Decision(Action.CONTINUE)
+
+
+# The order a coordinator run's losses are named in: the likely cause first.
+_CAUSE_ORDER = {'ps': 0, 'chief': 1, 'worker': 2, 'evaluator': 3}
+
+
+def decide_coordinator(policy: Policy, tasks: list[TaskStatus], tolerated: frozenset[str] | set[str],
+                       restarts: int, progress: Progress) -> Decision:
+    """`decide` for a coordinator run (see the module's docstring)."""
+    can_restart = policy.restart == 'on-failure' and restarts < policy.max_restarts
+    stalled = progress.step is not None and progress.step < progress.total and progress.quiet_secs >= policy.stall_secs
+    lost = sorted((t for t in tasks if is_lost(t, policy, stalled) and t.name not in tolerated),
+                  key=lambda t: (_CAUSE_ORDER.get(t.job, 9), not (t.exit_code or 0) < 0))
+    if lost:
+        reason = how_lost(lost[0]) + (f' (then {", ".join(how_lost(t) for t in lost[1:])})' if len(lost) > 1 else '')
+        if any(t.exit_code == EXIT_NO_RESTART for t in lost):
+            can_restart = False
+        reachable = all(t.state in (TaskState.FAILED, TaskState.RUNNING) for t in lost)
+        vital = [t for t in lost if t.job in ('ps', 'chief')]
+        if vital:
+            chiefs = [t.name for t in tasks if t.job == 'chief']
+            names = tuple(dict.fromkeys([t.name for t in vital if t.job == 'ps'] + chiefs))
+            if not can_restart or not reachable:
+                return Decision(Action.GIVE_UP, names, reason)
+            why = ('; the chief resumes from its checkpoint' if any(t.job == 'ps' for t in vital)
+                   else '; it resumes from its checkpoint')
+            return Decision(Action.RESTART_TASKS, names, reason + why)
+        names = tuple(t.name for t in lost)
+        return Decision(Action.RESTART_TASKS if can_restart and reachable else Action.TOLERATE, names, reason)
+
+    chief = [t for t in tasks if t.job == 'chief']
+    if chief and all(t.state is TaskState.SUCCEEDED for t in chief):
+        evaluating = [t for t in tasks if t.job == 'evaluator' and t.state is not TaskState.SUCCEEDED
+                      and t.name not in tolerated]
+        if evaluating:
+            return Decision(Action.CONTINUE)     # it evaluates the last checkpoint (bounded by the supervisor)
+        left = tuple(t.name for t in tasks if t.state is not TaskState.SUCCEEDED)
+        return Decision(Action.FINISH, left, 'the chief\'s program has ended, and servers never end by themselves'
+                        if left else '')
+    if stalled:
+        stuck = tuple(t.name for t in chief)
         reason = f'no new global step for {progress.quiet_secs:.0f}s (stuck at {progress.step}/{progress.total})'
         return Decision(Action.RESTART if can_restart else Action.GIVE_UP, stuck, reason, stalled=True)
     return Decision(Action.CONTINUE)

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 
 from cluster.runtime import rundir
 from cluster.runtime.rundir import EXIT_FAILED
+from launch.backends.base import stop_all
 from launch.run import faults
 from launch.run import policy as supervise
 from launch.run.failover import FailedOverRun, fail_over
@@ -84,7 +85,10 @@ class Recovery:
         run.attempt.tolerated.update(decision.tasks)
         for name in decision.tasks:
             run.life.emit('tolerated', task=name, cause=decision.reason)
-        left = run.spec.num_workers - len(run.attempt.tolerated)      # only workers are tolerated
+        if all(name.startswith('evaluator:') for name in decision.tasks):
+            run.say(f'{decision.reason}; training goes on without evaluation')
+            return
+        left = run.spec.num_workers - sum(name.startswith('worker:') for name in run.attempt.tolerated)
         run.say(f'{decision.reason}; training goes on with {left} worker(s)')
 
     def _restart_tasks(self, decision: Decision) -> None:
@@ -95,6 +99,12 @@ class Recovery:
         run.say(f'restart {run.restarts}/{run.policy.max_restarts}: {decision.reason}; '
                 f'starting {", ".join(decision.tasks)} again{wait}, it rejoins the training')
         run.life.next_attempt(decision.reason, None, tasks=decision.tasks)
+        if any(name.startswith('ps:') for name in decision.tasks):
+            # A coordinator without its ps cannot save: end it now rather than after a grace.
+            chief = [r for r in run.records if r.job == 'chief' and r.name in decision.tasks]
+            stop_all(chief, run.backends, grace=0)
+        if any(name.startswith('chief:') for name in decision.tasks):
+            run.attempt.restarted_chief()       # it resumes from a checkpoint: an older step is progress
         for name in decision.tasks:
             run.attempt.due[name] = time.monotonic() + delay
         run.start_due()

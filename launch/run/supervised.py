@@ -95,7 +95,7 @@ class SupervisedRun(Strategy):
             self._checks()
 
     def read_file(self, path: str) -> str | None:
-        chief = next((r for r in self.records if r.is_chief), None)
+        chief = next((r for r in self.records if self.is_chief(r)), None)
         if chief is None:
             return None
         return self.backends[chief.backend].read_file(chief, path)
@@ -123,7 +123,8 @@ class SupervisedRun(Strategy):
                 self.say(f'{life.signal_name} received: stopping every task (the chief saves a checkpoint first)')
                 life.emit('interrupted', signal=life.signal_name)
                 return self._outcome(128 + life.signum)
-            mode = 'command' if self.spec.train.command else 'sync' if self.spec.train.sync else 'async'
+            mode = ('coordinator' if self.spec.coordinator else 'command' if self.spec.train.command
+                    else 'sync' if self.spec.train.sync else 'async')
             return self._outcome(EXIT_OK, f'done in {time.monotonic() - t0:.1f}s ({mode}, '
                                           f'{self.members.count} workers)')
         except TaskFailed as e:
@@ -195,7 +196,8 @@ class SupervisedRun(Strategy):
             decision = supervise.decide(self.policy, statuses, waiting, self.restarts, self._progress())
             if decision.action is Action.FINISH:
                 if decision.tasks:
-                    self.say(f'every worker is done; stopping {", ".join(decision.tasks)}: {decision.reason}')
+                    done = 'the chief is done' if self.spec.coordinator else 'every worker is done'
+                    self.say(f'{done}; stopping {", ".join(decision.tasks)}: {decision.reason}')
                     self._stop([r for r in self.records if r.name in decision.tasks])
                 return
             if decision.action is Action.CONTINUE:
@@ -235,17 +237,21 @@ class SupervisedRun(Strategy):
         """Once one side (all workers, or all ps tasks) has finished, the other gets --finish-timeout
         to follow; returns the deadline, or -1 once it has passed (what is left is then stopped)."""
         finished = {t.name for t in statuses if t.state is TaskState.SUCCEEDED}
-        workers_done = all(t.name in finished for t in statuses if t.job == 'worker')
-        ps_done = all(t.name in finished for t in statuses if t.job == 'ps')
+        if self.spec.coordinator:       # the chief is done: the evaluator's last evaluation is waited for
+            workers_done = any(t.job == 'chief' and t.name in finished for t in statuses)
+            ps_done = False
+        else:
+            workers_done = all(t.name in finished for t in statuses if t.job == 'worker')
+            ps_done = all(t.name in finished for t in statuses if t.job == 'ps')
         if not (workers_done or ps_done):
             return None
         if deadline is None:
             return time.monotonic() + self.finish_timeout
         if time.monotonic() > deadline:
             left = ', '.join(t.name for t in statuses if t.name not in finished)
-            self.say(f'warning: {left} still running {self.finish_timeout:.0f}s after the '
-                     f'{"workers" if workers_done else "ps tasks"} finished; stopping them '
-                     '(raise --finish-timeout)')
+            ended = 'chief' if self.spec.coordinator else 'workers' if workers_done else 'ps tasks'
+            self.say(f'warning: {left} still running {self.finish_timeout:.0f}s after the {ended} finished; '
+                     'stopping them (raise --finish-timeout)')
             return -1
         return deadline
 
@@ -340,23 +346,29 @@ class SupervisedRun(Strategy):
         self.stepped.discard(record.name)
         backend = self.backends[record.backend]
 
+        chief = self.is_chief(record)
+
         def seen(line: str) -> None:
             if not serving.is_set() and rundir.says_serving(line, record.name):
                 serving.set()
-            found = self.life.saw_line(record.name, line, record.job == 'worker', record.is_chief)
-            if found is not None:
+            found = self.life.saw_line(record.name, line, record.job == 'worker' or chief, chief)
+            if found is not None and (chief or not self.spec.coordinator):
                 self.attempt.saw_step(found['step'])
                 self.stepped.add(record.name)
         self.life.follow(record.name,
                          lambda stop: backend.read_log(record, follow=True, stop=stop, offset=record.log_offset),
                          seen)
 
+    def is_chief(self, record: TaskRecord) -> bool:
+        """The task that saves: a coordinator run's chief (its worker 0 only serves), else worker 0."""
+        return record.job == 'chief' if self.spec.coordinator else record.is_chief
+
     def _stop(self, records: list[TaskRecord], checkpoint: bool = True) -> None:
         """Stop these tasks: the chief first, with time to write its checkpoint while the ps tasks
         still run (only then can it save; `checkpoint`: and they answer), then everything else at once."""
         live = [r for r in records if self.backends[r.backend].status(r).alive]
         ps_alive = all(self.backends[r.backend].status(r).alive for r in self.records if r.job == 'ps')
-        first = [r for r in live if r.is_chief] if ps_alive and checkpoint else []
+        first = [r for r in live if self.is_chief(r)] if ps_alive and checkpoint else []
         if first:
             self.backends[first[0].backend].stop(first, grace=CHECKPOINT_GRACE_SECS)
         stop_all([r for r in live if r not in first], self.backends)
