@@ -29,6 +29,18 @@ def _spec(tmp_path, cluster=None, train=None, top=None, raw=None) -> str:
     return str(file)
 
 
+def _coordinator(tmp_path, chiefs=1, ps=1, workers=2, evaluators=1, program='mytrain:train',
+                 evaluator='mytrain:evaluate') -> str:
+    """A coordinator spec (chief, ps, workers, evaluator) with the given counts and programs; its
+    program module, mytrain.py, is written beside it."""
+    (tmp_path / 'mytrain.py').write_text('def train(ctx):\n    pass\n\n\ndef evaluate(ctx):\n    pass\n')
+    counts = {'chief': chiefs, 'ps': ps, 'worker': workers, 'evaluator': evaluators}
+    ports = iter(free_ports(sum(counts.values())))
+    cluster = {job: [f'localhost:{next(ports)}' for _ in range(n)] for job, n in counts.items() if n}
+    train = {k: v for k, v in (('program', program), ('evaluator', evaluator)) if v is not None}
+    return _spec(tmp_path, cluster=cluster, train=train)
+
+
 def _state(tmp_path, text: str) -> str:
     spec = _spec(tmp_path)
     os.makedirs(tmp_path / 'run')
@@ -145,8 +157,10 @@ CASES = {
     'older state file': (lambda t: ['down', _state(t, json.dumps({'spec': 's', 'launcher_pid': 1, 'tasks': [
         {'pid': 4242}]}))], 'state file of another tfcluster version (format none'),
     # -- a task started by hand
-    'task of an unknown job': (lambda t: ['task', '--spec', _spec(t), '--job', 'chief', '--index', '0'],
-                               "argument --job: invalid choice: 'chief'"),
+    'task of an unknown job': (lambda t: ['task', '--spec', _spec(t), '--job', 'master', '--index', '0'],
+                               "argument --job: invalid choice: 'master'"),
+    'task of a job the spec lacks': (lambda t: ['task', '--spec', _spec(t), '--job', 'chief', '--index', '0'],
+                                     'task chief:0 does not exist: the cluster has no chief task'),
     'task index out of range': (lambda t: ['task', '--spec', _spec(t), '--job', 'ps', '--index', '1'],
                                 'task ps:1 does not exist'),
     'task with a binary spec': (lambda t: ['task', '--spec', _spec(t, raw=b'\xff\xfe'), '--job', 'ps',
@@ -176,9 +190,29 @@ CASES = {
     'TF_CONFIG task not in its cluster': (lambda t: ['task', {'TF_CONFIG': json.dumps(
         {'cluster': {'ps': ['localhost:1'], 'worker': ['localhost:2']}, 'task': {'type': 'worker', 'index': 2}})}],
         'TF_CONFIG: task worker:2 is not in its cluster'),
-    'TF_CONFIG with a chief job': (lambda t: ['task', {'TF_CONFIG': json.dumps(
-        {'cluster': {'chief': ['localhost:1'], 'worker': ['localhost:2']}, 'task': {'type': 'chief'}})}],
-        "TF_CONFIG: job 'chief' is not one tfcluster runs"),
+    'TF_CONFIG with a master job': (lambda t: ['task', {'TF_CONFIG': json.dumps(
+        {'cluster': {'master': ['localhost:1'], 'worker': ['localhost:2']}, 'task': {'type': 'master'}})}],
+        "TF_CONFIG: job 'master' is not one tfcluster runs"),
+    # -- coordinator runs (TF2 ParameterServerStrategy): chief and evaluator
+    'chief with the built-in trainer': (lambda t: ['up', _coordinator(t, program=None)],
+                                        'cluster.chief: a chief runs your TF2 ParameterServerStrategy program'),
+    'two chiefs': (lambda t: ['up', _coordinator(t, chiefs=2)], 'cluster.chief: at most one chief task, got 2'),
+    'chief without a worker': (lambda t: ['up', _coordinator(t, workers=0)], "cluster.worker: missing job 'worker'"),
+    'chief without a ps': (lambda t: ['up', _coordinator(t, ps=0)], "cluster.ps: missing job 'ps'"),
+    'evaluator without a program': (lambda t: ['up', _coordinator(t, evaluator=None)],
+                                    'cluster.evaluator: an evaluator needs something to run: set train.evaluator'),
+    'evaluator without a chief': (lambda t: ['up', _coordinator(t, chiefs=0, evaluator='tests.pss_programs:evaluate')],
+                                  'cluster.evaluator: an evaluator runs beside the chief of a coordinator run'),
+    'train.evaluator without an evaluator': (lambda t: ['up', _coordinator(t, evaluators=0)],
+                                             'train.evaluator: train.evaluator is set but the cluster has no '
+                                             'evaluator task'),
+    'two evaluators': (lambda t: ['up', _coordinator(t, evaluators=2)], 'cluster.evaluator: at most one evaluator'),
+    'unknown evaluator function': (lambda t: ((t / 'myeval.py').write_text('def other(ctx):\n    pass\n'),
+                                              ['up', _coordinator(t, evaluator='myeval:evaluate')])[1],
+                                   "train.evaluator: module 'myeval'"),
+    'workers of a coordinator run': (lambda t: ['up', _coordinator(t), '--workers', '1'],
+                                     'is a coordinator run (it has a chief): ParameterServerStrategy fixes the '
+                                     'worker count'),
     'TF_CONFIG with a bad address': (lambda t: ['task', {'TF_CONFIG': json.dumps(
         {'cluster': {'ps': ['localhost:1'], 'worker': ['localhost']}, 'task': {'type': 'ps', 'index': 0}})}],
         'TF_CONFIG: cluster.worker[0]: expected "host:port"'),
@@ -220,7 +254,8 @@ def test_bad_input_is_one_line_exit_2_and_nothing_started(tmp_path, case):
     lines = result.stderr.splitlines()
     assert result.returncode == 2, result.stdout + result.stderr
     if argv[0] == 'task' and 'invalid choice' in expected:      # argparse: usage, then the error
-        assert lines[-1].endswith(expected + " (choose from 'ps', 'worker')") and 'Traceback' not in result.stderr
+        assert lines[-1].endswith(expected + " (choose from 'chief', 'ps', 'worker', 'evaluator')") \
+            and 'Traceback' not in result.stderr
     else:
         assert len(lines) == 1 and expected in lines[0], result.stderr
         assert any(where in lines[0] for where in ('spec.yaml', '--set', str(tmp_path), 'TF_CONFIG', '--name', '--pvc',
