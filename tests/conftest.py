@@ -129,6 +129,29 @@ def write_spec(path, workers: int = 2, ps: int = 1, host: str = 'localhost', hos
     return str(file)
 
 
+def write_coordinator_spec(path, program: str = 'tests.pss_programs:train',
+                           evaluator: str | None = 'tests.pss_programs:evaluate', host: str = 'localhost',
+                           hosts: dict | None = None, supervise: dict | None = None, top: dict | None = None,
+                           **train) -> str:
+    """A coordinator spec (TF2 ParameterServerStrategy): 1 chief, 1 ps, 2 workers and, with an
+    `evaluator` function, an evaluator, on free ports of `host`; `train` overrides the defaults."""
+    jobs = ['chief', 'ps', 'worker', 'worker'] + (['evaluator'] if evaluator else [])
+    cluster: dict[str, list[str]] = {}
+    for job, port in zip(jobs, free_ports(len(jobs))):
+        cluster.setdefault(job, []).append(f'{host}:{port}')
+    settings = {'program': program, 'steps': 100, 'batch_size': 16, 'train_dir': str(path / 'run'),
+                'log_every_secs': 0.5, **({'evaluator': evaluator} if evaluator else {})}
+    settings.update(train)
+    spec: dict = {'cluster': cluster, 'train': settings,
+                  'supervise': {'restart': 'on-failure', 'backoff_secs': 0.5, **(supervise or {})}}
+    if hosts:
+        spec['hosts'] = hosts
+    spec.update(top or {})
+    file = path / 'spec.yaml'
+    file.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return str(file)
+
+
 def need_fashion_mnist() -> str:
     """The Debian package's Fashion-MNIST folder; a one-line skip where dataset-fashion-mnist is
     not installed, a failure under CI=true (whose command installs it)."""

@@ -1,0 +1,106 @@
+"""Coordinator runs (TF2 ParameterServerStrategy) on real local clusters: 1 chief, 1 ps, 2 workers
+and an evaluator. A run trains to its last step with its evaluator's final figures in TensorBoard
+and events.jsonl; kill -9 of a worker restarts exactly that worker while the chief trains on (same
+attempt); kill -9 of the ps restarts the ps and the chief, which resumes from the newest
+checkpoint. The autouse guard fails a test that leaves a process behind."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+
+import pytest
+
+from tests.conftest import launch, launch_bg, write_coordinator_spec
+from tests.test_faults import finish, task_pid, until_step
+
+pytestmark = pytest.mark.slow     # real local clusters
+
+PACED = {'env': {'TFCLUSTER_TEST_STEP_SECS': 0.25}}     # ~40 steps/s: a kill lands mid-run
+
+
+def events(train_dir) -> list[dict]:
+    with open(os.path.join(train_dir, 'events.jsonl')) as f:
+        return [json.loads(line) for line in f]
+
+
+def eval_scalars(train_dir) -> dict[int, dict[str, float]]:
+    """step -> tag -> value of the evaluator's TensorBoard events (<train_dir>/eval)."""
+    import tensorflow as tf
+    out: dict[int, dict[str, float]] = {}
+    for path in glob.glob(os.path.join(train_dir, 'eval', 'events.out.tfevents.*')):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for value in event.summary.value:
+                out.setdefault(event.step, {})[value.tag] = value.simple_value
+    return out
+
+
+def check_finished(out: str, train_dir: str, steps: int) -> list[dict]:
+    """The run trained to `steps`, its evaluator evaluated that checkpoint (events and TensorBoard),
+    and the launcher stopped the servers; returns the events."""
+    log = events(train_dir)
+    assert f'step {steps}/{steps}' in out and 'the chief is done; stopping ps:0, worker:0, worker:1' in out, out
+    final = [e for e in log if e['event'] == 'evaluation' and e['step'] == steps]
+    assert final and final[-1]['task'] == 'evaluator:0' and 'loss' in final[-1]['metrics'], log[-5:]
+    assert eval_scalars(train_dir)[steps]['eval/loss'] == pytest.approx(final[-1]['metrics']['loss'], rel=1e-4)
+    finished = log[-1]
+    assert finished['event'] == 'finished' and finished['result']['state'] == 'done', finished
+    return log
+
+
+def test_a_coordinator_run_trains_to_its_last_step_and_evaluates_it(tmp_path):
+    spec = write_coordinator_spec(tmp_path, steps=200, checkpoint_steps=50)
+    result = launch('up', spec, timeout=300)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    log = check_finished(out, str(tmp_path / 'run'), 200)
+    assert [e['event'] for e in log].count('restart') == 0
+    assert {e['task'] for e in log if e['event'] == 'serving'} == {'chief:0', 'ps:0', 'worker:0', 'worker:1',
+                                                                   'evaluator:0'}
+    status = launch('status', spec, '--json')
+    assert status.returncode in (0, 3) and 'chief:0' in status.stdout, status.stdout + status.stderr
+
+
+def test_a_lost_worker_is_restarted_alone_while_the_chief_trains_on(tmp_path):
+    spec = write_coordinator_spec(tmp_path, steps=600, top=PACED)
+    run = str(tmp_path / 'run')
+    proc = launch_bg('up', spec)
+    lines = until_step(proc, 100)
+    killed = task_pid(run, 'worker:1')
+    os.kill(killed, 9)
+    out = ''.join(lines) + finish(proc)
+    assert proc.returncode == 0, out
+    assert re.search(r'restart 1/3: worker:1 was killed by SIGKILL; starting worker:1 again', out), out
+    log = check_finished(out, run, 600)
+    assert {e['attempt'] for e in log} == {1}, 'a lost worker changes no attempt'
+    restarts = [e for e in log if e['event'] == 'restart']
+    assert [r['tasks'] for r in restarts] == [['worker:1']]
+    started = [e['task'] for e in log if e['event'] == 'task_started']
+    assert sorted(started) == ['chief:0', 'evaluator:0', 'ps:0', 'worker:0', 'worker:1', 'worker:1']
+    # The chief never stopped: its progress events go on after the loss, the step always rising.
+    lost_at = next(i for i, e in enumerate(log) if e['event'] == 'task_lost')
+    after = [e['step'] for e in log[lost_at:] if e['event'] == 'progress']
+    assert len(after) >= 3 and after == sorted(after), after
+    assert 'restored' not in out, 'the chief was not restarted'
+
+
+def test_a_lost_ps_restarts_with_the_chief_from_the_newest_checkpoint(tmp_path):
+    spec = write_coordinator_spec(tmp_path, steps=600, checkpoint_steps=50, top=PACED)
+    run = str(tmp_path / 'run')
+    proc = launch_bg('up', spec)
+    lines = until_step(proc, 120)
+    os.kill(task_pid(run, 'ps:0'), 9)
+    out = ''.join(lines) + finish(proc)
+    assert proc.returncode == 0, out
+    assert re.search(r'restart 1/3: ps:0 was killed by SIGKILL.*the chief resumes from its checkpoint; '
+                     r'starting ps:0, chief:0 again', out), out
+    log = check_finished(out, run, 600)
+    saved_before = [e['step'] for e in log[:next(i for i, e in enumerate(log) if e['event'] == 'task_lost')]
+                    if e['event'] == 'checkpoint']
+    resumed = re.search(r'restored \S+model\.ckpt-(\d+): training goes on from global step (\d+)', out)
+    assert resumed and int(resumed.group(1)) == int(resumed.group(2)) == saved_before[-1] >= 100, (saved_before, out)
+    restarts = [e for e in log if e['event'] == 'restart']
+    assert [r['tasks'] for r in restarts] == [['ps:0', 'chief:0']]
+    started = sorted(e['task'] for e in log if e['event'] == 'task_started')
+    assert started == ['chief:0', 'chief:0', 'evaluator:0', 'ps:0', 'ps:0', 'worker:0', 'worker:1']
