@@ -14,7 +14,7 @@
 # a registry runs step 3 alone from python:3.11-slim-bookworm; the Dockerfile is the same.
 #
 # The tag is a hash of every file that goes into the image (this script, the Dockerfile, the
-# requirements, setup.cfg, pyproject.toml, README.md and the package's source), so a second run on an
+# requirements, setup.cfg, pyproject.toml, README.md, the package's source and examples/), so a second run on an
 # unchanged tree builds nothing. Settings: TFCLUSTER_IMAGE_REPO (tfcluster), DEBIAN_MIRROR
 # (http://deb.debian.org/debian), PYTHON (python3, the interpreter whose pip downloads the wheels).
 set -euo pipefail
@@ -37,7 +37,7 @@ inputs() {      # every file whose content goes into the image, in a fixed order
     cd "$ROOT"
     printf '%s\n' docker/build-offline.sh docker/Dockerfile docker/requirements.txt .dockerignore \
         pyproject.toml setup.cfg README.md
-    find cluster launch -name '*.py' -type f | LC_ALL=C sort
+    find cluster launch examples -name '*.py' -type f | LC_ALL=C sort
 }
 
 inputs_hash() {

@@ -99,6 +99,7 @@ class Kind:
     remembered: bool = False           # a run remembers it (state file, events): no --backend needed later
     leaves_resources: bool = False     # stopped tasks leave something (containers, a network) that `down` removes
     user_code_refusal: str = ''        # why train.program / train.command cannot run there ('' : they can)
+    ships: tuple[str, ...] = ()        # the packages of programs it holds all the same (the image's examples)
     netns_refusal: str = ''            # why `isolation: netns` cannot apply ('' : it can)
     options: tuple[str, ...] = ()      # the command-line options that are its own (Options fields)
     options_label: str = ''            # 'Slurm jobs': what those options are for
@@ -209,6 +210,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          user_code_refusal='the compose backend runs the stock tfcluster image, which does not hold your code: '
                            'run it with the local or SSH backend, or build an image FROM tfcluster with your code '
                            '(README: Your own training code)',
+         ships=('examples',),
          netns_refusal='isolation: netns is for local processes; the compose backend runs the tasks on its own '
                        'internal network already, which nothing outside reaches: drop isolation (--set '
                        'isolation=none) to use it'),
