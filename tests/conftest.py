@@ -131,14 +131,16 @@ def write_spec(path, workers: int = 2, ps: int = 1, host: str = 'localhost', hos
 
 def write_coordinator_spec(path, program: str = 'tests.pss_programs:train',
                            evaluator: str | None = 'tests.pss_programs:evaluate', host: str = 'localhost',
-                           hosts: dict | None = None, supervise: dict | None = None, top: dict | None = None,
-                           **train) -> str:
+                           worker_hosts: tuple[str, str] | None = None, hosts: dict | None = None,
+                           supervise: dict | None = None, top: dict | None = None, **train) -> str:
     """A coordinator spec (TF2 ParameterServerStrategy): 1 chief, 1 ps, 2 workers and, with an
-    `evaluator` function, an evaluator, on free ports of `host`; `train` overrides the defaults."""
+    `evaluator` function, an evaluator, on free ports of `host` (the workers on `worker_hosts`
+    where given); `train` overrides the defaults."""
     jobs = ['chief', 'ps', 'worker', 'worker'] + (['evaluator'] if evaluator else [])
+    where = [host, host, *(worker_hosts or (host, host)), host]
     cluster: dict[str, list[str]] = {}
-    for job, port in zip(jobs, free_ports(len(jobs))):
-        cluster.setdefault(job, []).append(f'{host}:{port}')
+    for job, on, port in zip(jobs, where, free_ports(len(jobs))):
+        cluster.setdefault(job, []).append(f'{on}:{port}')
     settings = {'program': program, 'steps': 100, 'batch_size': 16, 'train_dir': str(path / 'run'),
                 'log_every_secs': 0.5, **({'evaluator': evaluator} if evaluator else {})}
     settings.update(train)

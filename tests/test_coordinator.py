@@ -9,10 +9,11 @@ import glob
 import json
 import os
 import re
+import shutil
 
 import pytest
 
-from tests.conftest import launch, launch_bg, write_coordinator_spec
+from tests.conftest import REPO, launch, launch_bg, write_coordinator_spec
 from tests.test_faults import finish, task_pid, until_step
 
 pytestmark = pytest.mark.slow     # real local clusters
@@ -104,3 +105,43 @@ def test_a_lost_ps_restarts_with_the_chief_from_the_newest_checkpoint(tmp_path):
     assert [r['tasks'] for r in restarts] == [['ps:0', 'chief:0']]
     started = sorted(e['task'] for e in log if e['event'] == 'task_started')
     assert started == ['chief:0', 'chief:0', 'evaluator:0', 'ps:0', 'ps:0', 'worker:0', 'worker:1']
+
+
+# -- the other backends ------------------------------------------------------------------------------
+
+def test_a_coordinator_run_over_ssh(ssh_hosts, tmp_path):
+    """The chief, the ps and the evaluator on one host (the evaluator reads the chief's checkpoints
+    there), a worker on each; the program lies in each host's workdir, as a user's would."""
+    from tests.test_ssh import assert_nothing_left, host_settings, run, workdir
+    for address in ssh_hosts.addresses:
+        os.makedirs(workdir(tmp_path, address), exist_ok=True)
+        shutil.copy(os.path.join(REPO, 'tests', 'pss_programs.py'), workdir(tmp_path, address))
+    spec = write_coordinator_spec(tmp_path, program='pss_programs:train', evaluator='pss_programs:evaluate',
+                                  host='127.0.0.2', worker_hosts=('127.0.0.2', '127.0.0.3'),
+                                  hosts=host_settings(ssh_hosts, tmp_path), train_dir='run', steps=100)
+    result = run(ssh_hosts, tmp_path, 'up', spec, timeout=300)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    chief_run = str(workdir(tmp_path, '127.0.0.2') / 'run')
+    assert 'step 100/100' in out and 'evaluation at global step 100' in out, out
+    assert eval_scalars(chief_run)[100]['eval/loss'] < 1.0
+    log = events(str(tmp_path / 'run'))
+    assert any(e['event'] == 'evaluation' and e['step'] == 100 for e in log) and log[-1]['event'] == 'finished'
+    assert_nothing_left(ssh_hosts)
+
+
+def test_a_coordinator_run_under_slurm(tmp_path, slurm_cluster):
+    """Slurm owns the tasks: the servers, which no launcher stops there, end once the chief has
+    (cluster/coordinator.py watch_chief), so the job completes."""
+    from tests.test_slurm import _nothing_left, _port_base
+    spec = write_coordinator_spec(tmp_path, steps=100)
+    env = {**os.environ, **slurm_cluster.env}
+    result = launch('up', spec, '--backend', 'slurm', '--port-base', str(_port_base()), env=env, timeout=300)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    _nothing_left(slurm_cluster, tmp_path)
+    assert re.search(r'\[launch\] +job \d+ completed', out) and 'step 100/100' in out, out
+    assert 'chief:0 has ended' in out, 'the servers ended by themselves'
+    log = events(str(tmp_path / 'run'))
+    assert any(e['event'] == 'evaluation' and e['step'] == 100 for e in log), log
+    assert any(e['event'] == 'progress' and e['step'] == 100 for e in log), log

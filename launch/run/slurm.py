@@ -258,8 +258,8 @@ class SubmittedJob:
             def lines(stop: threading.Event, log_path: str = log_path) -> Iterable[str]:
                 return follow_file(log_path, stop)
 
-            def seen(line: str, t: TaskSpec = t) -> None:
-                life.saw_line(t.name, line, t.job == 'worker', t.is_chief)
+            def seen(line: str, t: TaskSpec = t) -> None:     # a coordinator run's chief: not its worker 0
+                life.saw_line(t.name, line, t.job in ('worker', 'chief'), t == spec.chief)
             life.follow(t.name, lines, seen)
 
     def _watch(self) -> dict[str, str] | None:
