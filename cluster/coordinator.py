@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import json
 import logging
 import os
 import re
@@ -352,6 +353,7 @@ def run_chief(spec: ClusterSpec, task: TaskSpec, program: Callable[[CoordinatorC
     log.info('%s', rundir.serving_line(task.name, task.address, os.getpid()))
     program(ctx)
     ctx.finish()
+    rundir.write_atomically(rundir.chief_result_path(spec.train.train_dir), json.dumps(ctx.result()))
     log.info('%s', 'the program ended at global step %d' % ctx._progress.step)
     return 128 + stop.signum if stop.signum and ctx._progress.step < spec.train.steps else rundir.EXIT_OK
 

@@ -141,6 +141,11 @@ def result_path(train_dir: str, worker_index: int) -> str:
     return os.path.join(train_dir, f'worker-{worker_index}.json')
 
 
+def chief_result_path(train_dir: str) -> str:
+    """A coordinator run's closing figures, written by its chief (the workers only serve)."""
+    return os.path.join(train_dir, 'chief.json')
+
+
 def worker_summary_dir(train_dir: str, worker_index: int) -> str:
     """Where a worker writes its own TensorBoard figures (its step count)."""
     return os.path.join(train_dir, f'worker-{worker_index}')

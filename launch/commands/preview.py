@@ -56,15 +56,38 @@ def _add_gpu_checks(spec: ClusterSpec, req: Request[JsonFlags], plans: list[Task
         checks.append(HostCheck('gpus', False, str(e)))
 
 
+def _shape(spec: ClusterSpec) -> str:
+    """'1 ps, 2 workers, sync', or a coordinator run's roles."""
+    if not spec.coordinator:
+        return f'{spec.num_ps} ps, {spec.num_workers} workers, {"sync" if spec.train.sync else "async"}'
+    evaluators = len(spec.job_tasks('evaluator'))
+    return (f'1 chief, {spec.num_ps} ps, {spec.num_workers} workers' + (', 1 evaluator' if evaluators else '')
+            + ', a coordinator run (TF2 ParameterServerStrategy)')
+
+
+def _coordinator_lines(spec: ClusterSpec) -> None:
+    train = spec.train
+    what = f'calls {train.program}(ctx)' if train.program else \
+        f'runs `{shlex.join(train.command or ())}` with TF_CONFIG (no TF1 flags)'
+    print(f'# the chief {what}; the ps and workers only serve (tf.distribute.Server), and are stopped once the '
+          'chief has ended')
+    if isinstance(train.evaluator, str):
+        print(f'# the evaluator calls {train.evaluator}(ctx) beside the training, on the checkpoints in train_dir')
+    elif train.evaluator:
+        print(f'# the evaluator runs `{shlex.join(train.evaluator)}` beside the training (its TF_CONFIG names '
+              'only itself)')
+
+
 def cmd_plan(spec: ClusterSpec, req: Request[JsonFlags]) -> int:
     plans = plans_of(spec, req)
     if req.flags.json:
         print(json.dumps([_plan_json(task, plan, req) for task, plan in zip(spec.tasks, plans)], indent=1))
         return 0
-    print(f'# {spec.path}: {spec.num_ps} ps, {spec.num_workers} workers, '
-          f'{"sync" if spec.train.sync else "async"}; `launch up` writes the effective spec to '
+    print(f'# {spec.path}: {_shape(spec)}; `launch up` writes the effective spec to '
           f'{effective_spec_path(spec)} (nothing is written now)')
-    if spec.train.program:
+    if spec.coordinator:
+        _coordinator_lines(spec)
+    elif spec.train.program:
         print(f'# every worker calls {spec.train.program}(ctx) instead of the built-in CIFAR-10 trainer')
     if spec.train.command:
         print(f'# every task runs `{shlex.join(spec.train.command)}` plus --job_name, --task_index, --ps_hosts and '

@@ -412,12 +412,14 @@ class Lifecycle:
 
     # -- the closing line ------------------------------------------------------------------------
     def _worker_results(self, lost: tuple[str, ...]) -> list[dict]:
-        """The closing figures each worker left in the train_dir (where its host has it)."""
+        """The closing figures each worker left in the train_dir (where its host has it): a
+        coordinator run's chief's."""
         results = []
-        for i in range(self.spec.num_workers):
-            if f'worker:{i}' in lost:
-                continue
-            text = self._running().read_file(rundir.result_path(self.spec.train.train_dir, i))
+        train_dir = self.spec.train.train_dir
+        paths = [rundir.chief_result_path(train_dir)] if self.spec.coordinator else \
+            [rundir.result_path(train_dir, i) for i in range(self.spec.num_workers) if f'worker:{i}' not in lost]
+        for path in paths:
+            text = self._running().read_file(path)
             try:
                 found = json.loads(text) if text else None
             except ValueError:      # damaged: no figures from that worker
@@ -433,7 +435,7 @@ class Lifecycle:
         result.global_step = max(r.get('global_step', 0) for r in results)
         if all('images_per_sec' in r for r in results):     # a user program may not count examples
             result.images_per_sec = sum(r['images_per_sec'] for r in results)
-        chief = [r for r in results if r.get('task') == 'worker:0' and 'loss' in r]
+        chief = [r for r in results if r.get('task') == self.spec.chief.name and 'loss' in r]
         if chief:
             result.loss = chief[0]['loss']
 
