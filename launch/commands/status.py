@@ -47,11 +47,14 @@ def cmd_status(spec: ClusterSpec, req: Request[JsonFlags]) -> int:
               + (f', global step {info.global_step}' if info.global_step is not None else '')
               + f' ({os.path.abspath(spec.train.train_dir)})')
     _print_launcher(spec, req, plans, state, tasks, info is not None)
-    print(f'{"TASK":<10} {"ADDRESS":<22} {"BACKEND":<7} {"PID":>7}  {"ALIVE":<5}  {"LISTENING":<9}  NOTE')
+    width = max([10] + [len(t['task']) for t in tasks])      # evaluator:0 is 11
+    print(f'{"TASK":<{width}} {"ADDRESS":<22} {"BACKEND":<7} {"PID":>7}  {"ALIVE":<5}  {"LISTENING":<9}  NOTE')
     for t in tasks:
         shown = {True: 'yes', False: 'no', None: '?'}[t['alive']]
-        print(f'{t["task"]:<10} {t["address"]:<22} {t["backend"]:<7} {t["pid"] or "-":>7}  '
-              f'{shown:<5}  {"yes" if t["listening"] else "no":<9}  {t["note"]}'.rstrip())
+        # An evaluator serves no port: its LISTENING means nothing.
+        listening = '-' if t['task'].startswith('evaluator:') else 'yes' if t['listening'] else 'no'
+        print(f'{t["task"]:<{width}} {t["address"]:<22} {t["backend"]:<7} {t["pid"] or "-":>7}  '
+              f'{shown:<5}  {listening:<9}  {t["note"]}'.rstrip())
     return code
 
 
