@@ -210,6 +210,9 @@ CASES = {
     'unknown evaluator function': (lambda t: ((t / 'myeval.py').write_text('def other(ctx):\n    pass\n'),
                                               ['up', _coordinator(t, evaluator='myeval:evaluate')])[1],
                                    "train.evaluator: module 'myeval'"),
+    'scale a coordinator run': (lambda t: ['scale', _coordinator(t), '--workers', '1'],
+                                'is a coordinator run (it has a chief): ParameterServerStrategy fixes the '
+                                'worker count'),
     'workers of a coordinator run': (lambda t: ['up', _coordinator(t), '--workers', '1'],
                                      'is a coordinator run (it has a chief): ParameterServerStrategy fixes the '
                                      'worker count'),
