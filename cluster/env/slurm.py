@@ -7,8 +7,16 @@ layout from that, the same on every node, without talking to the others:
 - ranks are dealt to nodes in node-list order, a block per node (srun's default `block`
   distribution): node 1 gets ranks 0..n1-1, node 2 the next n2, and so on;
 - a task listens on `port_base + its position among the tasks of its node`;
-- jobs take contiguous slices of the ranks: the first `num_ps` ranks are ps:0.., the rest are
-  worker:0.. (worker:0, the chief, is rank num_ps).
+- jobs take contiguous slices of the ranks in RANK_ORDER: ps:0.., then the chief and the
+  evaluator of a coordinator run (one task each, where the spec has them), then worker:0... A TF1
+  spec is ps:0.. then worker:0.. (worker:0, its chief, is rank num_ps), as it always was; in a
+  coordinator run the chief is rank num_ps, the evaluator (if any) rank num_ps + 1, and worker:0
+  (no chief there: it only serves) the next rank.
+
+Why the tasks that take no GPU first and the workers last: a job whose workers ask for GPUs is a
+heterogeneous Slurm job, ranks numbered across its components in order (launch/render/sbatch.py);
+with every GPU-less task before the workers it needs two components, one asking no GPU and one
+asking each worker's, whatever roles the spec has. The ps stay first, so a TF1 layout is unchanged.
 
 These are the rules of TensorFlow's SlurmClusterResolver, with one difference: it sorts the node
 names as strings, which puts node10 before node9, while Slurm numbers ranks in its own node-list
@@ -23,10 +31,11 @@ import dataclasses
 import re
 from collections.abc import Mapping
 
-from cluster.spec import ClusterSpec, TaskSpec
+from cluster.spec import JOBS, ClusterSpec, TaskSpec
 from cluster.spec.model import emptied
 
 DEFAULT_PORT_BASE = 8888        # as TensorFlow's SlurmClusterResolver
+RANK_ORDER = ('ps', 'chief', 'evaluator', 'worker')     # the jobs' slices of the ranks, in order
 
 
 class SlurmEnvError(ValueError):
@@ -122,8 +131,27 @@ def placements(hosts: list[str], counts: list[int], port_base: int) -> list[Plac
 
 
 def job_of(rank: int, num_ps: int) -> tuple[str, int]:
-    """Contiguous slices: ranks 0..num_ps-1 are the ps tasks, the rest the workers."""
+    """A TF1 spec's slices: ranks 0..num_ps-1 are the ps tasks, the rest the workers. (With a chief
+    or an evaluator, ask rank_tasks.)"""
     return ('ps', rank) if rank < num_ps else ('worker', rank - num_ps)
+
+
+def rank_tasks(spec: ClusterSpec) -> tuple[tuple[str, int], ...]:
+    """(job, index) of every rank of the step, rank 0 first: each job of RANK_ORDER the spec has,
+    a contiguous slice each (see the module doc)."""
+    return tuple((job, index) for job in RANK_ORDER for index in range(len(spec.job_tasks(job))))
+
+
+def rank_task(spec: ClusterSpec, rank: int) -> tuple[str, int]:
+    """(job, index) of one rank (IndexError outside the step)."""
+    return rank_tasks(spec)[rank]
+
+
+def counts_text(spec: ClusterSpec) -> str:
+    """'1 ps + 2 worker(s)', '1 chief + 1 ps + 2 worker(s) + 1 evaluator': the spec's tasks, for messages."""
+    parts = [f'{len(spec.job_tasks(job))} {job}' + ('(s)' if job == 'worker' else '')
+             for job in JOBS if spec.job_tasks(job)]
+    return ' + '.join(parts)
 
 
 def _get(env: Mapping[str, str], *names: str) -> str:
@@ -137,8 +165,8 @@ def _get(env: Mapping[str, str], *names: str) -> str:
 def resolve(spec: ClusterSpec, env: Mapping[str, str],
             port_base: int = DEFAULT_PORT_BASE) -> tuple[ClusterSpec, TaskSpec]:
     """The spec with every task at its Slurm host and port, and this process's task. The spec's
-    ps and worker counts decide the layout; its hosts and ports are replaced. Raises SlurmEnvError
-    (one line) when the environment is not an srun step of num_ps + num_workers tasks."""
+    task counts decide the layout (rank_tasks); its hosts and ports are replaced. Raises
+    SlurmEnvError (one line) when the environment is not an srun step of as many tasks as the spec has."""
     if not (env.get('SLURM_STEP_ID') or env.get('SLURM_STEPID')):    # the batch script's own shell
         raise SlurmEnvError('$SLURM_STEP_ID is not set: not inside an srun job step (the batch script '
                             'itself is no task: start the tasks with `srun`, as the script of '
@@ -155,11 +183,12 @@ def resolve(spec: ClusterSpec, env: Mapping[str, str],
     if len(hosts) != len(counts):
         raise SlurmEnvError(f'Slurm environment: {len(hosts)} node(s) ({",".join(hosts)}) but tasks per node '
                             f'for {len(counts)} ({",".join(map(str, counts))})')
-    wanted = spec.num_ps + spec.num_workers
+    layout = rank_tasks(spec)
+    wanted = len(layout)
     total = sum(counts)
     if total != wanted:
-        raise SlurmEnvError(f'{spec.path}: the Slurm step has {total} task(s) but the spec has {spec.num_ps} ps + '
-                            f'{spec.num_workers} worker(s) = {wanted}: run it with `srun --ntasks={wanted}`')
+        raise SlurmEnvError(f'{spec.path}: the Slurm step has {total} task(s) but the spec has {counts_text(spec)} '
+                            f'= {wanted}: run it with `srun --ntasks={wanted}`')
     if not 0 <= rank < total:
         raise SlurmEnvError(f'Slurm environment: SLURM_PROCID={rank} is outside the step\'s {total} task(s)')
     if not 1 <= port_base <= 65536 - max(counts):
@@ -172,6 +201,7 @@ def resolve(spec: ClusterSpec, env: Mapping[str, str],
         raise SlurmEnvError(f'Slurm put rank {rank} on {node} as local task {local}, but block order puts it on '
                             f'{mine.host} as local task {mine.local}: start the step with '
                             '`srun --distribution=block`')
-    tasks = tuple(TaskSpec(*job_of(p.rank, spec.num_ps), p.host, p.port) for p in places)
+    by_rank = [TaskSpec(*layout[p.rank], p.host, p.port) for p in places]
+    tasks = tuple(sorted(by_rank, key=lambda t: (JOBS.index(t.job), t.index)))    # the spec's own order
     placed = dataclasses.replace(spec, tasks=tasks, hosts=emptied(spec.hosts))
-    return placed, tasks[rank]
+    return placed, by_rank[rank]

@@ -17,7 +17,7 @@ def cmd_compose(spec: ClusterSpec, req: Request[OutputFlags]) -> int:
     output = req.flags.output
     text = render(compose_spec(spec), list(plan_compose(spec)), spec.path)
     if write_output(text, output):
-        print(f'wrote {output}: {spec.num_ps + spec.num_workers} services; run it with '
+        print(f'wrote {output}: {len(spec.tasks)} services; run it with '
               f'`launch up {spec.path} --backend compose`')
     return 0
 

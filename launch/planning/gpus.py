@@ -9,7 +9,9 @@ consecutive blocks of its GPUs, so co-located workers never share one:
   (`[gpu:0, gpu:1]`, two workers on a 4-GPU host: worker 0 gets 0,1 and worker 1 gets 2,3);
 - `auto`: the machine's GPUs are split evenly among its workers, one tower per GPU (G GPUs, W
   workers: G // W each); a machine without GPUs trains on CPU towers;
-- a number (CPU towers) and every ps task: no GPU.
+- a number (CPU towers), every ps task, and a coordinator run's chief and evaluator: no GPU. The
+  chief of ParameterServerStrategy only schedules functions on the workers, which run them; an
+  evaluator that wants a GPU is left to a later change (it would take a slot of its own here).
 
 A worker sees only its own GPUs (CUDA_VISIBLE_DEVICES), numbered from 0 there, which is how
 cluster/training/train.py names its towers. A machine is the address its tasks are reached at (every

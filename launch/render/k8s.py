@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import yaml
 
+from cluster.coordinator import coordinator_env
 from cluster.env.jobset import DNS1035, MAX_LABEL  # noqa: F401  (a label's rules, one definition)
 from cluster.spec import ClusterSpec, TrainConfig
 from launch.render.compose import DEFAULT_IMAGE
@@ -92,6 +93,7 @@ def build(spec: ClusterSpec, opts: RenderOptions | None, make: Callable[..., Any
     does not use. Returns (the object(s), the claim, those settings)."""
     opts = opts or RenderOptions()
     made = make(spec, name=opts.name, image=opts.image, namespace=opts.namespace, pvc=opts.pvc)
+    warn_evaluator(spec, opts.pvc)
     return made, opts.pvc, warn_unused(spec, kind)
 
 
@@ -114,11 +116,14 @@ def set_value(value: Any) -> str:
     raise ValueError(f'cannot write {value!r} as a one-line YAML value')
 
 
-def train_args(spec: ClusterSpec) -> list[str]:
-    """`--set train.KEY=VALUE` for every train setting that differs from cluster.task's default."""
+def train_args(spec: ClusterSpec, leave_out: tuple[str, ...] = ()) -> list[str]:
+    """`--set train.KEY=VALUE` for every train setting that differs from cluster.task's default,
+    but those named in `leave_out`."""
     out: list[str] = []
     defaults = TrainConfig()
     for f in dataclasses.fields(TrainConfig):
+        if f.name in leave_out:
+            continue
         default = getattr(defaults, f.name)
         value = getattr(spec.train, f.name)
         if value == default and type(value) is type(default):
@@ -140,6 +145,26 @@ def check_train_dir(spec: ClusterSpec) -> None:
         raise spec.error('train.train_dir', 'is / inside the pods; a volume cannot be mounted there')
 
 
+def train_dir_jobs(spec: ClusterSpec) -> tuple[str, ...]:
+    """The jobs whose pods mount the train_dir: those that write or read its checkpoints. TF1: the
+    workers (worker 0 is the chief); a coordinator run: the chief, which saves, and the evaluator,
+    which reads them (its workers and ps only serve)."""
+    return tuple(job for job in ('chief', 'evaluator') if spec.job_tasks(job)) if spec.coordinator else ('worker',)
+
+
+def _pods(spec: ClusterSpec) -> str:
+    """'worker', 'chief', 'chief and evaluator': the pods train_dir_jobs names, for the header."""
+    return ' and '.join(train_dir_jobs(spec))
+
+
+def container_env(spec: ClusterSpec, job: str) -> dict[str, str]:
+    """A container's own variables: in a coordinator run what ParameterServerStrategy needs in every
+    task before TensorFlow starts (cluster/coordinator.py coordinator_env: GRPC_FAIL_FAST=use_caller,
+    TF_USE_LEGACY_KERAS=1; cluster.task sets them too, but a pod should say what it runs with), then
+    the spec's `env:` for `job`, which cannot name those (the spec refuses them)."""
+    return {**(coordinator_env() if spec.coordinator else {}), **spec.task_env(job)}
+
+
 def train_dir_volume(claim: str | None) -> dict:
     """The workers' train_dir volume: the claim when there is one, else an emptyDir (lost with the pod)."""
     source = {'persistentVolumeClaim': {'claimName': claim}} if claim else {'emptyDir': {}}
@@ -148,6 +173,13 @@ def train_dir_volume(claim: str | None) -> dict:
 
 def train_dir_mount(spec: ClusterSpec) -> dict:
     return {'name': TRAIN_DIR_VOLUME, 'mountPath': in_pod(spec.train.train_dir)}
+
+
+def warn_evaluator(spec: ClusterSpec, claim: str | None) -> None:
+    """An evaluator on an emptyDir has a directory of its own, never the chief's checkpoints."""
+    if spec.job_tasks('evaluator') and not claim:
+        log.warning('%s: the evaluator reads the chief\'s checkpoints, but without --pvc each pod has an emptyDir of '
+                    'its own: render with --pvc CLAIM (ReadWriteMany) so that the evaluator sees them', spec.path)
 
 
 def gpu_resources(spec: ClusterSpec) -> dict | None:
@@ -186,29 +218,51 @@ def wrap(text: str, width: int = 100) -> list[str]:
 def train_dir_lines(spec: ClusterSpec, claim: str | None, restart_keeps_pods: bool) -> list[str]:
     """What becomes of the train_dir: on a claim it outlives everything; an emptyDir lives as long
     as its pod, which a container restart keeps (TFJob's OnFailure) and a JobSet restart does not."""
-    where = f'train_dir {spec.train.train_dir} is {in_pod(spec.train.train_dir)} in the worker pods'
+    pods = _pods(spec)
+    where = f'train_dir {spec.train.train_dir} is {in_pod(spec.train.train_dir)} in the {pods} pods'
+    rwx = ('ReadWriteMany when workers can land on different nodes' if not spec.coordinator else
+           'ReadWriteMany: the chief writes it and the evaluator reads it' if spec.job_tasks('evaluator') else
+           'ReadWriteOnce is enough for the chief alone')
     if claim:
-        return wrap(f'{where}, on the PersistentVolumeClaim {claim} (ReadWriteMany when workers can land on '
-                    'different nodes): checkpoints survive restarts and the job, and `launch eval` can read them '
-                    'on a machine that mounts the same volume.')
+        return wrap(f'{where}, on the PersistentVolumeClaim {claim} ({rwx}): checkpoints survive restarts and the '
+                    'job, and `launch eval` can read them on a machine that mounts the same volume.')
     kept = ('checkpoints survive a container restart but are deleted with the pod' if restart_keeps_pods else
             'checkpoints are deleted with the pod, so a restart of the set starts again from step 0')
-    return wrap(f'{where}, an emptyDir volume on each worker: {kept}. Render with --pvc CLAIM to keep them on a '
-                'PersistentVolumeClaim (ReadWriteMany when workers can land on different nodes).')
+    alone = (' The evaluator\'s emptyDir is its own: it never sees the chief\'s checkpoints.'
+             if spec.job_tasks('evaluator') else '')
+    on = 'each worker' if not spec.coordinator else 'each' if spec.job_tasks('evaluator') else 'the chief'
+    return wrap(f'{where}, an emptyDir volume on {on}: {kept}.{alone} Render with --pvc CLAIM to keep them on a '
+                f'PersistentVolumeClaim ({rwx}).')
 
 
 def user_lines(spec: ClusterSpec) -> list[str]:
     """What a pod needs besides the stock image: the data directory, the user's code."""
     train, lines = spec.train, []
     if train.data != 'synthetic':
-        lines.append(f'train.data {train.data} must exist in every worker pod ({in_pod(train.data)}): put it in the '
-                     'image or mount it.')
-    user = f'train.program {train.program}' if train.program else \
-        f'train.command `{" ".join(train.command)}`' if train.command else None
+        pods = 'every pod' if spec.coordinator else 'every worker pod'    # PSS datasets are made on the workers
+        lines += wrap(f'train.data {train.data} must exist in {pods} ({in_pod(train.data)}): put it in the '
+                      'image or mount it.')
+    parts = [f'train.program {train.program}' if train.program else
+             f'train.command `{" ".join(train.command)}`' if train.command else '',
+             f'train.evaluator {train.evaluator}' if isinstance(train.evaluator, str) else
+             f'train.evaluator `{" ".join(train.evaluator)}`' if train.evaluator else '']
+    user = ' and '.join(part for part in parts if part)
     if user:
-        lines.append(f'{user} runs your code, which the stock image does not hold: build an image FROM it with your '
-                     f'code under {COMPOSE_WORKDIR} and render with --image.')
+        lines += wrap(f'{user} {"run" if " and " in user else "runs"} your code, which the stock image does not '
+                      f'hold: build an image FROM it with your code under {COMPOSE_WORKDIR} and render with --image.')
     return lines
+
+
+def role_lines(spec: ClusterSpec) -> list[str]:
+    """Who does what: worker 0 is the chief, or a coordinator run's roles."""
+    if not spec.coordinator:
+        return ['Worker 0 is the chief.']
+    code = f'train.program {spec.train.program}' if spec.train.program else 'train.command'
+    evaluator = ', the evaluator runs train.evaluator beside it (never in the training cluster)' \
+        if spec.job_tasks('evaluator') else ''
+    return wrap(f'A coordinator run (TF2 ParameterServerStrategy): the chief runs {code}, the ps and workers only '
+                f'serve{evaluator}; the run is done when the chief is, and the others are then stopped (they never '
+                'end by themselves). Every container has GRPC_FAIL_FAST=use_caller and TF_USE_LEGACY_KERAS=1.')
 
 
 def source_name(spec: ClusterSpec) -> str:

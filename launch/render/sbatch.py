@@ -5,6 +5,13 @@ The script stands on its own (plain `sbatch FILE` runs it too): it carries the e
 writes it into the train_dir, then one `srun` step runs `python -m cluster.task --slurm` on every
 rank. Each task works out its job, index, host and port from Slurm's environment
 (cluster/env/slurm.py), so the script names no host: Slurm picks the nodes when the job starts.
+
+A coordinator run (a `chief`: TF2 ParameterServerStrategy) has one rank per task too, the chief
+and the evaluator after the ps and before the workers (cluster/env/slurm.py says why). Its ps and
+workers only serve and never end by themselves, so the chief's rank ends the step when the
+chief's program has ended (COORDINATOR_WRAPPER), and the script exits with the chief's exit code:
+the job's state is the chief's, as the run's is. An evaluator still at work is cut short then.
+Every task gets GRPC_FAIL_FAST=use_caller and TF_USE_LEGACY_KERAS=1 (cluster/coordinator.py).
 Pure: a spec in, text out; nothing is read or written here.
 """
 from __future__ import annotations
@@ -17,8 +24,9 @@ import sys
 from collections.abc import Mapping
 
 import cluster
+from cluster.coordinator import coordinator_env
 from cluster.runtime.rundir import attempt_dirname
-from cluster.env.slurm import DEFAULT_PORT_BASE
+from cluster.env.slurm import DEFAULT_PORT_BASE, RANK_ORDER, counts_text
 from cluster.spec import ClusterSpec
 from cluster.spec.model import emptied
 from launch.planning.gpus import scheduler_request
@@ -44,16 +52,48 @@ def rank_wrapper(ps: str = '', worker: str = '') -> str:
 
 
 RANK_WRAPPER = rank_wrapper()
-# A ps task sees no GPU; a worker sees the GPUs Slurm bound to it (CUDA_VISIBLE_DEVICES, set per
-# task by --gpus-per-task), and none when the job asked for none: never the whole node's.
+
+# A coordinator run's rank: ps, then the chief, the evaluator (if any), the workers. $1: the number
+# of ps tasks, $2: of evaluators (0 or 1), $3: the logs directory, $4: the file the chief's exit
+# code goes to; then the command. Every rank but the chief's execs its task (a ps ignoring SIGTERM,
+# as above). The chief's waits for it instead: once the chief's program has ended the run is done,
+# so it writes the exit code down and ends the step, at once with scancel --signal=KILL on it; if
+# that did not end it (no scancel on the node, or a heterogeneous step, which spans several job
+# ids), its own non-zero exit makes srun's --kill-on-bad-exit end the rest (SIGTERM, then SIGKILL
+# KillWait seconds later). `trap :` keeps its shell alive through the SIGTERM of a scancel (the
+# task itself gets it and, the chief, saves) so that the exit code is still written.
+_COORDINATOR_WRAPPER = (
+    'if [ "$SLURM_PROCID" -lt "$1" ]; then task=ps-$SLURM_PROCID; trap "" TERM;{ps} '
+    'elif [ "$SLURM_PROCID" -eq "$1" ]; then task=chief-0;{chief} '
+    'elif [ "$SLURM_PROCID" -le $(($1 + $2)) ]; then task=evaluator-0;{evaluator} '
+    'else task=worker-$((SLURM_PROCID - $1 - 1 - $2));{worker} fi; '
+    'logs=$3; ended=$4; shift 4; '
+    'if [ "$task" != chief-0 ]; then exec "$@" >"$logs/$task.log" 2>&1; fi; '
+    'trap : TERM INT; "$@" >"$logs/$task.log" 2>&1; code=$?; echo "$code" >"$ended"; '
+    'scancel --quiet --signal=KILL "$SLURM_JOB_ID.$SLURM_STEP_ID"; sleep 5; exit $((code ? code : {fallback}))')
+END_STEP_EXIT = 99      # the chief's rank when the chief succeeded but scancel left the step running
+
+
+def coordinator_wrapper(jobs: Mapping[str, str] | None = None) -> str:
+    """The coordinator run's wrapper with shell commands of each job's own (each ending in `;`)."""
+    jobs = jobs or {}
+    return _COORDINATOR_WRAPPER.format(**{job: f' {jobs[job]}' if jobs.get(job) else '' for job in RANK_ORDER},
+                                       fallback=END_STEP_EXIT)
+
+
+COORDINATOR_WRAPPER = coordinator_wrapper()
+# A ps task (and a chief or an evaluator) sees no GPU; a worker sees the GPUs Slurm bound to it
+# (CUDA_VISIBLE_DEVICES, set per task by --gpus-per-task), and none when the job asked for none:
+# never the whole node's.
 PS_GPUS = 'export CUDA_VISIBLE_DEVICES=;'
 WORKER_GPUS = 'export CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES-}";'
 
 
 def heterogeneous(spec: ClusterSpec) -> bool:
-    """GPU towers make the job heterogeneous: a ps component asking no GPU, a worker component
-    asking --gpus-per-task. One srun step runs both, ranks numbered across them (ps first), so the
-    layout rules hold; Slurm gives each component its own nodes."""
+    """GPU towers make the job heterogeneous: a component asking no GPU (the ps, and a coordinator
+    run's chief and evaluator), a worker component asking --gpus-per-task. One srun step runs
+    both, ranks numbered across them (the GPU-less first), so the layout rules hold; Slurm gives
+    each component its own nodes."""
     return scheduler_request(spec) > 0
 
 
@@ -95,6 +135,26 @@ def _slice(first: int, count: int, job: str) -> str:
     return f'ranks {first}-{first + count - 1} are {job}:0-{count - 1}'
 
 
+def _layout_comment(spec: ClusterSpec) -> str:
+    """'rank 0 is ps:0; ranks 1-2 are worker:0-1 (worker:0 is the chief)', every job's slice."""
+    slices, first = [], 0
+    for job in RANK_ORDER:
+        count = len(spec.job_tasks(job))
+        if count:
+            slices.append(_slice(first, count, job))
+            first += count
+    return '; '.join(slices) + ('' if spec.coordinator else ' (worker:0 is the chief)')
+
+
+def wrapper(spec: ClusterSpec) -> str:
+    """The rank wrapper of this spec, with each job's own `env:` and GPU lines."""
+    def own(job: str, gpus: str) -> str:
+        return f'{gpus} {exports(spec.job_env.get(job, {}))}'.strip()
+    if spec.coordinator:
+        return coordinator_wrapper({job: own(job, WORKER_GPUS if job == 'worker' else PS_GPUS) for job in RANK_ORDER})
+    return rank_wrapper(own('ps', PS_GPUS), own('worker', WORKER_GPUS))
+
+
 def render(spec: ClusterSpec, opts: RenderOptions | None, attempt: int | None = None) -> str:
     """The batch script, with the name, partition, time_limit and port_base of `opts` (None: the
     defaults). Tasks log into logs/attempt-N/, logs/<task>.log leading there, so earlier attempts'
@@ -103,25 +163,17 @@ def render(spec: ClusterSpec, opts: RenderOptions | None, attempt: int | None = 
     cwd = os.getcwd()
     placed = slurm_spec(spec, cwd)
     train_dir = placed.train.train_dir
-    ntasks = spec.num_ps + spec.num_workers
     port_base = opts.port_base or DEFAULT_PORT_BASE
-    python = sys.executable or 'python3'
-    q = shlex.quote
     sbatch, step = _job_options(spec, opts, cwd)
-    spec_yaml = placed.to_yaml()
-    wrapper = rank_wrapper(f'{PS_GPUS} {exports(spec.job_env.get("ps", {}))}'.strip(),
-                           f'{WORKER_GPUS} {exports(spec.job_env.get("worker", {}))}'.strip())
     lines = [
         '#!/bin/bash',
-        f'# tfcluster: {spec.path} as one Slurm job: {spec.num_ps} ps + {spec.num_workers} worker(s), '
-        f'{ntasks} tasks.',
+        f'# tfcluster: {spec.path} as one Slurm job: {counts_text(spec)}, {len(spec.tasks)} tasks.',
         '# Written by `launch render --format sbatch`. Submit it with `launch up SPEC --backend slurm`',
         '# (which also follows the job, streams every task\'s log and cancels the job on Ctrl-C), or',
         '# by itself: `sbatch THIS_FILE`; it needs nothing else.',
         '#',
         '# Layout (the rules of TensorFlow\'s SlurmClusterResolver): ranks are dealt to nodes in node',
-        f'# order; {_slice(0, spec.num_ps, "ps")}; {_slice(spec.num_ps, spec.num_workers, "worker")} '
-        '(worker:0 is the chief);',
+        f'# order; {_layout_comment(spec)};',
         f'# every task listens on port {port_base} + its position among its node\'s tasks.',
         *(_gpu_comment(spec) if heterogeneous(spec) else []),
         f'# Output: {train_dir}/logs/ (slurm-JOBID.out; attempt-N/ps-0.log, worker-0.log, ... with',
@@ -131,41 +183,72 @@ def render(spec: ClusterSpec, opts: RenderOptions | None, attempt: int | None = 
         *(f'#SBATCH {option}' for option in sbatch),
         '',
         'set -eu',
-        f'train_dir={q(train_dir)}',
+        f'train_dir={shlex.quote(train_dir)}',
         'mkdir -p "$train_dir/logs"',
         '# Not --output: Slurm opens that before the script runs, when logs/ may not exist yet.',
         'exec >>"$train_dir/logs/slurm-$SLURM_JOB_ID.out" 2>&1',
         f'cat >"$train_dir/spec.yaml.$SLURM_JOB_ID" <<\'{SPEC_MARK}\'',
-        *spec_yaml.rstrip('\n').split('\n'),
+        *placed.to_yaml().rstrip('\n').split('\n'),
         SPEC_MARK,
         'mv -f "$train_dir/spec.yaml.$SLURM_JOB_ID" "$train_dir/spec.yaml"',
-        f'export PYTHONPATH={q(package_root())}${{PYTHONPATH:+:$PYTHONPATH}}',
-        'export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2',
-        *(['# The spec\'s env: (every task; tasks.<job>.env is set by the rank wrapper below)',
-           exports(spec.env).rstrip(';')] if spec.env else []),
-        f'echo "tfcluster: job $SLURM_JOB_ID: {spec.num_ps} ps + {spec.num_workers} worker(s) on '
-        + ('$SLURM_JOB_NODELIST_HET_GROUP_0 (ps) and $SLURM_JOB_NODELIST_HET_GROUP_1 (workers)"'
+        *_environment_lines(spec),
+        f'echo "tfcluster: job $SLURM_JOB_ID: {counts_text(spec)} on '
+        + (f'$SLURM_JOB_NODELIST_HET_GROUP_0 ({"no GPU" if spec.coordinator else "ps"}) and '
+           '$SLURM_JOB_NODELIST_HET_GROUP_1 (workers)"'
            if heterogeneous(spec) else '$SLURM_JOB_NODELIST"'),
-        '# --kill-on-bad-exit: a task that fails ends the step (a lost ps or worker would leave the',
-        '# others waiting for ever); --distribution=block: ranks in node order, as the layout assumes.',
-        '# The ps tasks exit by themselves once every worker is done, so the job ends with training.',
         *_attempt_links(spec, attempt),
-        f'srun {step} --distribution=block --kill-on-bad-exit=1 \\',
-        f'    bash -c {q(wrapper)} tfcluster-task {spec.num_ps} "$train_dir/logs/{attempt_dirname("$attempt")}" \\',
-        f'    {q(python)} -m cluster.task --spec "$train_dir/spec.yaml" --slurm --port-base {port_base}',
+        *_step_lines(spec, step, port_base),
     ]
     return '\n'.join(lines) + '\n'
 
 
+def _environment_lines(spec: ClusterSpec) -> list[str]:
+    """What every task's environment holds besides Slurm's: this package, unbuffered output, a
+    coordinator run's variables and the spec's `env:`."""
+    return [
+        f'export PYTHONPATH={shlex.quote(package_root())}${{PYTHONPATH:+:$PYTHONPATH}}',
+        'export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2',
+        *(['# A coordinator run: what ParameterServerStrategy needs in every task (cluster/coordinator.py)',
+           exports(coordinator_env()).rstrip(';')] if spec.coordinator else []),
+        *(['# The spec\'s env: (every task; tasks.<job>.env is set by the rank wrapper below)',
+           exports(spec.env).rstrip(';')] if spec.env else []),
+    ]
+
+
+def _step_lines(spec: ClusterSpec, step: str, port_base: int) -> list[str]:
+    """The srun step that runs every task, and for a coordinator run the script's exit code: the chief's."""
+    q = shlex.quote
+    python = sys.executable or 'python3'
+    logs = f'"$train_dir/logs/{attempt_dirname("$attempt")}"'
+    srun = [f'srun {step} --distribution=block --kill-on-bad-exit=1 \\',
+            f'    bash -c {q(wrapper(spec))} tfcluster-task {spec.num_ps} '
+            + (f'{len(spec.job_tasks("evaluator"))} {logs} "$ended" \\' if spec.coordinator else f'{logs} \\'),
+            f'    {q(python)} -m cluster.task --spec "$train_dir/spec.yaml" --slurm --port-base {port_base}']
+    why = ['# --kill-on-bad-exit: a task that fails ends the step (a lost ps or worker would leave the',
+           '# others waiting for ever); --distribution=block: ranks in node order, as the layout assumes.']
+    if not spec.coordinator:
+        return [*why, '# The ps tasks exit by themselves once every worker is done, so the job ends with training.',
+                *srun]
+    return [*why,
+            '# The ps and workers only serve: the chief\'s rank ends the step once the chief has ended, and',
+            '# the job exits with the chief\'s exit code (srun\'s, if the chief never got to end).',
+            'ended="$train_dir/chief-exit.$SLURM_JOB_ID"',
+            'rm -f "$ended"',
+            'status=0',
+            *srun[:-1], srun[-1] + ' || status=$?',
+            'if [ -s "$ended" ]; then status=$(cat "$ended"); rm -f "$ended"; fi',
+            'exit "$status"']
+
+
 def _job_options(spec: ClusterSpec, opts: RenderOptions, cwd: str) -> tuple[list[str], str]:
     """The script's #SBATCH options, and the srun option that runs every task in one step."""
-    ntasks = spec.num_ps + spec.num_workers
+    ntasks = len(spec.tasks)
     sbatch = [f'--job-name={job_name(spec, opts.name)}']
     # Where and how long: options of each component of a heterogeneous job.
     where = [f'--partition={opts.partition}'] if opts.partition else []
     where += [f'--time={opts.time_limit}'] if opts.time_limit else []
-    if heterogeneous(spec):     # each component asks for its own: the ps tasks no GPU
-        sbatch += ['--output=/dev/null', f'--chdir={cwd}', f'--ntasks={spec.num_ps}', *where, 'hetjob',
+    if heterogeneous(spec):     # each component asks for its own: the ps tasks (chief, evaluator) no GPU
+        sbatch += ['--output=/dev/null', f'--chdir={cwd}', f'--ntasks={ntasks - spec.num_workers}', *where, 'hetjob',
                    f'--ntasks={spec.num_workers}', f'--gpus-per-task={scheduler_request(spec)}', *where]
         return sbatch, '--het-group=0,1'
     return sbatch + [f'--ntasks={ntasks}', '--output=/dev/null', f'--chdir={cwd}', *where], f'--ntasks={ntasks}'
@@ -173,7 +256,8 @@ def _job_options(spec: ClusterSpec, opts: RenderOptions, cwd: str) -> tuple[list
 
 def _gpu_comment(spec: ClusterSpec) -> list[str]:
     n = scheduler_request(spec)
-    return ['# GPUs: a heterogeneous job: the ps tasks (component 0) ask for none, each worker (component 1)',
+    first = 'the ps tasks' if not spec.coordinator else 'the ps, chief and evaluator'
+    return [f'# GPUs: a heterogeneous job: {first} (component 0) ask for none, each worker (component 1)',
             f'# for {n} (--gpus-per-task) and trains on the ones Slurm binds to it (CUDA_VISIBLE_DEVICES).',
             '# Slurm gives the two components separate nodes, and schedules such jobs with sched/backfill.']
 
@@ -207,7 +291,8 @@ def option_problem(spec: ClusterSpec, opts: RenderOptions) -> str | None:
             return (f'--{flag.replace("_", "-")} {value!r}: expected letters, digits and _.,:+- only '
                     '(e.g. --partition gpu --time-limit 2:00:00)')
     port_base = opts.port_base
-    if port_base is not None and not 1 <= port_base <= 65536 - (spec.num_ps + spec.num_workers):
+    ntasks = len(spec.tasks)
+    if port_base is not None and not 1 <= port_base <= 65536 - ntasks:
         return (f'--port-base {port_base}: the tasks of one node listen on it and the ports after it, '
-                f'up to {spec.num_ps + spec.num_workers} of them: give 1..{65536 - spec.num_ps - spec.num_workers}')
+                f'up to {ntasks} of them: give 1..{65536 - ntasks}')
     return None

@@ -15,14 +15,25 @@ Choices, and why:
   operator sums container restarts over the job's pods, like the launcher's per-run budget); `never`
   is Never. Not ExitCode: it treats exit codes 1-127 as permanent, and 1 is what cluster.task exits
   with when it loses a peer, the very failure a restart mends.
-- cleanPodPolicy Running: the job has succeeded once worker 0 (the chief; there is no Chief replica)
-  has, but ps tasks end only when every worker reported done, and a late worker may still be saving;
+- cleanPodPolicy Running: the job has succeeded once worker 0 (the chief of a TF1 spec, which has
+  no Chief replica) has, but ps tasks end only when every worker reported done, and a late worker may still be saving;
   those pods go, while finished ones stay so that `kubectl logs` still shows them.
 - Workers mount an emptyDir at their train_dir, so the chief's checkpoints survive a container
   restart (OnFailure restarts it in place) and the chief resumes from them; `--pvc CLAIM` mounts
   that PersistentVolumeClaim instead, to keep them after the job.
 - GPUs: a worker asks for as many `nvidia.com/gpu` as train.devices lists gpu:N entries (cluster.task
   numbers them from 0 among the GPUs it sees). ps tasks keep the variables in host memory: no GPU.
+- A coordinator run (a `chief`, TF2 ParameterServerStrategy) adds the replica types `Chief` and
+  `Evaluator`, which the operator knows: its TF_CONFIG then names the chief, ps and workers (never
+  the evaluator: the operator leaves it out of the cluster, as PSS needs), and with a Chief the
+  job succeeds when the Chief does (TFJob's default successPolicy, written nowhere), after which
+  cleanPodPolicy Running removes the ps, workers and evaluator, which never end by themselves.
+  Only the Evaluator's pod is told train.evaluator: the others' TF_CONFIG has no evaluator, and
+  the spec they read refuses the setting without one. The train_dir is on the chief and the
+  evaluator (the workers only serve; the evaluator needs --pvc to see the chief's checkpoints),
+  no GPU for either, and every container has GRPC_FAIL_FAST=use_caller and TF_USE_LEGACY_KERAS=1.
+  OnFailure restarts a container in place, at its address: PSS takes a worker back, a chief
+  resumes from the emptyDir its pod kept.
 """
 from __future__ import annotations
 
@@ -36,37 +47,50 @@ API_VERSION = 'kubeflow.org/v1'
 KIND = 'TFJob'
 CONTAINER = 'tensorflow'        # the operator sets TF_CONFIG in (and only knows) the container of this name
 PORT, PORT_NAME = 2222, 'tfjob-port'    # the operator's default; TF_CONFIG names every task at this port
-REPLICAS = (('PS', 'ps'), ('Worker', 'worker'))   # TFJob replica type, tfcluster job
+# TFJob replica type, tfcluster job, in the spec's order of jobs (a TF1 spec has PS and Worker)
+REPLICAS = (('Chief', 'chief'), ('PS', 'ps'), ('Worker', 'worker'), ('Evaluator', 'evaluator'))
 RESTART_POLICY = {'never': 'Never', 'on-failure': 'OnFailure'}
 CLEAN_POD_POLICY = 'Running'
+
+
+def replicas(spec: ClusterSpec) -> tuple[tuple[str, str, int], ...]:
+    """(replica type, job, count) of every job the spec has, in REPLICAS' order."""
+    return tuple((kind, job, len(spec.job_tasks(job))) for kind, job in REPLICAS if spec.job_tasks(job))
+
+
+def longest_pod(spec: ClusterSpec) -> str:
+    """The longest `-<type>-<index>` the operator appends to the job's name."""
+    return max((f'-{kind.lower()}-{count - 1}' for kind, _, count in replicas(spec)), key=len)
 
 
 def longest_name(spec: ClusterSpec) -> int:
     """How long the job name may be: the operator names each pod and its service
     `<name>-<type>-<index>`, and a service name is a DNS-1035 label of at most 63 characters."""
-    suffix = max(len(f'-{job}-{spec.num_ps - 1 if job == "ps" else spec.num_workers - 1}') for _, job in REPLICAS)
-    return k8s.MAX_LABEL - suffix
+    return k8s.MAX_LABEL - len(longest_pod(spec))
 
 
 def job_name(spec: ClusterSpec, name: str | None) -> str:
     return k8s.object_name(spec, name, longest_name(spec), KIND,
-                           f'the operator names pods and services NAME-worker-{spec.num_workers - 1}')
+                           f'the operator names pods and services NAME{longest_pod(spec)}')
 
 
-def _replica(spec: ClusterSpec, job: str, image: str, claim: str | None) -> dict:
-    container: dict[str, Any] = {'name': CONTAINER, 'image': image, 'command': list(k8s.COMMAND), 'args': k8s.train_args(spec),
+def _replica(spec: ClusterSpec, job: str, count: int, image: str, claim: str | None) -> dict:
+    # The operator's TF_CONFIG names no evaluator but to the evaluator itself (module doc), so the
+    # other pods' spec has none, and train.evaluator there would be a setting for a task that is not.
+    leave_out = () if job == 'evaluator' else ('evaluator',)
+    container: dict[str, Any] = {'name': CONTAINER, 'image': image, 'command': list(k8s.COMMAND),
+                                 'args': k8s.train_args(spec, leave_out),
                  'ports': [{'name': PORT_NAME, 'containerPort': PORT}]}
-    env = spec.task_env(job)
+    env = k8s.container_env(spec, job)
     if env:
         container['env'] = k8s.env_list(env)
     pod: dict = {'containers': [container]}
-    if job == 'worker':
-        resources = k8s.gpu_resources(spec)
-        if resources:
-            container['resources'] = resources
+    resources = k8s.gpu_resources(spec) if job == 'worker' else None
+    if resources:
+        container['resources'] = resources
+    if job in k8s.train_dir_jobs(spec):
         container['volumeMounts'] = [k8s.train_dir_mount(spec)]
         pod['volumes'] = [k8s.train_dir_volume(claim)]
-    count = spec.num_ps if job == 'ps' else spec.num_workers
     return {'replicas': count, 'restartPolicy': RESTART_POLICY[spec.supervise.restart], 'template': {'spec': pod}}
 
 
@@ -85,7 +109,8 @@ def tfjob(spec: ClusterSpec, name: str | None = None, image: str | None = None,
         run_policy['backoffLimit'] = spec.supervise.max_restarts
     return {'apiVersion': API_VERSION, 'kind': KIND, 'metadata': metadata,
             'spec': {'runPolicy': run_policy,
-                     'tfReplicaSpecs': {kind: _replica(spec, job, image, claim) for kind, job in REPLICAS}}}
+                     'tfReplicaSpecs': {kind: _replica(spec, job, count, image, claim)
+                                        for kind, job, count in replicas(spec)}}}
 
 
 def header(spec: ClusterSpec, job: dict, claim: str | None = None) -> str:
@@ -97,14 +122,20 @@ def header(spec: ClusterSpec, job: dict, claim: str | None = None) -> str:
                    f'{spec.supervise.max_restarts} time(s) over the job (runPolicy.backoffLimit)')
     else:
         restart = 'none (restartPolicy Never, as supervise.restart is never): a failed task fails the job'
+    pods = ', '.join(f'{count} {job_} pod(s)' for _, job_, count in replicas(spec))
+    lead = f'{name}-chief-0' if spec.coordinator else f'{name}-worker-0'
+    done = ('The job succeeds when the Chief does; the operator then removes the pods still running (cleanPodPolicy '
+            'Running).' if spec.coordinator else '')
     lines = [
-        f'A Kubeflow TFJob rendered by `launch render --format tfjob` from {k8s.source_name(spec)}:',
-        f'{spec.num_ps} ps and {spec.num_workers} worker pod(s), each running `python -m cluster.task`, which takes',
-        'its cluster and task from the TF_CONFIG the training operator sets; worker 0 is the chief.',
+        *k8s.wrap(f'A Kubeflow TFJob rendered by `launch render --format tfjob` from {k8s.source_name(spec)}: {pods}, '
+                  'each running `python -m cluster.task`, which takes its cluster and task from the TF_CONFIG the '
+                  'training operator sets.'),
+        *k8s.role_lines(spec),
+        *k8s.wrap(done),
         'For a cluster without the Training Operator (v1.9), render --format jobset instead.',
         '',
         f'  start:   kubectl apply{ns} -f <this file>      (needs the Kubeflow training operator)',
-        f'  follow:  kubectl logs{ns} -f {name}-worker-0',
+        f'  follow:  kubectl logs{ns} -f {lead}',
         f'  remove:  kubectl delete{ns} tfjob {name}',
         '',
         *k8s.image_lines(image),

@@ -17,8 +17,11 @@ and jobset plugins):
   #2318), the layout launch/render/jobset.py writes too, so cluster/env/jobset.py places the tasks the
   same way; plainML sets no TF_CONFIG (kubeflow/trainer#2699: "set TF_CONFIG yourself"), and
   cluster.task --jobset needs none.
-So the runtime holds both roles: `ps` (num_ps pods, container `ps`) and `node` (the workers,
-container `node`, the trainer ancestor), and the TrainJob only names it. Every count, the image
+So the runtime holds every role: `ps` (num_ps pods, container `tfcluster`) and `node` (the workers,
+container `node`, the trainer ancestor), and in a coordinator run `chief` and `evaluator` (a pod
+each, with JobSet's success and failure rules for such a run, launch/render/jobset.py), and the
+TrainJob only names it. The chief is not the trainer ancestor: numNodes counts the workers, the
+one role whose size a run may change. Every count, the image
 and the train settings live in the runtime, one source of truth; the TFCLUSTER_JOBSET_NUM_*
 values there must match the pod counts, so change the spec and render again rather than
 editing numNodes.
@@ -48,9 +51,9 @@ def objects(spec: ClusterSpec, name: str | None = None, image: str | None = None
             pvc: str | None = None) -> tuple[dict, dict]:
     """(the TrainingRuntime, the TrainJob), in the field names of trainer.kubeflow.org/v1alpha1."""
     k8s.check_train_dir(spec)
-    both = jobset.roles(spec, worker_rjob=NODE, worker_container=NODE)
-    meta = jobset.metadata(spec, name, namespace, both, KIND)
-    template = jobset.set_spec(spec, both, k8s.check_image(image), k8s.check_claim(pvc),
+    layout = jobset.roles(spec, worker_rjob=NODE, worker_container=NODE)
+    meta = jobset.metadata(spec, name, namespace, layout, KIND)
+    template = jobset.set_spec(spec, layout, k8s.check_image(image), k8s.check_claim(pvc),
                                worker_job_labels={ANCESTOR_LABEL: ANCESTOR_TRAINER})
     runtime = {'apiVersion': API_VERSION, 'kind': RUNTIME_KIND, 'metadata': dict(meta),
                'spec': {'mlPolicy': {'numNodes': spec.num_workers}, 'template': {'spec': template}}}
@@ -61,24 +64,24 @@ def objects(spec: ClusterSpec, name: str | None = None, image: str | None = None
 
 def header(spec: ClusterSpec, runtime: dict, claim: str | None, unused: list[str]) -> str:
     name = runtime['metadata']['name']
-    both = jobset.roles(spec, worker_rjob=NODE, worker_container=NODE)
+    layout = jobset.roles(spec, worker_rjob=NODE, worker_container=NODE)
     ns = f' -n {runtime["metadata"]["namespace"]}' if 'namespace' in runtime['metadata'] else ''
-    image = runtime['spec']['template']['spec']['replicatedJobs'][1]['template']['spec']['template']['spec'][
-        'containers'][0]['image']
+    others = ''.join(f', {r.rjob} ({r.count} pod(s))' for r in layout if r.job in ('chief', 'evaluator'))
     lines = [
         *k8s.wrap(f'A Kubeflow Trainer v2 TrainingRuntime and TrainJob rendered by `launch render --format trainjob` '
                   f'from {k8s.source_name(spec)}: the runtime\'s JobSet template holds the replicated jobs ps '
-                  f'({spec.num_ps} pod(s)) and node (the {spec.num_workers} worker(s), the trainer ancestor, '
-                  'numNodes), each pod running `python -m cluster.task --jobset`; worker 0 is the chief. The TrainJob '
-                  'only names the runtime: every count, the image and the train settings are in the runtime (a '
-                  'TrainJob cannot set the ps count), so render again to change them.'),
+                  f'({spec.num_ps} pod(s)){others} and node (the {spec.num_workers} worker(s), the trainer ancestor, '
+                  'numNodes), each pod running `python -m cluster.task --jobset`. The TrainJob only names the '
+                  'runtime: every count, the image and the train settings are in the runtime (a TrainJob cannot set '
+                  'the ps count), so render again to change them.'),
+        *k8s.role_lines(spec),
         '',
         f'  start:   kubectl apply{ns} -f <this file>      (needs Kubeflow Trainer v2 and JobSet)',
-        f'  follow:  kubectl logs{ns} -f -l {jobset.chief_selector(name, both[1])}',
+        f'  follow:  kubectl logs{ns} -f -l {jobset.chief_selector(name, spec, layout)}',
         f'  state:   kubectl get{ns} trainjob {name}',
         f'  remove:  kubectl delete{ns} trainjob {name} && kubectl delete{ns} trainingruntime {name}',
         '',
-        *jobset.body_lines(spec, name, both, claim, image, unused),
+        *jobset.body_lines(spec, name, layout, claim, jobset.image_of(runtime['spec']['template']['spec']), unused),
     ]
     return k8s.comment(lines)
 
