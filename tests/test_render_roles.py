@@ -304,8 +304,6 @@ def test_tfjob_training_pods_read_the_operators_tf_config(tmp_path, monkeypatch)
             assert json.loads(read.tf_config(me))['cluster'] == operator_tf_config(job, kind, index)['cluster']
 
 
-@pytest.mark.xfail(strict=True, reason='cluster/spec/load.py read_tf_config refuses a task outside its cluster, and '
-                                       'the TFJob operator leaves the Evaluator out of every TF_CONFIG')
 def test_tfjob_evaluator_reads_the_operators_tf_config(tmp_path, monkeypatch):
     from cluster import task
     job = rendered_tfjob(pss_spec(tmp_path))

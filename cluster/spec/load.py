@@ -46,6 +46,9 @@ def load_spec(path: str | None, overrides: list[str] | tuple[str, ...] = (),
     return build_spec(raw, origins)
 
 
+EVALUATOR_PLACEHOLDER = 'localhost:1'     # an evaluator TF_CONFIG does not place (it serves no port)
+
+
 def read_tf_config(text: str) -> tuple[dict, str, int]:
     """TF_CONFIG (as Kubeflow's TFJob, SageMaker and Vertex set it) -> (cluster, job, index).
     Raises SpecError, one line, for text that is not JSON or a task that is not in its cluster."""
@@ -67,6 +70,11 @@ def read_tf_config(text: str) -> tuple[dict, str, int]:
     job, index = task.get('type'), task.get('index', 0)
     if isinstance(index, bool) or not isinstance(index, int):
         raise SpecError(f'{TF_CONFIG_ENV}: task index must be a whole number, got {index!r}')
+    if job == 'evaluator' and index == 0 and 'evaluator' not in cluster and 'chief' in cluster:
+        # Kubeflow's TFJob leaves the evaluator out of every TF_CONFIG, its own included (in the
+        # training cluster it would make the coordinator wait): it serves nothing, so any address
+        # of its own will do.
+        cluster = {**cluster, 'evaluator': [EVALUATOR_PLACEHOLDER]}
     tasks = cluster.get(job)
     count = len(tasks) if isinstance(tasks, list) else (1 if isinstance(tasks, str) else 0)
     if job not in JOBS or not 0 <= index < count:

@@ -10,7 +10,7 @@ A coordinator run (a `chief`: TF2 ParameterServerStrategy) has one rank per task
 and the evaluator after the ps and before the workers (cluster/env/slurm.py says why). Its ps and
 workers only serve and never end by themselves, so the chief's rank ends the step when the
 chief's program has ended (COORDINATOR_WRAPPER), and the script exits with the chief's exit code:
-the job's state is the chief's, as the run's is. An evaluator still at work is cut short then.
+the job's state is the chief's, as the run's is. An evaluator gets EVALUATOR_WAIT_SECS to evaluate the last checkpoint first.
 Every task gets GRPC_FAIL_FAST=use_caller and TF_USE_LEGACY_KERAS=1 (cluster/coordinator.py).
 Pure: a spec in, text out; nothing is read or written here.
 """
@@ -61,24 +61,29 @@ RANK_WRAPPER = rank_wrapper()
 # that did not end it (no scancel on the node, or a heterogeneous step, which spans several job
 # ids), its own non-zero exit makes srun's --kill-on-bad-exit end the rest (SIGTERM, then SIGKILL
 # KillWait seconds later). `trap :` keeps its shell alive through the SIGTERM of a scancel (the
-# task itself gets it and, the chief, saves) so that the exit code is still written.
+# task itself gets it and, the chief, saves) so that the exit code is still written. Before it ends
+# the step, a chief that succeeded gives the evaluator (if any) EVALUATOR_WAIT_SECS to evaluate
+# the last checkpoint: until its log says it finished.
 _COORDINATOR_WRAPPER = (
     'if [ "$SLURM_PROCID" -lt "$1" ]; then task=ps-$SLURM_PROCID; trap "" TERM;{ps} '
     'elif [ "$SLURM_PROCID" -eq "$1" ]; then task=chief-0;{chief} '
     'elif [ "$SLURM_PROCID" -le $(($1 + $2)) ]; then task=evaluator-0;{evaluator} '
     'else task=worker-$((SLURM_PROCID - $1 - 1 - $2));{worker} fi; '
-    'logs=$3; ended=$4; shift 4; '
+    'logs=$3; ended=$4; evaluators=$2; shift 4; '
     'if [ "$task" != chief-0 ]; then exec "$@" >"$logs/$task.log" 2>&1; fi; '
     'trap : TERM INT; "$@" >"$logs/$task.log" 2>&1; code=$?; echo "$code" >"$ended"; '
+    'waited=0; while [ "$evaluators" -gt 0 ] && [ "$code" -eq 0 ] && [ "$waited" -lt {evaluator_wait} ] '
+    '&& ! grep -qs " evaluator:0 finished" "$logs/evaluator-0.log"; do sleep 1; waited=$((waited + 1)); done; '
     'scancel --quiet --signal=KILL "$SLURM_JOB_ID.$SLURM_STEP_ID"; sleep 5; exit $((code ? code : {fallback}))')
 END_STEP_EXIT = 99      # the chief's rank when the chief succeeded but scancel left the step running
+EVALUATOR_WAIT_SECS = 120
 
 
 def coordinator_wrapper(jobs: Mapping[str, str] | None = None) -> str:
     """The coordinator run's wrapper with shell commands of each job's own (each ending in `;`)."""
     jobs = jobs or {}
     return _COORDINATOR_WRAPPER.format(**{job: f' {jobs[job]}' if jobs.get(job) else '' for job in RANK_ORDER},
-                                       fallback=END_STEP_EXIT)
+                                       fallback=END_STEP_EXIT, evaluator_wait=EVALUATOR_WAIT_SECS)
 
 
 COORDINATOR_WRAPPER = coordinator_wrapper()

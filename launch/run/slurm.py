@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 
 from cluster.runtime import rundir
 from cluster.runtime.rundir import EXIT_FAILED, EXIT_OK, EXIT_USAGE, write_atomically
-from cluster.env.slurm import job_of
+from cluster.env.slurm import rank_task
 from cluster.spec import ClusterSpec, TaskSpec
 from launch import system
 from launch.errors import UsageError
@@ -143,9 +143,9 @@ def name_ranks(line: str, spec: ClusterSpec) -> str:
 
     def named(m: re.Match[str]) -> str:
         ranks = _ranks(m.group(2))
-        if not ranks or max(ranks) >= spec.num_ps + spec.num_workers:
+        if not ranks or max(ranks) >= len(spec.tasks):
             return m.group(0)
-        names = ', '.join(rundir.task_name(*job_of(r, spec.num_ps)) for r in ranks)
+        names = ', '.join(rundir.task_name(*rank_task(spec, r)) for r in ranks)
         return f'{m.group(1)} {m.group(2)} ({names}):'
     return _RANKS.sub(named, line)
 
@@ -161,8 +161,8 @@ def first_failure(lines: Iterable[str], spec: ClusterSpec) -> str | None:
         if m is None:
             continue
         ranks = _ranks(m.group(1))
-        if ranks and max(ranks) < spec.num_ps + spec.num_workers:
-            return ', '.join(rundir.task_name(*job_of(r, spec.num_ps)) for r in ranks) + f' ({m.group(2).strip()})'
+        if ranks and max(ranks) < len(spec.tasks):
+            return ', '.join(rundir.task_name(*rank_task(spec, r)) for r in ranks) + f' ({m.group(2).strip()})'
     return None
 
 
