@@ -5,6 +5,7 @@ and noisy, so absolute seconds only mean something next to their baseline).
     python benchmarks/bench.py --quick         # every figure once, tiny runs (CI: no speed asserted)
     python benchmarks/bench.py --only cluster  # or scaling, bytes, learning, towers, elastic
     python benchmarks/bench.py --only accuracy # Fashion-MNIST: one process, sync, async, 6 epochs each (about 30 min)
+    python benchmarks/bench.py --only pss      # TF2 ParameterServerStrategy vs TF1 between-graph vs one process
     python benchmarks/bench.py --only links    # emulated links, by hand (root; about 20 min, 3 with --quick)
 
 Baselines: the time one process takes to `import tensorflow` (start-up is mostly imports), the
@@ -113,7 +114,7 @@ def loopback_bytes_per_sec(total: int = 256 << 20, chunk: int = 4 << 20) -> floa
 # One `launch up`, timed from the outside
 
 def launch_up(spec: str, overrides: list[str], images_per_step: int, on_step=None, up_args=(),
-              timeline: list | None = None) -> dict:
+              timeline: list | None = None, chief: str = '[worker:0]') -> dict:
     """Run `launch up` and read, as lines arrive: the first global step, the steady-state rate,
     the last step and the clean exit (every task gone: the launcher waits for them). `timeline`,
     if given, gets every (monotonic time, global step) of the chief's lines.
@@ -133,7 +134,7 @@ def launch_up(spec: str, overrides: list[str], images_per_step: int, on_step=Non
                 startup[stage] = now
         if ' serving on ' in line:      # the last task's server up, as that task says it
             startup['servers_up_s'] = now
-        progress = rundir.step_of(line) if line.startswith('[worker:0]') else None     # the chief's lines
+        progress = rundir.step_of(line) if line.startswith(chief) else None     # the chief's lines
         if progress:
             step, total = progress
             first_step = first_step if first_step is not None else now
@@ -531,6 +532,13 @@ def bench_links(args, tmp: str) -> dict:
     return {'links': rows, 'bfloat16_gain': gains, 'model_bytes': model_bytes}
 
 
+def bench_pss(args, tmp: str) -> dict:
+    """TF2 ParameterServerStrategy against the TF1 between-graph cluster and one process
+    (benchmarks/pss.py, beside this script)."""
+    import pss
+    return pss.bench(args, tmp, launch_up, free_ports, cluster_overrides)
+
+
 def bench_accuracy(args, tmp: str) -> dict:
     """Test precision@1 on Fashion-MNIST after the same images, one process against the cluster
     (benchmarks/accuracy.py, beside this script)."""
@@ -538,7 +546,7 @@ def bench_accuracy(args, tmp: str) -> dict:
     return accuracy.bench(args, tmp, free_ports)
 
 
-SECTIONS = ('cluster', 'scaling', 'bytes', 'learning', 'towers', 'elastic', 'accuracy')
+SECTIONS = ('cluster', 'scaling', 'bytes', 'learning', 'towers', 'elastic', 'accuracy', 'pss')
 BY_HAND = ('links',)        # long: only with --only
 
 

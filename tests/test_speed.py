@@ -115,6 +115,9 @@ def test_the_benchmark_quick_mode_runs_and_writes_every_figure(tmp_path):
     assert figures['bytes']['loopback_bytes_per_sec'] > 0 and figures['bytes']['largest_ps_share']['2'] <= 0.6
     assert set(figures['learning']) == {'sync'}      # the full mode adds async (test_async_run_learns learns)
     assert set(figures['elastic']) == {'async'} and figures['elastic']['async']['scale_s'] > 0
+    pss = figures['pss']        # TF2 ParameterServerStrategy against TF1 between-graph and one process
+    assert pss['one_process_images_per_sec'] > 0 and pss['pss_join10']['first_step_s'] > 0
+    assert pss['tf1_async']['first_step_s'] > 0 and 'vs_tf1_between_graph' in pss['pss_join10']
     accuracy = figures['accuracy']      # skipped only where dataset-fashion-mnist is missing, never under CI
     if 'skipped' not in accuracy or os.environ.get('CI') == 'true':
         assert set(accuracy['runs']) == {'single', 'sync'}, accuracy
