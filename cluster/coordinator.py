@@ -250,9 +250,13 @@ class EvaluatorContext:
         values = {k: float(v) for k, v in metrics.items()}
         if self._writer is None:
             self._writer = tf.summary.create_file_writer(rundir.eval_summary_dir(self.train_dir))
+        # tf.summary.scalar is TensorBoard's (not installed with TensorFlow 2.21): write the record
+        # it would, a float32 tensor tagged for TensorBoard's scalars plugin (data class scalar).
+        v1 = tf.compat.v1
+        metadata = v1.SummaryMetadata(plugin_data=v1.SummaryMetadata.PluginData(plugin_name='scalars'), data_class=1)
         with self._writer.as_default():
             for name, value in values.items():
-                tf.summary.scalar(f'eval/{name}', value, step=step)
+                tf.summary.write(f'eval/{name}', tf.constant(value, tf.float32), step=step, metadata=metadata)
         self._writer.flush()
         self.evaluated = max(step, self.evaluated or 0)
         log.info('%s', rundir.evaluation_line(step, values))
