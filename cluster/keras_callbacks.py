@@ -94,11 +94,15 @@ def fit_epochs(ctx: CoordinatorContext, steps_per_execution: int, steps_per_epoc
     """`model.fit` arguments (steps_per_epoch, epochs, initial_epoch) that end at train.steps.
 
     steps_per_epoch is rounded to a multiple of steps_per_execution (an epoch then never ends with
-    a shorter execution). initial_epoch follows the global step the newest checkpoint restored
+    a shorter execution), and shortened to one that divides train.steps where there is one. initial_epoch follows the global step the newest checkpoint restored
     (call it after `ctx.checkpoint`); BackupAndRestore, where it has a backup, replaces it with
     the epoch after its backup's. A resume within an epoch runs that whole epoch again, and
     ReportProgress stops fit once the global step reaches train.steps."""
     per_epoch = max(steps_per_execution, steps_per_epoch - steps_per_epoch % steps_per_execution)
+    # The longest such epoch, at most that long, that divides train.steps: fit then ends on the
+    # last step itself, not an execution or more past it (PSS schedules executions ahead).
+    fitting = [n for n in range(per_epoch, 0, -steps_per_execution) if ctx.train.steps % n == 0]
+    per_epoch = fitting[0] if fitting else per_epoch
     restored = int(ctx.checkpoints.counter.numpy()) if ctx.checkpoints is not None else 0
     return {'steps_per_epoch': per_epoch, 'epochs': math.ceil(ctx.train.steps / per_epoch),
             'initial_epoch': restored // per_epoch}

@@ -37,20 +37,36 @@ def eval_scalars(train_dir) -> dict[int, dict[str, float]]:
     return out
 
 
-def check_finished(out: str, train_dir: str, steps: int) -> list[dict]:
+def check_finished(out: str, train_dir: str, steps: int, metric: str = 'loss') -> list[dict]:
     """The run trained to `steps`, its evaluator evaluated that checkpoint (events and TensorBoard),
     and the launcher stopped the servers; returns the events."""
     log = events(train_dir)
     assert f'step {steps}/{steps}' in out and 'the chief is done; stopping ps:0, worker:0, worker:1' in out, out
     final = [e for e in log if e['event'] == 'evaluation' and e['step'] == steps]
-    assert final and final[-1]['task'] == 'evaluator:0' and 'loss' in final[-1]['metrics'], log[-5:]
-    assert eval_scalars(train_dir)[steps]['eval/loss'] == pytest.approx(final[-1]['metrics']['loss'], rel=1e-4)
+    assert final and final[-1]['task'] == 'evaluator:0' and metric in final[-1]['metrics'], log[-5:]
+    assert eval_scalars(train_dir)[steps][f'eval/{metric}'] == pytest.approx(final[-1]['metrics'][metric], rel=1e-4)
     finished = log[-1]
     assert finished['event'] == 'finished' and finished['result']['state'] == 'done', finished
     return log
 
 
-def test_a_coordinator_run_trains_to_its_last_step_and_evaluates_it(tmp_path):
+@pytest.mark.parametrize('example', ['pss_loop', 'pss_keras'])
+def test_each_example_trains_to_its_last_step_and_is_evaluated(tmp_path, example):
+    """examples/pss_loop.py (ClusterCoordinator) and examples/pss_keras.py (model.fit, SidecarEvaluator)
+    as they are, through their specs: the chief, the ps, two workers and the evaluator."""
+    spec = write_coordinator_spec(tmp_path, program=f'examples.{example}:train',
+                                  evaluator=f'examples.{example}:evaluate', steps=60, checkpoint_steps=30)
+    result = launch('up', spec, timeout=300)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    log = check_finished(out, str(tmp_path / 'run'), 60, metric='accuracy')
+    assert [e['event'] for e in log].count('restart') == 0
+    assert {e['task'] for e in log if e['event'] == 'serving'} == {'chief:0', 'ps:0', 'worker:0', 'worker:1',
+                                                                   'evaluator:0'}
+    assert re.search(r'done in .*\(coordinator, 2 workers\): global step 60, \d+ images/s in all', out), out
+
+
+def test_a_small_program_trains_to_its_last_step_and_evaluates_it(tmp_path):
     spec = write_coordinator_spec(tmp_path, steps=200, checkpoint_steps=50)
     result = launch('up', spec, timeout=300)
     out = result.stdout + result.stderr
@@ -145,3 +161,16 @@ def test_a_coordinator_run_under_slurm(tmp_path, slurm_cluster):
     log = events(str(tmp_path / 'run'))
     assert any(e['event'] == 'evaluation' and e['step'] == 100 for e in log), log
     assert any(e['event'] == 'progress' and e['step'] == 100 for e in log), log
+
+
+def test_a_coordinator_run_in_compose(tmp_path, compose_project):
+    """The image holds examples/, so the custom-loop example runs in containers as it is."""
+    from tests.harness.dockerd import project_leftovers
+    spec = write_coordinator_spec(tmp_path, program='examples.pss_loop:train', evaluator='examples.pss_loop:evaluate',
+                                  steps=60, checkpoint_steps=30)
+    project = compose_project(spec)
+    result = launch('up', spec, '--backend', 'compose', timeout=600)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    check_finished(out, str(tmp_path / 'run'), 60, metric='accuracy')     # written in the containers
+    assert 'serving on chief-0:' in out and not project_leftovers(project)
