@@ -127,22 +127,24 @@ def test_a_lost_ps_restarts_with_the_chief_from_the_newest_checkpoint(tmp_path):
 
 def test_a_coordinator_run_over_ssh(ssh_hosts, tmp_path):
     """The chief, the ps and the evaluator on one host (the evaluator reads the chief's checkpoints
-    there), a worker on each; the program lies in each host's workdir, as a user's would."""
+    there), a worker on each; the example lies in each host's workdir, as a user's program would."""
     from tests.test_ssh import assert_nothing_left, host_settings, run, workdir
     for address in ssh_hosts.addresses:
-        os.makedirs(workdir(tmp_path, address), exist_ok=True)
-        shutil.copy(os.path.join(REPO, 'tests', 'pss_programs.py'), workdir(tmp_path, address))
-    spec = write_coordinator_spec(tmp_path, program='pss_programs:train', evaluator='pss_programs:evaluate',
+        os.makedirs(workdir(tmp_path, address) / 'examples')
+        for name in ('__init__.py', 'pss_loop.py'):
+            shutil.copy(os.path.join(REPO, 'examples', name), workdir(tmp_path, address) / 'examples')
+    spec = write_coordinator_spec(tmp_path, program='examples.pss_loop:train', evaluator='examples.pss_loop:evaluate',
                                   host='127.0.0.2', worker_hosts=('127.0.0.2', '127.0.0.3'),
-                                  hosts=host_settings(ssh_hosts, tmp_path), train_dir='run', steps=100)
+                                  hosts=host_settings(ssh_hosts, tmp_path), train_dir='run', steps=60,
+                                  checkpoint_steps=30)
     result = run(ssh_hosts, tmp_path, 'up', spec, timeout=300)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out
     chief_run = str(workdir(tmp_path, '127.0.0.2') / 'run')
-    assert 'step 100/100' in out and 'evaluation at global step 100' in out, out
-    assert eval_scalars(chief_run)[100]['eval/loss'] < 1.0
+    assert 'step 60/60' in out and 'evaluation at global step 60' in out, out
+    assert 0 <= eval_scalars(chief_run)[60]['eval/accuracy'] <= 1
     log = events(str(tmp_path / 'run'))
-    assert any(e['event'] == 'evaluation' and e['step'] == 100 for e in log) and log[-1]['event'] == 'finished'
+    assert any(e['event'] == 'evaluation' and e['step'] == 60 for e in log) and log[-1]['event'] == 'finished'
     assert_nothing_left(ssh_hosts)
 
 
@@ -151,16 +153,17 @@ def test_a_coordinator_run_under_slurm(tmp_path, slurm_cluster):
     evaluator has evaluated the last checkpoint (launch/render/sbatch.py), so the job completes
     with the chief's exit code."""
     from tests.test_slurm import _nothing_left, _port_base
-    spec = write_coordinator_spec(tmp_path, steps=100)
+    spec = write_coordinator_spec(tmp_path, program='examples.pss_loop:train', evaluator='examples.pss_loop:evaluate',
+                                  steps=60, checkpoint_steps=30)
     env = {**os.environ, **slurm_cluster.env}
     result = launch('up', spec, '--backend', 'slurm', '--port-base', str(_port_base()), env=env, timeout=300)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out
     _nothing_left(slurm_cluster, tmp_path)
-    assert re.search(r'\[launch\] +job \d+ completed', out) and 'step 100/100' in out, out
+    assert re.search(r'\[launch\] +job \d+ completed', out) and 'step 60/60' in out, out
     log = events(str(tmp_path / 'run'))
-    assert any(e['event'] == 'evaluation' and e['step'] == 100 for e in log), log
-    assert any(e['event'] == 'progress' and e['step'] == 100 for e in log), log
+    assert any(e['event'] == 'evaluation' and e['step'] == 60 for e in log), log
+    assert any(e['event'] == 'progress' and e['step'] == 60 for e in log), log
 
 
 def test_a_coordinator_run_in_compose(tmp_path, compose_project):
