@@ -206,7 +206,9 @@ class CoordinatorContext:
     def finish(self) -> None:
         """After the program: the last checkpoint, unless the newest step is saved already."""
         c = self.checkpoints
-        if c is not None and c.saved_step != int(c.counter.numpy()):
+        if c is None or (c.saved_step is not None and c.saved_step >= self.train.steps):
+            return      # the final step is saved: the ps may be gone already (the counter lives there)
+        if c.saved_step != int(c.counter.numpy()):
             c.save()
 
     def result(self) -> dict:
