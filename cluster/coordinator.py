@@ -168,7 +168,8 @@ class CoordinatorContext:
 
     def checkpoint(self, counter: tf.Variable, **objects: Any) -> Checkpoints:
         """Checkpoints of `objects` in train_dir, restored now from the newest one (if any): saved
-        as train.checkpoint_steps/_secs ask (checked in `report`), and when the program returns."""
+        as train.checkpoint_steps/_secs ask and at train.steps (checked in `report`), and when the
+        program returns."""
         self.checkpoints = Checkpoints(self.train_dir, counter, objects)
         step = self.checkpoints.restore()
         p = self._progress
@@ -194,14 +195,21 @@ class CoordinatorContext:
             log.info('%s', rundir.progress_line(p.step, self.train.steps, p.loss, rate))
             p.last_log, p.last_log_step = now, p.step
         c = self.checkpoints
-        if c is not None and save_due(self.train, p.step, c.saved_step if c.saved_step is not None else previous,
-                                      now - c.saved_at):
+        if c is None:
+            return
+        # The final step is saved at once, not after the program returns: freeing a PSS program's
+        # tf.functions can block for seconds to a minute (each is removed from every remote task).
+        final = p.step >= self.train.steps and c.saved_step != p.step
+        if final or save_due(self.train, p.step, c.saved_step if c.saved_step is not None else previous,
+                             now - c.saved_at):
             c.save()
 
     def finish(self) -> None:
         """After the program: the last checkpoint, unless the newest step is saved already."""
         c = self.checkpoints
-        if c is not None and c.saved_step != int(c.counter.numpy()):
+        if c is None or (c.saved_step is not None and c.saved_step >= self.train.steps):
+            return      # the final step is saved: the ps may be gone already (the counter lives there)
+        if c.saved_step != int(c.counter.numpy()):
             c.save()
 
     def result(self) -> dict:
