@@ -25,6 +25,7 @@ class Attempt:
     warned_step: int | None = -1                                  # the step a stall warning was given at
     step: int | None = None                                       # the newest global step seen
     step_at: float = field(default_factory=time.monotonic)        # when `step` last changed (or the attempt began)
+    saved: int | None = None                                      # the newest checkpoint the chief logged
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def saw_step(self, step: int) -> None:
@@ -33,15 +34,20 @@ class Attempt:
             if self.step is None or step > self.step:
                 self.step, self.step_at = step, time.monotonic()
 
+    def saw_saved(self, step: int) -> None:
+        """The chief logged a checkpoint at `step` (from a log follower's thread)."""
+        with self._lock:
+            self.saved = step
+
     def restarted_chief(self) -> None:
         """The chief starts again from a checkpoint: the steps it reports from there are progress,
         even below the newest seen before (the stall clock starts again too)."""
         with self._lock:
-            self.step, self.step_at = None, time.monotonic()
+            self.step, self.step_at, self.saved = None, time.monotonic(), None
 
     def progress(self, total: int) -> Progress:
         with self._lock:
-            return Progress(self.step, total, time.monotonic() - self.step_at)
+            return Progress(self.step, total, time.monotonic() - self.step_at, self.saved)
 
     def progress_record(self, total: int) -> StepSeen | None:
         """The state file's `progress` (the step and when, in epoch seconds), None before a step."""

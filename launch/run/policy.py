@@ -76,6 +76,7 @@ class Progress:
     step: int | None          # the newest global step any worker reported; None before the first
     total: int                # train.steps
     quiet_secs: float         # seconds since `step` last changed (or since the run began)
+    saved: int | None = None  # the newest checkpoint the chief said it saved (this start of it)
 
 
 class Action(str, enum.Enum):
@@ -236,6 +237,12 @@ def decide(policy: Policy, tasks: list[TaskStatus], tolerated: frozenset[str] | 
 _CAUSE_ORDER = {'ps': 0, 'chief': 1, 'worker': 2, 'evaluator': 3}
 
 
+def chief_done(progress: Progress) -> bool:
+    """A coordinator run's chief has saved its checkpoint at the last step: the training is done,
+    whether or not its process has ended yet."""
+    return progress.saved is not None and progress.saved >= progress.total
+
+
 def decide_coordinator(policy: Policy, tasks: list[TaskStatus], tolerated: frozenset[str] | set[str],
                        restarts: int, progress: Progress) -> Decision:
     """`decide` for a coordinator run (see the module's docstring)."""
@@ -261,12 +268,14 @@ def decide_coordinator(policy: Policy, tasks: list[TaskStatus], tolerated: froze
         return Decision(Action.RESTART_TASKS if can_restart and reachable else Action.TOLERATE, names, reason)
 
     chief = [t for t in tasks if t.job == 'chief']
-    if chief and all(t.state is TaskState.SUCCEEDED for t in chief):
+    if chief and all(t.state is TaskState.SUCCEEDED for t in chief) or chief_done(progress):
         evaluating = [t for t in tasks if t.job == 'evaluator' and t.state is not TaskState.SUCCEEDED
                       and t.name not in tolerated]
         if evaluating:
             return Decision(Action.CONTINUE)     # it evaluates the last checkpoint (bounded by the supervisor)
-        left = tuple(t.name for t in tasks if t.state is not TaskState.SUCCEEDED)
+        # The chief, if it still runs, is left to the tear-down: freeing a PSS program's functions
+        # can wait on the servers for up to a minute, and ends at once when they are gone.
+        left = tuple(t.name for t in tasks if t.state is not TaskState.SUCCEEDED and t.job != 'chief')
         return Decision(Action.FINISH, left, 'the chief\'s program has ended, and servers never end by themselves'
                         if left else '')
     if stalled:

@@ -238,7 +238,8 @@ class SupervisedRun(Strategy):
         to follow; returns the deadline, or -1 once it has passed (what is left is then stopped)."""
         finished = {t.name for t in statuses if t.state is TaskState.SUCCEEDED}
         if self.spec.coordinator:       # the chief is done: the evaluator's last evaluation is waited for
-            workers_done = any(t.job == 'chief' and t.name in finished for t in statuses)
+            workers_done = any(t.job == 'chief' and t.name in finished for t in statuses) \
+                or supervise.chief_done(self._progress())
             ps_done = False
         else:
             workers_done = all(t.name in finished for t in statuses if t.job == 'worker')
@@ -352,6 +353,9 @@ class SupervisedRun(Strategy):
             if not serving.is_set() and rundir.says_serving(line, record.name):
                 serving.set()
             found = self.life.saw_line(record.name, line, record.job == 'worker' or chief, chief)
+            saved = rundir.saved_step(line) if chief else None
+            if saved is not None:
+                self.attempt.saw_saved(saved)
             if found is not None and (chief or not self.spec.coordinator):
                 self.attempt.saw_step(found['step'])
                 self.stepped.add(record.name)
