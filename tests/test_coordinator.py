@@ -64,6 +64,9 @@ def test_each_example_trains_to_its_last_step_and_is_evaluated(tmp_path, example
     assert {e['task'] for e in log if e['event'] == 'serving'} == {'chief:0', 'ps:0', 'worker:0', 'worker:1',
                                                                    'evaluator:0'}
     assert re.search(r'done in .*\(coordinator, 2 workers\): global step 60, \d+ images/s in all', out), out
+    report = launch('report', spec, '-o', str(tmp_path / 'report.html'))
+    page = (tmp_path / 'report.html').read_text()
+    assert report.returncode == 0 and '<h2>Evaluation</h2>' in page and '<th>accuracy</th>' in page, report.stderr
 
 
 def test_a_lost_worker_then_a_lost_ps(tmp_path):

@@ -19,7 +19,7 @@ from typing import Any
 
 from cluster.runtime import rundir
 from cluster.runtime.rundir import write_atomically
-from launch.records.event_types import Progress, Restart, RunStarted
+from launch.records.event_types import Evaluation, Progress, Restart, RunStarted
 from launch.records.jsonrecord import finite
 from launch.records.plots import TimeAxis, clock, progress_png, timeline_png
 from launch.records.result import RunRecord
@@ -59,7 +59,7 @@ def render(train_dir: str) -> str:
     else:
         parts.append(f'<p class="note">No events yet: {_e(rundir.events_path(train_dir))} is missing or holds '
                      'no event. The run has not started, or its launcher keeps no event log.</p>')
-    parts += [_failures(run), _result(run), _spec(run)]
+    parts += [_evaluations(run), _failures(run), _result(run), _spec(run)]
     title = f'{_run_id(run)} report'
     page = (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
             f'<style>{CSS}</style></head>\n<body>\n' + '\n'.join(p for p in parts if p) +
@@ -149,6 +149,17 @@ def _attempts_table(run: Run, runs: list[Attempt]) -> str:
              duration_text(a.end - a.start),
              a.resumed_from, a.step, ', '.join(a.lost), a.ended) for a in runs]
     return '<h2>Attempts</h2>\n' + _table(head, rows)
+
+
+def _evaluations(run: Run) -> str:
+    """A coordinator run's evaluator: its figures for each checkpoint it evaluated ('' for none)."""
+    found = [e for e in run.events if isinstance(e, Evaluation)]
+    if not found:
+        return ''
+    names = sorted({name for e in found for name in (e.metrics or {})})
+    rows = [(clock(e.epoch, run.tz, True), e.attempt, e.step, *((e.metrics or {}).get(n) for n in names))
+            for e in found]
+    return '<h2>Evaluation</h2>\n' + _table(('time', 'attempt', 'global step', *names), rows)
 
 
 def _failures(run: Run) -> str:
