@@ -141,7 +141,7 @@ def write_coordinator_spec(path, program: str = 'tests.pss_programs:train',
     cluster: dict[str, list[str]] = {}
     for job, on, port in zip(jobs, where, free_ports(len(jobs))):
         cluster.setdefault(job, []).append(f'{on}:{port}')
-    settings = {'program': program, 'steps': 100, 'batch_size': 16, 'train_dir': str(path / 'run'),
+    settings = {**({'program': program} if program else {}), 'steps': 100, 'batch_size': 16, 'train_dir': str(path / 'run'),
                 'log_every_secs': 0.5, **({'evaluator': evaluator} if evaluator else {})}
     settings.update(train)
     spec: dict = {'cluster': cluster, 'train': settings,

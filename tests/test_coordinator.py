@@ -1,8 +1,9 @@
-"""Coordinator runs (TF2 ParameterServerStrategy) on real local clusters: 1 chief, 1 ps, 2 workers
-and an evaluator. A run trains to its last step with its evaluator's final figures in TensorBoard
-and events.jsonl; kill -9 of a worker restarts exactly that worker while the chief trains on (same
-attempt); kill -9 of the ps restarts the ps and the chief, which resumes from the newest
-checkpoint. The autouse guard fails a test that leaves a process behind."""
+"""Coordinator runs (TF2 ParameterServerStrategy) on real clusters: 1 chief, 1 ps, 2 workers and an
+evaluator. Each example trains to its last step with its evaluator's final figures in TensorBoard,
+events.jsonl and the report; kill -9 of a worker restarts exactly that worker while the chief trains
+on (the same attempt), kill -9 of the ps restarts the ps and the chief, which resumes from the newest
+checkpoint; a train.command gets TF_CONFIG alone; the custom-loop example runs over SSH, in compose
+and under Slurm. The autouse guard fails a test that leaves a process behind."""
 from __future__ import annotations
 
 import glob
@@ -102,6 +103,24 @@ def test_a_lost_worker_then_a_lost_ps(tmp_path):
     assert [r['tasks'] for r in log if r['event'] == 'restart'] == [['worker:1'], ['ps:0', 'chief:0']]
     started = sorted(e['task'] for e in log if e['event'] == 'task_started')
     assert started == ['chief:0', 'chief:0', 'evaluator:0', 'ps:0', 'ps:0', 'worker:0', 'worker:1', 'worker:1']
+
+
+def test_a_coordinator_command_runs_with_tf_config_alone(tmp_path):
+    """train.command on the chief: TF_CONFIG and nothing else (no TF1 flags); it prints no progress
+    line of ours and is not taken for stalled; its checkpoints give the step a new `up` resumes from."""
+    train_dir = tmp_path / 'run'
+    spec = write_coordinator_spec(tmp_path, program=None, evaluator=None, steps=60,
+                                  command=f'python {REPO}/tests/pss_command.py --train_dir {train_dir} --steps 60',
+                                  supervise={'stall_secs': 3})
+    result = launch('up', spec, timeout=300)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    assert 'my own line: at 60' in out and 'stall' not in out, out
+    log = events(str(train_dir))
+    assert [e for e in log if e['event'] == 'restart'] == [] and log[-1]['result']['state'] == 'done'
+    again = launch('up', spec, '--set', 'train.command=python --version', timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert [e['resumes_from'] for e in events(str(train_dir)) if e['event'] == 'run_started'] == [None, 60]
 
 
 # -- the other backends ------------------------------------------------------------------------------
