@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from cluster.program import ProgramError
+from cluster.program import ProgramError, connects
 from cluster.runtime import rundir
 from cluster.spec import ClusterSpec, TaskSpec, TrainConfig
 
@@ -330,7 +330,7 @@ def watch_chief(chief: TaskSpec, poll: float = 1.0) -> None:
     closed_since: float | None = None
     while True:
         time.sleep(poll)
-        if _connects(chief.host, chief.port):
+        if connects(chief.host, chief.port):
             seen, closed_since = True, None
         elif seen:
             closed_since = closed_since or time.monotonic()
@@ -340,14 +340,6 @@ def watch_chief(chief: TaskSpec, poll: float = 1.0) -> None:
                 logging.shutdown()
                 os._exit(rundir.EXIT_OK)
 
-
-def _connects(host: str, port: int) -> bool:
-    import socket
-    try:
-        with socket.create_connection((host, port), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 def run_chief(spec: ClusterSpec, task: TaskSpec, program: Callable[[CoordinatorContext], Any]) -> int:

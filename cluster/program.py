@@ -449,7 +449,7 @@ class _WorkersGone:
         if time.monotonic() - self.asked < 0.5:
             return False
         self.asked = time.monotonic()
-        up = {t.name for t in self.workers if _connects(t.host, t.port)}
+        up = {t.name for t in self.workers if connects(t.host, t.port)}
         self.seen |= up
         if up or len(self.seen) < len(self.workers):
             self.quiet_since = None
@@ -458,7 +458,8 @@ class _WorkersGone:
         return time.monotonic() - self.quiet_since >= self.QUIET_SECS
 
 
-def _connects(host: str, port: int) -> bool:
+def connects(host: str, port: int) -> bool:
+    """Whether a TCP connection to host:port is accepted within half a second."""
     import socket
     try:
         with socket.create_connection((host, port), timeout=0.5):
