@@ -11,10 +11,11 @@ import json
 import os
 import re
 import shutil
+import sys
 
 import pytest
 
-from tests.conftest import REPO, launch, launch_bg, write_coordinator_spec
+from tests.conftest import REPO, launch, launch_bg, run_tasks, write_coordinator_spec
 from tests.test_faults import finish, task_pid, until_step
 
 pytestmark = pytest.mark.slow     # real local clusters
@@ -121,6 +122,19 @@ def test_a_coordinator_command_runs_with_tf_config_alone(tmp_path):
     again = launch('up', spec, '--set', 'train.command=python --version', timeout=300)
     assert again.returncode == 0, again.stdout + again.stderr
     assert [e['resumes_from'] for e in events(str(train_dir)) if e['event'] == 'run_started'] == [None, 60]
+
+
+def test_a_coordinator_run_by_hand_ends_by_itself(tmp_path):
+    """Every task started as `python -m cluster.task --job J --index I`, with no launcher: the
+    chief trains and ends, the evaluator follows it to the last checkpoint, and the servers, which
+    nothing stops here, end by themselves (exit 0) once the chief's port has stayed closed."""
+    spec = write_coordinator_spec(tmp_path, steps=100, checkpoint_steps=50)
+    names = [('chief', 0), ('ps', 0), ('worker', 0), ('worker', 1), ('evaluator', 0)]
+    codes, outs = run_tasks([([sys.executable, '-m', 'cluster.task', '--spec', spec, '--job', job, '--index', str(i)],
+                              None) for job, i in names], cwd=REPO, timeout=180)
+    assert codes == [0] * 5, list(zip(codes, outs))
+    assert 'step 100/100' in outs[0] and 'evaluation at global step 100' in outs[4]
+    assert all('chief:0 has ended' in out for out in outs[1:4]), outs[1:4]
 
 
 # -- the other backends ------------------------------------------------------------------------------
