@@ -459,11 +459,13 @@ def test_coordinator_wrapper_names_each_rank_and_the_chief_leaves_its_exit_code(
 @pytest.mark.slow
 def test_a_slurm_step_ends_when_the_chief_does_and_the_job_takes_its_exit_code(tmp_path, slurm_cluster):
     """The rendered script's step, with stand-ins for the tasks: the ps (which ignores SIGTERM)
-    and the workers would serve for ever; the chief ends after a moment, and so does the job,
+    and the workers would serve for ever; the evaluator says it finished; the chief ends after a
+    moment, and so does the job,
     COMPLETED, at once (not KillWait later), the chief's log and exit code written."""
     spec = pss_spec(tmp_path, overrides=[f'train.train_dir={tmp_path / "run"}'])
     script = sbatch.render(spec, RenderOptions())
-    stand_in = "sh -c 'if [ \"$SLURM_PROCID\" = 1 ]; then echo chief done; exit 0; fi; exec sleep 300'"
+    stand_in = ("sh -c 'if [ \"$SLURM_PROCID\" = 1 ]; then echo chief done; exit 0; fi; "
+                "if [ \"$SLURM_PROCID\" = 2 ]; then echo I evaluator:0 finished; exit 0; fi; exec sleep 300'")
     script = re.sub(r"    \S+ -m cluster\.task --spec \"\$train_dir/spec\.yaml\" --slurm --port-base 8888",
                     '    ' + stand_in.replace('\\', r'\\'), script)
     assert stand_in in script
