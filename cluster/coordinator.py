@@ -162,6 +162,11 @@ class CoordinatorContext:
         """Whether the launcher (or a user) asked the task to stop: SIGTERM or SIGINT."""
         return self._stop.event.is_set()
 
+    @property
+    def step(self) -> int:
+        """The global step reported last (or restored)."""
+        return self._progress.step
+
     def should_stop(self) -> bool:
         """Whether to leave the training loop: asked to stop, or train.steps reached by the last report."""
         return self.stopping or self._progress.step >= self.train.steps
@@ -341,7 +346,6 @@ def watch_chief(chief: TaskSpec, poll: float = 1.0) -> None:
                 os._exit(rundir.EXIT_OK)
 
 
-
 def run_chief(spec: ClusterSpec, task: TaskSpec, program: Callable[[CoordinatorContext], Any]) -> int:
     """The chief: call the user's program with a CoordinatorContext, then save what is left."""
     stop = StopSignal()
@@ -349,16 +353,17 @@ def run_chief(spec: ClusterSpec, task: TaskSpec, program: Callable[[CoordinatorC
     os.makedirs(spec.train.train_dir, exist_ok=True)
     ctx = CoordinatorContext(spec, task, stop)
     # The coordinator serves on its own port once the strategy connects; the launcher waits for
-    # this line instead (cluster/task.py skips the port probe for it).
+    # this line instead (launch/run/startup.py probes no port of a chief or an evaluator).
     log.info('%s', rundir.serving_line(task.name, task.address, os.getpid()))
     program(ctx)
     ctx.finish()
     rundir.write_atomically(rundir.chief_result_path(spec.train.train_dir), json.dumps(ctx.result()))
-    log.info('%s', 'the program ended at global step %d' % ctx._progress.step)
-    return 128 + stop.signum if stop.signum and ctx._progress.step < spec.train.steps else rundir.EXIT_OK
+    log.info('the program ended at global step %d', ctx.step)
+    return 128 + stop.signum if stop.signum and ctx.step < spec.train.steps else rundir.EXIT_OK
 
 
 def run_evaluator(spec: ClusterSpec, task: TaskSpec, function: Callable[[EvaluatorContext], Any]) -> int:
+    """The evaluator: call train.evaluator with an EvaluatorContext (it serves no port)."""
     stop = StopSignal()
     stop.install()
     ctx = EvaluatorContext(spec, task, stop)
