@@ -121,6 +121,11 @@ def write_spec(path, workers: int = 2, ps: int = 1, host: str = 'localhost', hos
             'train': settings}
     if supervise:
         spec['supervise'] = supervise
+    return _write(path, spec, hosts, top)
+
+
+def _write(path, spec: dict, hosts: dict | None, top: dict | None) -> str:
+    """spec.yaml in `path`: `spec` with the `hosts` section and the `top` sections added."""
     if hosts:
         spec['hosts'] = hosts
     spec.update(top or {})
@@ -141,17 +146,12 @@ def write_coordinator_spec(path, program: str = 'tests.pss_programs:train',
     cluster: dict[str, list[str]] = {}
     for job, on, port in zip(jobs, where, free_ports(len(jobs))):
         cluster.setdefault(job, []).append(f'{on}:{port}')
-    settings = {**({'program': program} if program else {}), 'steps': 100, 'batch_size': 16, 'train_dir': str(path / 'run'),
-                'log_every_secs': 0.5, **({'evaluator': evaluator} if evaluator else {})}
+    settings = {**({'program': program} if program else {}), 'steps': 100, 'batch_size': 16,
+                'train_dir': str(path / 'run'), 'log_every_secs': 0.5, **({'evaluator': evaluator} if evaluator else {})}
     settings.update(train)
     spec: dict = {'cluster': cluster, 'train': settings,
                   'supervise': {'restart': 'on-failure', 'backoff_secs': 0.5, **(supervise or {})}}
-    if hosts:
-        spec['hosts'] = hosts
-    spec.update(top or {})
-    file = path / 'spec.yaml'
-    file.write_text(yaml.safe_dump(spec, sort_keys=False))
-    return str(file)
+    return _write(path, spec, hosts, top)
 
 
 def need_fashion_mnist() -> str:
