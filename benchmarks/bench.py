@@ -41,6 +41,18 @@ def median(values):
     return statistics.median(values) if values else None
 
 
+def rate_ratio(runs: dict, top: str, bottom: str, reps: int) -> float | None:
+    """The median over repetitions of runs[top]'s steady images/s over runs[bottom]'s (a run dict
+    each, or a baseline figure), each repetition against its own baseline."""
+    got = []
+    for rep in range(reps):
+        a, b = runs[top][rep]['steady_images_per_sec'], runs[bottom][rep]
+        b = b['steady_images_per_sec'] if isinstance(b, dict) else b
+        if a and b:
+            got.append(a / b)
+    return median(got)
+
+
 def num(value, spec: str, unit: str = '') -> str:
     """A figure, or n/a where a run was too short to give it (--quick)."""
     return 'n/a'.rjust(len(format(0, spec))) if value is None else format(value, spec) + unit
@@ -245,14 +257,7 @@ def bench_cluster(args, tmp: str) -> dict:
                      if k != 'startup'}
 
     def per_rep(top, bottom):
-        """The median over repetitions of top's rate over bottom's (a run dict or a baseline list)."""
-        got = []
-        for rep in range(args.reps):
-            a = runs[top][rep]['steady_images_per_sec']
-            b = runs[bottom][rep] if bottom == 'single_images_per_sec' else runs[bottom][rep]['steady_images_per_sec']
-            if a and b:
-                got.append(a / b)
-        return median(got)
+        return rate_ratio(runs, top, bottom, args.reps)
     out['ratios'] = {mode: {'launcher_vs_one_process': per_rep(mode, 'single_images_per_sec'),
                             'tf1_vs_one_process': per_rep(f'tf1_{mode}', 'single_images_per_sec'),
                             'launcher_vs_tf1': per_rep(mode, f'tf1_{mode}')} for mode in ('sync', 'async')}
@@ -536,7 +541,7 @@ def bench_pss(args, tmp: str) -> dict:
     """TF2 ParameterServerStrategy against the TF1 between-graph cluster and one process
     (benchmarks/pss.py, beside this script)."""
     import pss
-    return pss.bench(args, tmp, launch_up, free_ports, cluster_overrides)
+    return pss.bench(args, tmp, launch_up, free_ports, cluster_overrides, rate_ratio)
 
 
 def bench_accuracy(args, tmp: str) -> dict:

@@ -57,7 +57,7 @@ def _median(values: list) -> float | None:
 
 
 def bench(args, tmp: str, launch_up: Callable[..., dict], free_ports: Callable[[int], list[int]],
-          tf1_overrides: Callable[..., list[str]]) -> dict:
+          tf1_overrides: Callable[..., list[str]], rate_ratio: Callable[..., float | None]) -> dict:
     joins = QUICK_STEPS_PER_JOIN if args.quick else STEPS_PER_JOIN
     kinds = ['one_process', 'tf1_async'] + [f'pss_join{k}' for k in joins]
     runs: dict[str, list] = {k: [] for k in kinds}
@@ -78,13 +78,7 @@ def bench(args, tmp: str, launch_up: Callable[..., dict], free_ports: Callable[[
                   flush=True)
 
     def ratio(top: str, bottom: str) -> float | None:
-        got = []
-        for rep in range(args.reps):
-            a = runs[top][rep]['steady_images_per_sec']
-            b = runs[bottom][rep] if bottom == 'one_process' else runs[bottom][rep]['steady_images_per_sec']
-            if a and b:
-                got.append(a / b)
-        return _median(got)
+        return rate_ratio(runs, top, bottom, args.reps)
     out: dict = {'one_process_images_per_sec': _median(runs['one_process'])}
     for kind in kinds[1:]:
         out[kind] = {'steady_images_per_sec': _median([r['steady_images_per_sec'] for r in runs[kind]]),

@@ -161,7 +161,12 @@ def check_jobset_rules(obj: dict) -> None:
 
 
 def rendered(path: str, *overrides: str, **options) -> dict:
-    obj = jobset(load_spec(path, list(overrides)), **options)
+    return validated(jobset(load_spec(path, list(overrides)), **options))
+
+
+def validated(obj: dict) -> dict:
+    """A rendered JobSet, checked against the CRD's schema, Kubernetes' and the trainer SDK's
+    models and JobSet's own rules; returned as it is."""
     assert not schema_errors(obj), schema_errors(obj)
     check_jobset_spec(obj['spec'])
     kubernetes_round_trip(obj['metadata'], 'V1ObjectMeta')

@@ -29,8 +29,8 @@ from launch.render.options import RenderOptions
 from launch.render.tfjob import render as render_tfjob, tfjob
 from launch.render.trainjob import objects, render as render_trainjob
 from tests.conftest import REPO
-from tests.harness.k8s_models import check_jobset_spec, kubernetes_round_trip, schema_errors, trainer_round_trip
-from tests.test_jobset import check_jobset_rules, container, environment_of, prose
+from tests.harness.k8s_models import check_jobset_spec, trainer_round_trip
+from tests.test_jobset import check_jobset_rules, container, environment_of, prose, validated
 from tests.test_tfjob import api_model, check_operator_rules
 from tests.test_trainjob import check_trainer_rules
 
@@ -62,13 +62,7 @@ WITH_AND_WITHOUT = pytest.mark.parametrize('evaluator', [True, False], ids=['eva
 # -- JobSet ------------------------------------------------------------------------------------------
 
 def rendered_jobset(spec, **options) -> dict:
-    obj = jobset(spec, **options)
-    assert not schema_errors(obj), schema_errors(obj)
-    check_jobset_spec(obj['spec'])
-    kubernetes_round_trip(obj['metadata'], 'V1ObjectMeta')
-    trainer_round_trip(obj, 'JobsetV1alpha2JobSet')
-    check_jobset_rules(obj)
-    return obj
+    return validated(jobset(spec, **options))
 
 
 def by_name(jobset_spec: dict) -> dict[str, dict]:
