@@ -31,36 +31,59 @@ def error_lines(out: str) -> list[str]:
     return [line for line in out.splitlines() if line.startswith('[launch]   error:')]
 
 
-def test_a_task_lost_while_a_restart_starts_up_is_one_more_fault(tmp_path):
-    """kill -9 of the ps, then kill -9 of the new ps before its server is up: the second fault is
-    handled by the same policy (restart 2/3), and the run reaches its last step."""
-    spec = write_spec(tmp_path, steps=60, checkpoint_secs=600,
-                      supervise={'restart': 'on-failure', 'max_restarts': 3, 'backoff_secs': 0.5})
+def new_pid(run: str, name: str, old: int, timeout: float = 60) -> int:
+    """The pid of task `name`'s next start, as soon as the launcher records it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            pid = task_pid(run, name)
+        except (OSError, ValueError, StopIteration):
+            pid = old
+        if pid != old:
+            return pid
+        time.sleep(0.01)
+    pytest.fail(f'the restarted {name} never appeared in the state file')
+
+
+def test_tasks_lost_or_frozen_while_a_restart_starts_up_are_faults_of_the_policy(tmp_path):
+    """kill -9 of the ps; then kill -9 of the new ps before its server is up, and SIGSTOP of the
+    next start's worker:1 half a second after it appears: each is one more fault of the same policy
+    (the frozen one caught after stall_secs, not --start-timeout), and once no restart is left the
+    closing line names the frozen task and the step a new `launch up` resumes from; run.json keeps
+    that step and the faults."""
+    spec = write_spec(tmp_path, steps=400, checkpoint_secs=1, sync=False,
+                      supervise={'restart': 'on-failure', 'max_restarts': 2, 'backoff_secs': 0.5, 'stall_secs': 6})
     run = str(tmp_path / 'run')
-    proc = launch_bg('up', spec)
-    lines = kill_when(proc, run, 1, 'ps:0')
+    proc = launch_bg('up', spec, '--start-timeout', '300')
+    lines = read_until(proc, 'saved a checkpoint at global step')      # a checkpoint to resume from
+    lines += kill_when(proc, run, 1, 'ps:0')
     first = task_pid(run, 'ps:0')
     lines += read_until(proc, 'resuming from')
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:          # the new ps, as soon as the launcher records it
-        try:
-            pid = task_pid(run, 'ps:0')
-        except (OSError, ValueError, StopIteration):
-            pid = first
-        if pid != first:
-            os.kill(pid, signal.SIGKILL)
-            break
-        time.sleep(0.01)
-    else:
-        pytest.fail('the restarted ps never appeared in the state file')
+    os.kill(new_pid(run, 'ps:0', first), signal.SIGKILL)
+    lines += read_until(proc, 'restart 2/2')
+    worker = task_pid(run, 'worker:1')
+    lines += read_until(proc, 'resuming from')
+    frozen = new_pid(run, 'worker:1', worker)
+    time.sleep(0.5)
+    os.kill(frozen, signal.SIGSTOP)
+    began = time.monotonic()
     out = ''.join(lines) + finish(proc)
-    assert proc.returncode == 0, out
-    assert 'restart 1/3: ps:0 was killed by SIGKILL' in out
-    assert 'restart 2/3: ps:0 was killed by SIGKILL while the cluster started again' in out, out
-    assert 'restart 3/3' not in out and not error_lines(out), out
-    assert all(r['global_step'] == 60 for r in worker_results(run))
+    assert time.monotonic() - began < 60, 'the frozen task was waited for as long as --start-timeout'
+    assert proc.returncode == 1, out
+    assert 'restart 1/2: ps:0 was killed by SIGKILL' in out
+    assert 'restart 2/2: ps:0 was killed by SIGKILL while the cluster started again' in out, out
+    resumed = int(re.findall(r'restart 2/2: resuming from the checkpoint at global step (\d+)', out)[0])
+    errors = error_lines(out)
+    assert len(errors) == 1, out
+    assert 'worker:1' in errors[0] and 'is stopped' in errors[0] and 'while the cluster started again' in errors[0]
+    assert '2 restart(s) made' in errors[0] and re.search(r'resumes from the checkpoint at global step \d+',
+                                                          errors[0]), errors[0]
+    record = json.load(open(os.path.join(run, 'run.json')))
+    assert record['state'] == 'failed' and record['global_step'] is not None and record['global_step'] >= resumed
+    assert [f['task'] for f in record['failures']] == ['worker:1'], record['failures']
     found = events(run)
     assert [e['task'] for e in found if e['event'] == 'task_lost'].count('ps:0') == 2, found
+    assert 'worker:1' in [e['task'] for e in found if e['event'] == 'task_lost']
     assert len([e for e in found if e['event'] == 'restart']) == 2, found
 
 

@@ -179,6 +179,12 @@ class Observation:
         """Running, or unknown: what keeps a state file (so `launch down` can try again later)."""
         return self.state != ENDED
 
+    @property
+    def frozen(self) -> bool:
+        """Running but stopped or paused: it makes no progress until someone resumes it (a task in
+        uninterruptible I/O is not counted: it goes on by itself)."""
+        return self.state == RUNNING and (self.stopped or '').startswith(('is stopped', 'is paused'))
+
 
 class BackendError(Exception):
     """A backend could not reach or control a host: the message is one line naming host and cause."""

@@ -26,6 +26,7 @@ class Attempt:
     step: int | None = None                                       # the newest global step seen
     step_at: float = field(default_factory=time.monotonic)        # when `step` last changed (or the attempt began)
     saved: int | None = None                                      # the newest checkpoint the chief logged
+    from_step: int | None = None                                  # the checkpoint this attempt resumed from
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def saw_step(self, step: int) -> None:
@@ -44,6 +45,13 @@ class Attempt:
         even below the newest seen before (the stall clock starts again too)."""
         with self._lock:
             self.step, self.step_at, self.saved = None, time.monotonic(), None
+
+    @property
+    def global_step(self) -> int | None:
+        """The cluster's global step as far as this attempt knows it: the newest it saw, else the
+        checkpoint it resumed from (an attempt that failed while starting still stood there)."""
+        with self._lock:
+            return self.step if self.step is not None else self.from_step
 
     def progress(self, total: int) -> Progress:
         with self._lock:
@@ -77,7 +85,7 @@ class Attempt:
             else:
                 state = TaskState.RUNNING
             frozen = 0.0
-            if state is TaskState.RUNNING and (seen.stopped or '').startswith(('is stopped', 'is paused')):
+            if seen.frozen:
                 frozen = now - self.frozen_since.setdefault(r.name, now)
             else:
                 self.frozen_since.pop(r.name, None)

@@ -30,17 +30,20 @@ class TaskFailed(Exception):
     """The run cannot go on: one line for the user, then the task's last log lines.
 
     `code` is the launcher's exit code; `failures` what run.json keeps of the tasks lost;
-    `task` and `exit_code` name a task that died on the way (during a start), so a restart can
-    count it as one more fault rather than end the run."""
+    `task` and `exit_code` name a task that died, froze or never came up on the way (during a
+    start), so a restart can count it as one more fault rather than end the run; `how` says what
+    became of a task that did not die."""
 
     def __init__(self, message: str, log_tail: Sequence[str] = (), code: int = EXIT_FAILED,
-                 failures: Sequence[Failure] = (), task: str | None = None, exit_code: int | None = None) -> None:
+                 failures: Sequence[Failure] = (), task: str | None = None, exit_code: int | None = None,
+                 how: str | None = None) -> None:
         super().__init__(message)
         self.log_tail = list(log_tail)
         self.code = code
         self.failures = list(failures)
         self.task = task
         self.exit_code = exit_code
+        self.how = how
 
 
 def short(text: str, n: int) -> str:

@@ -90,6 +90,7 @@ class Outcome:
     restarts: int = 0
     failures: list[Failure] = field(default_factory=list)
     lost: tuple[str, ...] = ()          # workers the training went on without (their figures left out)
+    global_step: int | None = None      # the newest step the launcher knows of (a failed run's run.json keeps it)
 
     @property
     def state(self) -> RunState:
@@ -328,6 +329,8 @@ class Lifecycle:
                            restarts=outcome.restarts, failures=list(outcome.failures), started=started,
                            ended=time.time())
         self._add_figures(result, outcome.lost)
+        if result.global_step is None:
+            result.global_step = outcome.global_step
         if outcome.state == RunState.DONE:
             self.console.say(outcome.headline + self.summary(result, outcome.lost))
         elif outcome.state == RunState.INTERRUPTED:

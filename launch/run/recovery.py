@@ -143,7 +143,7 @@ class Recovery:
                 + (f' in {delay:g}s (supervise.backoff_secs, doubling with each restart in a row)' if delay else ''))
         reason = f'restart {run.restarts}/{run.policy.max_restarts}: {decision.reason}'
         ended = RunResult(state=RunState.FAILED, exit_code=EXIT_FAILED, restarts=run.restarts - 1,
-                          failures=list(run.attempt.failures), global_step=run.attempt.step)
+                          failures=list(run.attempt.failures), global_step=run.attempt.global_step)
         # The chief notes the restart in TensorBoard.
         run.new_attempt(reason, step, ended, env={rundir.RESTART_ENV: reason})
         return delay
@@ -155,7 +155,7 @@ class Recovery:
         statuses = run.attempt.observe(run.records, run.backends, run.say)
         lost = next((t for t in statuses if t.name == task), None)
         how = (supervise.how_lost(lost) if lost and lost.state is TaskState.FAILED
-               else f'{task} {describe_exit(e.exit_code)}') + ' while the cluster started again'
+               else e.how or f'{task} {describe_exit(e.exit_code)}') + ' while the cluster started again'
         decision = supervise.during_recovery(run.policy, run.restarts, task, how, e.exit_code)
         decision = self._account(decision, statuses)
         if decision.action is Action.GIVE_UP:

@@ -248,7 +248,7 @@ class Scaling:
         run.teardown(checkpoint=True)
         step = run.life.checkpoint_step()
         ended = RunResult(state=RunState.SCALED, exit_code=EXIT_OK, restarts=run.restarts,
-                          failures=list(run.attempt.failures), global_step=run.attempt.step)
+                          failures=list(run.attempt.failures), global_step=run.attempt.global_step)
         run.resize(members, leaving=remove)
         resumed = f'the checkpoint at global step {step}' if step is not None else 'step 0 (no checkpoint yet)'
         run.new_attempt(f'scale {before} -> {want} workers', step, ended)

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 
 import grpc
 
-from launch.backends.base import ENDED, Backend, TaskRecord
+from launch.backends.base import ENDED, Backend, Observation, TaskRecord
 from cluster.runtime.rundir import EXIT_FAILED, EXIT_NO_RESTART
 from launch.run.faults import TaskFailed, Verdict, explaining_tail, last_error, log_tail, own_error
 from launch.run.lifecycle import Failure
@@ -21,18 +21,25 @@ CHANNEL_OPTIONS = [('grpc.enable_http_proxy', 0), ('grpc.initial_reconnect_backo
 
 
 def wait_for_servers(records: list[TaskRecord], backends: Mapping[str, Backend], deadline: float,
-                     stop: threading.Event, reported: Callable[[str], bool] = lambda name: True) -> None:
+                     stop: threading.Event, reported: Callable[[str], bool] = lambda name: True,
+                     stall_secs: float | None = None) -> None:
     """Return once every task's gRPC server accepts connections and the task itself has reported
     serving (`reported(name)`: a port answered by some other process, say another cluster's task on
-    the same port, proves nothing); raise TaskFailed naming the first task that died on the way or
-    did not come up before the deadline."""
+    the same port, proves nothing); raise TaskFailed naming the first task that died on the way (one
+    already up included), stayed stopped (SIGSTOP, paused) for `stall_secs`, or did not come up
+    before the deadline. The TaskFailed names its task, so that a restart can count it as one more
+    fault under the run's policy."""
     pending = {r.name: (r, grpc.insecure_channel(r.endpoint, options=CHANNEL_OPTIONS)) for r in records}
     futures = {name: grpc.channel_ready_future(ch) for name, (_, ch) in pending.items()}
+    frozen_since: dict[str, float] = {}
     try:
         while pending and not stop.is_set():
-            for name, (record, _) in list(pending.items()):
-                if _is_up(record, backends, futures[name], reported):
-                    del pending[name]
+            for record in records:
+                seen = backends[record.backend].status(record)
+                _check_alive(record, seen, backends)
+                _check_frozen(record, seen, frozen_since, stall_secs, backends)
+                if record.name in pending and _is_up(record, seen, backends, futures[record.name], reported):
+                    del pending[record.name]
             if pending and time.monotonic() > deadline:
                 name, (record, _) = next(iter(pending.items()))
                 raise _late(record, backends, futures[name].done())
@@ -44,32 +51,57 @@ def wait_for_servers(records: list[TaskRecord], backends: Mapping[str, Backend],
             ch.close()
 
 
-def _is_up(record: TaskRecord, backends: Mapping[str, Backend], ready: grpc.Future,
-           reported: Callable[[str], bool]) -> bool:
-    """Whether the task serves (or has already finished well); TaskFailed if it died."""
-    backend = backends[record.backend]
-    seen = backend.status(record)
+def _check_alive(record: TaskRecord, seen: Observation, backends: Mapping[str, Backend]) -> None:
+    """TaskFailed if the task died (before or after its server came up)."""
     code = seen.exit_code if seen.state == ENDED else None
-    if code is not None and code != 0:
-        message = f'{record.name} {describe_exit(code)} during start-up'
-        failures = [Failure(record.name, message, record.host, record.pid or None)]
-        if code == EXIT_NO_RESTART:     # its checkpoints do not restore: say so, as when it dies later
-            line = str(Verdict(message, EXIT_FAILED, failures, can_save=False, no_restore=True,
-                               error=own_error(record.name, last_error(record, backends))).failed(lambda: None))
-            raise TaskFailed(line, failures=failures, task=record.name, exit_code=code)
-        raise TaskFailed(message, explaining_tail(record, backends), failures=failures,
-                         task=record.name, exit_code=code)
+    if code is None or code == 0:
+        return
+    message = f'{record.name} {describe_exit(code)} during start-up'
+    failures = [Failure(record.name, message, record.host, record.pid or None)]
+    if code == EXIT_NO_RESTART:     # its checkpoints do not restore: say so, as when it dies later
+        line = str(Verdict(message, EXIT_FAILED, failures, can_save=False, no_restore=True,
+                           error=own_error(record.name, last_error(record, backends))).failed(lambda: None))
+        raise TaskFailed(line, failures=failures, task=record.name, exit_code=code)
+    raise TaskFailed(message, explaining_tail(record, backends), failures=failures,
+                     task=record.name, exit_code=code)
+
+
+def _check_frozen(record: TaskRecord, seen: Observation, since: dict[str, float], stall_secs: float | None,
+                  backends: Mapping[str, Backend]) -> None:
+    """TaskFailed once the task has been stopped (SIGSTOP, paused) for `stall_secs`: a start-up
+    waits no longer for a frozen task than the steady state does (supervise.stall_secs)."""
+    if not seen.frozen:
+        since.pop(record.name, None)
+        return
+    first = since.setdefault(record.name, time.monotonic())
+    if stall_secs is not None and time.monotonic() - first >= stall_secs:
+        message = f'{record.name} {seen.stopped} during start-up for {stall_secs:g}s (supervise.stall_secs)'
+        raise TaskFailed(message, log_tail(record, backends),
+                         failures=[Failure(record.name, message, record.host, record.pid or None)],
+                         task=record.name, how=message)
+
+
+def _is_up(record: TaskRecord, seen: Observation, backends: Mapping[str, Backend], ready: grpc.Future,
+           reported: Callable[[str], bool]) -> bool:
+    """Whether the task serves (or has already finished well)."""
+    if seen.state == ENDED:         # ended well (_check_alive let no other code through)
+        return seen.exit_code == 0
     if record.job in ('chief', 'evaluator'):
         # A coordinator run's chief serves once its program builds the strategy, and an evaluator
         # serves nothing: their own line is the sign they started.
-        return code == 0 or reported(record.name)
-    return code == 0 or (backend.probe(record, 0.5, channel_ready=ready) and reported(record.name))
+        return reported(record.name)
+    return backends[record.backend].probe(record, 0.5, channel_ready=ready) and reported(record.name)
 
 
 def _late(record: TaskRecord, backends: Mapping[str, Backend], answered: bool) -> TaskFailed:
-    """The task not up by the deadline: its port answered for another process, or not at all."""
+    """The task not up by the deadline: its port answered for another process, or not at all.
+    It names the task: during a restart, one more fault for the policy."""
     if answered:
-        return TaskFailed(f'{record.name}: {record.endpoint} answers, but not from this task '
-                          '(it never reported serving): another process holds that port?', log_tail(record, backends))
-    return TaskFailed(f'{record.name} ({record.endpoint}) did not accept gRPC connections '
-                      f'in time; raise the limit with --start-timeout', log_tail(record, backends))
+        message = (f'{record.name}: {record.endpoint} answers, but not from this task '
+                   '(it never reported serving): another process holds that port?')
+    else:
+        message = (f'{record.name} ({record.endpoint}) did not accept gRPC connections '
+                   f'in time; raise the limit with --start-timeout')
+    return TaskFailed(message, log_tail(record, backends), task=record.name,
+                      failures=[Failure(record.name, message, record.host, record.pid or None)],
+                      how=f'{record.name} was not up within --start-timeout')

@@ -180,7 +180,8 @@ class SupervisedRun(Strategy):
         """Every task lost on the way (tolerated, restarted or fatal), the fatal one's words last."""
         seen = {f.task for f in failures}
         every = [f for f in self.attempt.failures if f.task not in seen] + list(failures)
-        return Outcome(code, headline, self.restarts, every, tuple(sorted(self.attempt.tolerated)))
+        return Outcome(code, headline, self.restarts, every, tuple(sorted(self.attempt.tolerated)),
+                       global_step=self.attempt.global_step)
 
     # -- supervision ---------------------------------------------------------------------------
     def _supervise(self) -> None:
@@ -283,7 +284,7 @@ class SupervisedRun(Strategy):
         if env:
             plans = [dataclasses.replace(p, env={**p.env, **env}) for p in plans]
         self.plans = plans
-        self.attempt = Attempt()
+        self.attempt = Attempt(from_step=step)
         self._state.progress = None
 
     def resize(self, members: Members, leaving: Sequence[str]) -> None:
@@ -324,7 +325,7 @@ class SupervisedRun(Strategy):
 
     def wait_ready(self, t0: float) -> None:
         wait_for_servers(self.records, self.backends, t0 + self.start_timeout, self.interrupted,
-                         reported=lambda name: self.serving[name].is_set())
+                         reported=lambda name: self.serving[name].is_set(), stall_secs=self.policy.stall_secs)
 
     def start_due(self) -> None:
         """Start the tasks whose backoff has passed (a worker that rejoins)."""
