@@ -94,6 +94,19 @@ def test_lost_ps_and_chief_restart_from_the_checkpoint(tmp_path):
     assert checkpoint_step(run) == 150
     assert all(r['global_step'] == 150 for r in worker_results(run))
     assert '(2 restart(s))' in out
+    # Each fault's time to training again, phase by phase, in the console, the event log and run.json.
+    assert len(re.findall(r'training again [\d.]+s after the fault \(stop [\d.]+s, backoff [\d.]+s, '
+                          r'start [\d.]+s, step [\d.]+s', out)) == 2, out
+    with open(os.path.join(run, 'events.jsonl')) as f:
+        mended = [json.loads(line) for line in f if '"recovered"' in line]
+    with open(os.path.join(run, 'run.json')) as f:
+        record = json.load(f)
+    assert [m['tasks'] for m in mended] == [['ps:0'], ['worker:0']], mended
+    assert [m['attempt'] for m in mended] == [2, 3], mended
+    for m in mended:
+        assert 0 < m['seconds'] < 120 and abs(sum(m['phases'].values()) - m['seconds']) < 0.1, m
+        assert list(m['phases']) == ['stop', 'backoff', 'start', 'step'] and m['steps_redone'] >= 0, m
+    assert [r['seconds'] for r in record['recoveries']] == [m['seconds'] for m in mended], record
 
 
 def test_lost_ps_without_a_policy_ends_with_one_line(tmp_path):

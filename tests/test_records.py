@@ -16,7 +16,7 @@ from cluster.runtime import rundir
 from launch.records.event_types import (EVENT_TYPES, HEADER, EventKind, Finished, OtherEvent, Progress, TaskLost,
                                         parse_event)
 from launch.records.events import EventLog, read_events
-from launch.records.result import RESULT_STATES, Failure, RunRecord, RunResult, RunState
+from launch.records.result import MendedFault, RESULT_STATES, Failure, RunRecord, RunResult, RunState
 from launch.run.state import LaunchState, StepSeen, WorkerPool
 
 README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'README.md')
@@ -31,7 +31,8 @@ VALUES = {
     'total': 200, 'loss': 2.305, 'images_per_sec': 412.5, 'cause': 'ps:0 was killed by SIGKILL', 'exit_code': -9,
     'signal': 'SIGKILL', 'error': 'UnavailableError: Socket closed', 'tasks': ['ps:0', 'worker:0'], 'from_step': 40,
     'to': 3, 'add': ['worker:2'], 'remove': [], 'state': 'done', 'workers': [0, 1, 2],
-    'metrics': {'accuracy': 0.8125, 'loss': 0.5},
+    'metrics': {'accuracy': 0.8125, 'loss': 0.5}, 'seconds': 6.25, 'steps_redone': 12,
+    'phases': {'stop': 0.5, 'backoff': 1.0, 'start': 3.25, 'step': 1.5},
 }
 SPEC, TRAIN_DIR = '/home/me/specs/local2.yaml', '/home/me/runs/local2'
 BY_EVENT = {('evaluation', 'task'): 'evaluator:0', ('failover', 'to'): 'worker:3', ('failover', 'task'): 'worker:1',
@@ -79,6 +80,8 @@ def run_json_example() -> dict:
     result = RunResult(state=RunState.FAILED, exit_code=1, seconds=33.4567, global_step=57, images_per_sec=421.7,
                        loss=float('nan'), restarts=1, failures=[Failure('ps:0', 'ps:0 was killed by SIGKILL',
                                                                         'localhost', 5001)],
+                       recoveries=[MendedFault(['ps:0'], 6.25, 12, {'stop': 0.5, 'backoff': 1.0, 'start': 3.25,
+                                                                     'step': 1.5})],
                        started=1795468123.0, ended=1795468156.5)
     return result.to_json(RUN_ID, 2, SPEC, 'local', TRAIN_DIR)
 

@@ -6,6 +6,7 @@ import pytest
 
 from cluster.runtime import rundir
 from launch.run import policy as supervise
+from launch.run.faults import FaultHistory
 from launch.backends.base import Backend, Observation, TaskRecord
 from launch.run.policy import Action, Policy, Progress, TaskState, TaskStatus, decide
 
@@ -207,6 +208,15 @@ def test_the_streak_starts_again_after_a_healthy_period():
     assert supervise.next_streak(0, None) == 1
     assert supervise.next_streak(3, 5.0) == 4
     assert supervise.next_streak(3, supervise.HEALTHY_SECS) == 1
+
+
+def test_the_backoff_grows_in_a_crash_loop_and_starts_again_once_the_training_came_back():
+    pol = Policy(sync=True, num_workers=2, replicas_to_aggregate=2, restart='on-failure',
+                 backoff_secs=1.0, backoff_max_secs=30.0)
+    history = FaultHistory()
+    assert [history.backoff(pol) for _ in range(3)] == [1, 2, 4]      # restarts that never trained again
+    history.trained_again()
+    assert [history.backoff(pol) for _ in range(2)] == [1, 2]         # a new fault, seconds later: 1x
 
 
 RESTART = supervise.Decision(Action.RESTART, ('worker:0',), 'worker:0 exited with code 1')

@@ -122,7 +122,7 @@ class SuperviseConfig:
     max_restarts: int = 3            # per run, all tasks together
     stall_secs: float = 60.0         # no new global step for this long (after the first) is a fault
     backoff_secs: float = 1.0        # the wait before a restart: this, doubling with each restart in a
-    backoff_max_secs: float = 30.0   # row up to this; a run healthy for a while starts again at 1x
+    backoff_max_secs: float = 30.0   # row that did not bring the training back, up to this
     unreachable_secs: float = 30.0   # a host that cannot be asked for this long has lost its tasks
 
 

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 
 from launch.records.jsonrecord import (JsonRecord, json_field, read_fields, read_real, read_text, read_texts,
                                        read_whole, read_wholes)
-from launch.records.result import RunRecord, RunState, read_state
+from launch.records.result import MendedFault, RunRecord, RunState, read_phases, read_state
 
 
 class EventKind(str, enum.Enum):
@@ -33,6 +33,7 @@ class EventKind(str, enum.Enum):
     TOLERATED = 'tolerated'
     STALL = 'stall'
     RESTART = 'restart'
+    RECOVERED = 'recovered'
     SCALE = 'scale'
     SCALED = 'scaled'
     FAILOVER = 'failover'
@@ -201,6 +202,22 @@ class Restart(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Recovered(Event):
+    """The training is back after a fault: the tasks restarted for it, the seconds from the
+    supervisor seeing it to the next global step, the steps trained again, each phase's seconds."""
+    kind = EventKind.RECOVERED
+    tasks: list[str] | None = json_field(read_texts)
+    seconds: float | None = json_field(read_real)
+    steps_redone: int | None = json_field(read_whole)
+    phases: dict[str, float] | None = json_field(read_phases)
+
+    @classmethod
+    def of(cls, mended: MendedFault) -> Recovered:
+        return cls(tasks=mended.tasks, seconds=mended.seconds, steps_redone=mended.steps_redone,
+                   phases=mended.phases)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Scale(Event):
     kind = EventKind.SCALE
     to: int | None = json_field(read_whole)                 # the worker count asked for
@@ -255,7 +272,7 @@ class OtherEvent(Event):
 
 EVENT_TYPES: dict[str, type[Event]] = {cls.kind.value: cls for cls in (
     RunStarted, TaskStarted, Serving, FirstStep, Progress, Checkpoint, Evaluation, TaskLost, Tolerated, Stall, Restart,
-    Scale, Scaled, Failover, Interrupted, Finished) if cls.kind is not None}
+    Recovered, Scale, Scaled, Failover, Interrupted, Finished) if cls.kind is not None}
 assert set(EVENT_TYPES) == {k.value for k in EventKind}
 
 

@@ -21,6 +21,8 @@ and the fields that event names:
     stall          tasks (list), cause
     restart        cause, from_step (checkpoint step or null); the next attempt's events follow (a
                    restart of some tasks inside an attempt names them in `tasks` and keeps the attempt)
+    recovered      tasks (restarted for the fault), seconds (fault seen -> next global step), steps_redone,
+                   phases (seconds of stop, backoff, start, step; those the restart went through)
     scale          to (the worker count asked for), add, remove (task lists), pid (of `launch scale`)
     scaled         state (done | failed), workers (the live worker indices), cause
     failover       task (lost, its host unreachable), to (the spare of the pool started instead), host, cause

@@ -13,7 +13,7 @@ from typing import Any
 from collections.abc import Mapping
 
 from cluster.runtime import rundir
-from launch.records.jsonrecord import JsonRecord, json_field, read_real, read_text, read_whole
+from launch.records.jsonrecord import JsonRecord, finite, json_field, read_real, read_text, read_texts, read_whole
 
 
 class RunState(str, enum.Enum):
@@ -79,10 +79,35 @@ def read_failures(value: Any) -> list[Failure] | None:
     return [Failure.from_json(f) for f in value if isinstance(f, dict)]
 
 
+def read_phases(value: Any) -> dict[str, float] | None:
+    """A restart's phases: name -> seconds (anything else dropped)."""
+    if not isinstance(value, dict):
+        return None
+    return {k: v for k, v in ((k, finite(v)) for k, v in value.items() if isinstance(k, str)) if v is not None}
+
+
+@dataclass(frozen=True)
+class MendedFault(JsonRecord):
+    """One fault mended: the tasks restarted for it, the seconds from the supervisor seeing it to
+    the next global step trained, the steps trained again, and how long each phase of the restart
+    took (launch/run/mending.py)."""
+    tasks: list[str] | None = json_field(read_texts)
+    seconds: float | None = json_field(read_real)
+    steps_redone: int | None = json_field(read_whole)
+    phases: dict[str, float] | None = json_field(read_phases)
+
+
+def read_mended(value: Any) -> list[MendedFault] | None:
+    if not isinstance(value, list):
+        return None
+    return [MendedFault.from_json(f) for f in value if isinstance(f, dict)]
+
+
 @dataclass(frozen=True)
 class RunRecord(JsonRecord):
     """run.json as read (or a `finished` event's result): every field may be missing (`has` says
     which were written) or null; the field order is the order the launcher writes them in."""
+    OPTIONAL = frozenset({'recoveries'})        # only once a fault was mended
     state: RunState | str | None = json_field(read_state)
     exit_code: int | None = json_field(read_whole)
     seconds: float | None = json_field(read_real)
@@ -91,6 +116,7 @@ class RunRecord(JsonRecord):
     loss: float | None = json_field(read_real)
     restarts: int | None = json_field(read_whole)
     failures: list[Failure] | None = json_field(read_failures)
+    recoveries: list[MendedFault] | None = json_field(read_mended)
     started: str | None = json_field(read_text)      # ISO-8601
     ended: str | None = json_field(read_text)
     id: str | None = json_field(read_text)
@@ -108,7 +134,7 @@ class RunRecord(JsonRecord):
         return RunResult(state=state, exit_code=self.exit_code or 0, seconds=self.seconds or 0.0,
                          global_step=self.global_step, images_per_sec=self.images_per_sec, loss=self.loss,
                          restarts=self.restarts or 0, failures=list(self.failures or ()),
-                         started=read_epoch(self.started) or 0.0, ended=read_epoch(self.ended) or 0.0)
+                         recoveries=list(self.recoveries or ()), started=read_epoch(self.started) or 0.0, ended=read_epoch(self.ended) or 0.0)
 
 
 @dataclass
@@ -122,6 +148,7 @@ class RunResult:
     loss: float | None = None
     restarts: int = 0
     failures: list[Failure] = field(default_factory=list)
+    recoveries: list[MendedFault] = field(default_factory=list)     # every fault mended in this `launch up`
     started: float = 0.0                # epoch seconds
     ended: float = 0.0
 
@@ -132,7 +159,8 @@ class RunResult:
         """run.json's record of this result: the attempt's identity added, times as ISO-8601."""
         return RunRecord(state=self.state, exit_code=self.exit_code, seconds=round(self.seconds, 3),
                          global_step=self.global_step, images_per_sec=self.images_per_sec, loss=self.loss,
-                         restarts=self.restarts, failures=list(self.failures), started=rundir.iso_time(self.started),
+                         restarts=self.restarts, failures=list(self.failures), recoveries=list(self.recoveries) or None,
+                         started=rundir.iso_time(self.started),
                          ended=rundir.iso_time(self.ended), id=run, attempt=attempt, spec=spec, backend=backend,
                          train_dir=train_dir)
 

@@ -214,8 +214,16 @@ class FaultHistory:
     last_at: float | None = None
     streak: int = 0                             # restarts in a row
 
+    def trained_again(self) -> None:
+        """The training is back after the last restart: the next fault is a new one, not the same
+        crash coming back, so its restart waits backoff_secs again. The backoff grows only while
+        restarts do not bring the training back (a crash loop), never because unrelated faults
+        came one after another on a run that mended each of them."""
+        self.streak = 0
+
     def backoff(self, policy: Policy) -> float:
-        """The wait before the restart just counted: it grows with each restart in a row."""
+        """The wait before the restart just counted: it grows with each restart in a row that did
+        not bring the training back."""
         now = time.monotonic()
         since = None if self.last_at is None else now - self.last_at
         self.streak = supervise.next_streak(self.streak, since)

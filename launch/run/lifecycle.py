@@ -33,7 +33,7 @@ from launch.errors import UsageError
 from launch.records.event_types import (Checkpoint, Evaluation, Event, EventKind, Finished, FirstStep, Progress, Restart,
                                         RunStarted, Serving)
 from launch.records.events import EventLog, read_events, read_run_record
-from launch.records.result import Failure, RunRecord, RunResult, RunState     # the strategies import them from here
+from launch.records.result import Failure, MendedFault, RunRecord, RunResult, RunState     # the strategies import them from here
 from launch.records.lock import LockBusy, TrainDirLock
 
 log = logging.getLogger(__name__)
@@ -91,6 +91,7 @@ class Outcome:
     failures: list[Failure] = field(default_factory=list)
     lost: tuple[str, ...] = ()          # workers the training went on without (their figures left out)
     global_step: int | None = None      # the newest step the launcher knows of (a failed run's run.json keeps it)
+    recoveries: list[MendedFault] = field(default_factory=list)     # the faults mended, with their times
 
     @property
     def state(self) -> RunState:
@@ -331,6 +332,7 @@ class Lifecycle:
         self._add_figures(result, outcome.lost)
         if result.global_step is None:
             result.global_step = outcome.global_step
+        result.recoveries = list(outcome.recoveries)
         if outcome.state == RunState.DONE:
             self.console.say(outcome.headline + self.summary(result, outcome.lost))
         elif outcome.state == RunState.INTERRUPTED:

@@ -17,7 +17,8 @@ The rules, in order:
   - once every worker is done (finished, or lost and tolerated), the run is finished; ps tasks
     left running then are only waiting for reports that will never come.
   - a restart waits first: `backoff_secs`, doubling with each restart in a row up to
-    `backoff_max_secs`; a run that went HEALTHY_SECS without a fault starts again at 1x.
+    `backoff_max_secs`; a run whose training came back after its last restart, or that went
+    HEALTHY_SECS without a fault, starts again at 1x (launch/run/faults.py FaultHistory).
   - a fault that repeats the one before the last restart (the same task, the same error of its
     own, no newer checkpoint in between) ends the run: another restart would fail the same way.
     A fault with no error of its own (a kill, a lost host) comes from outside and never repeats.

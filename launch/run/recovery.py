@@ -21,6 +21,7 @@ from launch.run import policy as supervise
 from launch.run.failover import FailedOverRun, fail_over
 from launch.run.faults import FaultHistory, TaskFailed
 from launch.run.lifecycle import RunResult, RunState
+from launch.run.mending import RecoveryClock
 from launch.run.policy import Action, Decision, TaskState, TaskStatus, describe_exit
 
 
@@ -28,6 +29,7 @@ class RecoveringRun(FailedOverRun, Protocol):
     """What recovery asks of the run it acts on (launch/run/supervised.py SupervisedRun), besides
     what failover does."""
     history: FaultHistory
+    clock: RecoveryClock
 
     @property
     def interrupted(self) -> threading.Event: ...
@@ -54,6 +56,8 @@ class Recovery:
         decision = self._account(decision, statuses)
         if decision.action is Action.GIVE_UP:
             raise self._give_up(decision)
+        if decision.action in (Action.RESTART, Action.RESTART_TASKS):
+            self.run.clock.fault(decision.tasks, decision.action is Action.RESTART, self.run.attempt.step)
         if decision.action is Action.TOLERATE:
             if not fail_over(self.run, decision, statuses):
                 self._tolerate(decision)
@@ -77,6 +81,7 @@ class Recovery:
         stopped: the chief's checkpoint first, so the step a new `launch up` resumes from is current."""
         run = self.run
         verdict = faults.judge(decision, run.records, run.backends, run.policy, run.restarts)
+        run.clock.forget()
         run.teardown(checkpoint=verdict.can_save)
         return verdict.failed(run.life.checkpoint_step)
 
@@ -118,9 +123,11 @@ class Recovery:
             delay = self._stop_for_restart(decision)
             if run.interrupted.wait(delay):
                 return
+            run.clock.phase('backoff', from_step=run.attempt.from_step)
             run.check_run_dir()
             try:
                 run.start_cluster(restart=run.restarts)
+                run.clock.phase('start')
                 return
             except TaskFailed as e:
                 if e.task is None:          # not a task lost on the way (a port, a timeout): as before
@@ -135,15 +142,17 @@ class Recovery:
         run.say(f'restart {run.restarts}/{run.policy.max_restarts}: {cause}; stopping every task'
                 + ('' if can_save else ' (no checkpoint can be saved without the lost task)'))
         run.teardown(checkpoint=can_save)
+        run.clock.phase('stop')
         step = run.life.checkpoint_step()
         delay = run.history.backoff(run.policy)
         run.say(f'restart {run.restarts}/{run.policy.max_restarts}: resuming from '
                 + (f'the checkpoint at global step {step}' if step is not None else
                    'step 0 (no checkpoint was written yet)')
-                + (f' in {delay:g}s (supervise.backoff_secs, doubling with each restart in a row)' if delay else ''))
+                + (f' in {delay:g}s (supervise.backoff_secs, doubling while restarts do not bring the training back)' if delay else ''))
         reason = f'restart {run.restarts}/{run.policy.max_restarts}: {decision.reason}'
         ended = RunResult(state=RunState.FAILED, exit_code=EXIT_FAILED, restarts=run.restarts - 1,
-                          failures=list(run.attempt.failures), global_step=run.attempt.global_step)
+                          failures=list(run.attempt.failures), global_step=run.attempt.global_step,
+                          recoveries=list(run.clock.done))
         # The chief notes the restart in TensorBoard.
         run.new_attempt(reason, step, ended, env={rundir.RESTART_ENV: reason})
         return delay
@@ -160,4 +169,5 @@ class Recovery:
         decision = self._account(decision, statuses)
         if decision.action is Action.GIVE_UP:
             raise self._give_up(decision) from None
+        run.clock.fault(decision.tasks, True, None)     # joins the fault being mended
         return decision

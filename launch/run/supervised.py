@@ -32,7 +32,10 @@ from launch.run import faults
 from launch.run import policy as supervise
 from launch.run.attempt import Attempt
 from launch.run.faults import FaultHistory, TaskFailed
+from launch.records.event_types import Recovered
+from launch.records.result import MendedFault
 from launch.run.lifecycle import CHECKPOINT_GRACE_SECS, Failure, Lifecycle, Outcome, RunResult, Strategy
+from launch.run.mending import RecoveryClock
 from launch.run.policy import Action, Policy, Progress, TaskState, TaskStatus
 from launch.run.recovery import Recovery
 from launch.run.scaling import Scaling
@@ -77,6 +80,7 @@ class SupervisedRun(Strategy):
         self.serving: dict[str, threading.Event] = {}    # set once a task's own log says it serves
         self.scaling = Scaling(self)
         self.recovery = Recovery(self)
+        self.clock = RecoveryClock(self._mended)         # how long each fault takes to mend
         self._run_dir_fd: int | None = None          # the run's directory, held open (check_run_dir)
         self._done = threading.Event()
         self._state = LaunchState.new(spec.path, process_ident(os.getpid()) or '')
@@ -181,7 +185,15 @@ class SupervisedRun(Strategy):
         seen = {f.task for f in failures}
         every = [f for f in self.attempt.failures if f.task not in seen] + list(failures)
         return Outcome(code, headline, self.restarts, every, tuple(sorted(self.attempt.tolerated)),
-                       global_step=self.attempt.global_step)
+                       global_step=self.attempt.global_step, recoveries=list(self.clock.done))
+
+    def _mended(self, mended: MendedFault) -> None:
+        """The training is back after a fault: one line, and the event."""
+        phases = ', '.join(f'{name} {secs:.1f}s' for name, secs in (mended.phases or {}).items())
+        redone = f'; {mended.steps_redone} step(s) trained again' if mended.steps_redone else ''
+        self.say(f'training again {mended.seconds:.1f}s after the fault ({phases}{redone})')
+        self.history.trained_again()
+        self.life.emit(Recovered.of(mended))
 
     # -- supervision ---------------------------------------------------------------------------
     def _supervise(self) -> None:
@@ -337,6 +349,7 @@ class SupervisedRun(Strategy):
             if earlier:         # a frozen copy still holds its port: it goes first
                 stop_all(earlier, self.backends)
             self.attempt.frozen_since.pop(name, None)
+            self.clock.phase('backoff')
             try:
                 self._start([dataclasses.replace(p, restart=self.restarts) for p in self.plans if p.name == name])
             except BackendError as e:
@@ -353,6 +366,7 @@ class SupervisedRun(Strategy):
         def seen(line: str) -> None:
             if not serving.is_set() and rundir.says_serving(line, record.name):
                 serving.set()
+                self.clock.served(record.name)
             found = self.life.saw_line(record.name, line, record.job == 'worker' or chief, chief)
             saved = rundir.saved_step(line) if chief else None
             if saved is not None:
@@ -360,6 +374,7 @@ class SupervisedRun(Strategy):
             if found is not None and (chief or not self.spec.coordinator):
                 self.attempt.saw_step(found['step'])
                 self.stepped.add(record.name)
+                self.clock.stepped(record.name, found['step'], by_chief=chief and self.spec.coordinator)
         self.life.follow(record.name,
                          lambda stop: backend.read_log(record, follow=True, stop=stop, offset=record.log_offset),
                          seen)

@@ -1,0 +1,106 @@
+"""How long a fault took to mend: from the moment the supervisor saw it to the first global step
+trained after it, split into the phases of the restart (stopping the tasks, the backoff, starting
+them until their servers answer, the first step), with the global steps trained again because the
+cluster resumed from an older checkpoint.
+
+One fault is mended at a time: a second fault before the training is back (a task lost while the
+restart brings the cluster up) joins the one being mended, whose clock keeps running, since the
+user waits for the training as long as both take. The `recovered` event and run.json's
+`recoveries` carry the figures; the report shows them.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from collections.abc import Callable
+
+from launch.records.result import MendedFault
+
+PHASES = ('stop', 'backoff', 'start', 'step')      # in the order a cluster restart goes through them
+
+
+@dataclass
+class Mending:
+    """A fault being mended."""
+    tasks: list[str]
+    cluster: bool                       # the whole cluster restarts (else only `tasks`)
+    seen_at: float                      # time.monotonic() when the supervisor saw the fault
+    step: int | None                    # the newest global step seen by then
+    from_step: int | None = None        # the checkpoint a cluster restart resumed from
+    phases: dict[str, float] = field(default_factory=dict)
+    mark: float = 0.0                   # where the current phase began
+
+    def __post_init__(self) -> None:
+        self.mark = self.seen_at
+
+    def phase(self, name: str) -> None:
+        """Phase `name` ends now (a phase met twice, as after a second fault, adds up)."""
+        now = time.monotonic()
+        self.phases[name] = self.phases.get(name, 0.0) + now - self.mark
+        self.mark = now
+
+    def redone(self) -> int:
+        """Global steps trained again: those after the checkpoint a cluster restart resumed from."""
+        if not self.cluster or self.step is None or self.from_step is None:
+            return 0
+        return max(0, self.step - self.from_step)
+
+
+class RecoveryClock:
+    """The fault being mended, if any, and every fault mended so far in this `launch up`."""
+
+    def __init__(self, emit: Callable[..., None]) -> None:
+        self._emit = emit
+        self._lock = threading.Lock()
+        self.current: Mending | None = None
+        self.done: list[MendedFault] = []
+
+    def fault(self, tasks: tuple[str, ...] | list[str], cluster: bool, step: int | None) -> None:
+        """The supervisor saw a fault it restarts `tasks` (or the cluster) for."""
+        with self._lock:
+            if self.current is None:
+                self.current = Mending(list(tasks), cluster, time.monotonic(), step)
+                return
+            self.current.tasks += [t for t in tasks if t not in self.current.tasks]
+            self.current.cluster = self.current.cluster or cluster
+            if step is not None and (self.current.step is None or step > self.current.step):
+                self.current.step = step
+
+    def phase(self, name: str, from_step: int | None = None) -> None:
+        """The restart under way finished phase `name` (a cluster restart's resume step with 'backoff')."""
+        with self._lock:
+            if self.current is None:
+                return
+            self.current.phase(name)
+            if from_step is not None:
+                self.current.from_step = from_step
+
+    def served(self, task: str) -> None:
+        """A task said it serves (from a log follower's thread): a task restart's start ends when
+        the first of its tasks does (a cluster restart's, once every server answers)."""
+        with self._lock:
+            m = self.current
+            if m is not None and not m.cluster and task in m.tasks and 'start' not in m.phases:
+                m.phase('start')
+
+    def stepped(self, task: str, step: int, by_chief: bool = False) -> None:
+        """A global step was seen (from a log follower's thread): for a cluster restart any task's
+        step ends the mending, for a task restart a step of a task restarted, or the chief's
+        (`by_chief`: a coordinator run, whose workers log no steps of their own)."""
+        with self._lock:
+            m = self.current
+            if m is None or (not m.cluster and task not in m.tasks and not by_chief):
+                return
+            m.phase('step')
+            self.current = None
+            found = MendedFault(tasks=m.tasks, seconds=round(time.monotonic() - m.seen_at, 3),
+                             steps_redone=m.redone(), phases={p: round(m.phases[p], 3) for p in PHASES
+                                                              if p in m.phases})
+            self.done.append(found)
+        self._emit(found)
+
+    def forget(self) -> None:
+        """The run ends (or is given up) before the training came back: nothing mended."""
+        with self._lock:
+            self.current = None
