@@ -23,6 +23,7 @@ A run directory (`train.train_dir`) holds:
     report.html            `launch report`: one self-contained page
     logs/attempt-<n>/<job>-<index>.log   every attempt's task logs, kept; logs/<job>-<index>.log
                            leads (a symbolic link) to the newest attempt's
+    logs/attempt-<n>/<job>-<index>.pulse a trainer's newest step, overwritten in place (cluster/runtime/pulse.py)
 """
 from __future__ import annotations
 
