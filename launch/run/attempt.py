@@ -30,6 +30,7 @@ class Attempt:
     disk: str | None = None                                       # why the disk refuses the tasks' files, while it does
     pulses: Pulses = field(default_factory=Pulses)                # the tasks' pulses, as read so far
     told_disk: bool = False                                       # a refusal only the tasks could see: said
+    failed_seen: set[str] = field(default_factory=set)            # tasks seen ended badly at the last look
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def saw_step(self, step: int) -> None:
@@ -87,8 +88,10 @@ class Attempt:
                 self.frozen_since.pop(r.name, None)
             out.append(TaskStatus(r.name, r.job, r.index, state,
                                   exit_code=seen.exit_code if seen.state == ENDED else None, frozen=frozen))
-        if self.pulses.due():
+        failed = {t.name for t in out if t.state is TaskState.FAILED}
+        if self.pulses.due() or failed - self.failed_seen:     # a fault is judged on the disk as it is now
             self.feel(records, backends, say)
+        self.failed_seen = failed
         return out
 
     def feel(self, records: Sequence[TaskRecord], backends: Mapping[str, Backend],
