@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from cluster.program import ProgramError, connects
 from cluster.runtime import rundir
+from cluster.runtime.pulse import PULSE
 from cluster.spec import ClusterSpec, TaskSpec, TrainConfig
 
 if TYPE_CHECKING:
@@ -197,6 +198,7 @@ class CoordinatorContext:
         if now - p.last_log >= self.train.log_every_secs or p.reports == 1 or p.step >= self.train.steps:
             rate = '' if p.reports == 1 or now <= p.last_log else \
                 f'  {(p.step - p.last_log_step) / (now - p.last_log):.1f} global steps/s'
+            PULSE.beat(p.step, self.train.steps)      # heard when a full disk stops the log
             log.info('%s', rundir.progress_line(p.step, self.train.steps, p.loss, rate))
             p.last_log, p.last_log_step = now, p.step
         c = self.checkpoints

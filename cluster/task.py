@@ -25,6 +25,7 @@ import types
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from cluster.runtime import pulse
 from cluster.runtime.membership import LIVE, Members
 from cluster.coordinator import check_keras
 from cluster.program import ProgramError, check_command, check_program, load_program, run_command, run_program
@@ -241,9 +242,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f'cluster.task: error: {task.name}: port {task.port} is already in use', file=sys.stderr)
         return EXIT_USAGE
 
-    handler = logging.StreamHandler(sys.stdout)
+    handler = pulse.LogHandler(sys.stdout)     # a line the disk refuses is noted in the pulse
     handler.setFormatter(TaskLogFormatter())
     logging.basicConfig(level=logging.INFO, handlers=[handler])
+    pulse.start_beating()       # the launcher sees the steps even when the disk refuses the log
     if os.environ.get(LEASE_ENV):
         watch_lease(os.environ[LEASE_ENV], float(os.environ.get(LEASE_SECS_ENV) or 10), pool=spec.num_workers)
         # Sync: the graph counts the workers that run (a scale restarts the cluster with the new count).

@@ -44,17 +44,18 @@ def _mount(target: str, options: str | None, flags: int = 0) -> None:
 
 @pytest.fixture
 def small_fs(tmp_path):
-    """small_fs(size) -> the path of a new tmpfs of that size (e.g. '2m'), unmounted at the end;
+    """small_fs(size[, name, inodes]) -> the path of a new tmpfs of that size (e.g. '2m') and at most
+    that many inodes, unmounted at the end;
     small_fs.read_only(path) remounts it read-only."""
     mounted = []
 
-    def make(size: str, name: str = 'fs') -> str:
+    def make(size: str, name: str = 'fs', inodes: int | None = None) -> str:
         target = tmp_path / name
         target.mkdir()
         if os.geteuid() != 0:
             pytest.skip('mounting a small tmpfs needs root')
         try:
-            _mount(str(target), f'size={size}')
+            _mount(str(target), f'size={size}' + (f',nr_inodes={inodes}' if inodes else ''))
         except OSError as e:
             pytest.skip(f'cannot mount a tmpfs here: {e.strerror}')
         mounted.append(str(target))
@@ -342,6 +343,47 @@ def test_a_full_disk_at_a_checkpoint_ends_the_run_naming_it(small_fs, tmp_path):
     assert checkpoint_step(train_dir) == saved          # the newest complete checkpoint, read back by TensorFlow
 
 
+@pytest.mark.slow
+def test_a_full_disk_under_the_logs_is_named_first_and_the_training_goes_on(small_fs, tmp_path):
+    """Issue 31 #2: the train_dir's tmpfs fills up while the cluster trains (the logs stop, no
+    checkpoint fits). The launcher names the disk and ENOSPC at once, hears the steps in the
+    tasks' pulses, and declares no stall for longer than stall_secs; once there is room again
+    the logs go on at a later step and the run ends as asked (Ctrl-C), not as a deadlock."""
+    import signal
+    import time
+    from tests.conftest import launch_bg, read_until
+    from tests.test_faults import finish, until_step
+    data_dir = str(tmp_path / 'data')
+    data.write_synthetic(data_dir, records_per_file=100, test_records=100)     # the data elsewhere
+    train_dir = small_fs('32m')
+    spec = write_spec(tmp_path, steps=100000, checkpoint_secs=600, data=data_dir, train_dir=train_dir,
+                      supervise={'stall_secs': 5})
+    proc = launch_bg('up', spec)
+    try:
+        lines = until_step(proc, 1)
+        fill(train_dir)
+        at_fill = max(int(s) for s in re.findall(r'step (\d+)/100000', ''.join(lines)))
+        lines += read_until(proc, 'No space left on device (ENOSPC)', timeout=10)
+        time.sleep(5 + 3)       # past stall_secs with the logs stopped
+        assert proc.poll() is None, ''.join(lines) + finish(proc)
+        _free(train_dir)
+        lines += read_until(proc, 'has room again', timeout=10)
+        lines += read_until(proc, '  loss ', timeout=20)
+        proc.send_signal(signal.SIGINT)
+    finally:
+        out = ''.join(lines) + finish(proc, 120)
+    assert proc.returncode == 130, out
+    named = [line for line in out.splitlines() if 'ENOSPC' in line]
+    assert named[0] == (f'[launch]   warning: the disk under {train_dir} is full: No space left on device (ENOSPC); '
+                        'no log, checkpoint or record of the run can be written there, and the next checkpoint '
+                        'fails: free space there'), named
+    assert 'deadlock' not in out and 'stall:' not in out and 'no new global step' not in out, out
+    after = re.findall(r'step (\d+)/100000', out[out.index('has room again'):])
+    assert after and int(after[0]) > at_fill + 3, (at_fill, after[:3])    # it trained on while full
+    told = [e['event'] for e in _events(train_dir) if e['event'] in ('disk_full', 'disk_free', 'stall')]
+    assert told == ['disk_full', 'disk_free'], told
+
+
 def _events(train_dir: str) -> list[dict]:
     from launch.records.events import read_events
     return read_events(rundir.events_path(train_dir))
@@ -356,3 +398,197 @@ def test_synthetic_data_that_does_not_fit_stops_the_launch_with_one_line(small_f
                      r'No space left on device \(ENOSPC\)', result.stderr), result.stdout + result.stderr
     assert 'Traceback' not in result.stdout + result.stderr
     assert not glob.glob(os.path.join(train_dir, data.SYNTHETIC_SUBDIR, '.*.tmp'))
+
+
+# -- a full disk under a running run: named first, never a deadlock, the training heard on ---------
+def _free(directory: str) -> None:
+    os.remove(os.path.join(directory, 'ballast'))
+
+
+def test_a_full_file_system_is_named_by_statvfs(small_fs):
+    roomy, few = small_fs('1m'), small_fs('1m', name='few', inodes=3)
+    assert rundir.no_room(roomy) is None
+    fill(roomy)
+    assert rundir.no_room(roomy) == 'No space left on device (ENOSPC)'
+    _free(roomy)
+    assert rundir.no_room(roomy) is None
+    assert rundir.no_room(few) is None
+    for name in ('a', 'b', 'c'):        # the root folder holds one inode: blocks left, no file can be made
+        with contextlib.suppress(OSError):
+            open(os.path.join(few, name), 'w').close()
+    assert rundir.no_room(few) == 'No space left on device (ENOSPC)'
+    assert rundir.no_room(os.path.join(roomy, 'gone')) is None       # cannot be asked: no verdict
+
+
+def _task_log(train_dir: str, name: str = 'worker-0') -> str:
+    path = os.path.join(train_dir, 'logs', 'attempt-1', f'{name}.log')
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    return path
+
+
+def test_a_pulse_beats_on_a_full_disk_and_says_the_log_is_refused(small_fs):
+    from cluster.runtime import pulse
+    train_dir = small_fs('256k')
+    log_path = _task_log(train_dir)
+    beats = pulse.Pulse()
+    assert beats.open(pulse.beside(log_path))
+    assert pulse.beside(log_path) == log_path[:-len('.log')] + '.pulse'
+    logger = logging.getLogger('tests.pulse')
+    logger.propagate = False
+    with open(log_path, 'a', buffering=1) as stream:
+        handler = pulse.LogHandler(stream, beats)
+        logger.addHandler(handler)
+        try:
+            beats.beat(3, 10)
+            logger.warning('step 3/10')
+            fill(train_dir)
+            logger.warning('step 4/10 ' + 'x' * 8000)      # more than any page the log still has
+            beats.beat(4, 10)
+            refused = f'cannot write {log_path}: No space left on device (ENOSPC)'
+            assert pulse.parse(open(pulse.beside(log_path)).read()) == pulse.Beat(4, 10, refused)
+            late = pulse.Pulse()        # a task that starts on the full disk: no pulse, no error
+            assert not late.open(os.path.join(train_dir, 'logs', 'attempt-1', 'worker-1.pulse'))
+            late.beat(1, 10)
+            _free(train_dir)
+            logger.warning('step 5/10')
+        finally:
+            logger.removeHandler(handler)
+    assert pulse.parse(open(pulse.beside(log_path)).read()) == pulse.Beat(4, 10, None)   # heard again
+    assert os.path.getsize(pulse.beside(log_path)) == pulse.PULSE_BYTES
+    assert 'step 5/10' in open(log_path).read()
+    assert pulse.parse('{"step": tru') is None and pulse.parse(None) is None and pulse.parse('[1]') is None
+
+
+def test_the_event_log_keeps_room_for_the_events_of_a_full_disk(small_fs):
+    from launch.records.event_types import DiskFull
+    from launch.records.events import RESERVE_BYTES, EventLog, read_events
+    train_dir = small_fs('1m')
+    events = EventLog(rundir.events_path(train_dir), 'run-1', 1)
+    events.emit('first_step', step=1)
+    fill(train_dir)
+    events.emit(DiskFull(path=train_dir, cause='No space left on device (ENOSPC)'))
+    for step in range(2, 22):
+        events.emit('progress', step=step, total=99, loss=2.0, images_per_sec=None)
+    assert events.refused is None
+    written = read_events(rundir.events_path(train_dir))
+    assert [e['event'] for e in written] == ['first_step', 'disk_full'] + ['progress'] * 20
+    assert written[1]['path'] == train_dir and written[1]['cause'] == 'No space left on device (ENOSPC)'
+    for _ in range(RESERVE_BYTES // 100):       # the reserve spent: refused, whole lines kept
+        events.emit('progress', step=1, total=99, loss=2.0, images_per_sec=None, pad='x' * 100)
+    assert events.refused == 'No space left on device (ENOSPC)'
+    assert all(json.loads(line) for line in open(rundir.events_path(train_dir)).read().splitlines())
+
+
+def test_the_launchers_watch_names_a_full_disk_once_and_its_room_again(small_fs):
+    from launch.records.events import EventLog, read_events
+    from launch.run.disk import DiskWatch
+    train_dir = small_fs('1m')
+    events = EventLog(rundir.events_path(train_dir), 'run-1', 1)
+    events.emit('first_step', step=1)
+    said: list[str] = []
+    watch = DiskWatch(train_dir, said.append, events.emit, events)
+    assert watch.check() is None and said == []
+    fill(train_dir)
+    assert watch.check() == watch.check() == 'No space left on device (ENOSPC)'
+    _free(train_dir)
+    assert watch.check() is None
+    assert said == [f'warning: the disk under {train_dir} is full: No space left on device (ENOSPC); no log, '
+                    'checkpoint or record of the run can be written there, and the next checkpoint fails: free '
+                    'space there', f'the disk under {train_dir} has room again']
+    told = [(e['event'], e['path'], e.get('cause')) for e in read_events(events.path)[1:]]
+    assert told == [('disk_full', train_dir, 'No space left on device (ENOSPC)'), ('disk_free', train_dir, None)]
+
+
+def _record(train_dir: str, name: str, pid: int):
+    from launch.backends.base import TaskRecord
+    job, index = name.split(':')
+    return TaskRecord(name=name, job=job, index=int(index), host='localhost', port=1, backend='local', pid=pid,
+                      log=_task_log(train_dir, f'{job}-{index}'), cwd=train_dir)
+
+
+def test_the_supervisor_hears_steps_from_the_pulses_and_sees_the_full_disk(small_fs):
+    """What Attempt.observe does once a second (feel): the first beat of a start is where it
+    stands (maybe an earlier start's), a later one with another step is progress; a full disk
+    under the tasks' logs becomes the policy's Progress.disk."""
+    from cluster.runtime import pulse
+    from launch.backends.local import LocalBackend
+    from launch.run.attempt import Attempt
+    train_dir = small_fs('1m')
+    records = [_record(train_dir, 'ps:0', 11), _record(train_dir, 'worker:0', 12), _record(train_dir, 'worker:1', 13)]
+    backends = {'local': LocalBackend()}
+    chief = pulse.Pulse()
+    assert chief.open(pulse.beside(records[1].log))
+    chief.beat(40, 100)             # left by an earlier start, or this one's: not a step heard
+    attempt, said = Attempt(), []
+    attempt.step_at -= 5            # the logs quiet for 5s
+    attempt.feel(records, backends, said.append)
+    assert attempt.step is None and attempt.progress(100).disk is None
+    chief.beat(41, 100)
+    attempt.feel(records, backends, said.append)
+    assert attempt.step == 41 and attempt.progress(100).quiet_secs < 1
+    fill(train_dir)
+    chief.beat(42, 100)
+    attempt.step_at -= 5
+    attempt.feel(records, backends, said.append)
+    full = f'the disk under {train_dir} is full: No space left on device (ENOSPC)'
+    assert attempt.step == 42 and attempt.progress(100).disk == full
+    assert said == []               # the launcher's own watch names a disk it sees (DiskWatch)
+    _free(train_dir)
+    chief.refuse(f'cannot write {records[1].log}: No space left on device (ENOSPC)')    # as on another host
+    attempt.step_at -= 5
+    attempt.feel(records, backends, said.append)
+    assert attempt.progress(100).disk == f'worker:0 cannot write {records[1].log}: No space left on device (ENOSPC)'
+    assert said == [f'warning: worker:0 cannot write {records[1].log}: No space left on device (ENOSPC); its steps '
+                    'are read from its pulse file meanwhile (a checkpoint fails while the disk is full: free space '
+                    'there)']
+
+
+FULL = 'the disk under /runs/r is full: No space left on device (ENOSPC)'
+
+
+def _policy(**kw):
+    from launch.run.policy import Policy
+    return Policy(**{'sync': True, 'num_workers': 2, 'replicas_to_aggregate': 2, 'stall_secs': 10, **kw})
+
+
+def _tasks(lost: str | None = None, code: int = 1):
+    from launch.run.policy import TaskState, TaskStatus
+    return [TaskStatus(name, name.split(':')[0], int(name[-1]), TaskState.FAILED if name == lost else TaskState.RUNNING,
+                       exit_code=code if name == lost else None) for name in ('ps:0', 'worker:0', 'worker:1')]
+
+
+def test_a_stall_on_a_full_disk_is_the_disks_and_ends_the_run():
+    from launch.run.policy import Action, Progress, decide
+    stalled = Progress(40, 100, 12.0, 20, disk=FULL)
+    d = decide(_policy(restart='on-failure'), _tasks(), set(), 0, stalled)
+    assert (d.action, d.stalled, d.disk) == (Action.GIVE_UP, True, FULL)
+    assert d.note.startswith('no restart while the disk is full')
+    d = decide(_policy(), _tasks(), set(), 0, stalled)       # restart: never
+    assert (d.action, d.disk, d.note) == (Action.GIVE_UP, FULL, '')
+    # A run that goes on (the pulses show steps) goes on; a disk with room changes nothing.
+    assert decide(_policy(), _tasks(), set(), 0, Progress(40, 100, 2.0, 20, disk=FULL)).action is Action.CONTINUE
+    assert decide(_policy(restart='on-failure'), _tasks(), set(), 0, Progress(40, 100, 12.0)).action is Action.RESTART
+
+
+def test_a_fault_on_a_full_disk_names_it_first_and_restarts_no_cluster():
+    from launch.run import faults
+    from launch.run.policy import Action, Progress, decide
+    on_failure = _policy(restart='on-failure')
+    d = decide(on_failure, _tasks('worker:0'), set(), 0, Progress(40, 100, 1.0, 20, disk=FULL))
+    assert (d.action, d.disk) == (Action.GIVE_UP, FULL) and 'no restart while the disk is full' in d.note
+    assert faults.cause(d, [], {}) == (f'{FULL}; worker:0 exited with code 1', False)
+    d = decide(_policy(restart='on-failure', sync=False), _tasks('worker:1'), set(), 0,
+               Progress(40, 100, 1.0, 20, disk=FULL))
+    assert (d.action, d.disk) == (Action.RESTART_TASKS, FULL)       # a worker rejoins: nothing to save
+
+
+def test_the_words_of_a_stall_blame_the_training_only_when_the_disk_has_room():
+    from launch.run.faults import StallView, first, stall_words
+    answering = StallView([], [], ['ps:0', 'worker:0'], None)
+    assert stall_words(answering).endswith('the cause is inside the training (a lost gradient, a deadlock)')
+    answering.disk = FULL
+    words = first(answering.disk, stall_words(answering))
+    assert words.startswith(FULL + '; ') and 'deadlock' not in words and 'inside the training' not in words
+    stopped = StallView(['worker:1 is stopped (SIGSTOP) and does not answer on h:1'], ['worker:1'], ['worker:0'], FULL)
+    assert stall_words(stopped) == 'worker:1 is stopped (SIGSTOP) and does not answer on h:1; worker:0 answers ' \
+                                   'and waits for it'

@@ -33,10 +33,11 @@ VALUES = {
     'to': 3, 'add': ['worker:2'], 'remove': [], 'state': 'done', 'workers': [0, 1, 2],
     'metrics': {'accuracy': 0.8125, 'loss': 0.5}, 'seconds': 6.25, 'steps_redone': 12,
     'phases': {'stop': 0.5, 'backoff': 1.0, 'start': 3.25, 'step': 1.5},
+    'path': '/home/me/runs/local2',
 }
 SPEC, TRAIN_DIR = '/home/me/specs/local2.yaml', '/home/me/runs/local2'
 BY_EVENT = {('evaluation', 'task'): 'evaluator:0', ('failover', 'to'): 'worker:3', ('failover', 'task'): 'worker:1',
-            ('stall', 'cause'): 'no new step for 60s'}
+            ('stall', 'cause'): 'no new step for 60s', ('disk_full', 'cause'): 'No space left on device (ENOSPC)'}
 
 
 def _readme() -> str:

@@ -23,6 +23,7 @@ A run directory (`train.train_dir`) holds:
     report.html            `launch report`: one self-contained page
     logs/attempt-<n>/<job>-<index>.log   every attempt's task logs, kept; logs/<job>-<index>.log
                            leads (a symbolic link) to the newest attempt's
+    logs/attempt-<n>/<job>-<index>.pulse a trainer's newest step, overwritten in place (cluster/runtime/pulse.py)
 """
 from __future__ import annotations
 
@@ -357,6 +358,27 @@ def os_cause(error: BaseException | str) -> str | None:
         return None
     number = min(found)[1]
     return f'{OS_CAUSES[number]} ({errno.errorcode[number]})'
+
+
+# Less than this left for the tasks' user on a file system is a full disk: a log line may still
+# fit, a checkpoint (megabytes) does not, and the next line soon will not either.
+NO_ROOM_BYTES = 64 * 1024
+
+
+def no_room(path: str) -> str | None:
+    """`No space left on device (ENOSPC)` when the file system holding `path` has (almost) no
+    block or no inode left for this user (root may use the blocks reserved for it: statvfs's
+    f_bfree, others f_bavail), else None; None too when it cannot be asked (gone, not reachable).
+    One statvfs: cheap enough for every poll of a supervisor."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    root = os.geteuid() == 0 if hasattr(os, 'geteuid') else False
+    blocks, inodes = (st.f_bfree, st.f_ffree) if root else (st.f_bavail, st.f_favail)
+    if blocks * st.f_frsize < NO_ROOM_BYTES or (st.f_files and not inodes):
+        return f'{OS_CAUSES[errno.ENOSPC]} (ENOSPC)'
+    return None
 
 
 def checkpoint_step(checkpoint_index_text: str | None) -> int | None:

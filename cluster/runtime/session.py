@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, NoReturn
 import tensorflow as tf
 
 from cluster.runtime import rundir
+from cluster.runtime.pulse import PULSE
 
 if TYPE_CHECKING:
     from cluster.spec.model import TrainConfig
@@ -260,7 +261,9 @@ def _exit_now(code: int, level: int, message: str) -> NoReturn:
 
 # -- progress, done, result -------------------------------------------------------------------
 def log_progress(step: int, total: int, loss: float, rate: str = '') -> None:
-    """Log the progress line (rundir.progress_line) the launcher's supervisor reads."""
+    """Log the progress line (rundir.progress_line) the launcher's supervisor reads, and beat
+    the pulse (cluster/runtime/pulse.py), which it reads when a full disk stops the log."""
+    PULSE.beat(step, total)
     log.info('%s', rundir.progress_line(step, total, loss, rate))
 
 

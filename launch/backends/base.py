@@ -286,8 +286,25 @@ class Backend(abc.ABC):
         """The text of a small file on the task's host (`path` relative to its working directory),
         or None if it is not there."""
 
+    def disk_full(self, record: TaskRecord) -> str | None:
+        """`the disk under PATH is full: No space left on device (ENOSPC)` when the file system
+        of the task's log (its train_dir) has no room left, as far as the launcher can see it
+        from its own machine; None when it has room, or lies on another host (there the task
+        says it in its pulse: cluster/runtime/pulse.py)."""
+        return None
+
     def close(self) -> None:     # noqa: B027 (a hook: no-op by default)
         """Release connections."""
+
+
+def local_disk_full(record: TaskRecord) -> str | None:
+    """Backend.disk_full for a task whose log is a file on the launcher's machine: the train_dir
+    its log lies in (`<train_dir>/logs/attempt-N/`) is named, as the user knows it."""
+    where = os.path.dirname(record.log)
+    if os.path.basename(os.path.dirname(where)) == rundir.LOGS_DIR:
+        where = os.path.dirname(os.path.dirname(where))
+    cause = rundir.no_room(where)
+    return f'the disk under {where} is full: {cause}' if cause else None
 
 
 def planned_record(plan: TaskPlan, log: str, cwd: str, backend: str) -> TaskRecord:

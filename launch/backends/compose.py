@@ -34,7 +34,8 @@ from cluster.spec import ClusterSpec
 from launch import system
 from launch.render import compose as compose_file
 from launch.backends.base import (ENDED, RUNNING, STOP_GRACE_SECS, Backend, BackendError, HostCheck, Observation, TaskRecord,
-                            decode_exit, follow_file, handle_of, link_attempt_log, planned_record, touch_leases)
+                            decode_exit, follow_file, handle_of, link_attempt_log, local_disk_full, planned_record,
+                            touch_leases)
 from launch.planning.plan import TaskPlan, compose_spec, effective_spec_path, service_name
 
 log = logging.getLogger(__name__)
@@ -422,4 +423,7 @@ class ComposeBackend(Backend):
 
     def read_file(self, record: TaskRecord, path: str) -> str | None:
         return read_text(os.path.join(record.cwd, path))
+
+    def disk_full(self, record: TaskRecord) -> str | None:
+        return local_disk_full(record)      # the log is a file here (the bind-mounted train_dir)
 

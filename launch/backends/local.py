@@ -24,7 +24,7 @@ from launch.system import poll_until
 from cluster.runtime.rundir import read_text, write_atomically
 from launch.backends.base import (ENDED, HOST_PROBE, RUNNING, STOP_GRACE_SECS, Backend, BackendError, HostCheck,
                             Observation, TaskRecord, follow_file, handle_of, link_attempt_log,
-                            planned_record, touch_leases)
+                            local_disk_full, planned_record, touch_leases)
 from launch.planning.plan import TaskPlan
 
 if TYPE_CHECKING:
@@ -226,6 +226,9 @@ class LocalBackend(Backend):
 
     def read_file(self, record: TaskRecord, path: str) -> str | None:
         return read_text(os.path.join(record.cwd, path))
+
+    def disk_full(self, record: TaskRecord) -> str | None:
+        return local_disk_full(record)      # the log is a file here
 
     def log_record(self, plan: TaskPlan) -> TaskRecord:
         return planned_record(plan, os.path.abspath(os.path.join(plan.cwd, plan.log_path)),

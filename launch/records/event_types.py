@@ -37,6 +37,8 @@ class EventKind(str, enum.Enum):
     SCALE = 'scale'
     SCALED = 'scaled'
     FAILOVER = 'failover'
+    DISK_FULL = 'disk_full'
+    DISK_FREE = 'disk_free'
     INTERRUPTED = 'interrupted'
     FINISHED = 'finished'
 
@@ -244,6 +246,21 @@ class Failover(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class DiskFull(Event):
+    """The disk under the run's files (`path`) is full, or refuses the event log: `cause`."""
+    kind = EventKind.DISK_FULL
+    path: str | None = json_field(read_text)
+    cause: str | None = json_field(read_text)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DiskFree(Event):
+    """The disk under `path` has room again."""
+    kind = EventKind.DISK_FREE
+    path: str | None = json_field(read_text)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Interrupted(Event):
     kind = EventKind.INTERRUPTED
     signal: str | None = json_field(read_text)
@@ -272,7 +289,7 @@ class OtherEvent(Event):
 
 EVENT_TYPES: dict[str, type[Event]] = {cls.kind.value: cls for cls in (
     RunStarted, TaskStarted, Serving, FirstStep, Progress, Checkpoint, Evaluation, TaskLost, Tolerated, Stall, Restart,
-    Recovered, Scale, Scaled, Failover, Interrupted, Finished) if cls.kind is not None}
+    Recovered, Scale, Scaled, Failover, DiskFull, DiskFree, Interrupted, Finished) if cls.kind is not None}
 assert set(EVENT_TYPES) == {k.value for k in EventKind}
 
 

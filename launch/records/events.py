@@ -26,6 +26,8 @@ and the fields that event names:
     scale          to (the worker count asked for), add, remove (task lists), pid (of `launch scale`)
     scaled         state (done | failed), workers (the live worker indices), cause
     failover       task (lost, its host unreachable), to (the spare of the pool started instead), host, cause
+    disk_full      path, cause: the disk under the run's files is full (written into the log's reserve)
+    disk_free      path: it has room again
     interrupted    signal
     finished       result: the RunResult (see run.json)
 A reader skips a torn or damaged line (a launcher killed mid-write) with one warning, never a
@@ -34,10 +36,12 @@ traceback. launch/records/event_types.py types them: `EventKind`, one dataclass 
 """
 from __future__ import annotations
 
+import ctypes
 import errno
 import json
 import logging
 import os
+import sys
 import threading
 import time
 from typing import Any
@@ -58,6 +62,7 @@ class EventLog:
         self.path, self.run, self.attempt = path, run, attempt
         self._lock = threading.Lock()
         self._lost = 0      # events the disk refused since the last one written
+        self.refused: str | None = None     # why the disk refuses the log, while it does (os_cause)
 
     def emit(self, event: Event | EventKind | str, **fields: Any) -> dict[str, Any]:
         """Append one event: a typed one (its time, run and attempt are the log's), or a kind and
@@ -82,16 +87,35 @@ class EventLog:
                     log.warning('cannot write %s: %s; the events of the run are lost until it can',
                                 self.path, rundir.os_cause(e))
                 self._lost += 1
+                self.refused = rundir.os_cause(e)
                 return record
+            self.refused = None
             if self._lost:
                 log.warning('%s: written again; %d event(s) were lost', self.path, self._lost)
                 self._lost = 0
         return record
 
 
+# Room the event log keeps past its end (allocated, the file's size unchanged): the events that
+# tell of a full disk, and the run's end, still fit once the disk is full.
+RESERVE_BYTES = 64 * 1024
+FALLOC_FL_KEEP_SIZE = 1
+_libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith('linux') else None
+
+
+def _reserve(fd: int, end: int) -> None:
+    """Allocate RESERVE_BYTES past `end` without growing the file (Linux fallocate, KEEP_SIZE):
+    appends then land in blocks the file holds already. Where it cannot (another OS, a file
+    system without it, a disk already full) the log goes on without a reserve."""
+    fallocate = getattr(_libc, 'fallocate', None)
+    if fallocate is not None:
+        fallocate(fd, FALLOC_FL_KEEP_SIZE, ctypes.c_long(end), ctypes.c_long(RESERVE_BYTES))
+
+
 def _append_whole(path: str, data: bytes) -> None:
     """Append `data` in one write; if the disk takes only part of it, cut the file back, so that
-    the log never holds half a line (the next event would be glued to it)."""
+    the log never holds half a line (the next event would be glued to it). The reserve past the
+    end is topped up after every write that the disk took."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         start = os.fstat(fd).st_size
@@ -108,6 +132,7 @@ def _append_whole(path: str, data: bytes) -> None:
             except OSError:
                 pass
             raise
+        _reserve(fd, start + len(data))
     finally:
         os.close(fd)
 

@@ -14,7 +14,7 @@ from typing import Any
 from collections.abc import Iterable
 
 from cluster.runtime import rundir
-from launch.records.event_types import (Checkpoint, Event, Failover, Finished, FirstStep, Interrupted, Progress,
+from launch.records.event_types import (Checkpoint, DiskFull, Event, Failover, Finished, FirstStep, Interrupted, Progress,
                                         Restart, RunStarted, Scale, Serving, Stall, TaskLost, TaskStarted, Tolerated,
                                         parse_event)
 from launch.records.events import read_events, read_run_record
@@ -217,6 +217,9 @@ class _Walk:
         elif isinstance(e, Failover):
             mark((task, t, 'failover'))
             self._fault(e, task, f'{task}\'s host could not be reached: {_or(e.to)} started in its place')
+        elif isinstance(e, DiskFull):
+            mark((RUN_ROW, t, 'disk full'))
+            self._fault(e, RUN_ROW, f'the disk under {_or(e.path)} is full: {_or(e.cause)}')
         elif isinstance(e, Interrupted):
             mark((RUN_ROW, t, 'interrupted'))
             self._fault(e, RUN_ROW, f'interrupted by {e.signal or "a signal"}')

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from collections.abc import Callable, Mapping, Sequence
 
 from launch.backends.base import ENDED, UNKNOWN, Backend, TaskRecord
+from launch.run.disk import Pulses
 from launch.run.lifecycle import Failure
 from launch.run.policy import Progress, TaskState, TaskStatus
 from launch.run.state import StepSeen
@@ -27,6 +28,10 @@ class Attempt:
     step_at: float = field(default_factory=time.monotonic)        # when `step` last changed (or the attempt began)
     saved: int | None = None                                      # the newest checkpoint the chief logged
     from_step: int | None = None                                  # the checkpoint this attempt resumed from
+    disk: str | None = None                                       # why the disk refuses the tasks' files, while it does
+    pulses: Pulses = field(default_factory=Pulses)                # the tasks' pulses, as read so far
+    told_disk: bool = False                                       # a refusal only the tasks could see: said
+    failed_seen: set[str] = field(default_factory=set)            # tasks seen ended badly at the last look
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def saw_step(self, step: int) -> None:
@@ -55,7 +60,7 @@ class Attempt:
 
     def progress(self, total: int) -> Progress:
         with self._lock:
-            return Progress(self.step, total, time.monotonic() - self.step_at, self.saved)
+            return Progress(self.step, total, time.monotonic() - self.step_at, self.saved, self.disk)
 
     def progress_record(self, total: int) -> StepSeen | None:
         """The state file's `progress` (the step and when, in epoch seconds), None before a step."""
@@ -91,4 +96,24 @@ class Attempt:
                 self.frozen_since.pop(r.name, None)
             out.append(TaskStatus(r.name, r.job, r.index, state,
                                   exit_code=seen.exit_code if seen.state == ENDED else None, frozen=frozen))
+        failed = {t.name for t in out if t.state is TaskState.FAILED}
+        if self.pulses.due() or failed - self.failed_seen:     # a fault is judged on the disk as it is now
+            self.feel(records, backends, say)
+        self.failed_seen = failed
         return out
+
+    def feel(self, records: Sequence[TaskRecord], backends: Mapping[str, Backend],
+             say: Callable[[str], None]) -> None:
+        """The tasks' pulses and the disk under them (launch/run/disk.py): a step their logs could
+        not carry is progress all the same, and a disk that refuses their files is kept for the
+        policy. A refusal only the tasks can see (their host is another) is said once; one the
+        launcher sees itself is said by its own watch of the disk (launch/run/disk.py DiskWatch)."""
+        with self._lock:
+            quiet = time.monotonic() - self.step_at
+        step, self.disk, seen_here = self.pulses.read(records, backends, quiet)
+        if step is not None:
+            self.saw_step(step)
+        if self.disk and not seen_here and not self.told_disk:
+            self.told_disk = True
+            say(f'warning: {self.disk}; its steps are read from its pulse file meanwhile (a checkpoint fails '
+                'while the disk is full: free space there)')

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from cluster.runtime import rundir
 from cluster.runtime.rundir import EXIT_FAILED, EXIT_NO_RESTART
 from launch.backends.base import ENDED, Backend, TaskRecord, tail
+from launch.run import disk
 from launch.run import policy as supervise
 from launch.run.lifecycle import Failure, Lifecycle, is_chatter, resume_hint
 from launch.run.policy import Action, Decision, Policy, TaskState, TaskStatus
@@ -85,10 +86,18 @@ def holds_variables(name: str) -> bool:
     return name.startswith('ps:') or name == 'worker:0'
 
 
-def explain_stall(records: Sequence[TaskRecord], backends: Mapping[str, Backend],
-                  names: Sequence[str]) -> tuple[str, list[str]]:
-    """Name what each of these tasks is doing: stopped, not answering, or answering (waiting);
-    returns the words and the tasks that do not answer (or are stopped)."""
+@dataclass
+class StallView:
+    """What the tasks of a stall do, probed: the words for those that do not answer (or are
+    stopped) and their names, those that answer (and wait), and a full disk under the run."""
+    silent: list[str]
+    stopped: list[str]
+    waiting: list[str]
+    disk: str | None
+
+
+def look_at_stall(records: Sequence[TaskRecord], backends: Mapping[str, Backend], names: Sequence[str]) -> StallView:
+    """Probe these tasks (stopped, not answering, or answering) and look at the disk under the run."""
     running = [r for r in records if r.name in names]
 
     def probe(r: TaskRecord) -> tuple[TaskRecord, bool, str | None]:
@@ -99,23 +108,61 @@ def explain_stall(records: Sequence[TaskRecord], backends: Mapping[str, Backend]
         found = list(pool.map(probe, running))
     silent = [f'{r.name} {how + " and " if how else ""}does not answer on {r.endpoint}'
               for r, answers, how in found if not answers or how]
-    waiting = [r.name for r, answers, how in found if answers and not how]
-    parts = silent or ['every task answers on its port, so none is frozen; the cause is inside the '
-                       'training (a lost gradient, a deadlock)']
-    if silent and waiting:
-        one = len(waiting) == 1
-        parts.append(f'{", ".join(waiting)} answer{"s" if one else ""} and '
-                     f'wait{"s" if one else ""} for {"it" if len(silent) == 1 else "them"}')
-    return '; '.join(parts), [r.name for r, answers, how in found if not answers or how]
+    return StallView(silent, [r.name for r, answers, how in found if not answers or how],
+                     [r.name for r, answers, how in found if answers and not how], disk.refusal(records, backends))
+
+
+def stall_words(view: StallView) -> str:
+    """What the tasks of a stall do, in words (the disk left to the caller, who names it first).
+    Only when every task answers and the disk has room is the cause inside the training."""
+    if view.silent:
+        parts = list(view.silent)
+    elif view.disk:
+        parts = ['every task answers on its port, so none is frozen; with the disk full, neither their logs nor '
+                 'their pulses can show a step']
+    else:
+        parts = ['every task answers on its port, so none is frozen; the cause is inside the training (a lost '
+                 'gradient, a deadlock)']
+    if view.silent and view.waiting:
+        one = len(view.waiting) == 1
+        parts.append(f'{", ".join(view.waiting)} answer{"s" if one else ""} and '
+                     f'wait{"s" if one else ""} for {"it" if len(view.silent) == 1 else "them"}')
+    return '; '.join(parts)
+
+
+def explain_stall(records: Sequence[TaskRecord], backends: Mapping[str, Backend],
+                  names: Sequence[str]) -> tuple[str, list[str]]:
+    """Name what each of these tasks is doing: stopped, not answering, or answering (waiting),
+    after a full disk under the run if there is one; returns the words and the tasks that do not
+    answer (or are stopped)."""
+    view = look_at_stall(records, backends, names)
+    return first(view.disk, stall_words(view)), view.stopped
+
+
+def first(full: str | None, text: str) -> str:
+    """`text` after the full disk, if there is one: the cause comes first."""
+    return f'{full}; {text}' if full else text
+
+
+def _cause(decision: Decision, records: Sequence[TaskRecord],
+           backends: Mapping[str, Backend]) -> tuple[str | None, str, bool]:
+    """cause() in its parts: the full disk (or None), the fault's own words, whether the chief can save."""
+    if decision.stalled:
+        view = look_at_stall(records, backends, decision.tasks)
+        full = decision.disk or view.disk
+        view.disk = full
+        return full, f'stall: {decision.reason}; {stall_words(view)}', \
+            not any(holds_variables(n) for n in view.stopped)
+    return decision.disk or disk.refusal(records, backends), decision.reason, \
+        not any(holds_variables(n) for n in decision.tasks)
 
 
 def cause(decision: Decision, records: Sequence[TaskRecord], backends: Mapping[str, Backend]) -> tuple[str, bool]:
-    """The fault in words, and whether the chief can still save a checkpoint (it and every ps
-    answer): a checkpoint the frozen or lost ps cannot write is not waited for."""
-    if decision.stalled:
-        text, silent = explain_stall(records, backends, decision.tasks)
-        return f'stall: {decision.reason}; {text}', not any(holds_variables(n) for n in silent)
-    return decision.reason, not any(holds_variables(n) for n in decision.tasks)
+    """The fault in words (a full disk under the run first), and whether the chief can still
+    save a checkpoint (it and every ps answer): a checkpoint the frozen or lost ps cannot write
+    is not waited for."""
+    full, text, can_save = _cause(decision, records, backends)
+    return first(full, text), can_save
 
 
 def _signal_name(code: int | None) -> str | None:
@@ -133,7 +180,7 @@ def record_faults(life: Lifecycle, decision: Decision, statuses: Sequence[TaskSt
     """The event log's account of a fault, before anything is done about it; returns each lost
     task's last error line (None: it logged none) and the failures run.json keeps of them."""
     if decision.stalled:
-        life.emit('stall', tasks=list(decision.tasks), cause=decision.reason)
+        life.emit('stall', tasks=list(decision.tasks), cause=first(decision.disk, decision.reason))
         return {}, []
     by_name = {t.name: t for t in statuses}
     errors: dict[str, str | None] = {}
@@ -143,7 +190,8 @@ def record_faults(life: Lifecycle, decision: Decision, statuses: Sequence[TaskSt
         record = next((r for r in records if r.name == name), None)
         code = t.exit_code if t else None
         error = errors[name] = last_error(record, backends) if record else None
-        why = supervise.how_lost(t) if t and t.state is not TaskState.RUNNING else decision.reason
+        why = first(decision.disk, supervise.how_lost(t) if t and t.state is not TaskState.RUNNING
+                    else decision.reason)
         life.emit('task_lost', task=name, cause=why, exit_code=code, signal=_signal_name(code), error=error)
         failures.append(Failure(name, why + (f'; its last error: {short(error, ERROR_CHARS)}' if error else ''),
                                 record.host if record else '', record.pid if record else None))
@@ -185,21 +233,22 @@ def judge(decision: Decision, records: Sequence[TaskRecord], backends: Mapping[s
           policy: Policy, restarts: int) -> Verdict:
     """Giving up: which task, how, its last Python error, and why no restart was made. A user
     command's run ends with its worker's own exit code."""
-    message, can_save = cause(decision, records, backends)
-    verdict = Verdict(message, EXIT_FAILED, [Failure(name, message) for name in decision.tasks], can_save)
+    full, message, can_save = _cause(decision, records, backends)
+    verdict = Verdict(first(full, message), EXIT_FAILED,
+                      [Failure(name, first(full, message)) for name in decision.tasks], can_save)
     if not decision.stalled:
-        first = next(r for r in records if r.name == decision.tasks[0])
-        seen = backends[first.backend].status(first)
+        lost = next(r for r in records if r.name == decision.tasks[0])
+        seen = backends[lost.backend].status(lost)
         exit_code = seen.exit_code if seen.state == ENDED else None
         verdict.no_restore = exit_code == EXIT_NO_RESTART
-        if policy.user_command and first.job == 'worker' and exit_code is not None and exit_code > 0:
+        if policy.user_command and lost.job == 'worker' and exit_code is not None and exit_code > 0:
             verdict.code = exit_code
-        verdict.message = message.replace(first.name, f'{first.name} (pid {first.pid} on {first.host})', 1)
-        error = last_error(first, backends)
-        error = own_error(first.name, error)
+        verdict.message = first(full, message.replace(lost.name, f'{lost.name} (pid {lost.pid} on {lost.host})', 1))
+        error = last_error(lost, backends)
+        error = own_error(lost.name, error)
         verdict.error = error
-        verdict.failures = [Failure(first.name, verdict.message + (f'; its last error: {short(error, ERROR_CHARS)}'
-                                                                   if error else ''), first.host, first.pid)]
+        verdict.failures = [Failure(lost.name, verdict.message + (f'; its last error: {short(error, ERROR_CHARS)}'
+                                                                  if error else ''), lost.host, lost.pid)]
     verdict.after = f'; {decision.note}' if decision.note else ''
     if restarts >= policy.max_restarts and policy.restart == 'on-failure':
         verdict.after += f'; {restarts} restart(s) made, the most supervise.max_restarts allows'

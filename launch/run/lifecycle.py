@@ -35,6 +35,7 @@ from launch.records.event_types import (Checkpoint, Evaluation, Event, EventKind
 from launch.records.events import EventLog, read_events, read_run_record
 from launch.records.result import Failure, MendedFault, RunRecord, RunResult, RunState     # the strategies import them from here
 from launch.records.lock import LockBusy, TrainDirLock
+from launch.run.disk import DiskWatch
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +179,7 @@ class Lifecycle:
         self.signum = 0
         self._hurried = False
         self._strategy: Strategy | None = None
+        self.disk: DiskWatch | None = None       # the disk under the run's own files (from _begin)
         self._followers: dict[str, tuple[threading.Thread, threading.Event]] = {}
 
     # -- the lock -----------------------------------------------------------------------------
@@ -243,6 +245,7 @@ class Lifecycle:
         """Name the run and this attempt, first thing on the console, and open the event log."""
         train_dir = self.spec.train.train_dir
         self.events = EventLog(rundir.events_path(train_dir), self.run_id, self.attempt)
+        self.disk = DiskWatch(train_dir, self.console.say, self.emit, self.events)
         self.console.say(f'run {self.run_id}, attempt {self.attempt}: {os.path.abspath(train_dir)} '
                          f'(`launch status {self.run_id}`, `launch logs {self.run_id}`)')
         step = rundir.checkpoint_step(rundir.read_text(rundir.checkpoint_index_path(train_dir)))
@@ -319,9 +322,11 @@ class Lifecycle:
         self._strategy = strategy
         previous = {s: signal.signal(s, self._on_signal) for s in SIGNALS}
         started = self._attempt_started = time.time()
+        watched = self._watch_disk()
         try:
             outcome = strategy.run(self)
         finally:
+            watched.set()
             self.unfollow(list(self._followers))      # every line shown before the verdict
             for s, handler in previous.items():
                 signal.signal(s, handler)
@@ -340,6 +345,14 @@ class Lifecycle:
         self.emit(Finished(result=self._as_record(result)))
         self._write_result(result)
         return result
+
+    def _watch_disk(self) -> threading.Event:
+        """Watch the disk under the run's files while the strategy runs (launch/run/disk.py): a
+        full one is named at once, before any fault it causes; set the event to end the watch."""
+        stop = threading.Event()
+        if self.disk is not None:
+            threading.Thread(target=self.disk.watch, args=(stop,), name='disk', daemon=True).start()
+        return stop
 
     def _as_record(self, result: RunResult) -> RunRecord:
         """run.json's record of this attempt's result."""

@@ -23,6 +23,8 @@ The rules, in order:
     own, no newer checkpoint in between) ends the run: another restart would fail the same way.
     A fault with no error of its own (a kill, a lost host) comes from outside and never repeats.
   - a task lost while a restart starts the cluster again is one more fault, under the same rules.
+  - while the disk under the run is full (Progress.disk), a fault is named with it, first, and the
+    cluster is not started again (on_full_disk).
   - a user's `train.command` is a black box: losing any of its tasks is fatal, and its ps tasks are
     stopped once every worker has exited 0 (they `server.join()` for ever).
 
@@ -36,6 +38,7 @@ the servers, which never end by themselves, are then stopped.
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
 import re
 import signal
@@ -78,6 +81,7 @@ class Progress:
     total: int                # train.steps
     quiet_secs: float         # seconds since `step` last changed (or since the run began)
     saved: int | None = None  # the newest checkpoint the chief said it saved (this start of it)
+    disk: str | None = None   # why the disk under the tasks' files refuses them, while it does (with its path)
 
 
 class Action(str, enum.Enum):
@@ -99,6 +103,7 @@ class Decision:
     reason: str = ''                 # why, in words, for the one line the user sees
     stalled: bool = False
     note: str = ''                   # why a restart was not tried (after the task's error, in that line)
+    disk: str | None = None          # a full disk under the run (Progress.disk): named first, as the cause
 
 
 @dataclass(frozen=True)
@@ -182,8 +187,33 @@ def decide(policy: Policy, tasks: list[TaskStatus], tolerated: frozenset[str] | 
            restarts: int, progress: Progress) -> Decision:
     """What to do now. `tolerated`: workers already lost and let go (not counted again);
     `restarts`: restarts made so far in this run."""
-    if policy.coordinator:
-        return decide_coordinator(policy, tasks, tolerated, restarts, progress)
+    rule = decide_coordinator if policy.coordinator else _decide
+    return on_full_disk(rule(policy, tasks, tolerated, restarts, progress), progress)
+
+
+NO_RESTART_ON_FULL_DISK = ('no restart while the disk is full (the tasks started again could neither log nor '
+                           'save a checkpoint): free space first')
+
+
+def on_full_disk(decision: Decision, progress: Progress) -> Decision:
+    """A fault while the disk under the run refuses its files (progress.disk) is named with the
+    disk, first: its words are never those of a training that stopped by itself (a stall then
+    is the disk's: the steps cannot be seen). And the cluster is not started again: the new
+    tasks could not log that they serve, nor save a checkpoint, so a restart would only stop a
+    training that may still go on and fail the same way; ending the run keeps the steps of the
+    newest checkpoint for a `launch up` once there is room. A run that goes on meanwhile goes on:
+    its steps are read from the tasks' pulses (launch/run/disk.py)."""
+    if progress.disk is None or decision.action in (Action.CONTINUE, Action.FINISH):
+        return decision
+    if decision.action is not Action.RESTART:
+        return dataclasses.replace(decision, disk=progress.disk)
+    return dataclasses.replace(decision, action=Action.GIVE_UP, disk=progress.disk,
+                               note=decision.note or NO_RESTART_ON_FULL_DISK)
+
+
+def _decide(policy: Policy, tasks: list[TaskStatus], tolerated: frozenset[str] | set[str],
+            restarts: int, progress: Progress) -> Decision:
+    """`decide` for a run of the built-in trainer, a program or a command (see the module's docstring)."""
     can_restart = policy.restart == 'on-failure' and restarts < policy.max_restarts
     stalled = progress.step is not None and progress.step < progress.total and progress.quiet_secs >= policy.stall_secs
     newly_lost = [t for t in tasks if is_lost(t, policy, stalled) and t.name not in tolerated]

@@ -427,7 +427,7 @@ class SupervisedRun(Strategy):
         try:
             self._state.save(state_path(self.spec))
             self._state_error = False
-        except OSError as e:        # a full disk, or a train_dir removed under the run (checked apart)
-            if not self._state_error:
+        except OSError as e:        # a full disk (named by the disk's watch), or a train_dir removed (checked apart)
+            if not self._state_error and not (self.life.disk and self.life.disk.check()):
                 self.say(f'warning: cannot write {state_path(self.spec)}: {e.strerror}')
             self._state_error = True
