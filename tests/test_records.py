@@ -31,7 +31,7 @@ VALUES = {
     'total': 200, 'loss': 2.305, 'images_per_sec': 412.5, 'cause': 'ps:0 was killed by SIGKILL', 'exit_code': -9,
     'signal': 'SIGKILL', 'error': 'UnavailableError: Socket closed', 'tasks': ['ps:0', 'worker:0'], 'from_step': 40,
     'to': 3, 'add': ['worker:2'], 'remove': [], 'state': 'done', 'workers': [0, 1, 2],
-    'metrics': {'accuracy': 0.8125, 'loss': 0.5},
+    'metrics': {'accuracy': 0.8125, 'loss': 0.5}, 'stacks': 'stacks/attempt-1', 'no_stacks': ['worker:1'],
 }
 SPEC, TRAIN_DIR = '/home/me/specs/local2.yaml', '/home/me/runs/local2'
 BY_EVENT = {('evaluation', 'task'): 'evaluator:0', ('failover', 'to'): 'worker:3', ('failover', 'task'): 'worker:1',

@@ -35,14 +35,19 @@ the servers, which never end by themselves, are then stopped.
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
 import re
 import signal
 from dataclasses import dataclass
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from cluster.runtime.rundir import EXIT_NO_RESTART
 from cluster.spec import ClusterSpec, is_chief
+
+if TYPE_CHECKING:
+    from launch.run.stacks import StackDump
 
 
 class TaskState(str, enum.Enum):
@@ -98,6 +103,7 @@ class Decision:
     reason: str = ''                 # why, in words, for the one line the user sees
     stalled: bool = False
     note: str = ''                   # why a restart was not tried (after the task's error, in that line)
+    stacks: StackDump | None = None  # a stall's stack dumps, taken before anything is done (launch/run/stacks.py)
 
 
 @dataclass(frozen=True)
@@ -329,9 +335,9 @@ def escalate(decision: Decision, previous: Fault | None, fault: Fault) -> Decisi
     """A restart decision about a fault that repeats the one before becomes giving up."""
     if decision.action not in (Action.RESTART, Action.RESTART_TASKS) or not repeats(previous, fault):
         return decision
-    return Decision(Action.GIVE_UP, decision.tasks, decision.reason, decision.stalled,
-                    note='the same failure as before the last restart, with no newer checkpoint: a restart '
-                         'cannot help')
+    return dataclasses.replace(decision, action=Action.GIVE_UP,
+                               note='the same failure as before the last restart, with no newer checkpoint: '
+                                    'a restart cannot help')
 
 
 def during_recovery(policy: Policy, restarts: int, task: str, how: str, exit_code: int | None) -> Decision:
