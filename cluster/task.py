@@ -25,7 +25,7 @@ import types
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from cluster.runtime import pulse
+from cluster.runtime import pulse, stacks
 from cluster.runtime.membership import LIVE, Members
 from cluster.coordinator import check_keras
 from cluster.program import ProgramError, check_command, check_program, load_program, run_command, run_program
@@ -245,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     handler = pulse.LogHandler(sys.stdout)     # a line the disk refuses is noted in the pulse
     handler.setFormatter(TaskLogFormatter())
     logging.basicConfig(level=logging.INFO, handlers=[handler])
+    # Before anything that can hang: from here on, SIGUSR1 dumps every thread's stack (a stall, `launch debug`).
+    stacks.install(spec.train.train_dir, task.job, task.index, time.time())
     pulse.start_beating()       # the launcher sees the steps even when the disk refuses the log
     if os.environ.get(LEASE_ENV):
         watch_lease(os.environ[LEASE_ENV], float(os.environ.get(LEASE_SECS_ENV) or 10), pool=spec.num_workers)

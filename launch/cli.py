@@ -22,7 +22,7 @@ from launch.render import RENDERERS, RenderOptions, takers
 from launch.run import registry
 
 
-RUN_COMMANDS = ('status', 'down', 'logs', 'eval', 'report', 'scale')     # they take a run id or train_dir too
+RUN_COMMANDS = ('status', 'down', 'logs', 'eval', 'report', 'scale', 'debug')     # they take a run id or train_dir too
 
 
 def _spec_args(p: argparse.ArgumentParser, run: bool = False) -> None:
@@ -66,7 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _add_run_commands(sub: argparse._SubParsersAction) -> None:
-    """up, scale, status, down, logs: the commands that start, change, watch or stop a run."""
+    """up, scale, status, down, logs, debug: the commands that start, change, watch or stop a run."""
     up = sub.add_parser('up', help='start every task, train to the end, tear down')
     _spec_args(up)
     up.add_argument('--start-timeout', type=float, default=120.0, metavar='SECS',
@@ -93,6 +93,9 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
     logs.add_argument('task', nargs='?', help='job:index, e.g. worker:1')
     logs.add_argument('-f', '--follow', action='store_true', help='keep printing new lines until Ctrl-C')
     logs.add_argument('--attempt', type=int, metavar='N', help="attempt N's logs (default: the newest attempt's)")
+    debug = sub.add_parser('debug', help="every task of a running run writes its Python stacks (every thread's) "
+                                         'to <train_dir>/stacks/attempt-N/ (exit 1: none answered, 2: not running)')
+    _spec_args(debug, run=True)
 
 
 def _add_reading_commands(sub: argparse._SubParsersAction) -> None:
@@ -232,7 +235,7 @@ FLAGS: dict[str, Callable[[argparse.Namespace], object]] = {
                             finish_timeout=a.finish_timeout, overrides=tuple(a.overrides)),
     'scale': lambda a: ScaleFlags(a.workers),
     'status': _json_flags, 'plan': _json_flags, 'check': _json_flags,
-    'down': lambda a: NoFlags(),
+    'down': lambda a: NoFlags(), 'debug': lambda a: NoFlags(),
     'logs': lambda a: LogsFlags(task=a.task, follow=a.follow, attempt=a.attempt),
     'eval': lambda a: EvalFlags(a.checkpoint),
     'report': _output_flags, 'compose': _output_flags,

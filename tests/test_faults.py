@@ -13,6 +13,8 @@ import time
 
 import pytest
 
+from cluster.runtime import rundir
+from launch.records.events import read_events
 from tests.conftest import launch, launch_bg, project_processes, read_until, write_spec
 from tests.test_local import checkpoint_step, worker_results
 
@@ -154,12 +156,23 @@ def test_sigterm_saves_and_up_resumes_at_the_step_reached(tmp_path):
     assert checkpoint_step(run) == newest + 3
 
 
+def stack_files(run: str) -> dict[str, str]:
+    """The stacks files of attempt 1: task file name -> text."""
+    folder = os.path.join(run, 'stacks', 'attempt-1')
+    return {name: rundir.read_text(os.path.join(folder, name)) or '' for name in sorted(os.listdir(folder))}
+
+
 def test_a_stopped_worker_is_named_by_the_stall_watchdog(tmp_path):
+    """`launch debug` while the cluster trains: every task writes its stacks. Then worker:1 is
+    stopped: the stall line names it, and where the stacks of the two that answered are."""
     spec = write_spec(tmp_path, steps=100000, supervise={'stall_secs': 6})
     run = str(tmp_path / 'run')
     proc = launch_bg('up', spec)
     try:
-        lines = kill_when(proc, run, 1, 'worker:1', signal.SIGSTOP)
+        lines = until_step(proc, 1)
+        debug = launch('debug', run, timeout=60)
+        dumped = stack_files(run)
+        os.kill(task_pid(run, 'worker:1'), signal.SIGSTOP)
         stopped = time.monotonic()
         for _ in range(10):         # the launcher saves the step it saw within a fraction of a second
             status = launch('status', spec, timeout=60)
@@ -176,6 +189,17 @@ def test_a_stopped_worker_is_named_by_the_stall_watchdog(tmp_path):
                      r'\(SIGSTOP, or a debugger\) and does not answer on localhost:\d+; ps:0, worker:0 answer and '
                      r'wait for it', out), out
     assert time.monotonic() - stopped < 6 + 40      # the stall, the probe and a checkpointing stop
+    assert debug.returncode == 0 and debug.stdout.startswith(f'stacks of ps:0, worker:0, worker:1 in {run}/stacks/'
+                                                             'attempt-1\n'), debug.stdout + debug.stderr
+    assert sorted(dumped) == ['ps-0.txt', 'worker-0.txt', 'worker-1.txt'], dumped
+    assert re.search(r'File ".*/cluster/training/train\.py", line \d+ in run_worker', dumped['worker-1.txt'])
+    assert re.search(r'File ".*/cluster/task\.py", line \d+ in serve_and_train', dumped['ps-0.txt'])
+    assert re.search(rf'; stacks of ps:0, worker:0 in {run}/stacks/attempt-1 \(worker:1 did not answer\)', out), out
+    after = stack_files(run)
+    for name in ('ps-0.txt', 'worker-0.txt'):      # the stall's dump added to debug's
+        assert after[name].startswith(dumped[name]) and len(after[name]) > len(dumped[name]) + 100, name
+    stall = next(e for e in read_events(os.path.join(run, 'events.jsonl')) if e['event'] == 'stall')
+    assert (stall['stacks'], stall['no_stacks']) == ('stacks/attempt-1', ['worker:1']), stall
 
 
 def test_tasks_outlive_a_killed_launcher_by_seconds_only(tmp_path):

@@ -34,6 +34,7 @@ VALUES = {
     'metrics': {'accuracy': 0.8125, 'loss': 0.5}, 'seconds': 6.25, 'steps_redone': 12,
     'phases': {'stop': 0.5, 'backoff': 1.0, 'start': 3.25, 'step': 1.5},
     'path': '/home/me/runs/local2',
+    'stacks': 'stacks/attempt-1', 'no_stacks': ['worker:1'],
 }
 SPEC, TRAIN_DIR = '/home/me/specs/local2.yaml', '/home/me/runs/local2'
 BY_EVENT = {('evaluation', 'task'): 'evaluator:0', ('failover', 'to'): 'worker:3', ('failover', 'task'): 'worker:1',

@@ -24,6 +24,9 @@ A run directory (`train.train_dir`) holds:
     logs/attempt-<n>/<job>-<index>.log   every attempt's task logs, kept; logs/<job>-<index>.log
                            leads (a symbolic link) to the newest attempt's
     logs/attempt-<n>/<job>-<index>.pulse a trainer's newest step, overwritten in place (cluster/runtime/pulse.py)
+    stacks/attempt-<n>/<job>-<index>.txt  a task's Python stacks, dumped on DUMP_SIGNAL (a stall,
+                           `launch debug`, or `kill -USR1`); stacks/<job>-<index>.txt for a task
+                           started without a launcher's logs (by hand, by Slurm)
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ import errno
 import logging
 import os
 import re
+import signal
 
 SPEC_FILE = 'spec.yaml'
 LOGS_DIR = 'logs'
@@ -119,6 +123,35 @@ def attempts(train_dir: str) -> list[int]:
         return []
     prefix = attempt_dirname(0)[:-1]
     return sorted(int(n[len(prefix):]) for n in names if n.startswith(prefix) and n[len(prefix):].isdigit())
+
+
+def log_attempt(train_dir: str, job: str, index: int) -> int | None:
+    """The attempt whose log a task's log_path leads to (the launcher points the link at the new
+    attempt's file before it starts the task), or None where it is no such link."""
+    try:
+        target = os.readlink(log_path(train_dir, job, index))
+    except OSError:
+        return None
+    folder = os.path.basename(os.path.dirname(target))
+    prefix = attempt_dirname(0)[:-1]
+    number = folder[len(prefix):]
+    return int(number) if folder.startswith(prefix) and number.isdigit() else None
+
+
+# -- stack dumps ----------------------------------------------------------------------------
+# A task writes its Python stacks (every thread's, by the standard faulthandler module) when it
+# gets this signal: the launcher sends it when the stall watchdog fires and on `launch debug`.
+DUMP_SIGNAL = signal.SIGUSR1
+STACKS_DIR = 'stacks'
+
+
+def stacks_dir(train_dir: str, attempt: int | None) -> str:
+    """Where the tasks of attempt `attempt` keep their stack dumps (None: tasks that know of no attempt)."""
+    return os.path.join(train_dir, STACKS_DIR, *([attempt_dirname(attempt)] if attempt is not None else []))
+
+
+def stacks_path(train_dir: str, attempt: int | None, job: str, index: int) -> str:
+    return os.path.join(stacks_dir(train_dir, attempt), f'{job}-{index}.txt')
 
 
 def events_path(train_dir: str) -> str:

@@ -258,6 +258,12 @@ class Backend(abc.ABC):
         host = record.address or record.host
         return grpc_answers(host, record.port, timeout) if handshake else tcp_listening(host, record.port, timeout)
 
+    def send_signal(self, records: list[TaskRecord], signum: int) -> dict[str, str | None]:
+        """Send `signum` to each task's own process (not its group, not a wrapper): task -> None
+        where it was sent, else why not ('has ended', or the backend's words). A backend that
+        cannot reach its tasks' processes says so for each."""
+        return {r.name: f'cannot be signalled through the {self.name} backend' for r in records}
+
     def locate(self, record: TaskRecord) -> dict:
         """Where a started task is, for the event log: its pid (a compose task: its container)."""
         return {'pid': record.pid or None}

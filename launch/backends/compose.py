@@ -375,6 +375,15 @@ class ComposeBackend(Backend):
             return
         self._down(grace)
 
+    def send_signal(self, records: list[TaskRecord], signum: int) -> dict[str, str | None]:
+        """`docker kill --signal`: the container's init (docker-init) passes it on to the task."""
+        out: dict[str, str | None] = {}
+        for r in records:
+            container = handle_of(r, ComposeHandle).container or r.ident
+            done = _run(['docker', 'kill', '--signal', signal.Signals(signum).name, container])
+            out[r.name] = None if done.returncode == 0 else f'cannot be signalled ({_last_line(done.stderr)})'
+        return out
+
     def renew(self, plans: list[TaskPlan], text: str | None = None) -> None:
         touch_leases(plans, self.project_dir, text)      # the bind-mounted train_dir, seen from the host
 

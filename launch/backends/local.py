@@ -208,6 +208,20 @@ class LocalBackend(Backend):
             return False
         return 'cluster.task' in process_cmdline(record.pid)
 
+    def send_signal(self, records: list[TaskRecord], signum: int) -> dict[str, str | None]:
+        out: dict[str, str | None] = {}
+        for r in records:
+            try:
+                if not self._ours(r):
+                    raise ProcessLookupError
+                os.kill(r.pid, signum)      # the task's own process (`ip netns exec` execs it)
+                out[r.name] = None
+            except ProcessLookupError:
+                out[r.name] = 'has ended'
+            except PermissionError as e:
+                out[r.name] = f'cannot be signalled ({e.strerror})'
+        return out
+
     def stop(self, records: list[TaskRecord], grace: float = STOP_GRACE_SECS) -> None:
         live = [r for r in records if self._ours(r)]
         for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):

@@ -6,6 +6,7 @@ spec; the backends they need come from launch/run/registry.py.
   down.py     down                   logs.py     logs
   preview.py  plan, check            files.py    compose, render
   history.py  list, report           dataset.py  download, eval
+  debug.py    debug
   request.py  the request, the spec or run it names, its plans and backends
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Callable
 
 from cluster.spec import ClusterSpec, SpecError
 from launch.commands.dataset import cmd_download, cmd_eval
+from launch.commands.debug import cmd_debug
 from launch.commands.down import cmd_down
 from launch.commands.files import cmd_compose, cmd_render, write_output
 from launch.commands.history import cmd_list, cmd_report
@@ -26,12 +28,13 @@ from launch.commands.up import check_workers, cmd_scale, cmd_up
 from launch.errors import EXIT_NO_RUN, LaunchError
 
 __all__ = ['COMMANDS', 'ERRORS', 'EXIT_NO_RUN', 'Request', 'backends_for', 'check_request', 'check_workers',
-           'cmd_check', 'cmd_compose', 'cmd_down', 'cmd_download', 'cmd_eval', 'cmd_list', 'cmd_logs', 'cmd_plan',
-           'cmd_render', 'cmd_report', 'cmd_scale', 'cmd_status', 'cmd_up', 'load_target', 'plans_of',
+           'cmd_check', 'cmd_compose', 'cmd_debug', 'cmd_down', 'cmd_download', 'cmd_eval', 'cmd_list', 'cmd_logs',
+           'cmd_plan', 'cmd_render', 'cmd_report', 'cmd_scale', 'cmd_status', 'cmd_up', 'load_target', 'plans_of',
            'write_output']
 
 # The commands that act on a spec or a run: (spec, request) -> exit code.
 COMMANDS: dict[str, Callable[[ClusterSpec, Request[Any]], int]] = {
     'up': cmd_up, 'scale': cmd_scale, 'status': cmd_status, 'down': cmd_down, 'logs': cmd_logs, 'plan': cmd_plan,
-    'check': cmd_check, 'eval': cmd_eval, 'compose': cmd_compose, 'render': cmd_render, 'report': cmd_report}
+    'check': cmd_check, 'eval': cmd_eval, 'compose': cmd_compose, 'render': cmd_render, 'report': cmd_report,
+    'debug': cmd_debug}
 ERRORS = (SpecError, LaunchError)     # one line; a LaunchError's class carries its exit code, a SpecError's is 2

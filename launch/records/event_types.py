@@ -188,9 +188,14 @@ class Tolerated(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class Stall(Event):
+    """`stacks`: where the tasks' stack dumps of the stall are, relative to the train_dir (stacks/attempt-N);
+    `no_stacks`: the tasks that wrote none (stopped, ended, or silent)."""
     kind = EventKind.STALL
+    OPTIONAL = frozenset({'stacks', 'no_stacks'})
     tasks: list[str] | None = json_field(read_texts)
     cause: str | None = json_field(read_text)
+    stacks: str | None = json_field(read_text)
+    no_stacks: list[str] | None = json_field(read_texts)
 
 
 @dataclass(frozen=True, kw_only=True)

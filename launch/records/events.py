@@ -18,7 +18,8 @@ and the fields that event names:
     checkpoint     step
     task_lost      task, cause, exit_code (null if unknown), signal (name, or null), error (last Python error or null)
     tolerated      task, cause
-    stall          tasks (list), cause
+    stall          tasks (list), cause, stacks (where the tasks' stack dumps are, relative to the
+                   train_dir: stacks/attempt-N), no_stacks (the tasks that wrote none)
     restart        cause, from_step (checkpoint step or null); the next attempt's events follow (a
                    restart of some tasks inside an attempt names them in `tasks` and keeps the attempt)
     recovered      tasks (restarted for the fault), seconds (fault seen -> next global step), steps_redone,

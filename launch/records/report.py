@@ -11,20 +11,25 @@ skipped with one warning; a run with no events yet still gets a page that says s
 from __future__ import annotations
 
 import datetime
+import glob
 import html
 import json
 import math
 import os
+import urllib.parse
 from typing import Any
 
 from cluster.runtime import rundir
 from cluster.runtime.rundir import write_atomically
-from launch.records.event_types import Evaluation, Progress, Restart, RunStarted
+from launch.records.event_types import Evaluation, Progress, Restart, RunStarted, Stall
 from launch.records.jsonrecord import finite
 from launch.records.plots import TimeAxis, clock, progress_png, timeline_png
 from launch.records.result import RunRecord
 from launch.records.runs import duration_text
 from launch.records.timeline import RUN_ROW, Attempt, Fault, Run, Story, attempts, load, story  # noqa: F401 (the parts)
+
+STACK_FILES = 200              # stack dump files the page lists at most
+STACK_CHARS = 1 << 20          # of each, read at most (a dump is a few kilobytes)
 
 # -- the page ---------------------------------------------------------------------------------------
 CSS = """
@@ -48,8 +53,9 @@ SCRIPT = """window.addEventListener('load', function () {
 });"""
 
 
-def render(train_dir: str) -> str:
-    """The whole page as one string: nothing outside it is needed to open it."""
+def render(train_dir: str, page_dir: str | None = None) -> str:
+    """The whole page as one string: nothing outside it is needed to open it (its links to the
+    tasks' stack dumps lead from `page_dir`, where it is written: default the train_dir)."""
     run = load(train_dir)
     runs = attempts(run)
     parts = [_header(run, runs)]
@@ -59,7 +65,8 @@ def render(train_dir: str) -> str:
     else:
         parts.append(f'<p class="note">No events yet: {_e(rundir.events_path(train_dir))} is missing or holds '
                      'no event. The run has not started, or its launcher keeps no event log.</p>')
-    parts += [_evaluations(run), _failures(run), _result(run), _spec(run)]
+    parts += [_evaluations(run), _failures(run), _stacks(run, train_dir if page_dir is None else page_dir),
+              _result(run), _spec(run)]
     title = f'{_run_id(run)} report'
     page = (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
             f'<style>{CSS}</style></head>\n<body>\n' + '\n'.join(p for p in parts if p) +
@@ -71,7 +78,7 @@ def render(train_dir: str) -> str:
 def write(train_dir: str, out: str | None = None) -> str:
     """Render and replace the page in one step: a browser reloading it never sees half a page."""
     path = out or rundir.report_path(train_dir)
-    write_atomically(path, render(train_dir))
+    write_atomically(path, render(train_dir, os.path.dirname(os.path.abspath(path))))
     return path
 
 
@@ -177,6 +184,38 @@ def _failures(run: Run) -> str:
     if len(out) == 1:
         out.append('<p>None recorded.</p>')
     return '\n'.join(out)
+
+
+def _stacks(run: Run, page_dir: str) -> str:
+    """The tasks' stack dumps (a stall's, `launch debug`'s, a `kill -USR1`'s), linked: where each
+    task was stuck. A file that holds only its header (no dump was asked for) is left out."""
+    root = os.path.join(run.train_dir, rundir.STACKS_DIR)
+    found = sorted(glob.glob(os.path.join(glob.escape(root), '*.txt'))
+                   + glob.glob(os.path.join(glob.escape(root), rundir.attempt_dirname('*'), '*.txt')))
+    rows = []
+    for path in found[:STACK_FILES]:
+        try:
+            with open(path, encoding='utf-8', errors='replace') as f:
+                text = f.read(STACK_CHARS)
+        except OSError:
+            continue
+        if '\n  File "' not in text:
+            continue
+        where = os.path.relpath(path, run.train_dir)
+        folder = os.path.dirname(where)
+        attempt = folder.split('-')[-1] if folder != rundir.STACKS_DIR else '-'
+        name = os.path.basename(path)[:-len('.txt')]
+        task = ':'.join(name.rsplit('-', 1))
+        link = urllib.parse.quote(os.path.relpath(os.path.abspath(path), os.path.abspath(page_dir)))
+        rows.append((attempt, task, _Raw(f'<a href="{_e(link)}">{_e(where)}</a>'), text.count('\n  File "')))
+    if not rows:
+        return ''
+    stalls = [f'attempt {e.attempt}, {clock(e.epoch, run.tz, True)}: {e.stacks}' for e in run.events
+              if isinstance(e, Stall) and e.stacks]
+    said = f'<p>Taken at the stall{"s" if len(stalls) > 1 else ""}: {_e("; ".join(stalls))}.</p>' if stalls else ''
+    return ('<h2>Stack dumps</h2>\n<p>Every thread\'s Python stack, written by each task that answered (a stall, '
+            '<code>launch debug</code>, or <code>kill -USR1</code>).</p>\n' + said
+            + _table(('attempt', 'task', 'file', 'frames'), rows))
 
 
 def _result(run: Run) -> str:

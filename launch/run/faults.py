@@ -8,6 +8,7 @@ repeat rule's memory here too (FaultHistory) puts everything a fault leaves behi
 """
 from __future__ import annotations
 
+import dataclasses
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +20,7 @@ from cluster.runtime.rundir import EXIT_FAILED, EXIT_NO_RESTART
 from launch.backends.base import ENDED, Backend, TaskRecord, tail
 from launch.run import disk
 from launch.run import policy as supervise
+from launch.run import stacks
 from launch.run.lifecycle import Failure, Lifecycle, is_chatter, resume_hint
 from launch.run.policy import Action, Decision, Policy, TaskState, TaskStatus
 
@@ -158,11 +160,23 @@ def _cause(decision: Decision, records: Sequence[TaskRecord],
 
 
 def cause(decision: Decision, records: Sequence[TaskRecord], backends: Mapping[str, Backend]) -> tuple[str, bool]:
-    """The fault in words (a full disk under the run first), and whether the chief can still
-    save a checkpoint (it and every ps answer): a checkpoint the frozen or lost ps cannot write
-    is not waited for."""
+    """The fault in words (a full disk under the run first; a stall's stack dumps named last),
+    and whether the chief can still save a checkpoint (it and every ps answer): a checkpoint the
+    frozen or lost ps cannot write is not waited for."""
     full, text, can_save = _cause(decision, records, backends)
+    if decision.stalled and decision.stacks:
+        text += f'; {decision.stacks.words()}'
     return first(full, text), can_save
+
+
+def dump_stacks(life: Lifecycle, decision: Decision, records: Sequence[TaskRecord],
+                backends: Mapping[str, Backend]) -> Decision:
+    """A stall, before anything is done about it: every task that still answers writes its
+    stacks (launch/run/stacks.py), which its line and event then name."""
+    if not decision.stalled:
+        return decision
+    found = stacks.dump(records, backends, life.spec.train.train_dir, life.attempt)
+    return dataclasses.replace(decision, stacks=found)
 
 
 def _signal_name(code: int | None) -> str | None:
@@ -180,7 +194,11 @@ def record_faults(life: Lifecycle, decision: Decision, statuses: Sequence[TaskSt
     """The event log's account of a fault, before anything is done about it; returns each lost
     task's last error line (None: it logged none) and the failures run.json keeps of them."""
     if decision.stalled:
-        life.emit('stall', tasks=list(decision.tasks), cause=first(decision.disk, decision.reason))
+        dump = decision.stacks
+        where = {} if dump is None else {
+            'stacks': dump.relative(life.spec.train.train_dir) if dump.written else None,
+            'no_stacks': [name for name, _ in dump.silent]}
+        life.emit('stall', tasks=list(decision.tasks), cause=first(decision.disk, decision.reason), **where)
         return {}, []
     by_name = {t.name: t for t in statuses}
     errors: dict[str, str | None] = {}

@@ -44,9 +44,13 @@ import re
 import signal
 from dataclasses import dataclass
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from cluster.runtime.rundir import EXIT_NO_RESTART
 from cluster.spec import ClusterSpec, is_chief
+
+if TYPE_CHECKING:
+    from launch.run.stacks import StackDump
 
 
 class TaskState(str, enum.Enum):
@@ -104,6 +108,7 @@ class Decision:
     stalled: bool = False
     note: str = ''                   # why a restart was not tried (after the task's error, in that line)
     disk: str | None = None          # a full disk under the run (Progress.disk): named first, as the cause
+    stacks: StackDump | None = None  # a stall's stack dumps, taken before anything is done (launch/run/stacks.py)
 
 
 @dataclass(frozen=True)
@@ -360,9 +365,9 @@ def escalate(decision: Decision, previous: Fault | None, fault: Fault) -> Decisi
     """A restart decision about a fault that repeats the one before becomes giving up."""
     if decision.action not in (Action.RESTART, Action.RESTART_TASKS) or not repeats(previous, fault):
         return decision
-    return Decision(Action.GIVE_UP, decision.tasks, decision.reason, decision.stalled,
-                    note='the same failure as before the last restart, with no newer checkpoint: a restart '
-                         'cannot help')
+    return dataclasses.replace(decision, action=Action.GIVE_UP,
+                               note='the same failure as before the last restart, with no newer checkpoint: '
+                                    'a restart cannot help')
 
 
 def during_recovery(policy: Policy, restarts: int, task: str, how: str, exit_code: int | None) -> Decision:

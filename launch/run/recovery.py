@@ -72,6 +72,7 @@ class Recovery:
         """The event log's account of a fault first, then the repeat rule: a restart that would fail
         as the last one did becomes giving up."""
         run = self.run
+        decision = faults.dump_stacks(run.life, decision, run.records, run.backends)   # a stall's, before any stop
         errors, failures = faults.record_faults(run.life, decision, statuses, run.records, run.backends)
         run.attempt.failures.extend(failures)
         return run.history.escalate(decision, errors, run.life.checkpoint_step)

@@ -166,6 +166,11 @@ def _slurm_unsupported(command: str, spec: ClusterSpec) -> str | None:
     import os
     from cluster.runtime import rundir
     from launch.render.sbatch import job_name
+    if command == 'debug':      # its tasks install the dump all the same (not scancel --signal: it reaches
+        # the shell a coordinator run's chief rank waits in, which SIGUSR1 would end)
+        return (f'launch debug --backend slurm is not supported: Slurm runs that job; on a task\'s node, '
+                f'`kill -USR1 PID` of its Python process writes its stacks under '
+                f'{os.path.join(os.path.abspath(spec.train.train_dir), rundir.STACKS_DIR)}')
     return (f'launch {command} --backend slurm is not supported: Slurm runs that job; '
             f'`squeue --name {job_name(spec)}` shows it, `scancel --name {job_name(spec)}` stops it, '
             f'and its logs are in {rundir.logs_dir(os.path.abspath(spec.train.train_dir))}')

@@ -33,9 +33,9 @@ from launch.backends.base import (ENDED, GPU_COUNT_SH, RUNNING, STOP_GRACE_SECS,
 from launch.backends.procstat import STATE, start_time, stat_fields
 from launch.backends.ssh.connections import COMMAND_TIMEOUT, Connections, SSHError, parallel, ssh_target
 from launch.backends.ssh.scripts import (Seen, Started, TaskFiles, TaskProcess, Watched, lease_script,
-                                         parse_snapshot, parse_started, prepare_script, probe_script,
-                                         remote_dir, snapshot_script, start_script, stop_script, task_command,
-                                         undo_start_script, workdir_script)
+                                         parse_signalled, parse_snapshot, parse_started, prepare_script,
+                                         probe_script, remote_dir, signal_script, snapshot_script, start_script,
+                                         stop_script, task_command, undo_start_script, workdir_script)
 from launch.planning.plan import LEASE_SECS, TaskPlan
 
 log = logging.getLogger(__name__)
@@ -384,6 +384,24 @@ class SSHBackend(Backend):
             log.error('%s; run `launch down` again once the host is reachable', e)
         finally:
             self._invalidate(name)
+
+    def send_signal(self, records: list[TaskRecord], signum: int) -> dict[str, str | None]:
+        """One command per host (signal_script), every host at once."""
+        name = signal.Signals(signum).name[len('SIG'):]
+
+        def host(item: tuple[str, list[TaskRecord]]) -> dict[str, str | None]:
+            host_name, group = item
+            try:
+                result = self._run(host_name, signal_script([(r.name, _process(r)) for r in group], name),
+                                   timeout=POLL_TIMEOUT)
+            except SSHError as e:
+                return {r.name: f'cannot be signalled ({e.cause})' for r in group}
+            sent = parse_signalled(result.stdout)
+            return {r.name: None if r.name in sent else 'has ended' for r in group}
+        out: dict[str, str | None] = {}
+        for found in self._parallel(host, _by_host(records, lambda r: r.host).items()):
+            out.update(found)
+        return out
 
     # -- logs -----------------------------------------------------------------------------
     def read_file(self, record: TaskRecord, path: str) -> str | None:

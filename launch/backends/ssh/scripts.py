@@ -29,6 +29,7 @@ from launch.backends.base import HOST_PROBE
 STARTTIME_SH = "sed 's/.*) //' /proc/{pid}/stat 2>/dev/null | cut -d' ' -f20"
 SNAPSHOT_END = 'tfcluster-status-end'   # last line of a status answer: a cut-short one lacks it
 STARTED = 'tfcluster-started'           # the line a start script answers with
+SIGNALLED = 'tfcluster-signalled'       # a signal script's line for each task it signalled
 
 
 def q(value: object) -> str:
@@ -237,6 +238,20 @@ for p in $k; do kill -KILL -$p 2>/dev/null; done
 echo "killed $k"
 wait_gone 50
 '''
+
+
+def signal_script(tasks: Iterable[tuple[str, TaskProcess]], signal_name: str) -> str:
+    """Send a signal (its name without SIG) to each named task's own process while that pid is
+    still the task's (never its group: the wrapper would die of a signal the task handles); prints
+    `SIGNALLED name` for each one sent."""
+    lines = [f'[ "$({starttime(int(p.pid))})" = {q(p.ident or "-")} ] && kill -s {q(signal_name)} {int(p.pid)} '
+             f'2>/dev/null && echo {SIGNALLED} {q(name)}' for name, p in tasks]
+    return '\n'.join(lines + ['true'])
+
+
+def parse_signalled(stdout: str) -> set[str]:
+    """The tasks a signal script says it signalled."""
+    return {line.split(' ', 1)[1] for line in stdout.splitlines() if line.startswith(SIGNALLED + ' ')}
 
 
 def lease_script(paths: Iterable[str], text: str | None = None) -> str:
