@@ -78,11 +78,12 @@ def evaluate_all(spec_path: str, checkpoints: list[str]) -> None:
     """precision@1 of each checkpoint on the test split (cluster.eval, as `launch eval` does), one
     JSON line each."""
     from cluster import eval as evaluation
+    from cluster.runtime import runjson
     from cluster.spec import load_spec
     spec = load_spec(spec_path)
     for checkpoint in checkpoints:
         got = evaluation.evaluate(spec, checkpoint)
-        print(json.dumps({'checkpoint': checkpoint, 'step': got['global_step'], 'precision': got['precision']}),
+        print(runjson.dumps({'checkpoint': checkpoint, 'step': got['global_step'], 'precision': got['precision']}),
               flush=True)
 
 

@@ -30,7 +30,7 @@ import tempfile
 import threading
 import time
 
-from cluster.runtime import rundir
+from cluster.runtime import rundir, runjson
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -330,7 +330,7 @@ with tf.Graph().as_default():
     from cluster.training import model
     model.inference(tf.zeros([1, 24, 24, 3]))
     out["model"] = sum(v.shape.num_elements() * 4 for v in tf.compat.v1.trainable_variables())
-print(json.dumps(out))
+print(json.dumps(out, allow_nan=False))
 '''
     got = json.loads(subprocess.run([sys.executable, '-c', code], cwd=REPO, check=True, capture_output=True,
                                     text=True, env=QUIET).stdout.splitlines()[-1])
@@ -591,7 +591,7 @@ def main() -> None:
             else:
                 figures[name] = globals()[f'bench_{name}'](args, tmp)
     with open(args.json, 'w') as f:
-        json.dump(figures, f, indent=1)
+        f.write(runjson.dumps(figures, indent=1))
     print(f'\nfigures written to {args.json}')
 
 

@@ -25,7 +25,7 @@ import time
 import psutil
 from bench import QUIET, REPO, cluster_overrides, fmt_run, launch_up, single_process
 
-from cluster.runtime import rundir
+from cluster.runtime import rundir, runjson
 from cluster.training.profiler import PROFILE_ENV
 
 
@@ -122,7 +122,7 @@ def main() -> None:
                       f'{py["python_s_per_step"] * 1e3:.2f} in Python')
     out = os.path.join(REPO, 'benchmarks', 'profile.json')
     with open(out, 'w') as f:
-        json.dump(figures, f, indent=1)
+        f.write(runjson.dumps(figures, indent=1))
     print(f'\nfigures written to {out}')
 
 

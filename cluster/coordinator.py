@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-import json
 import logging
 import os
 import re
@@ -33,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from cluster.program import ProgramError, connects
-from cluster.runtime import rundir
+from cluster.runtime import rundir, runjson
 from cluster.runtime.pulse import PULSE
 from cluster.spec import ClusterSpec, TaskSpec, TrainConfig
 
@@ -359,7 +358,7 @@ def run_chief(spec: ClusterSpec, task: TaskSpec, program: Callable[[CoordinatorC
     log.info('%s', rundir.serving_line(task.name, task.address, os.getpid()))
     program(ctx)
     ctx.finish()
-    rundir.write_atomically(rundir.chief_result_path(spec.train.train_dir), json.dumps(ctx.result()))
+    rundir.write_atomically(rundir.chief_result_path(spec.train.train_dir), runjson.dumps(ctx.result()))
     log.info('the program ended at global step %d', ctx.step)
     return 128 + stop.signum if stop.signum and ctx.step < spec.train.steps else rundir.EXIT_OK
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import signal
 import threading
@@ -142,6 +143,34 @@ def test_a_run_where_every_task_finishes_is_done(tmp_path):
     assert (result.global_step, result.images_per_sec, result.loss) == (100, 100.0, 1.5)
     assert out.rstrip().splitlines()[-1].endswith(': global step 100, 100 images/s in all, final loss 1.500'), out
     assert seconds < 3
+
+
+class DivergedBackend(ScriptedBackend):
+    """Workers whose closing figures an older worker wrote: a diverged loss as NaN (not JSON), an
+    infinite rate; and a foreign file's step of words."""
+
+    def read_file(self, record, path):
+        for i, step in ((0, 100), (1, 'many')):
+            if path == rundir.result_path(os.path.dirname(path), i):
+                return json.dumps({'task': f'worker:{i}', 'global_step': step, 'loss': float('nan'),
+                                   'images_per_sec': float('inf')})
+        return super().read_file(record, path)
+
+
+def test_a_diverged_loss_is_said_and_written_null_never_nan(tmp_path):
+    backend = DivergedBackend({'ps:0': {'*': [(0.6, 'exit', 0)]}, 'worker:0': {'*': DONE}, 'worker:1': {'*': DONE}})
+    result, out, _ = run(tmp_path, backend)
+    assert (result.state, result.global_step) == ('done', 100) and math.isnan(result.loss), out
+    assert 'final loss nan' in out.rstrip().splitlines()[-1], out
+
+    def strict(text):       # RFC 8259: NaN and Infinity are errors (JavaScript's JSON.parse, jq)
+        return json.loads(text, parse_constant=lambda name: pytest.fail(f'{name} written'))
+    train_dir = str(tmp_path / 'run')
+    with open(rundir.run_path(train_dir)) as f:
+        written = strict(f.read())
+    assert (written['loss'], written['images_per_sec'], written['global_step']) == (None, None, 100)
+    with open(rundir.events_path(train_dir)) as f:
+        assert [strict(line)['result']['loss'] for line in f if '"finished"' in line] == [None]
 
 
 def test_a_lost_backup_worker_is_tolerated_and_named_at_the_end(tmp_path):

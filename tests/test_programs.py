@@ -141,6 +141,7 @@ def test_tf_config_names_the_cluster_and_the_task(tmp_path):
      'task ps:1 is not in its cluster'),
     ('{"cluster": {"worker": ["b:2"], "master": ["c:3"]}, "task": {"type": "master"}}',
      "job 'master' is not one tfcluster runs"),
+    pytest.param('[' * 100_000 + ']' * 100_000, 'nested too deeply', id='nested-100000-deep'),
 ])
 def test_bad_tf_config_is_one_line(text, expected):
     with pytest.raises(SpecError, match=expected) as e:

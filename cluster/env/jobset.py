@@ -89,7 +89,7 @@ class Place:
             cluster = {'evaluator': [self.cluster['evaluator'][self.index]]}
         else:
             cluster = {job: addresses for job, addresses in self.cluster.items() if job != 'evaluator'}
-        return json.dumps({'cluster': cluster, 'task': {'type': self.job, 'index': self.index}})
+        return json.dumps({'cluster': cluster, 'task': {'type': self.job, 'index': self.index}}, allow_nan=False)
 
 
 def hostname(jobset: str, replicated_job: str, index: int) -> str:

@@ -18,10 +18,11 @@ Pure: text in, sets out; no TensorFlow, no files.
 """
 from __future__ import annotations
 
-import json
 import threading
 from dataclasses import dataclass, field
 from collections.abc import Mapping
+
+from cluster.runtime import runjson
 
 
 @dataclass(frozen=True)
@@ -51,14 +52,14 @@ class Members:
         raw = {'epoch': self.epoch, 'workers': {str(i): g for i, g in sorted(self.workers.items())}}
         if self.save:
             raw['save'] = self.save
-        return json.dumps(raw, separators=(',', ':'))
+        return runjson.dumps(raw, separators=(',', ':'))
 
     @classmethod
     def parse(cls, text: str, pool: int) -> Members | None:
         """The live set a lease holds, or None when it holds none (or nonsense): then every pool
         worker is live. Indices outside the pool, or a set without the chief, are nonsense."""
         try:
-            raw = json.loads(text) if text.strip() else None
+            raw = runjson.loads(text) if text.strip() else None
             if not isinstance(raw, dict):
                 return None
             epoch, workers = raw['epoch'], {int(i): int(g) for i, g in raw['workers'].items()}

@@ -27,7 +27,7 @@ import threading
 from dataclasses import dataclass
 from typing import TextIO
 
-from cluster.runtime import rundir
+from cluster.runtime import rundir, runjson
 
 PULSE_BYTES = 512           # one block of every file system: the whole pulse, written in one pwrite
 SUFFIX = '.pulse'
@@ -51,7 +51,7 @@ def parse(text: str | None) -> Beat | None:
     """The beat of a pulse file's text; None when there is none or it is not one (half-written,
     or someone else's file): a pulse is a hint, never an error."""
     try:
-        data = json.loads((text or '').strip() or 'null')
+        data = runjson.loads((text or '').strip() or 'null')
     except ValueError:
         return None
     if not isinstance(data, dict):
@@ -120,7 +120,7 @@ class Pulse:
 
     @staticmethod
     def _text(beat: Beat) -> bytes:
-        text = json.dumps({'step': beat.step, 'total': beat.total, 'refused': beat.refused})
+        text = json.dumps({'step': beat.step, 'total': beat.total, 'refused': beat.refused}, allow_nan=False)
         return text.encode('utf-8')[:PULSE_BYTES - 1].ljust(PULSE_BYTES - 1) + b'\n'
 
 

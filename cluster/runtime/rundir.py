@@ -37,6 +37,10 @@ import os
 import re
 import signal
 
+from cluster.runtime import runjson
+
+log = logging.getLogger(__name__)
+
 SPEC_FILE = 'spec.yaml'
 LOGS_DIR = 'logs'
 STATE_FILE = 'launch-state.json'
@@ -222,12 +226,17 @@ def batch_script_path(train_dir: str) -> str:
 
 
 def read_text(path: str) -> str | None:
-    """A small file of the run, or None if it cannot be read."""
+    """A small file of the run, or None if it cannot be read. A file of more than runjson.MAX_BYTES
+    is not one (a wrong file, a device, someone's mischief): one warning, and never read whole."""
     try:
-        with open(path, encoding='utf-8', errors='replace') as f:
-            return f.read()
+        with open(path, 'rb') as f:
+            data = runjson.read_bytes(f)
     except OSError:
         return None
+    if data is None:
+        runjson.warn_once(log, f'{path}: {runjson.OVER}, too big for a file of the run; not read')
+        return None
+    return data.decode('utf-8', 'replace')
 
 
 def write_atomically(path: str, text: str) -> None:

@@ -10,7 +10,6 @@ callers so that neither reaches into the other, and the two cannot drift.
 from __future__ import annotations
 
 import glob
-import json
 import logging
 import os
 import re
@@ -23,7 +22,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 import tensorflow as tf
 
-from cluster.runtime import rundir
+from cluster.runtime import rundir, runjson
 from cluster.runtime.pulse import PULSE
 
 if TYPE_CHECKING:
@@ -303,4 +302,4 @@ def report_done(sess: tf.compat.v1.Session, ops: list[tf.Operation]) -> None:
 
 def write_result(train_dir: str, worker_index: int, result: dict) -> None:
     """This worker's closing figures (rundir.result_path), for the launcher's summary."""
-    rundir.write_atomically(rundir.result_path(train_dir, worker_index), json.dumps(result))
+    rundir.write_atomically(rundir.result_path(train_dir, worker_index), runjson.dumps(result))

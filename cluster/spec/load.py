@@ -56,6 +56,8 @@ def read_tf_config(text: str) -> tuple[dict, str, int]:
         config = json.loads(text)
     except ValueError as e:
         raise SpecError(f'{TF_CONFIG_ENV}: not JSON ({e}): {text[:60]!r}') from None
+    except RecursionError:      # an environment is anyone's to set: never a traceback
+        raise SpecError(f'{TF_CONFIG_ENV}: nested too deeply to read: {text[:60]!r}') from None
     if not isinstance(config, dict) or not isinstance(config.get('cluster'), dict):
         raise SpecError(f'{TF_CONFIG_ENV}: expected {{"cluster": {{"ps": [...], "worker": [...]}}, '
                         f'"task": {{"type": ..., "index": ...}}}}, got {text[:60]!r}')

@@ -209,7 +209,8 @@ class ClusterSpec:
         """TF_CONFIG for `task`: the cluster and the task, as TensorFlow's resolvers read it. An
         evaluator's names only itself: in the training cluster it would make the coordinator wait."""
         cluster = {'evaluator': [task.address]} if task.job == 'evaluator' else self.cluster_def()
-        return json.dumps({'cluster': cluster, 'task': {'type': task.job, 'index': task.index}}, sort_keys=True)
+        return json.dumps({'cluster': cluster, 'task': {'type': task.job, 'index': task.index}}, sort_keys=True,
+                          allow_nan=False)
 
     def task_env(self, job: str) -> dict[str, str]:
         """The environment the spec gives a task of `job`: `env`, then `tasks.<job>.env` over it."""

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING
 
-from cluster.runtime import rundir
+from cluster.runtime import rundir, runjson
 from cluster.training import idx
 
 if TYPE_CHECKING:
@@ -213,7 +213,7 @@ def write_synthetic(directory: str, records_per_file: int = 1000, test_records: 
         rng = np.random.default_rng([seed, index + 1])
         _write_atomic(os.path.join(directory, name), _synthetic_records(num, templates, rng))
     manifest = {'records_per_file': records_per_file, 'test_records': test_records, 'seed': seed}
-    _write_atomic(os.path.join(directory, SYNTHETIC_MANIFEST), json.dumps(manifest).encode())
+    _write_atomic(os.path.join(directory, SYNTHETIC_MANIFEST), runjson.dumps(manifest).encode())
     log.info('wrote synthetic CIFAR-10 data to %s (%d train, %d test records, seed %d)',
              directory, records_per_file * len(TRAIN_FILES), test_records, seed)
     return directory

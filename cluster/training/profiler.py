@@ -6,13 +6,12 @@ not with the module: the benchmark reads PROFILE_ENV here without paying for Ten
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
 from typing import TYPE_CHECKING, Any
 
-from cluster.runtime import rundir
+from cluster.runtime import rundir, runjson
 from cluster.spec import TaskSpec
 
 if TYPE_CHECKING:
@@ -117,4 +116,4 @@ class StepProfiler:
                   'bytes_in_per_step': {k: v / n for k, v in self.bytes.items()},
                   'python': self.python_report}
         with open(self.path, 'w') as f:
-            json.dump(report, f, indent=1)
+            f.write(runjson.dumps(report, indent=1))

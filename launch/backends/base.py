@@ -80,7 +80,7 @@ for port in args[deep:]:
             out["busy"].append(int(port))
     finally:
         s.close()
-print(json.dumps(out))
+print(json.dumps(out, allow_nan=False))
 '''
 
 # How many NVIDIA GPUs a host has, as one line `tfcluster-gpus N` (read back with parse_gpu_count):

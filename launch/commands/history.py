@@ -2,10 +2,9 @@
 runs left in their train_dirs, read back."""
 from __future__ import annotations
 
-import json
 import os
 
-from cluster.runtime import rundir
+from cluster.runtime import rundir, runjson
 from cluster.spec import ClusterSpec
 from launch.commands.flags import ListFlags, OutputFlags
 from launch.commands.request import Request
@@ -16,7 +15,7 @@ from launch.records import runs
 def cmd_list(flags: ListFlags) -> int:
     found = runs.find_runs(flags.dir)
     if flags.json:
-        print(json.dumps([r.to_json() for r in found], indent=1))
+        print(runjson.dumps([r.to_json() for r in found], indent=1))
     else:
         print(runs.table(found, flags.dir))
     return 0

@@ -3,9 +3,9 @@ ready for it): both start nothing."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import shlex
 
+from cluster.runtime import runjson
 from cluster.spec import ClusterSpec, SpecError, TaskSpec
 from launch.backends import netns
 from launch.backends.base import HostCheck
@@ -26,7 +26,7 @@ def cmd_check(spec: ClusterSpec, req: Request[JsonFlags]) -> int:
         _add_gpu_checks(spec, req, plans, backends, checks)
     code = 0 if all(c.ok for c in checks) else 1
     if req.flags.json:
-        print(json.dumps({'ok': code == 0, 'hosts': [dataclasses.asdict(c) for c in checks]}, indent=1))
+        print(runjson.dumps({'ok': code == 0, 'hosts': [dataclasses.asdict(c) for c in checks]}, indent=1))
         return code
     for c in checks:
         print(c.line())
@@ -81,7 +81,7 @@ def _coordinator_lines(spec: ClusterSpec) -> None:
 def cmd_plan(spec: ClusterSpec, req: Request[JsonFlags]) -> int:
     plans = plans_of(spec, req)
     if req.flags.json:
-        print(json.dumps([_plan_json(task, plan, req) for task, plan in zip(spec.tasks, plans)], indent=1))
+        print(runjson.dumps([_plan_json(task, plan, req) for task, plan in zip(spec.tasks, plans)], indent=1))
         return 0
     print(f'# {spec.path}: {_shape(spec)}; `launch up` writes the effective spec to '
           f'{effective_spec_path(spec)} (nothing is written now)')

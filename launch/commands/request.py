@@ -11,6 +11,7 @@ from cluster.spec import ClusterSpec, load_spec
 from launch.planning.plan import TaskPlan, state_path
 from launch.records import runs
 from launch.records.events import read_events
+from launch.records.jsonrecord import read_text, read_texts
 from launch.run import registry
 from launch.run.preflight import check_isolation
 from launch.run.state import LaunchState
@@ -42,13 +43,14 @@ def load_target(ref: str, overrides: list[str]) -> tuple[ClusterSpec, str | None
     started = [e for e in read_events(rundir.events_path(train_dir)) if e.get('event') == 'run_started']
     first = started[-1] if started else {}
     remembered = registry.remembered([first.get('backend')])
-    if os.path.isfile(str(first.get('spec'))):
-        path, given = first['spec'], list(first.get('overrides') or []) + overrides
+    recorded = read_text(first.get('spec'))     # typed: the events are anyone's to edit
+    if recorded and os.path.isfile(recorded):
+        path, given = recorded, (read_texts(first.get('overrides')) or []) + overrides
     else:
-        path, given = rundir.spec_path(train_dir), overrides
+        path, given = rundir.spec_path(train_dir), list(overrides)
     given.append(f'train.train_dir={train_dir}')
     spec = load_spec(path, given)
-    cwd = str(first.get('cwd') or '')
+    cwd = read_text(first.get('cwd')) or ''
     if spec.train.data != 'synthetic' and not os.path.isabs(spec.train.data) and os.path.isdir(cwd):
         spec = load_spec(path, given + [f'train.data={os.path.join(cwd, spec.train.data)}'])
     return spec, remembered

@@ -1,10 +1,10 @@
 """`launch status`: a run's state and each of its tasks, as text or JSON."""
 from __future__ import annotations
 
-import json
 import os
 import time
 
+from cluster.runtime import runjson
 from cluster.runtime.rundir import EXIT_FAILED, EXIT_OK
 from cluster.spec import ClusterSpec
 from launch.backends.base import BackendError, Observation, stop_all
@@ -35,7 +35,7 @@ def cmd_status(spec: ClusterSpec, req: Request[JsonFlags]) -> int:
     code = EXIT_NO_RUN if info is None and state is None else \
         EXIT_OK if info is None or info.state in (RunState.RUNNING, RunState.DONE) else EXIT_FAILED
     if req.flags.json:
-        print(json.dumps({'run': info.to_json() if info else None,
+        print(runjson.dumps({'run': info.to_json() if info else None,
                           'launcher': {'pid': state.launcher_pid, 'alive': launcher_alive(state)} if state else None,
                           'progress': state.progress.to_json() if state and state.progress else None,
                           'restarts': state.restarts if state else 0,

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 from collections.abc import Mapping
 
+from cluster.runtime.runjson import short
 from launch.records.jsonrecord import (JsonRecord, json_field, read_fields, read_real, read_text, read_texts,
                                        read_whole, read_wholes)
 from launch.records.result import MendedFault, RunRecord, RunState, read_phases, read_state
@@ -52,9 +53,12 @@ HEADER = ('time', 'run', 'attempt', 'event')
 def read_attempt(value: Any) -> int:
     """An attempt number; a line without one is of the first attempt. ValueError if it is not one."""
     try:
-        return int(value or 1)
-    except (TypeError, ValueError):
-        raise ValueError(f'not an attempt number: {value!r}') from None
+        number = int(value or 1)
+    except (TypeError, ValueError, OverflowError):      # OverflowError: an infinity
+        number = None
+    if number is None or read_whole(number) is None:
+        raise ValueError(f'not an attempt number: {short(repr(value), 40)}')
+    return number
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -157,7 +161,7 @@ def read_metrics(value: Any) -> dict[str, float] | None:
     """An evaluation's figures: name -> number (anything else is dropped)."""
     if not isinstance(value, dict):
         return None
-    return {str(k): float(v) for k, v in value.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return {str(k): float(number) for k, number in ((k, read_real(v)) for k, v in value.items()) if number is not None}
 
 
 @dataclass(frozen=True, kw_only=True)

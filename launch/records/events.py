@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import json
 import logging
 import os
 import sys
@@ -48,7 +47,7 @@ import time
 from typing import Any
 from collections.abc import Iterator
 
-from cluster.runtime import rundir
+from cluster.runtime import rundir, runjson
 from launch.records.event_types import Event, EventKind, parse_event  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
@@ -78,7 +77,7 @@ class EventLog:
         assert name in EVENTS, name
         record = {'time': rundir.iso_time(time.time()), 'run': self.run, 'attempt': self.attempt, 'event': name,
                   **fields}
-        line = json.dumps(record, default=str) + '\n'
+        line = runjson.dumps(record, runjson.MAX_TEXT, default=str) + '\n'
         with self._lock:
             try:
                 os.makedirs(os.path.dirname(self.path) or '.', exist_ok=True)
@@ -139,49 +138,70 @@ def _append_whole(path: str, data: bytes) -> None:
 
 
 def read_events(path: str) -> list[dict]:
-    """Every event of the file that parses; a torn or damaged line is skipped with one warning."""
+    """Every event of the file that parses; a torn, damaged or hostile line is skipped, all of them
+    in one warning."""
     return list(iter_events(path))
 
 
 def iter_events(path: str) -> Iterator[dict]:
-    """read_events, one event at a time (the warning comes once the file is read)."""
+    """read_events, one event at a time (the warning comes once the file is read). A line longer
+    than runjson.MAX_BYTES is read past, never held; one nested deeper than runjson.MAX_DEPTH is
+    damaged: neither takes the reader's memory or stack."""
     try:
-        f = open(path, encoding='utf-8', errors='replace')
+        f = open(path, 'rb')
     except FileNotFoundError:
         return
-    bad = []
+    damaged: list[int] = []
+    long: list[int] = []
     with f:
-        for number, line in enumerate(f, 1):
+        for number, line in runjson.lines(f):
+            if line is None:
+                long.append(number)
+                continue
             if not line.strip():
                 continue
             try:
-                event = json.loads(line)
+                event = runjson.loads(line.decode('utf-8', 'replace'))
             except ValueError:
-                bad.append(number)
+                damaged.append(number)
                 continue
             if isinstance(event, dict) and 'event' in event:
                 yield event
             else:
-                bad.append(number)
-    if bad:
-        log.warning('%s: skipped %d damaged line(s) (line %s)', path, len(bad), ', '.join(map(str, bad[:5])))
+                damaged.append(number)
+    if damaged or long:
+        parts = [_lines(damaged, 'damaged'), _lines(long, runjson.OVER)]
+        runjson.warn_once(log, f'{path}: skipped {" and ".join(p for p in parts if p)}')
+
+
+def _lines(numbers: list[int], what: str) -> str:
+    """'2 line(s) damaged (line 4, 9)'; '' for none."""
+    if not numbers:
+        return ''
+    shown = ', '.join(map(str, numbers[:5])) + (', ...' if len(numbers) > 5 else '')
+    return f'{len(numbers)} line(s) {what} (line {shown})'
 
 
 def read_run_record(path: str) -> dict:
     """run.json as a dict: {} when it is missing (a run in its first attempt), and when it is
-    damaged, after one warning naming it."""
+    damaged, too big or nested too deep, after one warning naming it."""
     try:
-        with open(path, encoding='utf-8', errors='replace') as f:
-            data = json.load(f)
+        with open(path, 'rb') as f:
+            data = runjson.read_bytes(f)
     except FileNotFoundError:
         return {}
     except OSError as e:
-        log.warning('%s: cannot read it (%s); skipped', path, e.strerror or e)
+        runjson.warn_once(log, f'{path}: cannot read it ({e.strerror or e}); skipped')
         return {}
+    if data is None:
+        runjson.warn_once(log, f'{path}: damaged ({runjson.OVER}); skipped')
+        return {}
+    try:
+        record = runjson.loads(data.decode('utf-8', 'replace'))
     except ValueError as e:
-        log.warning('%s: damaged (%s); skipped', path, e)
+        runjson.warn_once(log, f'{path}: damaged ({e}); skipped')
         return {}
-    if not isinstance(data, dict):
-        log.warning('%s: damaged (not a JSON object); skipped', path)
+    if not isinstance(record, dict):
+        runjson.warn_once(log, f'{path}: damaged (not a JSON object); skipped')
         return {}
-    return data
+    return record

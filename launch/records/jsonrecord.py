@@ -98,21 +98,29 @@ def read_text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+# The largest whole number a record holds: a step, a pid, an exit code fits in 64 bits, and a
+# 400-digit one (JSON has no limit) would overflow the first float() it meets.
+MAX_WHOLE = 2 ** 63
+
+
 def read_whole(value: Any) -> int | None:
     """An integer; a float that is a whole number counts (a hand-written 40.0)."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
+        return value if -MAX_WHOLE < value < MAX_WHOLE else None
+    if isinstance(value, float) and value.is_integer() and abs(value) < MAX_WHOLE:
         return int(value)
     return None
 
 
 def read_real(value: Any) -> float | None:
-    """A number as written (an int stays one, so it is written back the same); NaN and inf are
-    kept: a diverged loss is a fact to show."""
+    """A number as written (an int stays one, so it is written back the same); NaN and inf, as an
+    older version wrote them, are kept: a diverged loss is a fact to show (written back, they are
+    null: see cluster/runtime/runjson.py)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, int) and not -MAX_WHOLE < value < MAX_WHOLE:
         return None
     return value
 

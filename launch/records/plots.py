@@ -19,6 +19,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.transforms import blended_transform_factory
 
+from cluster.runtime.runjson import short
 from launch.records.event_types import Progress
 from launch.records.jsonrecord import finite
 from launch.records.runs import duration_text
@@ -48,6 +49,8 @@ MARKS = {
     'ended': ('ended: interrupted', '*', 15, 'white', 'black'),
     'failed': ('ended: failed', '*', 15, LOST, 'black'),
 }
+ROW_CHARS = 40            # of a task's name on the timeline (a foreign event log may hold any text)
+MAX_ROWS = 200            # rows of the timeline: 0.45 inch each, a foreign log's thousands would take minutes and GBs
 MIN_CUT_SECS = 120.0      # an idle stretch shorter than this is never cut from a time axis
 NICE_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
 
@@ -164,23 +167,28 @@ def timeline_png(run: Run, tale: Story, axis: TimeAxis, runs: list[Attempt]) -> 
     """One row per task across all attempts: the bars show when each task lived (pale while it
     started, solid once it served), the marks what happened, faults numbered F1.. in the legend."""
     legend_rows = len(tale.faults[:10]) + 2
-    fig = Figure(figsize=(12.8, 1.6 + 0.45 * len(tale.rows) + 0.24 * legend_rows), layout='constrained')
+    rows = tale.rows[:MAX_ROWS]
+    fig = Figure(figsize=(12.8, 1.6 + 0.45 * len(rows) + 0.24 * legend_rows), layout='constrained')
     ax = fig.add_subplot()
-    y = {name: i for i, name in enumerate(tale.rows)}
+    y = {name: i for i, name in enumerate(rows)}
     for seg in tale.segments:
-        _bar(ax, axis, seg, y[seg.task])
+        if seg.task in y:
+            _bar(ax, axis, seg, y[seg.task])
     for kind in MARKS:
         below = 0.36 if kind == 'tolerated' else 0.0      # under the bar: it follows the loss mark at once
-        points = [(float(axis(t)), y[row] + below) for row, t, k in tale.marks if k == kind]
+        points = [(float(axis(t)), y[row] + below) for row, t, k in tale.marks if k == kind and row in y]
         if points:
             _, marker, size, face, edge = MARKS[kind]
             ax.plot(*zip(*points), ls='none', marker=marker, ms=size, mfc=face, mec=edge, mew=1.2, zorder=4)
-    for x, row, text in _fault_labels(tale.faults, axis, y.get, 0.035):
-        ax.annotate(text, (x, row), xytext=(7, 6), textcoords='offset points',
-                    fontsize=8, fontweight='bold', color=LOST, zorder=5,
-                    bbox={'boxstyle': 'round,pad=0.15', 'fc': 'white', 'ec': LOST, 'lw': 0.8})
-    ax.set_yticks(range(len(tale.rows)), tale.rows)
-    ax.set_ylim(len(tale.rows) - 0.4, -0.6)
+    for x, row, text in _fault_labels(tale.faults, axis, lambda task: y.get(task, len(rows)), 0.035):
+        if row < len(rows):         # a fault of a row left out is in the faults table only
+            ax.annotate(text, (x, row), xytext=(7, 6), textcoords='offset points',
+                        fontsize=8, fontweight='bold', color=LOST, zorder=5,
+                        bbox={'boxstyle': 'round,pad=0.15', 'fc': 'white', 'ec': LOST, 'lw': 0.8})
+    ax.set_yticks(range(len(rows)), [_short(row, ROW_CHARS) for row in rows])
+    ax.set_ylim(len(rows) - 0.4, -0.6)
+    if len(tale.rows) > len(rows):
+        ax.set_ylabel(f'the first {len(rows)} of {len(tale.rows)} rows (the faults table lists every fault)')
     ax.grid(axis='x', color='#e5e5e5')
     axis.decorate(ax, 1100)
     _attempt_lines(ax, axis, runs, labels=True)
@@ -316,5 +324,5 @@ def clock(t: float, tz: datetime.tzinfo, full: bool = False) -> str:
 
 
 def _short(text: str, most: int) -> str:
-    text = ' '.join(str(text).split())
-    return text if len(text) <= most else text[:most - 1] + '\u2026'
+    """One line of at most `most` characters, cut as the console cuts (a legend entry, a row's name)."""
+    return short(' '.join(str(text)[:most * 4].split()), most)

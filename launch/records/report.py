@@ -13,14 +13,14 @@ from __future__ import annotations
 import datetime
 import glob
 import html
-import json
 import math
 import os
 import urllib.parse
 from typing import Any
 
-from cluster.runtime import rundir
+from cluster.runtime import rundir, runjson
 from cluster.runtime.rundir import write_atomically
+from cluster.runtime.runjson import short
 from launch.records.event_types import Evaluation, Progress, Restart, RunStarted, Stall
 from launch.records.jsonrecord import finite
 from launch.records.plots import TimeAxis, clock, progress_png, timeline_png
@@ -30,6 +30,10 @@ from launch.records.timeline import RUN_ROW, Attempt, Fault, Run, Story, attempt
 
 STACK_FILES = 200              # stack dump files the page lists at most
 STACK_CHARS = 1 << 20          # of each, read at most (a dump is a few kilobytes)
+# A field of the run's files is shown to this many characters, as the console cuts a task's last
+# error (launch/run/faults.py ERROR_CHARS): a foreign event log's 50 MB field makes no 50 MB page.
+CELL_CHARS = 300
+ALT_FAULTS = 10         # faults the timeline's alt text names (the plot's legend names as many)
 
 # -- the page ---------------------------------------------------------------------------------------
 CSS = """
@@ -63,7 +67,7 @@ def render(train_dir: str, page_dir: str | None = None) -> str:
         parts.append(_plots(run, runs))
         parts.append(_attempts_table(run, runs))
     else:
-        parts.append(f'<p class="note">No events yet: {_e(rundir.events_path(train_dir))} is missing or holds '
+        parts.append(f'<p class="note">No events yet: {_e(rundir.events_path(train_dir), None)} is missing or holds '
                      'no event. The run has not started, or its launcher keeps no event log.</p>')
     parts += [_evaluations(run), _failures(run), _stacks(run, train_dir if page_dir is None else page_dir),
               _result(run), _spec(run)]
@@ -71,7 +75,7 @@ def render(train_dir: str, page_dir: str | None = None) -> str:
     page = (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
             f'<style>{CSS}</style></head>\n<body>\n' + '\n'.join(p for p in parts if p) +
             f'\n<p class="sub">Written {_e(clock(datetime.datetime.now().timestamp(), run.tz, True))} by '
-            f'<code>launch report</code> from {_e(train_dir)}.</p>\n<script>{SCRIPT}</script>\n</body></html>\n')
+            f'<code>launch report</code> from {_e(train_dir, None)}.</p>\n<script>{SCRIPT}</script>\n</body></html>\n')
     return page.encode('ascii', 'xmlcharrefreplace').decode('ascii')     # opens right whatever the locale
 
 
@@ -140,8 +144,9 @@ def _plots(run: Run, runs: list[Attempt]) -> str:
     tale = story(run)
     axis = TimeAxis([e.epoch for e in run.events], run.tz)
     alt = f'per-task timeline of {len(runs)} attempt(s); ' + '; '.join(
-        f'F{n}: {f.text} (attempt {f.attempt})' for n, f in enumerate(tale.faults, 1))
-    out = ['<h2>Timeline</h2>', f'<img alt="{_e(alt)}" src="{timeline_png(run, tale, axis, runs)}">']
+        f'F{n}: {short(f.text, CELL_CHARS)} (attempt {f.attempt})' for n, f in enumerate(tale.faults[:ALT_FAULTS], 1))
+    alt += f'; {len(tale.faults) - ALT_FAULTS} more faults in the table below' if len(tale.faults) > ALT_FAULTS else ''
+    out = ['<h2>Timeline</h2>', f'<img alt="{_e(alt, None)}" src="{timeline_png(run, tale, axis, runs)}">']
     progress = progress_png(run, axis, runs, tale.faults)
     out.append('<h2>Training</h2>')
     out.append(f'<img alt="loss and images/s" src="{progress}">' if progress else
@@ -221,14 +226,14 @@ def _stacks(run: Run, page_dir: str) -> str:
 def _result(run: Run) -> str:
     if run.result.is_empty():
         return ''
-    rows = [(k, json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in run.result.to_json().items()]
+    rows = [(k, runjson.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in run.result.to_json().items()]
     return f'<h2>Result ({_e(run.result_source)})</h2>\n' + _table(('field', 'value'), rows)
 
 
 def _spec(run: Run) -> str:
     if run.spec_text is None:
         return f'<h2>Effective spec</h2>\n<p>No {_e(rundir.SPEC_FILE)} in the train dir.</p>'
-    return f'<h2>Effective spec ({_e(rundir.SPEC_FILE)})</h2>\n<pre>{_e(run.spec_text)}</pre>'
+    return f'<h2>Effective spec ({_e(rundir.SPEC_FILE)})</h2>\n<pre>{_e(run.spec_text, None)}</pre>'
 
 
 # -- formatting -------------------------------------------------------------------------------------
@@ -236,8 +241,10 @@ class _Raw(str):
     """HTML made here, to be put in a cell as it is."""
 
 
-def _e(value: Any) -> str:
-    return html.escape(str(value))
+def _e(value: Any, most: int | None = CELL_CHARS) -> str:
+    """A value as HTML text, cut to `most` characters as the console cuts (None: whole)."""
+    text = str(value)
+    return html.escape(text if most is None else short(text, most))
 
 
 def _cell(value: Any) -> str:

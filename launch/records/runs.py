@@ -9,7 +9,6 @@ with SIGKILL leaves every file as it was. Damaged files cost a warning, never a 
 from __future__ import annotations
 
 import datetime
-import json
 import logging
 import os
 import time
@@ -20,7 +19,7 @@ from collections.abc import Iterator
 from cluster.runtime import rundir
 from launch.errors import UsageError
 from launch.records.event_types import EventKind
-from launch.records.events import read_events, read_run_record
+from launch.records.events import iter_events, read_events, read_run_record
 from launch.records.jsonrecord import read_whole
 from launch.records.result import RESULT_STATES, RunState, read_epoch   # noqa: F401 (re-exported)
 from launch.records.lock import TrainDirLock
@@ -223,16 +222,10 @@ def find_runs(root: str = '.', depth: int = 3) -> list[RunInfo]:
 def _quick_id(train_dir: str) -> str:
     """The run's id, reading no further than the first event that names it (events.jsonl of a long
     run is big); run.json's, else the directory's name, as describe() would."""
-    path = rundir.events_path(train_dir)
     try:
-        with open(path, encoding='utf-8', errors='replace') as f:
-            for line in f:
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(event, dict) and 'event' in event and _str(event.get('run')):
-                    return event['run']
+        for event in iter_events(rundir.events_path(train_dir)):
+            if _str(event.get('run')):
+                return event['run']
     except OSError:
         pass
     info = describe(train_dir)

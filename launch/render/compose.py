@@ -49,7 +49,7 @@ HEALTH = "import socket; socket.create_connection(('localhost', {port}), 2).clos
 def _scalar(value: object) -> str:
     """A YAML scalar for compose: JSON's double-quoted string is valid YAML, and `$` is doubled so
     compose does not interpolate it (only the variables this module writes are interpolated)."""
-    return json.dumps(str(value)).replace('$', '$$')
+    return json.dumps(str(value), allow_nan=False).replace('$', '$$')
 
 
 def _flow(items: Iterable[object]) -> str:

@@ -103,7 +103,7 @@ def set_value(value: Any) -> str:
     `2024-01-01` is a date, `on` a boolean), floats as YAML 1.1 floats (1.0e-05, not 1e-05)."""
     wanted = list(value) if isinstance(value, tuple) else value
     if isinstance(wanted, str):
-        candidates = [wanted, json.dumps(wanted, ensure_ascii=False)]
+        candidates = [wanted, json.dumps(wanted, ensure_ascii=False, allow_nan=False)]
     else:
         flow = yaml.safe_dump(wanted, default_flow_style=True, width=1 << 20).strip()
         candidates = [flow.removesuffix('\n...').strip()]

@@ -8,12 +8,12 @@ whether a launcher runs at all is told by its lock on the train_dir (launch/run/
 from __future__ import annotations
 
 import enum
-import json
 import os
 import time
 import uuid
 from collections.abc import Callable
 
+from cluster.runtime import runjson
 from cluster.runtime.rundir import read_text, write_atomically
 
 REQUEST_FILE, REPLY_FILE, LOCK_FILE = 'scale.request', 'scale.reply', 'scale.lock'
@@ -43,7 +43,7 @@ def send(train_dir: str, workers: int) -> str:
         os.remove(path(train_dir, REPLY_FILE))
     except FileNotFoundError:
         pass
-    write_atomically(path(train_dir, REQUEST_FILE), json.dumps({'id': ident, 'workers': workers, 'pid': os.getpid()}))
+    write_atomically(path(train_dir, REQUEST_FILE), runjson.dumps({'id': ident, 'workers': workers, 'pid': os.getpid()}))
     return ident
 
 
@@ -54,7 +54,7 @@ def take(train_dir: str) -> dict | None:
     if text is None:
         return None
     try:
-        request = json.loads(text)
+        request = runjson.loads(text)
         if not isinstance(request.get('workers'), int) or not isinstance(request.get('id'), str):
             raise ValueError
     except (ValueError, AttributeError):
@@ -65,7 +65,7 @@ def take(train_dir: str) -> dict | None:
 
 def answer(train_dir: str, request: dict, state: Reply, lines: list[str]) -> None:
     """The launcher's final word on `request` (the request is then gone)."""
-    write_atomically(path(train_dir, REPLY_FILE), json.dumps({'id': request['id'], 'state': state, 'lines': lines}))
+    write_atomically(path(train_dir, REPLY_FILE), runjson.dumps({'id': request['id'], 'state': state, 'lines': lines}))
     try:
         os.remove(path(train_dir, REQUEST_FILE))
     except FileNotFoundError:
@@ -78,7 +78,7 @@ def wait(train_dir: str, ident: str, running: Callable[[], bool], poll: float = 
         text = read_text(path(train_dir, REPLY_FILE))
         if text:
             try:
-                reply = json.loads(text)
+                reply = runjson.loads(text)
             except ValueError:
                 reply = None
             if isinstance(reply, dict) and reply.get('id') == ident:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from cluster.runtime import rundir
 from cluster.runtime.rundir import EXIT_FAILED, EXIT_NO_RESTART
+from cluster.runtime.runjson import short
 from launch.backends.base import ENDED, Backend, TaskRecord, tail
 from launch.run import disk
 from launch.run import policy as supervise
@@ -47,11 +48,6 @@ class TaskFailed(Exception):
         self.task = task
         self.exit_code = exit_code
         self.how = how
-
-
-def short(text: str, n: int) -> str:
-    """`text` cut to `n` characters, an ellipsis saying so."""
-    return text if len(text) <= n else text[:n - 1].rstrip() + '…'
 
 
 def log_tail(record: TaskRecord, backends: Mapping[str, Backend], n: int = 15) -> list[str]:

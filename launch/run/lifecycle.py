@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import abc
 import hashlib
-import json
 import logging
 import os
 import re
@@ -26,13 +25,14 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 from collections.abc import Callable, Iterable
 
-from cluster.runtime import rundir
+from cluster.runtime import rundir, runjson
 from cluster.runtime.rundir import EXIT_OK, write_atomically
 from cluster.spec import ClusterSpec
 from launch.errors import UsageError
 from launch.records.event_types import (Checkpoint, Evaluation, Event, EventKind, Finished, FirstStep, Progress, Restart,
                                         RunStarted, Serving)
 from launch.records.events import EventLog, read_events, read_run_record
+from launch.records.jsonrecord import read_real, read_whole
 from launch.records.result import Failure, MendedFault, RunRecord, RunResult, RunState     # the strategies import them from here
 from launch.records.lock import LockBusy, TrainDirLock
 from launch.run.disk import DiskWatch
@@ -365,7 +365,7 @@ class Lifecycle:
         train_dir = self.spec.train.train_dir
         record = self._as_record(result)
         try:
-            write_atomically(rundir.run_path(train_dir), json.dumps(record.to_json(), indent=1) + '\n')
+            write_atomically(rundir.run_path(train_dir), runjson.dumps(record.to_json(), indent=1) + '\n')
         except OSError as e:
             log.warning('cannot write %s: %s', rundir.run_path(train_dir), e.strerror)
         if not self.report:
@@ -439,7 +439,7 @@ class Lifecycle:
         for path in paths:
             text = self._running().read_file(path)
             try:
-                found = json.loads(text) if text else None
+                found = runjson.loads(text) if text else None
             except ValueError:      # damaged: no figures from that worker
                 found = None
             if isinstance(found, dict):
@@ -450,12 +450,14 @@ class Lifecycle:
         results = self._worker_results(lost)
         if not results:
             return
-        result.global_step = max(r.get('global_step', 0) for r in results)
-        if all('images_per_sec' in r for r in results):     # a user program may not count examples
-            result.images_per_sec = sum(r['images_per_sec'] for r in results)
+        # Typed reads: a damaged or foreign file's "many" is no step (and must not end the run in a TypeError).
+        result.global_step = max(read_whole(r.get('global_step')) or 0 for r in results)
+        rates = [read_real(r.get('images_per_sec')) for r in results]
+        if all(rate is not None for rate in rates):     # a user program may not count examples
+            result.images_per_sec = sum(rate for rate in rates if rate is not None)
         chief = [r for r in results if r.get('task') == self.spec.chief.name and 'loss' in r]
         if chief:
-            result.loss = chief[0]['loss']
+            result.loss = read_real(chief[0]['loss'])
 
     @staticmethod
     def summary(result: RunResult, lost: tuple[str, ...] = ()) -> str:

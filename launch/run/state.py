@@ -2,13 +2,14 @@
 spec started, so `launch status`, `launch logs` and `launch down` can find them from another shell."""
 from __future__ import annotations
 
-import json
+import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from collections.abc import Mapping
 
+from cluster.runtime import runjson
 from cluster.runtime.rundir import write_atomically
 from launch.backends.base import TaskRecord
 from launch.errors import LaunchError
@@ -59,8 +60,27 @@ def _entry(cls: type[Entry], value: Any) -> Entry | None:
     if value is None:
         return None
     if not isinstance(value, Mapping):
-        raise TypeError(f'{cls.__name__}: not an object: {value!r}')
-    return cls.from_json(value)
+        raise TypeError(f'{cls.__name__}: not an object: {runjson.short(repr(value), 40)}')
+    return _checked(cls.from_json(value))
+
+
+# The plain types a field of the state file is declared with, as written (annotations are text here).
+_PLAIN = {'str': (str,), 'int': (int,), 'float': (int, float)}
+
+
+def _checked(record: Any) -> Any:
+    """`record` if each of its fields declared `str`, `int` or `float` (or one of them `| None`)
+    holds one; TypeError naming the field if not: a later `time.time() - at` must not be the
+    place a damaged file is found."""
+    for f in dataclasses.fields(record):
+        declared = str(f.type)
+        plain = _PLAIN.get(declared.removesuffix(' | None'))
+        value = getattr(record, f.name)
+        if plain is None or value is None and declared.endswith(' | None'):
+            continue
+        if not isinstance(value, plain) or isinstance(value, bool):
+            raise TypeError(f'{type(record).__name__}.{f.name}: not {declared}: {runjson.short(repr(value), 40)}')
+    return record
 
 
 @dataclass
@@ -81,22 +101,25 @@ class LaunchState:
                 'started': self.started, 'tasks': [t.to_dict() for t in self.tasks],
                 'progress': None if self.progress is None else self.progress.to_json(), 'restarts': self.restarts,
                 'workers': None if self.workers is None else self.workers.to_json()}
-        write_atomically(path, json.dumps(data, indent=1))
+        write_atomically(path, runjson.dumps(data, indent=1))
 
     @classmethod
     def load(cls, path: str) -> LaunchState | None:
         try:
-            with open(path) as f:
-                data = json.load(f)
+            with open(path, 'rb') as f:
+                text = runjson.read_bytes(f)
+            if text is None:
+                raise ValueError(runjson.OVER)
+            data = runjson.loads(text.decode('utf-8'))      # bounded: a hostile file is damaged, not a traceback
         except FileNotFoundError:
             return None
-        except (ValueError, UnicodeDecodeError) as e:
+        except ValueError as e:     # UnicodeDecodeError included
             raise StateError(f'{path}: not a state file tfcluster can read ({e}); if tasks of that run still '
                              'live, stop them by hand, then remove the file') from None
         except OSError as e:
             raise StateError(f'{path}: cannot read the state file: {e.strerror}') from None
         if not isinstance(data, dict) or data.get('format') != FORMAT:
-            found = data.get('format', 'none') if isinstance(data, dict) else 'none'
+            found = runjson.short(str(data.get('format', 'none')), 40) if isinstance(data, dict) else 'none'
             listed: list[Any] = data['tasks'] if isinstance(data, dict) and isinstance(data.get('tasks'), list) else []
             pids = sorted({t['pid'] for t in listed if isinstance(t, dict) and isinstance(t.get('pid'), int)
                            and t['pid']})
@@ -105,11 +128,12 @@ class LaunchState:
                              f'{FORMAT}); if tasks of that run still live{hint}, stop them with the version that '
                              'started them or by hand, then remove the file')
         try:
-            tasks = [TaskRecord.from_dict(t) for t in data.pop('tasks', [])]
+            tasks = [_checked(TaskRecord.from_dict(t)) for t in data.pop('tasks', [])]
             progress = _entry(StepSeen, data.pop('progress', None))
             workers = _entry(WorkerPool, data.pop('workers', None))
             known = set(cls.__dataclass_fields__)
-            return cls(tasks=tasks, progress=progress, workers=workers, **{k: v for k, v in data.items() if k in known})
+            return _checked(cls(tasks=tasks, progress=progress, workers=workers,
+                                **{k: v for k, v in data.items() if k in known}))
         except (TypeError, KeyError, AttributeError) as e:
             raise StateError(f'{path}: damaged state file ({type(e).__name__}: {e}); if tasks of that run '
                              'still live, stop them by hand, then remove the file') from None

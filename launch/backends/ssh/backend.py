@@ -25,7 +25,7 @@ import fabric
 import invoke
 import paramiko
 
-from cluster.runtime import rundir
+from cluster.runtime import rundir, runjson
 from cluster.runtime.rundir import LEASE_ENV
 from cluster.spec import ClusterSpec
 from launch.backends.base import (ENDED, GPU_COUNT_SH, RUNNING, STOP_GRACE_SECS, UNKNOWN, Backend, HostCheck,
@@ -405,9 +405,10 @@ class SSHBackend(Backend):
 
     # -- logs -----------------------------------------------------------------------------
     def read_file(self, record: TaskRecord, path: str) -> str | None:
-        def read(sftp: paramiko.SFTPClient) -> str:
+        def read(sftp: paramiko.SFTPClient) -> str | None:
             with sftp.open(posixpath.join(record.cwd, path)) as f:
-                return f.read().decode('utf-8', 'replace')
+                data = runjson.read_bytes(f)        # a small file: never more than MAX_BYTES of it
+            return None if data is None else data.decode('utf-8', 'replace')
         try:
             return self._sftp_call(record.host, read)
         except (SSHError, OSError):
