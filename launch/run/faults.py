@@ -149,7 +149,8 @@ def _cause(decision: Decision, records: Sequence[TaskRecord],
         view = look_at_stall(records, backends, decision.tasks)
         full = decision.disk or view.disk
         view.disk = full
-        return full, f'stall: {decision.reason}; {stall_words(view)}', \
+        dumped = f'; {decision.stacks.words()}' if decision.stacks else ''
+        return full, f'stall: {decision.reason}; {stall_words(view)}{dumped}', \
             not any(holds_variables(n) for n in view.stopped)
     return decision.disk or disk.refusal(records, backends), decision.reason, \
         not any(holds_variables(n) for n in decision.tasks)
@@ -160,8 +161,6 @@ def cause(decision: Decision, records: Sequence[TaskRecord], backends: Mapping[s
     and whether the chief can still save a checkpoint (it and every ps answer): a checkpoint the
     frozen or lost ps cannot write is not waited for."""
     full, text, can_save = _cause(decision, records, backends)
-    if decision.stalled and decision.stacks:
-        text += f'; {decision.stacks.words()}'
     return first(full, text), can_save
 
 

@@ -43,6 +43,7 @@ import os
 import random
 import shlex
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -83,6 +84,7 @@ class Options:
     batch_size: int = 8
     stall_secs: float = 10.0
     margin: int = 2                        # max_restarts = faults + margin
+    startup: float = 0.0                   # the share of faults followed by one more while the restart starts
     recover_secs: float = 240.0            # a fault not answered, or training not back, by then: abort
     baseline: bool = False                 # first an undisturbed run of the same spec, for its time
     dir: str | None = None                 # where the specs and runs go (default: a temporary folder)
@@ -97,6 +99,14 @@ class Options:
         alone = sum(rejoin if not self.sync and task not in ('ps:0', 'worker:0') and kind == 'kill' else 0
                     for task, kind, _ in self.fault_plan())
         return 150 + len(self.fault_plan()) * (self.gap[1] + 20) + alone
+
+    def startup_plan(self) -> list[str | None]:
+        """Per planned fault, the kind of a second fault aimed at a task its restart starts again,
+        half a second after it appears (kill, or the backend's freeze), or None; the same for the
+        same seed."""
+        rng = random.Random(self.seed + 1)
+        kinds = [k for k in (self.kinds or KINDS[self.backend]) if k in ('kill', 'stop', 'pause')]
+        return [rng.choice(kinds) if kinds and rng.random() < self.startup else None for _ in self.fault_plan()]
 
     def fault_plan(self) -> list[tuple[str, str, int]]:
         """(task, kind, gap in steps) per fault, the same for the same seed."""
@@ -131,6 +141,7 @@ class Fault:
     answered_secs: float | None = None     # fault -> its restart event (after the stop, for a cluster)
     recovered_secs: float | None = None
     redone: int = 0                   # global steps trained again after the restart
+    startup: bool = False             # aimed at a task while a restart started it
 
 
 @dataclasses.dataclass
@@ -147,6 +158,7 @@ class Result:
     broken: list[str]
     notes: list[str]
     workdir: str
+    recovered: list[dict] = dataclasses.field(default_factory=list)     # the launcher's recovered events
 
     def summary(self) -> str:
         o = self.options
@@ -163,7 +175,8 @@ class Result:
                 answer = f'cluster restart from step {r.get("from_step")}, {f.redone} step(s) redone'
             times = [f'{what} {secs:.1f}s' for what, secs in (('seen', f.detected_secs), ('restart', f.answered_secs),
                                                                ('training', f.recovered_secs)) if secs is not None]
-            lines.append(f'  fault {f.number}: {f.kind} {f.task} ({f.target}) at step {f.step}, newest checkpoint '
+            lines.append(f'  fault {f.number}: {f.kind} {f.task} ({f.target}) '
+                         + ('while its restart started it' if f.startup else f'at step {f.step}') + ', newest checkpoint '
                          f'{f.checkpoint} -> {answer}' + (f' ({", ".join(times)} after it)' if times else ''))
         kinds = collections.Counter(f.kind for f in self.faults)
         tasks = collections.Counter(f.task for f in self.faults)
@@ -173,8 +186,13 @@ class Result:
         recover = [f.recovered_secs for f in self.faults if f.recovered_secs is not None]
         lines.append(f'faults: {len(self.faults)} ({_counts(kinds)}; {_counts(tasks)}); restarts: {len(self.restarts)} '
                      f'(run.json {self.run.get("restarts")}); steps redone: {redone}')
-        figures = [f'{what} {_mean(v):.1f}s on average (max {max(v):.1f}s)' for what, v in
-                   (('seen', detect), ('restarted', answer), ('training again', recover)) if v]
+        figures = [f'{what} {_mean(v):.1f}s on average, median {statistics.median(v):.1f}s (max {max(v):.1f}s)'
+                   for what, v in (('seen', detect), ('restarted', answer), ('training again', recover)) if v]
+        mended = [m['seconds'] for m in self.recovered]
+        if mended:
+            figures.append(f'the launcher\'s own count (recovered events, fault seen -> next step): '
+                           f'{len(mended)}, median {statistics.median(mended):.1f}s, max {max(mended):.1f}s, '
+                           f'{sum(m.get("steps_redone") or 0 for m in self.recovered)} step(s) redone')
         if figures:
             lines.append('after a fault: ' + '; '.join(figures))
         base = f' (undisturbed: {self.baseline_secs:.1f}s)' if self.baseline_secs is not None else ''
@@ -190,7 +208,7 @@ class Result:
                 'faults': [dataclasses.asdict(f) for f in self.faults], 'restarts': len(self.restarts),
                 'steps_redone': sum(f.redone for f in self.faults), 'wall_secs': self.wall_secs,
                 'baseline_secs': self.baseline_secs, 'leftovers': self.leftovers, 'broken': self.broken,
-                'notes': self.notes, 'run': self.run}
+                'notes': self.notes, 'run': self.run, 'recovered': self.recovered}
 
 
 def _counts(counter: collections.Counter) -> str:
@@ -477,6 +495,7 @@ class Chaos:
     def __init__(self, options: Options, driver: Driver, say: Callable[[str], None] = print):
         self.o, self.driver, self.say = options, driver, say
         self.plan = options.fault_plan()
+        self.startup = options.startup_plan()
         self.steps = options.steps or options.default_steps()
         self.proc: subprocess.Popen | None = None
         self.console = ''
@@ -487,7 +506,8 @@ class Chaos:
                  'checkpoint_steps': o.checkpoint_steps, 'log_every_secs': 1.0}
         if not o.sync:
             train['learning_rate'] = 0.05
-        supervise = {'restart': 'on-failure', 'max_restarts': len(self.plan) + o.margin, 'stall_secs': o.stall_secs}
+        supervise = {'restart': 'on-failure', 'stall_secs': o.stall_secs,
+                     'max_restarts': len(self.plan) + sum(k is not None for k in self.startup) + o.margin}
         return train, supervise
 
     def start(self, sub: str) -> tuple[str, str]:
@@ -627,7 +647,7 @@ class Chaos:
         if broken:
             notes.append('launch up\'s last lines:\n' + self.console_tail())
         result = Result(self.o, self.steps, faults, self.proc.returncode, run, restarts, wall, baseline, leftovers,
-                        broken, notes, self.driver.workdir)
+                        broken, notes, self.driver.workdir, [e for e in events if e['event'] == 'recovered'])
         if self.o.json_out:
             with open(self.o.json_out, 'w') as f:
                 json.dump(result.to_json(), f, indent=1, default=str)
@@ -662,12 +682,42 @@ class Chaos:
             self.say(f'chaos: fault {number}/{len(self.plan)}: {kind} {task} ({fault.target}) at step {fault.step}, '
                      f'newest checkpoint {fault.checkpoint}')
             before = sum(e['event'] == 'restart' for e in events)
-            self.wait(events_file, lambda ev, before=before: sum(e['event'] == 'restart' for e in ev) > before,
-                      time.monotonic() + self.o.recover_secs, f'restart after fault {number} ({kind} {task})')
+            events = self.wait(events_file, lambda ev, before=before: sum(e['event'] == 'restart' for e in ev) > before,
+                               time.monotonic() + self.o.recover_secs, f'restart after fault {number} ({kind} {task})')
+            if self.startup[number - 1] is not None:
+                self._inject_at_startup(sub, events_file, events, self.startup[number - 1], faults)
         events = self.wait(events_file, lambda ev: self.training(ev) or any(e['event'] == 'finished' for e in ev),
                            time.monotonic() + self.o.recover_secs, 'training after the last fault')
         if faults and self.training(events):
             faults[-1].recovered_secs = time.time() - faults[-1].at
+
+    def _inject_at_startup(self, sub: str, events_file: str, events: list[dict], kind: str,
+                           faults: list[Fault]) -> None:
+        """One more fault while the restart just made starts its tasks: `kind` aimed at one of
+        them (chosen by the seed) half a second after its new start appears."""
+        restart = next(e for e in reversed(events) if e['event'] == 'restart')
+        rng = random.Random(self.o.seed * 1000 + len(faults))
+        task = rng.choice(sorted(restart.get('tasks') or TASKS))
+        k = len(events)
+
+        def started_again(ev: list[dict]) -> bool:
+            return any(e['event'] == 'task_started' and e['task'] == task for e in ev[k - 1:])
+        events = self.wait(events_file, started_again, time.monotonic() + self.o.recover_secs,
+                           f'{task} to start again after fault {len(faults)}')
+        started = next(e for e in reversed(events) if e['event'] == 'task_started' and e['task'] == task)
+        time.sleep(0.5)
+        fault = Fault(len(faults) + 1, task, kind, step=None, startup=True,
+                      checkpoint=restart.get('from_step') if not restart.get('tasks') else None)
+        try:
+            fault.at = time.time()
+            fault.target = self.driver.inject(sub, task, kind, started)
+        except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+            raise Aborted(f'fault {fault.number} ({kind} {task} while starting) could not be injected: {e}') from None
+        faults.append(fault)
+        self.say(f'chaos: fault {fault.number}: {kind} {task} ({fault.target}) while the restart starts it')
+        before = sum(e['event'] == 'restart' for e in events)
+        self.wait(events_file, lambda ev: sum(e['event'] == 'restart' for e in ev) > before,
+                  time.monotonic() + self.o.recover_secs, f'restart after fault {fault.number} ({kind} {task})')
 
     @staticmethod
     def _match(faults: list[Fault], events: list[dict]) -> None:
@@ -690,8 +740,9 @@ class Chaos:
 
     def check(self, faults, events, run, leftovers, notes, train_dir, sub) -> list[str]:
         broken = []
-        if len(faults) != len(self.plan):
-            broken.append(f'planned: {len(faults)} of {len(self.plan)} faults injected')
+        planned = len(self.plan) + sum(k is not None for k in self.startup)
+        if len(faults) != planned:
+            broken.append(f'planned: {len(faults)} of {planned} faults injected')
         try:
             final = self.driver.checkpoint_step(sub)
         except (OSError, subprocess.SubprocessError) as e:
@@ -770,6 +821,8 @@ def main(argv=None) -> int:
     p.add_argument('--checkpoint-steps', type=int, default=20)
     p.add_argument('--batch-size', type=int, default=8)
     p.add_argument('--stall-secs', type=float, default=10.0)
+    p.add_argument('--startup', type=float, default=0.0, metavar='SHARE',
+                   help='the share of faults followed by a kill or freeze of a task their restart starts (0-1)')
     p.add_argument('--recover-secs', type=float, default=240.0,
                    help='a fault not answered, or training not back, within this long aborts the run')
     p.add_argument('--baseline', action='store_true', help='an undisturbed run of the same spec first, for its time')
@@ -787,7 +840,8 @@ def main(argv=None) -> int:
                       tasks=tuple(t for t in (a.tasks or '').split(',') if t) or TASKS, plan=a.plan,
                       gap=(int(low), int(high or low)), steps=a.steps, checkpoint_steps=a.checkpoint_steps,
                       batch_size=a.batch_size, stall_secs=a.stall_secs, recover_secs=a.recover_secs,
-                      baseline=a.baseline, dir=a.dir, json_out=a.json_out, overrides=tuple(a.overrides))
+                      baseline=a.baseline, dir=a.dir, json_out=a.json_out, overrides=tuple(a.overrides),
+                      startup=a.startup)
     # Ctrl-C or SIGTERM (a background job ignores SIGINT): the launcher is stopped, the sshd or
     # engine this harness started too.
     def interrupt(signum, frame):
