@@ -20,6 +20,8 @@ from typing import Any
 
 import yaml
 
+from cluster.spec.reader import parse_yaml
+
 FROM_ENV = 'from_env'
 MASK = '***'
 SECRET_WORDS = ('KEY', 'TOKEN', 'SECRET', 'PASSWORD', 'PASSWD', 'CREDENTIAL')
@@ -113,10 +115,9 @@ def masked_spec_text(text: str) -> str | None:
     """A spec file's text to show (the report): as written when no secret-looking env name has a
     value there, else its YAML again with each such value as MASK. None when it cannot be read as
     YAML: a value in it could not be told from the rest, so it is not shown at all."""
-    from cluster.spec.reader import parse_yaml     # the reader's bounds: a hostile file stays cheap
     try:
-        raw = parse_yaml(text, 'spec', line_numbers=False)[1]
+        raw = parse_yaml(text, 'spec', line_numbers=False)[1]     # within the reader's bounds
     except ValueError:
         return None
-    hidden_ = mask_raw(raw)
-    return text if hidden_ == raw else yaml.safe_dump(hidden_, sort_keys=False)
+    shown = mask_raw(raw)
+    return text if shown == raw else yaml.safe_dump(shown, sort_keys=False)
