@@ -33,6 +33,8 @@ from cluster.runtime.rundir import (EXIT_FAILED, EXIT_NO_RESTART, EXIT_OK, EXIT_
                             TaskLogFormatter, cause_line, read_text, serving_line)
 from cluster.spec import (DEFAULT_SPEC, JOBS, TF_CONFIG_ENV, ClusterSpec, SpecError, TaskSpec, load_spec,
                           read_tf_config)
+from cluster.spec.environ import MASK
+from cluster.spec.load import take_overrides
 
 if TYPE_CHECKING:
     import subprocess
@@ -60,7 +62,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument('--jobset', action='store_true',
                    help="in a pod of a JobSet (launch render --format jobset|trainjob): every task's job, index "
                         "and DNS name from the pod's labels and the rendered TFCLUSTER_JOBSET_* variables")
-    args = p.parse_args(argv)
+    rest, overrides = take_overrides(sys.argv[1:] if argv is None else list(argv))
+    args = p.parse_args(rest)       # without the --set options: argparse is quadratic in them
+    args.overrides = overrides + args.overrides
     if args.slurm and args.jobset:
         p.error('give --slurm or --jobset, not both')
     for flag, where in (('slurm', 'Slurm\'s environment'), ('jobset', 'the JobSet pod\'s environment')):
@@ -204,20 +208,23 @@ def import_tensorflow(keras: bool) -> types.ModuleType:
     return tensorflow
 
 
-_SECRET = ('KEY', 'TOKEN', 'SECRET', 'PASSWORD', 'PASSWD', 'CREDENTIAL')
+SHOWN_VALUE_CHARS = 200     # a longer value is logged as its size: the line is read, not the data
 
 
 def environment_line(spec: ClusterSpec, task: TaskSpec, environ: Mapping[str, str]) -> str:
     """What the task got of the spec's `env:` (as it sees it: a backend that lost one shows up
-    here) and the GPUs it may use; '' when there is neither. Values of names that look secret
-    are not written to the log."""
+    here) and the GPUs it may use; '' when there is neither. Values the spec hides (secret-looking
+    names, values taken from the launcher's environment: ClusterSpec.hides) are not written to
+    the log, nor long ones."""
     words = []
     gpus = environ.get('CUDA_VISIBLE_DEVICES')
     if task.job == 'worker' and gpus:
         words.append(f'CUDA_VISIBLE_DEVICES={gpus}')
-    for name in sorted(spec.task_env(task.job)):
+    names = {**spec.task_env(task.job), **spec.env_from, **spec.job_env_from.get(task.job, {})}
+    for name in sorted(names):
         value = environ.get(name)
-        shown = '(not set)' if value is None else '***' if any(s in name.upper() for s in _SECRET) else repr(value)
+        shown = '(not set)' if value is None else MASK if spec.hides(task.job, name) else \
+            repr(value) if len(value) <= SHOWN_VALUE_CHARS else f'({len(value):,} characters)'
         words.append(f'{name}={shown}')
     return f'environment: {" ".join(words)}' if words else ''
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from cluster.runtime.rundir import EXIT_USAGE
 from cluster.spec import ClusterSpec, SpecError, load_spec
+from cluster.spec.load import take_overrides
 from launch.commands import COMMANDS, Request, check_request, cmd_download, cmd_list, load_target
 from launch.commands.flags import (DownloadFlags, EvalFlags, JsonFlags, ListFlags, LogsFlags, NoFlags, OutputFlags,
                                    RenderFlags, ScaleFlags, UpFlags)
@@ -23,6 +24,9 @@ from launch.run import registry
 
 
 RUN_COMMANDS = ('status', 'down', 'logs', 'eval', 'report', 'scale', 'debug')     # they take a run id or train_dir too
+# The commands that hand the tasks their environment, or show or write it: every `{from_env: NAME}`
+# of the spec must have its value (the others, `down` of a run included, work without).
+VALUE_COMMANDS = ('up', 'plan', 'check', 'compose', 'render')
 
 
 def _spec_args(p: argparse.ArgumentParser, run: bool = False) -> None:
@@ -62,7 +66,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     _add_run_commands(sub)
     _add_reading_commands(sub)
     _add_file_commands(sub)
-    return p.parse_args(argv)
+    rest, overrides = take_overrides(sys.argv[1:] if argv is None else list(argv))
+    args = p.parse_args(rest)
+    if overrides:       # taken out before argparse, which is quadratic in the options (take_overrides)
+        if not hasattr(args, 'overrides'):
+            p.error(f'unrecognized arguments: --set {overrides[0]}')
+        args.overrides = overrides + args.overrides
+    return args
 
 
 def _add_run_commands(sub: argparse._SubParsersAction) -> None:
@@ -192,6 +202,8 @@ def dispatch(args: argparse.Namespace) -> int:
     if args.ssh_config is not None and not os.path.isfile(args.ssh_config):
         raise UsageError(f'--ssh-config {args.ssh_config}: file not found')
     spec, remembered = _target(args)
+    if args.command in VALUE_COMMANDS:
+        spec.check_references()
     flags = FLAGS[args.command](args)
     request = check_request(spec, Request(args.command, args.backend or remembered, options(args), flags))
     return COMMANDS[args.command](spec, request)

@@ -228,6 +228,13 @@ CASES = {
                                  "--pvc 'My_Claim': a PersistentVolumeClaim name is a DNS-1123 subdomain"),
     'tfjob claim no DNS name': (lambda t: ['render', _spec(t), '--format', 'tfjob', '--pvc', 'claim-'],
                                 "--pvc 'claim-': a PersistentVolumeClaim name is a DNS-1123 subdomain"),
+    'env value over the OS limit': (lambda t: ['plan', _spec(t, top={'env': {'BIG': 'x' * 200_000}})],
+                                    'env.BIG: a value of 200,000 bytes exceeds the OS limit of 131,072 bytes for one '
+                                    'environment string'),
+    'env from a variable not set': (lambda t: ['up', _spec(t, top={'env': {'API_TOKEN': {
+                                        'from_env': 'TFC_TEST_NEVER_SET'}}})],
+                                    "env.API_TOKEN: from_env: TFC_TEST_NEVER_SET is not set in the launcher's "
+                                    'environment'),
     'jobset variable in env:': (lambda t: ['render', _spec(t, top={'env': {'JOB_COMPLETION_INDEX': 1}}), '--format',
                                            'jobset'], 'env.JOB_COMPLETION_INDEX: JOB_COMPLETION_INDEX cannot be set'),
     'task --jobset outside a pod': (lambda t: ['task', '--jobset'], '$TFCLUSTER_JOBSET_NAME is not set'),

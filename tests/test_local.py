@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -36,9 +37,24 @@ def worker_results(train_dir: str, n: int = 2) -> list[dict]:
 
 
 def test_sync_run_trains_to_the_end(tmp_path):
-    spec = write_spec(tmp_path, steps=20)
-    result = launch('up', spec)
+    """... with a secret in the spec, one taken from the launcher's environment and one given by
+    --set: each task gets them in its environment, and none is in the output, the spec copy (0600),
+    the event log, run.json or the report."""
+    secrets = ('s3cret-in-spec', 's3cret-from-env', 's3cret-from-set')
+    spec = write_spec(tmp_path, steps=20, top={'env': {'TFC_TEST_TOKEN': secrets[0],
+                                                      'TFC_TEST_FROM': {'from_env': 'TFC_TEST_SOURCE'}}})
+    result = launch('up', spec, '--set', f'tasks.worker.env.TFC_TEST_PASSWORD={secrets[2]}',
+                    env={**os.environ, 'TFC_TEST_SOURCE': secrets[1]})
     assert result.returncode == 0, result.stdout + result.stderr
+    said = {task: next(x for x in result.stdout.splitlines() if f'{task}: environment:' in x).split(': environment: ')[1]
+            for task in ('ps:0', 'worker:1')}
+    assert said == {'ps:0': 'TFC_TEST_FROM=*** TFC_TEST_TOKEN=***',
+                    'worker:1': 'TFC_TEST_FROM=*** TFC_TEST_PASSWORD=*** TFC_TEST_TOKEN=***'}, said
+    run_dir = tmp_path / 'run'
+    assert stat.S_IMODE(os.stat(run_dir / 'spec.yaml').st_mode) == 0o600
+    for text in [result.stdout, result.stderr] + [(run_dir / name).read_text() for name in
+                                                  ('spec.yaml', 'events.jsonl', 'run.json', 'report.html')]:
+        assert not any(s in text for s in secrets), text
     train_dir = str(tmp_path / 'run')
     assert checkpoint_step(train_dir) == 20
     for r in worker_results(train_dir):
@@ -185,11 +201,16 @@ def test_a_local_task_gets_the_spec_env_and_only_an_allow_list_of_the_launchers(
     from launch.planning.plan import plan_cluster
     monkeypatch.setenv('TFC_TEST_LAUNCHER_ONLY', 'not for tasks')
     monkeypatch.setenv('LC_TFC_TEST', 'kept')
-    spec = load_spec(write_spec(tmp_path, top=TASK_ENV))
+    monkeypatch.setenv('TFC_TEST_SOURCE', 'from the launcher')
+    hidden = {'TFC_TEST_TOKEN': "a 'secret'", 'TFC_TEST_FROM': {'from_env': 'TFC_TEST_SOURCE'}}
+    spec = load_spec(write_spec(tmp_path, top={**TASK_ENV, 'env': {**TASK_ENV['env'], **hidden}}))
     seen = envs_through(LocalBackend(), spec, list(plan_cluster(spec)))
+    copy = (tmp_path / 'run' / 'spec.yaml').read_text()      # written by the backend's prepare
+    assert 'secret' not in copy and 'from the launcher' not in copy and 'TFC_TEST_TOKEN' in copy
     for task, job in (('ps:0', 'ps'), ('worker:0', 'worker'), ('worker:1', 'worker')):
         env = seen[task]
         assert [f'{k}={env.get(k)!r}' for k in sorted(TASK_ENV['env'])] == environment_words(job), env
+        assert env['TFC_TEST_TOKEN'] == "a 'secret'" and env['TFC_TEST_FROM'] == 'from the launcher', env
         assert 'TFC_TEST_LAUNCHER_ONLY' not in env and env['LC_TFC_TEST'] == 'kept', env
         assert env['PATH'] == os.environ['PATH']
         assert env.get('CUDA_VISIBLE_DEVICES') == ('' if job == 'ps' else None)     # auto, the count not asked

@@ -11,6 +11,7 @@ import os
 import re
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -196,13 +197,15 @@ def test_backend_polls_once_per_host_quotes_values_and_stops_process_groups(ssh_
 
 def test_an_ssh_task_gets_the_spec_env_quoted(ssh_hosts, tmp_path):
     """The spec's env: (values needing quotes, a per-job override) reaches each remote task as the
-    local backend gives it, beside the task's own login environment."""
+    local backend gives it, beside the task's own login environment; a secret too, while the spec
+    copy uploaded to each host holds only a reference to it and is its owner's alone (0600)."""
     from cluster.spec import load_spec
     from launch.planning.plan import plan_cluster
     from launch.backends.ssh import SSHBackend
 
+    top = {**TASK_ENV, 'env': {**TASK_ENV['env'], 'TFC_TEST_TOKEN': "a 'secret' $x"}}
     spec = load_spec(write_spec(tmp_path, task_hosts=LAYOUT, hosts=host_settings(ssh_hosts, tmp_path),
-                                train_dir='run', top=TASK_ENV))
+                                train_dir='run', top=top))
     backend = SSHBackend(spec, ssh_config=str(ssh_hosts.ssh_config))
     try:
         seen = envs_through(backend, spec, list(plan_cluster(spec)))
@@ -211,8 +214,12 @@ def test_an_ssh_task_gets_the_spec_env_quoted(ssh_hosts, tmp_path):
     for task, job in (('ps:0', 'ps'), ('worker:0', 'worker'), ('worker:1', 'worker')):
         env = seen[task]
         assert [f'{k}={env.get(k)!r}' for k in sorted(TASK_ENV['env'])] == environment_words(job), env
+        assert env['TFC_TEST_TOKEN'] == "a 'secret' $x", env
         assert env.get('CUDA_VISIBLE_DEVICES') == ('' if job == 'ps' else None)     # auto, the count not asked
         assert json.loads(env['TF_CONFIG'])['task']['type'] == job
+    for address in ssh_hosts.addresses:
+        copy = workdir(tmp_path, address) / 'run' / 'spec.yaml'
+        assert 'secret' not in copy.read_text() and stat.S_IMODE(os.stat(copy).st_mode) == 0o600
     assert_nothing_left(ssh_hosts)
 
 

@@ -239,11 +239,17 @@ def read_text(path: str) -> str | None:
     return data.decode('utf-8', 'replace')
 
 
-def write_atomically(path: str, text: str) -> None:
+PRIVATE = 0o600     # the mode of a file that may hold a value of the tasks' environment (a secret)
+
+
+def write_atomically(path: str, text: str, mode: int | None = None) -> None:
     """Write a file of the run so that a reader sees the old text or the new, never half of it.
-    A write the disk refuses raises its OSError and leaves no `.tmp` file behind."""
+    A write the disk refuses raises its OSError and leaves no `.tmp` file behind. With `mode`
+    (PRIVATE) the file has that mode before it holds a byte, whatever the umask or an old file's."""
     try:
         with open(path + '.tmp', 'w') as f:
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)
             f.write(text)
         os.replace(path + '.tmp', path)
     except BaseException:

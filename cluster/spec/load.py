@@ -6,9 +6,12 @@ with where each key came from recorded, and validated once at the end (cluster/s
 from __future__ import annotations
 
 import json
+import os
 import re
+from collections.abc import Mapping
 from typing import Any
 
+from cluster.spec.environ import FROM_ENV, mask_raw
 from cluster.spec.errors import Origins, SpecError
 from cluster.spec.model import HOST_SETTINGS, JOBS, ClusterSpec
 from cluster.spec.reader import YAMLSyntaxError, parse_yaml, read_spec_text
@@ -18,18 +21,22 @@ TF_CONFIG_ENV = 'TF_CONFIG'
 
 
 def load_spec(path: str | None, overrides: list[str] | tuple[str, ...] = (),
-              cluster: dict | None = None, cluster_source: str | None = None) -> ClusterSpec:
+              cluster: dict | None = None, cluster_source: str | None = None,
+              environ: Mapping[str, str] | None = None) -> ClusterSpec:
     """Read, override and validate a spec file. Raises SpecError (one line) on any user error.
     `cluster` (from TF_CONFIG, or `cluster_source` if named) replaces the file's cluster section;
-    with it, `path` may be None: the train settings are then the defaults and the overrides."""
+    with it, `path` may be None: the train settings are then the defaults and the overrides.
+    `{from_env: NAME}` values are read from `environ` (default: this process's environment); one
+    it lacks is an error only where the value is needed (ClusterSpec.check_references)."""
     source = cluster_source or TF_CONFIG_ENV
+    environ = os.environ if environ is None else environ
     if path is None:
         origins = Origins(source)
         raw: dict = {'cluster': cluster}
         origins.record_value('cluster', source)
         for text_override in overrides:
             _apply_override(raw, text_override, origins)
-        return build_spec(raw, origins)
+        return build_spec(raw, origins, environ)
     origins = Origins(path)
     node, raw = parse_yaml(read_spec_text(path), path, line_numbers=True)
     if node is not None:
@@ -43,7 +50,7 @@ def load_spec(path: str | None, overrides: list[str] | tuple[str, ...] = (),
         origins.record_value('cluster', source)
     for text_override in overrides:
         _apply_override(raw, text_override, origins)
-    return build_spec(raw, origins)
+    return build_spec(raw, origins, environ)
 
 
 EVALUATOR_PLACEHOLDER = 'localhost:1'     # an evaluator TF_CONFIG does not place (it serves no port)
@@ -99,6 +106,52 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not value.strip():
         raise SpecError(f'--set {text}: missing value after "=" (write null to clear a key)')
     return parts, parsed
+
+
+def take_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(argv without its `--set KEY=VALUE` and `--set=KEY=VALUE` options, their values in order),
+    in one pass, up to a `--`. argparse finds each option by scanning every later one, so 50,000
+    options cost minutes there; the rest (an abbreviation, a missing value) is left to it."""
+    rest: list[str] = []
+    overrides: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == '--':
+            rest += argv[i:]
+            break
+        if arg == '--set' and i + 1 < len(argv):
+            overrides.append(argv[i + 1])
+            i += 2
+            continue
+        if arg.startswith('--set='):
+            overrides.append(arg[len('--set='):])
+        else:
+            rest.append(arg)
+        i += 1
+    return rest, overrides
+
+
+def recorded_override(text: str) -> str:
+    """A `--set` option as a run records it (events.jsonl, which `launch status RUN` replays): one
+    that gives a secret-looking env name a value becomes a reference to the variable of that name,
+    `env.API_TOKEN={"from_env": "API_TOKEN"}`, so the record never holds the value. An option
+    that is not one of env's (or that load_spec refused) is kept as given."""
+    if text.partition('=')[0].strip().split('.')[0] not in ('env', 'tasks'):
+        return text
+    try:
+        parts, value = parse_override(text)
+    except SpecError:
+        return text
+    nested: Any = value
+    for part in reversed(parts):
+        nested = {part: nested}
+    hidden = mask_raw(nested, lambda name: {FROM_ENV: name})
+    if hidden == nested:
+        return text
+    for part in parts:
+        hidden = hidden[part]
+    return f'{".".join(parts)}={json.dumps(hidden, allow_nan=False)}'
 
 
 def _shorten(text: str, limit: int = 200) -> str:

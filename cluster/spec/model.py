@@ -16,6 +16,7 @@ from typing import Any, TypeVar, cast
 
 import yaml
 
+from cluster.spec import environ
 from cluster.spec.errors import Origins, SpecError
 
 JOBS = ('chief', 'ps', 'worker', 'evaluator')      # in the order a spec's tasks are listed and started
@@ -154,6 +155,10 @@ class ClusterSpec:
     env: Mapping[str, str] = field(default_factory=_empty)      # every task's
     job_env: Mapping[str, Mapping[str, str]] = field(default_factory=_empty)
     gpus: Mapping[str, int] = field(default_factory=_empty)     # host -> GPU count
+    # `{from_env: NAME}` values: variable -> the launcher's variable it takes its value from
+    # (cluster/spec/environ.py); one the launcher's environment lacks has no value in env/job_env.
+    env_from: Mapping[str, str] = field(default_factory=_empty)
+    job_env_from: Mapping[str, Mapping[str, str]] = field(default_factory=_empty)
     live: int | None = None          # workers that run now, of the pool (None: every one; never in YAML)
     origins: Origins | None = field(default=None, compare=False, repr=False)   # where each key was given
 
@@ -216,6 +221,30 @@ class ClusterSpec:
         """The environment the spec gives a task of `job`: `env`, then `tasks.<job>.env` over it."""
         return {**self.env, **self.job_env.get(job, {})}
 
+    def hides(self, job: str, name: str) -> bool:
+        """Whether the value of `name` in a task of `job` is never shown nor written (plan, spec
+        copy, report): a secret-looking name, or a value taken from the launcher's environment."""
+        return environ.looks_secret(name) or name in self.env_from or name in self.job_env_from.get(job, {})
+
+    @property
+    def has_hidden_env(self) -> bool:
+        """Whether any task gets a value `hides` keeps from view: a file that carries the tasks'
+        environment for a scheduler (a compose file, a batch script) is then its owner's alone."""
+        return any(self.hides(job, name) for job in JOBS for name in self.task_env(job)) or \
+            bool(self.env_from or self.job_env_from)
+
+    def check_references(self) -> None:
+        """SpecError, naming the key, for the first `{from_env: NAME}` whose NAME the environment
+        the spec was read in lacks: where the values are needed (a run, a plan, a rendered file).
+        A task reading its spec copy, or `launch status`, needs none of them."""
+        scopes = [('env', self.env_from, self.env)] + \
+            [(f'tasks.{job}.env', refs, self.job_env.get(job, {})) for job, refs in self.job_env_from.items()]
+        for key, refs, values in scopes:
+            for name, source in refs.items():
+                if name not in values:
+                    raise self.error(f'{key}.{name}', f"{environ.FROM_ENV}: {source} is not set in the launcher's "
+                                                      f'environment (export {source}=... before running launch)')
+
     def task(self, job: str, index: int) -> TaskSpec:
         if job not in JOBS:
             raise SpecError(f'{self.path}: unknown job {job!r}; expected one of {", ".join(JOBS)}')
@@ -228,7 +257,10 @@ class ClusterSpec:
         return tasks[index]
 
     def to_dict(self) -> dict:
-        """The effective spec (overrides applied) in the file format, for tasks to read back."""
+        """The effective spec (overrides applied) in the file format, for tasks to read back. No
+        hidden value is written (see hides): each is `{from_env: NAME}`, its own name, which the
+        launcher sets in every task's environment, so a task reading this copy finds the value
+        there, and the copy is safe to keep and to upload."""
         out: dict[str, Any] = {'cluster': self.all_jobs_def(), 'train': _train_dict(self.train),
                'supervise': dataclasses.asdict(self.supervise)}
         hosts = {name: {k: v for k, v in dataclasses.asdict(h).items() if k != 'name' and v is not None}
@@ -237,16 +269,24 @@ class ClusterSpec:
             out['hosts'] = hosts
         if self.isolation != 'none':
             out['isolation'] = self.isolation
-        if self.env:
-            out['env'] = dict(self.env)
-        if self.job_env:
-            out['tasks'] = {job: {'env': dict(env)} for job, env in self.job_env.items()}
+        if self.env or self.env_from:
+            out['env'] = _env_dict(self.env, self.env_from)
+        if self.job_env or self.job_env_from:
+            out['tasks'] = {job: {'env': _env_dict(self.job_env.get(job, {}), self.job_env_from.get(job, {}))}
+                            for job in {**self.job_env, **self.job_env_from}}
         if self.gpus:
             out['gpus'] = dict(self.gpus)
         return out
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+def _env_dict(values: Mapping[str, str], references: Mapping[str, str]) -> dict[str, Any]:
+    """One env section as the file spells it, a hidden value as a reference to its own name."""
+    names = list(values) + [n for n in references if n not in values]
+    return {name: {environ.FROM_ENV: name} if name in references or environ.looks_secret(name) else values[name]
+            for name in names}
 
 
 def _train_dict(train: TrainConfig) -> dict:

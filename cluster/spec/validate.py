@@ -11,12 +11,13 @@ import ipaddress
 import re
 import shlex
 import types
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from cluster.spec.model import (HOST_SETTINGS, ISOLATION_MODES, JOBS, LOOPBACK_NAMES, REQUIRED_JOBS,
                                 RESTART_POLICIES, SINGLE_JOBS, TRANSFER_DTYPES, ClusterSpec, HostConfig, SuperviseConfig, TaskSpec, TrainConfig,
                                 same_machine_key)
+from cluster.spec import environ as environ_
 from cluster.spec.errors import Origins
 
 SECTIONS = ('cluster', 'train', 'supervise', 'hosts', 'isolation', 'env', 'tasks', 'gpus')
@@ -24,22 +25,24 @@ _HOSTNAME = re.compile(r'^(?=.{1,253}$)[A-Za-z0-9_]([A-Za-z0-9_-]{0,62})(\.[A-Za
 _DEVICE = re.compile(r'^(cpu|gpu):(\d+)$')
 
 
-def build_spec(raw: dict, origins: Origins) -> ClusterSpec:
-    """The spec `raw` (merged, not yet checked) describes; SpecError at its first bad value."""
+def build_spec(raw: dict, origins: Origins, environ: Mapping[str, str]) -> ClusterSpec:
+    """The spec `raw` (merged, not yet checked) describes, `{from_env: NAME}` values read from
+    `environ`; SpecError at its first bad value."""
     _no_unknown(raw, SECTIONS, '', origins)
     tasks = _parse_cluster(raw.get('cluster'), origins)
     train = _parse_train(raw.get('train') or {}, origins)
     supervise = _parse_supervise(raw.get('supervise') or {}, origins)
     hosts = _parse_hosts(raw.get('hosts') or {}, origins)
     isolation = _parse_isolation(raw.get('isolation', 'none'), tasks, hosts, origins)
-    env = _parse_env(raw.get('env'), 'env', origins)
-    job_env = _parse_job_settings(raw.get('tasks'), origins)
+    env, env_from = _parse_env(raw.get('env'), 'env', origins, environ)
+    job_env, job_env_from = _parse_job_settings(raw.get('tasks'), origins, environ)
     gpus = _parse_gpus(raw.get('gpus'), tasks, origins)
     frozen = types.MappingProxyType
     spec = ClusterSpec(path=origins.path, tasks=tasks, train=train, hosts=frozen(hosts),
                        supervise=supervise, isolation=isolation, env=frozen(env),
                        job_env=frozen({job: frozen(e) for job, e in job_env.items()}), gpus=frozen(gpus),
-                       origins=origins)
+                       env_from=frozen(env_from),
+                       job_env_from=frozen({job: frozen(r) for job, r in job_env_from.items()}), origins=origins)
     if supervise.stall_secs < 3 * train.log_every_secs:
         key = 'supervise.stall_secs' if 'stall_secs' in (raw.get('supervise') or {}) else 'train.log_every_secs'
         raise origins.error(key, f'the stall limit ({supervise.stall_secs:g}s) must be at least 3 times '
@@ -301,14 +304,16 @@ LAUNCHER_ENV = ('TF_CONFIG', 'CUDA_VISIBLE_DEVICES', 'NVIDIA_VISIBLE_DEVICES', '
 _ENV_NAME = re.compile(r'^[A-Za-z_][A-Za-z0-9_]*$')
 
 
-def _parse_env(env: Any, key: str, origins: Origins) -> dict[str, str]:
-    """A mapping of variable name to a string or a number (kept as text); null drops a name (so
-    `--set env.NAME=null` undoes the file's)."""
+def _parse_env(env: Any, key: str, origins: Origins, environ: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """A mapping of variable name to a string, a number (kept as text) or `{from_env: NAME}`, the
+    value of NAME in `environ` (the launcher's environment; cluster/spec/environ.py); null drops a
+    name (so `--set env.NAME=null` undoes the file's). Returns (values, name -> the variable each
+    reference names); a reference to a variable `environ` lacks has no value (ClusterSpec.check_references)."""
     if env is None:
-        return {}
+        return {}, {}
     if not isinstance(env, dict):
         raise origins.error(key, 'expected a mapping of variable name to value, e.g. {OMP_NUM_THREADS: 4}')
-    out = {}
+    out, references = {}, {}
     for name, value in env.items():
         dotted = f'{key}.{name}'
         if not isinstance(name, str) or not _ENV_NAME.match(name):
@@ -321,34 +326,58 @@ def _parse_env(env: Any, key: str, origins: Origins) -> dict[str, str]:
             raise origins.error(dotted, f'{name} cannot be set in a spec: {why}')
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        if environ_.is_reference_like(value):
+            source = environ_.reference(value)
+            if source is None or not _ENV_NAME.match(source):
+                raise origins.error(dotted, f'expected {{{environ_.FROM_ENV}: NAME}}, NAME a variable of the '
+                                            f"launcher's environment, got {_short(value)}")
+            references[name] = source
+            if source not in environ:
+                continue        # no value here: an error where one is needed (check_references)
+            value = environ[source]
+        elif isinstance(value, bool) or not isinstance(value, (str, int, float)):
             hint = f' (quote it: "{str(value).lower()}")' if isinstance(value, bool) else ''
-            raise origins.error(dotted, f'expected a string or a number, got {value!r}{hint}')
+            if isinstance(value, dict):
+                hint = f" (or {{{environ_.FROM_ENV}: NAME}}, a variable of the launcher's environment)"
+            raise origins.error(dotted, f'expected a string or a number, got {_short(value)}{hint}')
         text = str(value)
         if '\0' in text:
             raise origins.error(dotted, 'a value cannot hold a NUL character')
+        problem = environ_.string_problem(name, text)
+        if problem:
+            raise origins.error(dotted, problem)
         out[name] = text
-    return out
+    return out, references
 
 
-def _parse_job_settings(tasks: Any, origins: Origins) -> dict[str, dict[str, str]]:
-    """`tasks: {ps: {env: {...}}, worker: {env: {...}}}`: settings for every task of one job."""
+def _short(value: Any, limit: int = 80) -> str:
+    """repr(value), cut: a bad value may be a megabyte long, and a secret."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + '...'
+
+
+def _parse_job_settings(tasks: Any, origins: Origins, environ: Mapping[str, str]
+                        ) -> tuple[dict[str, dict[str, str]], dict[str, dict[str, str]]]:
+    """`tasks: {ps: {env: {...}}, worker: {env: {...}}}`: settings for every task of one job;
+    (job -> values, job -> references) as _parse_env gives them."""
     if tasks is None:
-        return {}
+        return {}, {}
     if not isinstance(tasks, dict):
         raise origins.error('tasks', 'expected a mapping of job (chief, ps, worker, evaluator) to its settings, '
                                      'e.g. {worker: {env: {OMP_NUM_THREADS: 4}}}')
     _no_unknown(tasks, JOBS, 'tasks', origins)
-    out = {}
+    out, references = {}, {}
     for job, settings in tasks.items():
         settings = settings or {}
         if not isinstance(settings, dict):
             raise origins.error(f'tasks.{job}', 'expected a mapping with env')
         _no_unknown(settings, ('env',), f'tasks.{job}', origins)
-        env = _parse_env(settings.get('env'), f'tasks.{job}.env', origins)
-        if env:
+        env, refs = _parse_env(settings.get('env'), f'tasks.{job}.env', origins, environ)
+        if env or refs:
             out[job] = env
-    return out
+        if refs:
+            references[job] = refs
+    return out, references
 
 
 def _parse_gpus(gpus: Any, tasks: tuple[TaskSpec, ...], origins: Origins) -> dict[str, int]:

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from cluster.runtime import rundir
-from cluster.runtime.rundir import read_text, write_atomically
+from cluster.runtime.rundir import PRIVATE, read_text, write_atomically
 from cluster.spec import ClusterSpec
 from launch import system
 from launch.render import compose as compose_file
@@ -273,8 +273,9 @@ class ComposeBackend(Backend):
         train_dir = os.path.join(self.project_dir, self.spec.train.train_dir)
         os.makedirs(rundir.logs_dir(train_dir), exist_ok=True)
         # The containers read the spec with their hosts as services.
-        write_atomically(os.path.join(self.project_dir, effective_spec_path(self.spec)), self.mapped.to_yaml())
-        write_atomically(self.file, compose_file.render(self.mapped, plans, self.spec.path))
+        write_atomically(os.path.join(self.project_dir, effective_spec_path(self.spec)), self.mapped.to_yaml(),
+                         PRIVATE)
+        write_atomically(self.file, compose_file.render(self.mapped, plans, self.spec.path), PRIVATE)
         self._create()
 
     def _create(self) -> None:

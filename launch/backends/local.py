@@ -21,7 +21,7 @@ from launch.backends import netns
 from launch.backends.procstat import process_ident
 from launch.errors import UsageError
 from launch.system import poll_until
-from cluster.runtime.rundir import read_text, write_atomically
+from cluster.runtime.rundir import PRIVATE, read_text, write_atomically
 from launch.backends.base import (ENDED, HOST_PROBE, RUNNING, STOP_GRACE_SECS, Backend, BackendError, HostCheck,
                             Observation, TaskRecord, follow_file, handle_of, link_attempt_log,
                             local_disk_full, planned_record, touch_leases)
@@ -103,7 +103,7 @@ class LocalBackend(Backend):
             os.makedirs(os.path.dirname(os.path.join(plan.cwd, plan.log_path)) or '.', exist_ok=True)
             spec_file = os.path.join(plan.cwd, plan.spec_path)
             os.makedirs(os.path.dirname(spec_file) or '.', exist_ok=True)
-            write_atomically(spec_file, spec_yaml)
+            write_atomically(spec_file, spec_yaml, PRIVATE)
 
     @staticmethod
     def busy(plans: list[TaskPlan]) -> list[TaskPlan]:

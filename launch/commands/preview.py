@@ -7,6 +7,7 @@ import shlex
 
 from cluster.runtime import runjson
 from cluster.spec import ClusterSpec, SpecError, TaskSpec
+from cluster.spec.environ import MASK, masked
 from launch.backends import netns
 from launch.backends.base import HostCheck
 from launch.commands.flags import JsonFlags
@@ -20,6 +21,7 @@ from launch.run.preflight import warn_exposure
 def cmd_check(spec: ClusterSpec, req: Request[JsonFlags]) -> int:
     """Pre-flight every host; exit code 0 when all are ready, else 1."""
     plans = plans_of(spec, req)
+    registry.check_limits(spec, plans)
     with backends_for(spec, req, plans) as backends:
         checks = [c for name, b in backends.items()
                   for c in b.check([p for p in plans if p.backend == name], imports=True)]
@@ -80,8 +82,9 @@ def _coordinator_lines(spec: ClusterSpec) -> None:
 
 def cmd_plan(spec: ClusterSpec, req: Request[JsonFlags]) -> int:
     plans = plans_of(spec, req)
+    registry.check_limits(spec, plans)
     if req.flags.json:
-        print(runjson.dumps([_plan_json(task, plan, req) for task, plan in zip(spec.tasks, plans)], indent=1))
+        print(runjson.dumps([_plan_json(spec, task, plan, req) for task, plan in zip(spec.tasks, plans)], indent=1))
         return 0
     print(f'# {spec.path}: {_shape(spec)}; `launch up` writes the effective spec to '
           f'{effective_spec_path(spec)} (nothing is written now)')
@@ -101,8 +104,8 @@ def cmd_plan(spec: ClusterSpec, req: Request[JsonFlags]) -> int:
         print(f'  run:  {shlex.join(_argv(plan))}')
         if plan.slot is not None and plan.task.job == 'worker':
             print(f'  gpus: {plan.slot.describe()}')
-        for k, v in plan.env.items():
-            print(f'  env:  {k}={shlex.quote(v)}')
+        for k, v in _shown_env(spec, plan).items():
+            print(f'  env:  {k}={v if v == MASK else shlex.quote(v)}')
         print(f'  log:  {plan.log_path}')
     return 0
 
@@ -112,10 +115,16 @@ def _argv(plan: TaskPlan) -> list[str]:
     return list(netns.wrap(plan.netns, plan.argv) if plan.netns else plan.argv)
 
 
-def _plan_json(task: TaskSpec, plan: TaskPlan, req: Request[JsonFlags]) -> dict:
+def _shown_env(spec: ClusterSpec, plan: TaskPlan) -> dict[str, str]:
+    """The task's environment as `plan` shows it: a secret-looking name's value, or one taken from
+    the launcher's environment, as *** (cluster/spec/environ.py)."""
+    return masked(plan.env, lambda name: spec.hides(plan.task.job, name))
+
+
+def _plan_json(spec: ClusterSpec, task: TaskSpec, plan: TaskPlan, req: Request[JsonFlags]) -> dict:
     """One task of `launch plan --json`."""
     return {'task': plan.name, 'address': task.address, 'endpoint': plan.endpoint, 'backend': plan.backend,
             'where': registry.kind(plan.backend).where(plan, task, req.options), 'cwd': plan.cwd,
-            'argv': _argv(plan), 'env': dict(plan.env),
+            'argv': _argv(plan), 'env': _shown_env(spec, plan),
             'gpus': None if plan.slot is None or plan.slot.gpus is None else list(plan.slot.gpus),
             'log': plan.log_path}

@@ -7,6 +7,7 @@ import os
 
 from cluster.runtime.rundir import EXIT_FAILED, EXIT_OK
 from cluster.spec import ClusterSpec
+from cluster.spec.load import recorded_override
 from launch.commands.flags import ScaleFlags, UpFlags
 from launch.commands.request import Request
 from launch.errors import CommandFailed, UsageError
@@ -54,7 +55,8 @@ def cmd_up(spec: ClusterSpec, req: Request[UpFlags]) -> int:
                                    finish_timeout=flags.finish_timeout, say=console.say, checks=checks_before_up,
                                    warn=functools.partial(warn_exposure, short=True))
     with registry.strategy(spec, req.backend, req.options, settings) as launch:
-        life = Lifecycle(spec, console, launch.backend, launch.spec_yaml, overrides=list(flags.overrides))
+        recorded = [recorded_override(o) for o in flags.overrides]     # no secret in events.jsonl
+        life = Lifecycle(spec, console, launch.backend, launch.spec_yaml, overrides=recorded)
         return life.up(launch.strategy).exit_code
 
 

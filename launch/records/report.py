@@ -21,6 +21,7 @@ from typing import Any
 from cluster.runtime import rundir, runjson
 from cluster.runtime.rundir import write_atomically
 from cluster.runtime.runjson import short
+from cluster.spec.environ import masked_spec_text
 from launch.records.event_types import Evaluation, Progress, Restart, RunStarted, Stall
 from launch.records.jsonrecord import finite
 from launch.records.plots import TimeAxis, clock, progress_png, timeline_png
@@ -233,7 +234,10 @@ def _result(run: Run) -> str:
 def _spec(run: Run) -> str:
     if run.spec_text is None:
         return f'<h2>Effective spec</h2>\n<p>No {_e(rundir.SPEC_FILE)} in the train dir.</p>'
-    return f'<h2>Effective spec ({_e(rundir.SPEC_FILE)})</h2>\n<pre>{_e(run.spec_text, None)}</pre>'
+    text = masked_spec_text(run.spec_text)       # a page to share: no secret-looking env value
+    if text is None:
+        return f'<h2>Effective spec</h2>\n<p>{_e(rundir.SPEC_FILE)} is not YAML; not shown (it may hold secrets).</p>'
+    return f'<h2>Effective spec ({_e(rundir.SPEC_FILE)})</h2>\n<pre>{_e(text, None)}</pre>'
 
 
 # -- formatting -------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ new backend is one module plus one entry here.
 from __future__ import annotations
 
 import enum
+import os
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from cluster.spec import ClusterSpec, TaskSpec
 from launch.backends.base import Backend
 from launch.errors import UsageError
-from launch.planning import gpus
+from launch.planning import gpus, limits
 from launch.planning.plan import TaskPlan, is_local, plan_cluster, plan_compose, service_name, task_spec
 from launch.render.options import RenderOptions
 from launch.run.lifecycle import Strategy
@@ -105,6 +106,11 @@ class Kind:
     options_label: str = ''            # 'Slurm jobs': what those options are for
     unsupported: Callable[[str, ClusterSpec], str | None] = lambda command, spec: None
     check: Callable[[ClusterSpec, Options], str | None] = lambda spec, opts: None    # its options' values
+    # What a task starts with beyond its plan's env (a local one: part of the launcher's environment),
+    # and the text its start sends as one string (over SSH: the remote shell's command), if any:
+    # both count against the OS's limits for starting a process (launch/planning/limits.py).
+    inherits: Callable[[TaskPlan], Mapping[str, str]] = lambda plan: {}
+    start_text: Callable[[TaskPlan], str | None] = lambda plan: None
 
     def backend(self, spec: ClusterSpec, opts: Options) -> Backend:
         """A Backend of this kind: only a supervised kind has one (a delegated one's scheduler runs the tasks)."""
@@ -147,6 +153,16 @@ def _make_compose(spec: ClusterSpec, opts: Options) -> Backend:
     return ComposeBackend(spec)
 
 
+def _local_inherits(plan: TaskPlan) -> dict[str, str]:
+    from launch.backends.local import inherited
+    return inherited(os.environ)
+
+
+def _ssh_start_text(plan: TaskPlan) -> str | None:
+    from launch.backends.ssh.backend import start_script_size_text
+    return start_script_size_text(plan)
+
+
 def _ssh_where(plan: TaskPlan, task: TaskSpec, opts: Options) -> str:
     from launch.backends.ssh import ssh_target
     return f'ssh {ssh_target(plan, opts.ssh_config)}'
@@ -182,6 +198,7 @@ def _supervised(spec: ClusterSpec, name: str | None, opts: Options, up: UpSettin
     the GPUs their hosts say they have (too few: SpecError, nothing started)."""
     from launch.run.supervised import SupervisedRun
     planned = plans(spec, name, opts)
+    check_limits(spec, planned)
     spec_yaml = tasks_spec_yaml(spec, name, opts)
     with make_backends(spec, opts, {p.backend for p in planned}) as backends:
         placed = with_gpus(spec, name, opts, planned, backends)
@@ -206,9 +223,10 @@ def _slurm_check(spec: ClusterSpec, opts: Options) -> str | None:
 KINDS: dict[str, Kind] = {k.name: k for k in (
     # local and ssh plan alike (each task as its host says): one planner, one address lookup
     Kind('local', SUPERVISED, _supervised, addresses=_ssh_addresses, plan=_plan_hosts, make=_make_local,
-         where=lambda plan, task, opts: 'local process', on_this_machine=True, logs_here=True),
+         where=lambda plan, task, opts: 'local process', on_this_machine=True, logs_here=True,
+         inherits=_local_inherits),
     Kind('ssh', SUPERVISED, _supervised, addresses=_ssh_addresses, plan=_plan_hosts, make=_make_ssh,
-         where=_ssh_where),
+         where=_ssh_where, start_text=_ssh_start_text),
     Kind('compose', SUPERVISED, _supervised, plan=_plan_compose, make=_make_compose,
          where=lambda plan, task, opts: f'compose service {service_name(task)}, was {task.address} in the spec',
          isolates_ports=True, logs_here=True, remembered=True, leaves_resources=True,
@@ -243,6 +261,13 @@ def plans(spec: ClusterSpec, name: str | None, opts: Options, counts: dict[str, 
     if k.plan is None:
         raise UsageError(f'the {k.name} backend places the tasks itself; nothing is planned here')
     return list(k.plan(spec, k.addresses(spec, opts), counts or {}))
+
+
+def check_limits(spec: ClusterSpec, planned: Iterable[TaskPlan]) -> None:
+    """SpecError, naming the key, when a task could not be started for its command line and
+    environment (launch/planning/limits.py): `plan`, `check`, `compose` and `up` say so before
+    anything is written."""
+    limits.check(spec, planned, lambda p: kind(p.backend).inherits(p), lambda p: kind(p.backend).start_text(p))
 
 
 def gpu_counts(spec: ClusterSpec, plans: list[TaskPlan], backends: Mapping[str, Backend]) -> dict[str, int]:

@@ -197,8 +197,9 @@ class SlurmRun(Strategy):
                   '(a new `launch up` resumes from the checkpoint)', file=sys.stderr, flush=True)
         try:
             os.makedirs(self.logs, exist_ok=True)
-            write_atomically(rundir.spec_path(self.train_dir), self.effective_spec)
-            write_atomically(self.script_path, self.script(life.attempt))
+            write_atomically(rundir.spec_path(self.train_dir), self.effective_spec, rundir.PRIVATE)
+            # The script exports the spec's env: values included (Slurm's tasks get them from it).
+            write_atomically(self.script_path, self.script(life.attempt), rundir.PRIVATE)
         except OSError as e:
             raise self.spec.error('train.train_dir', f'cannot write {e.filename}: {e.strerror}') from None
 

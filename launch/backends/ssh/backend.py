@@ -9,7 +9,6 @@ offset, so following them leaves no process on the host.
 """
 from __future__ import annotations
 
-import io
 import json
 import logging
 import posixpath
@@ -99,6 +98,29 @@ def _spec_made_absolute(argv: Iterable[str], workdir: str) -> list[str]:
         i = argv.index('--spec') + 1
         argv[i] = posixpath.join(workdir, argv[i])
     return argv
+
+
+def _start_script(plan: TaskPlan, workdir: str, earlier: TaskProcess | None) -> str:
+    """The script that starts `plan`'s task in `workdir` (its absolute path on the host)."""
+    link = posixpath.join(workdir, plan.log_path)
+    # Each attempt logs to a file of its own (a task restarted within one appends); log_path
+    # leads to the newest, and a plain file left there by an older version becomes attempt-0's.
+    legacy = posixpath.join(posixpath.dirname(link), rundir.attempt_dirname(0))
+    command = task_command(_spec_made_absolute(plan.argv, workdir), plan.env)
+    return start_script(command, workdir, link, posixpath.join(workdir, plan.attempt_log_path), legacy, earlier)
+
+
+# The start script's size is checked before anything starts (launch/planning/limits.py), when the
+# workdir's absolute path is not known yet: a long stand-in for it, and for an earlier copy's pids.
+_LONG_HOME = '/home/' + 'u' * 64
+_LONG_PROCESS = TaskProcess(4194304, '9' * 20, 4194304, '9' * 20)
+
+
+def start_script_size_text(plan: TaskPlan) -> str:
+    """The start script of `plan`'s task as it will be at most: what the remote shell gets as one
+    string (a command over SSH is one argument of `sh -c`, within Linux's MAX_ARG_STRLEN)."""
+    workdir = plan.cwd if plan.cwd.startswith('/') else posixpath.join(_LONG_HOME, remote_dir(plan.cwd))
+    return _start_script(plan, workdir, _LONG_PROCESS)
 
 
 @dataclass
@@ -219,8 +241,11 @@ class SSHBackend(Backend):
 
     @staticmethod
     def _upload(sftp: paramiko.SFTPClient, text: str, target: str) -> None:
-        """Write `text` to `target` whole: under another name first, then renamed into place."""
-        sftp.putfo(io.BytesIO(text.encode()), target + '.tmp')
+        """Write `text` to `target` whole: under another name first, then renamed into place;
+        readable by its owner alone (rundir.PRIVATE) before it holds a byte."""
+        with sftp.open(target + '.tmp', 'wb') as f:
+            f.chmod(rundir.PRIVATE)
+            f.write(text.encode())
         sftp.posix_rename(target + '.tmp', target)
 
     def _workdir(self, name: str, cwd: str) -> str:
@@ -238,15 +263,10 @@ class SSHBackend(Backend):
         link = posixpath.join(workdir, plan.log_path)
         log_file = posixpath.join(workdir, plan.attempt_log_path)
         files = TaskFiles.beside(link)
-        # Each attempt logs to a file of its own (a task restarted within one appends); log_path
-        # leads to the newest, and a plain file left there by an older version becomes attempt-0's.
-        legacy = posixpath.join(posixpath.dirname(link), rundir.attempt_dirname(0))
         h = self._host(name)
         with h.snapshot_lock:
             earlier = h.records.get(plan.name)
-        command = task_command(_spec_made_absolute(plan.argv, workdir), plan.env)
-        script = start_script(command, workdir, link, log_file, legacy,
-                              None if earlier is None else _process(earlier))
+        script = _start_script(plan, workdir, None if earlier is None else _process(earlier))
         self._connect(name)         # an unreachable host fails here, before anything can start
         try:
             result = self._run(name, script)
