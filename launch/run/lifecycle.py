@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import signal
 import sys
 import threading
@@ -59,6 +60,11 @@ def is_chatter(line: str) -> bool:
     return bool(_CHATTER.match(line.strip()))
 
 
+def is_noise(line: str) -> bool:
+    """A line the console leaves out unless -v (the log files keep it)."""
+    return bool(_NOISE.match(line))
+
+
 class Console:
     """Serialises output lines from many threads, each with its source as a prefix."""
 
@@ -69,7 +75,7 @@ class Console:
         self._lock = threading.Lock()
 
     def line(self, source: str, text: str) -> None:
-        if not self.verbose and _NOISE.match(text):
+        if not self.verbose and is_noise(text):
             return
         with self._lock:
             try:
@@ -222,6 +228,10 @@ class Lifecycle:
         lock, created = self._lock()     # first: a second launcher is told who runs, nothing more
         try:
             self.run_id, self.attempt = identify(self.spec)
+            done = self._done_already(strategy)
+            if done is not None:
+                self._forget(lock, created)
+                return done
             try:
                 strategy.prepare(self)
             except Exception:
@@ -236,6 +246,25 @@ class Lifecycle:
             return self._run(strategy)
         finally:
             lock.release()
+
+    def _done_already(self, strategy: Strategy) -> RunResult | None:
+        """A run whose newest checkpoint is at train.steps already: nothing would be trained, so
+        nothing starts and nothing of the run is written (its run.json, events and report keep the
+        result it ended with); one line says so and how to train on. Exit 0, as `make` answers
+        for a target that is up to date: the training asked for is done, and a script that runs
+        `launch up` until it succeeds must not loop. A train.command is the user's own to end:
+        the launcher cannot tell what its steps mean, so it always starts."""
+        train = self.spec.train
+        if train.command:
+            return None
+        step = rundir.checkpoint_step(strategy.read_file(rundir.checkpoint_index_path(train.train_dir)))
+        if step is None or step < train.steps:
+            return None
+        which = f'run {self.run_id}' if self.attempt > 1 else os.path.abspath(train.train_dir)  # 1: no record of it
+        self.console.say(f'{which} is already at step {step} of {train.steps} (train.steps): nothing started, its '
+                         f'result kept; to train on, raise train.steps, e.g. `launch up {shlex.quote(self.spec.path)} '
+                         f'--set train.steps={step + train.steps}`')
+        return RunResult(state=RunState.DONE, exit_code=EXIT_OK, global_step=step)
 
     def _begin(self) -> None:
         """Name the run and this attempt, first thing on the console, and open the event log."""
