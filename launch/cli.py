@@ -103,6 +103,7 @@ def _add_reading_commands(sub: argparse._SubParsersAction) -> None:
     ev = sub.add_parser('eval', help="precision@1 on the test split from the newest checkpoint (moving averages)")
     _spec_args(ev, run=True)
     ev.add_argument('--checkpoint', help='a checkpoint prefix (default: the newest in train_dir)')
+    ev.add_argument('-v', '--verbose', action='store_true', help="also show TensorFlow's C++ start-up messages")
     check = sub.add_parser('check', help='pre-flight every host: reachable, TensorFlow and tfcluster import, '
                                          'ports free')
     _spec_args(check)
@@ -234,7 +235,7 @@ FLAGS: dict[str, Callable[[argparse.Namespace], object]] = {
     'status': _json_flags, 'plan': _json_flags, 'check': _json_flags,
     'down': lambda a: NoFlags(),
     'logs': lambda a: LogsFlags(task=a.task, follow=a.follow, attempt=a.attempt),
-    'eval': lambda a: EvalFlags(a.checkpoint),
+    'eval': lambda a: EvalFlags(a.checkpoint, a.verbose),
     'report': _output_flags, 'compose': _output_flags,
     'render': _render_flags,
 }
