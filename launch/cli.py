@@ -168,12 +168,35 @@ def main(argv: list[str] | None = None) -> int:
     if args.command != 'up':        # `launch plan ... | head` ends quietly; `up` must always tear down
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     logging.basicConfig(level=logging.WARNING, format='launch: %(levelname)s: %(message)s')
+    once = [(handler, Once()) for handler in logging.getLogger().handlers]
+    for handler, each in once:
+        handler.addFilter(each)
     try:
         return dispatch(args)
     except LaunchError as e:
         return _fail(e, e.exit_code)
     except SpecError as e:          # the spec's user error (cluster/ never imports launch/): exit 2
         return _fail(e, EXIT_USAGE)
+    finally:
+        for handler, each in once:
+            handler.removeFilter(each)
+
+
+class Once(logging.Filter):
+    """Each message once per command: several readers of one run's files (its id resolved, its
+    description, its report) each skip the same damaged line with a warning, and saying it two or
+    three times tells the user nothing more."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seen: set[tuple[int, str]] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.levelno, record.getMessage())
+        if key in self._seen:
+            return False
+        self._seen.add(key)
+        return True
 
 
 def _fail(error: Exception, code: int) -> int:
