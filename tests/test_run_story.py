@@ -61,6 +61,22 @@ def test_a_killed_interrupted_and_resumed_run_is_one_run_with_every_attempt_kept
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert f'run {run_id}, attempt 3: ' in resumed.stdout.splitlines()[0], resumed.stdout
 
+    # Once more: the run is at its last step, so nothing starts (no TensorFlow, no attempt 4) and
+    # its result stays, byte for byte; the line says how to train on. `launch eval` of it shows
+    # the figure without TensorFlow's C++ start-up chatter, as `launch up` does.
+    kept = {path: open(path, 'rb').read() for path in (rundir.run_path(run), rundir.events_path(run),
+                                                        rundir.report_path(run))}
+    again = launch('up', spec, cwd=where)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert again.stdout.startswith(f'[launch]   run {run_id} is already at step 40 of 40 (train.steps): nothing '
+                                   'started, its result kept; to train on, raise train.steps, e.g. `launch up '), \
+        again.stdout
+    assert {path: open(path, 'rb').read() for path in kept} == kept
+    assert not os.path.exists(os.path.join(rundir.logs_dir(run), 'attempt-4'))
+    evaluation = launch('eval', run_id, cwd=where)
+    assert evaluation.returncode == 0 and 'precision @ 1 = ' in evaluation.stdout, evaluation.stderr
+    assert not re.search(r'oneDNN|cuInit|cuda|absl|^[IWE]\d{4} ', evaluation.stderr, re.M), evaluation.stderr
+
     # Every attempt's logs are kept; the first still holds its steps; logs/<task>.log is the newest.
     logs = rundir.logs_dir(run)
     for attempt in (1, 2, 3):

@@ -2,6 +2,8 @@
 fake backend. The real-cluster tests (tests/test_faults.py) check that the decisions are carried out."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from cluster.runtime import rundir
@@ -119,6 +121,33 @@ def test_reasons_say_how_a_task_was_lost():
 ])
 def test_last_error_line(lines, expected):
     assert rundir.last_error_line(lines) == expected
+
+
+PS_LOST = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', 'ps-lost')     # see its README
+
+
+def _ps_lost(name: str) -> str:
+    with open(os.path.join(PS_LOST, name), encoding='utf-8') as f:
+        return f.read()
+
+
+def test_the_error_of_a_lost_ps_is_its_cause_never_tensorflows_banner():
+    """TensorFlow 2.21's own words when a ps is killed: a task logs the cause of the message (the
+    task's line, the console's, the event's and the report's), never the `=====` banner of a
+    StatusGroup or the `Graph execution error:` that leads in to it; a log an older task wrote
+    with the banner still names the error without it."""
+    message = _ps_lost('unavailable-message.txt')
+    assert message.splitlines()[2] == '=' * 21          # the banner, as TensorFlow writes it
+    assert rundir.cause_line(message) == 'recvmsg:Connection reset by peer'
+    assert rundir.last_error_line(_ps_lost('async-worker-1.log').splitlines()) == 'worker:1: UnavailableError'
+    assert rundir.last_error_line(_ps_lost('sync-worker-0.log').splitlines()) == \
+        'the sync aggregator failed, so this chief cannot go on: UnavailableError'
+    traceback = ['Traceback (most recent call last):', '  File "task.py", line 9, in <module>',
+                 'tensorflow.python.framework.errors_impl.UnavailableError: Graph execution error:', '',
+                 *message.splitlines()[2:]]      # an uncaught one: the rest of its message follows it
+    assert rundir.last_error_line(traceback) == \
+        'tensorflow.python.framework.errors_impl.UnavailableError: recvmsg:Connection reset by peer'
+    assert rundir.last_error_line(['ValueError: File "x.py" not found']) == 'ValueError: File "x.py" not found'
 
 
 def test_progress_and_checkpoint_parsing():

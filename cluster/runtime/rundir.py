@@ -357,34 +357,70 @@ def step_of(line: str) -> tuple[int, int] | None:
 
 _NOT_THE_CAUSE = re.compile(r"Graph execution error:|Detected at node|Node: '|File \"|\[\[\{\{node |"
                             r"From /job:|Additional GRPC error information|\d+ root error|\d+ successful operations|"
-                            r"\d+ derived errors|\(\d+\) [A-Z][a-z]+:$")
+                            r"\d+ derived errors|\(\d+\) [A-Z][a-z]+:$|"
+                            # several errors at once (tsl's StatusGroup): a banner of '=' around them,
+                            # each `CODE: From /job:...:` with its cause on the next line
+                            r"={5,}$|[A-Z][A-Z_]+: From /job:\S*:$|"
+                            # the C++ log lines TensorFlow appends to a message
+                            r"Recent warning and error logs:|[IWEF]\d{4} [\d:.]+ +\d+ \S+\] ")
+# An error line's exception and its message: `worker:1: UnavailableError: Socket closed`.
+_ERROR_MESSAGE = re.compile(r'^(.*?\b[A-Za-z_][\w.]*(?:Error|Exception)):\s*(.*)$')
+# A message that only leads in to the cause, which TensorFlow puts on the lines after it.
+_LEAD_IN = re.compile(r'(={5,}|Graph execution error:|(?:[A-Z][A-Z_]+: )?From /job:\S*:)?')
+_MESSAGE_LINES = 60         # of a traceback's message, after its exception line
+
+
+def _cause(lines: list[str]) -> str | None:
+    """The first line of an error message that says what happened (stripped lines, no blank ones)."""
+    start = 0
+    if lines and lines[0].startswith('Graph execution error'):
+        frames = [i for i, line in enumerate(lines) if line.startswith('File "')]
+        start = frames[-1] + 2 if frames else 1        # a frame is its File line and its code
+    return next((line for line in lines[start:] if not _NOT_THE_CAUSE.match(line)), None)
 
 
 def cause_line(text: str, default: str = '') -> str:
     """What an OpError says happened, in one line. TensorFlow 2's graph errors start with
     `Graph execution error:` and the Python frames where the op was defined, and put the cause
-    after them: the first line that is neither of those, else the first line."""
+    after them; errors of several tasks at once come between two banners of '='. The first line
+    that is none of those, else the first line that is no banner."""
     lines = [line.strip() for line in (text or '').splitlines() if line.strip()]
-    if lines and lines[0].startswith('Graph execution error'):
-        frames = [i for i, line in enumerate(lines) if line.startswith('File "')]
-        rest = lines[frames[-1] + 2:] if frames else lines[1:]     # a frame is its File line and its code
-        found = next((line for line in rest if not _NOT_THE_CAUSE.match(line)), None)
-        if found:
-            return found
-    return lines[0] if lines else default
+    found = _cause(lines)
+    if found:
+        return found
+    return next((line for line in lines if not re.fullmatch(r'={5,}', line)), default)
 
 
 def last_error_line(lines: list[str]) -> str | None:
     """The last Python error of a task's output: an exception line of a traceback, or an error the
-    task logged itself. TensorFlow's C++ chatter (absl `E1122 ...` lines) is not an explanation."""
-    for line in reversed(lines):
-        text = line.strip()
+    task logged itself. TensorFlow's C++ chatter (absl `E1122 ...` lines) is not an explanation,
+    nor is a message that is only TensorFlow's preamble or banner (`UnavailableError: ====`):
+    then the cause is the rest of the message on the lines after it (a traceback's), else the
+    error is named without the empty words."""
+    for i in range(len(lines) - 1, -1, -1):
+        text = lines[i].strip()
         m = _LOGGED_ERROR.match(text)
         if m:
-            return m.group(2)
+            return _with_cause(m.group(2), lines[i + 1:])
         if _PY_ERROR.match(text):
-            return text
+            return _with_cause(text, lines[i + 1:])
     return None
+
+
+def _with_cause(error: str, after: list[str]) -> str:
+    """An error line whose message says nothing (TensorFlow's first line of a longer message)
+    with its cause from the message's next lines, those before the task's next log line."""
+    m = _ERROR_MESSAGE.match(error)
+    if not m or not _LEAD_IN.fullmatch(m.group(2)):
+        return error
+    rest = []
+    for line in after[:_MESSAGE_LINES]:
+        if _LOGGED.match(line.strip()):
+            break
+        if line.strip():
+            rest.append(line.strip())
+    found = _cause(rest)
+    return f'{m.group(1)}: {found}' if found else m.group(1)
 
 
 # The refusals of the disk and the OS that only the machine's owner can mend, as their messages

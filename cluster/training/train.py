@@ -95,7 +95,7 @@ class _Aggregator(threading.Thread):
             # Only this thread hands out tokens: without it the training loop would wait for one
             # for ever. End the task instead, so the launcher sees a lost chief and acts.
             log.error('the sync aggregator failed, so this chief cannot go on: %s: %s', type(e).__name__,
-                      session.first_line(str(e)))
+                      rundir.cause_line(getattr(e, 'message', str(e)), '(no message)'))
             logging.shutdown()
             os._exit(rundir.EXIT_FAILED)
 

@@ -42,6 +42,7 @@ class LogsFlags:
 @dataclass(frozen=True)
 class EvalFlags:
     checkpoint: str | None          # a checkpoint prefix (None: the newest in train_dir)
+    verbose: bool = False           # show TensorFlow's C++ start-up messages too
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from launch.commands.request import Request, backends_for, plans_of
 from launch.errors import UsageError
 from launch.planning.plan import TaskPlan, log_path, state_path
 from launch.run import registry
-from launch.run.lifecycle import Console
+from launch.run.console import Console
 from launch.run.state import LaunchState, StateError
 
 

@@ -42,11 +42,11 @@ def cmd_status(spec: ClusterSpec, req: Request[JsonFlags]) -> int:
                           'workers': state.workers.to_json() if state and state.workers else None, 'tasks': tasks},
                          indent=1))
         return code
-    if info is not None:
+    if info is not None:        # the step once: here, or with the launcher's lines when it has a state file
         print(f'run {info.id}: {info.state}, attempt {info.attempts}'
-              + (f', global step {info.global_step}' if info.global_step is not None else '')
+              + (f', global step {info.global_step}' if info.global_step is not None and state is None else '')
               + f' ({os.path.abspath(spec.train.train_dir)})')
-    _print_launcher(spec, req, plans, state, tasks, info is not None)
+    _print_launcher(spec, req, plans, state, tasks, info)
     width = max([10] + [len(t['task']) for t in tasks])      # evaluator:0 is 11
     print(f'{"TASK":<{width}} {"ADDRESS":<22} {"BACKEND":<7} {"PID":>7}  {"ALIVE":<5}  {"LISTENING":<9}  NOTE')
     for t in tasks:
@@ -59,10 +59,10 @@ def cmd_status(spec: ClusterSpec, req: Request[JsonFlags]) -> int:
 
 
 def _print_launcher(spec: ClusterSpec, req: Request[JsonFlags], plans: list[TaskPlan], state: LaunchState | None,
-                    tasks: list[dict], known: bool) -> None:
-    """The lines about the run's launcher and its progress (`known`: the run has records)."""
+                    tasks: list[dict], info: runs.RunInfo | None) -> None:
+    """The lines about the run's launcher and its progress (`info`: the run's records, if any)."""
     if state is None:
-        print(f'no cluster of {spec.path} is running: no task of it is left to show' if known else no_state(spec))
+        print(f'no cluster of {spec.path} is running: no task of it is left to show' if info else no_state(spec))
         return
     if launcher_alive(state):
         restarts = f', {state.restarts} restart(s)' if state.restarts else ''
@@ -80,6 +80,11 @@ def _print_launcher(spec: ClusterSpec, req: Request[JsonFlags], plans: list[Task
     if p:
         seen = f', seen {max(0.0, time.time() - p.at):.0f}s ago' if p.at is not None else ''
         print(f'global step {p.global_step}/{p.steps}{seen}')
+    elif info is not None and info.global_step is not None:
+        # The launcher's newest step is of this attempt (none yet: it starts again, or was killed
+        # before it saw one); the run's records have the step it reached before.
+        print(f'global step {info.global_step} (the event log\'s newest; none seen since attempt {info.attempts} '
+              'began)')
     else:
         print('global step: none seen yet')
 

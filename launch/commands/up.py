@@ -12,7 +12,8 @@ from launch.commands.flags import ScaleFlags, UpFlags
 from launch.commands.request import Request
 from launch.errors import CommandFailed, UsageError
 from launch.run import registry
-from launch.run.lifecycle import Console, Lifecycle
+from launch.run.console import Console
+from launch.run.lifecycle import Lifecycle
 from launch.run.preflight import checks_before_up, warn_exposure
 
 

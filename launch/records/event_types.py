@@ -175,12 +175,16 @@ class Evaluation(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class TaskLost(Event):
+    """A lost task; `after` names the task lost with it that caused it (a chief that ended
+    because its ps was killed): part of that fault, not one of its own."""
     kind = EventKind.TASK_LOST
+    OPTIONAL = frozenset({'after'})
     task: str | None = json_field(read_text)
     cause: str | None = json_field(read_text)
     exit_code: int | None = json_field(read_whole)
     signal: str | None = json_field(read_text)              # its name
     error: str | None = json_field(read_text)               # the task's last Python error
+    after: str | None = json_field(read_text)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -42,6 +42,7 @@ MARKS = {
     'restart': ('restarted', RESTART_MARK, 15, '#6a3d9a', '#6a3d9a'),
     'interrupted': ('interrupted', 'H', 10, WARN, 'black'),
     'disk full': ('disk full', 'v', 11, WARN, 'black'),
+    'resumed': ('resumed (a new launch up)', 'P', 11, 'white', 'black'),
     'scale': ('scaled (launch scale)', 'd', 11, '#1f77b4', 'black'),
     'failover': ('failed over to a spare', '^', 11, LOST, 'black'),
     'stopped': ('stopped', 's', 6, 'black', 'black'),

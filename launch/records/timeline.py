@@ -7,6 +7,7 @@ the page launch/records/report.py's.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 from dataclasses import dataclass, field
@@ -195,7 +196,11 @@ class _Walk:
 
     def see(self, e: Event) -> None:
         t, task, mark = e.epoch, getattr(e, 'task', None) or '', self.marks.append
-        if isinstance(e, TaskStarted):
+        if isinstance(e, RunStarted) and self.seen:
+            # A new `launch up` of the run (a manual resume): its tasks start, nothing restarts them.
+            self.seen.clear()
+            mark((RUN_ROW, t, 'resumed'))
+        elif isinstance(e, TaskStarted):
             self._start(task, e.attempt, t)
         elif isinstance(e, Serving) and task in self.live and self.live[task].serving is None:
             self.live[task].serving = t
@@ -205,7 +210,8 @@ class _Walk:
         elif isinstance(e, TaskLost):
             self._end(task, t)
             mark((task, t, 'lost'))
-            self._fault(e, task, lost_text(e), e.error)
+            if not self._joined(e):
+                self._fault(e, task, lost_text(e), e.error)
         elif isinstance(e, Tolerated):
             mark((task, t, 'tolerated'))
         elif isinstance(e, Stall):
@@ -220,9 +226,8 @@ class _Walk:
         elif isinstance(e, DiskFull):
             mark((RUN_ROW, t, 'disk full'))
             self._fault(e, RUN_ROW, f'the disk under {_or(e.path)} is full: {_or(e.cause)}')
-        elif isinstance(e, Interrupted):
+        elif isinstance(e, Interrupted):      # the user's stop, not a fault: the attempts say how it ended
             mark((RUN_ROW, t, 'interrupted'))
-            self._fault(e, RUN_ROW, f'interrupted by {e.signal or "a signal"}')
         elif isinstance(e, Restart) and not e.tasks:       # a task's own restart shows as its new start
             mark((RUN_ROW, t, 'restart'))
             self._stop_all(t)
@@ -250,6 +255,21 @@ class _Walk:
 
     def _fault(self, e: Event, row: str, text: str, error: str | None = None) -> None:
         self.faults.append(Fault(e.epoch, e.attempt, row, text, error))
+
+    def _joined(self, e: TaskLost) -> bool:
+        """A task lost because of another (`after`: a chief that ended with its ps) joins that
+        task's fault of the same attempt: '(then worker:0 exited with code 1)'; its error stands
+        in for the cause's when that has none (a ps killed says nothing)."""
+        found = next((i for i in range(len(self.faults) - 1, -1, -1) if self.faults[i].row == e.after
+                      and self.faults[i].attempt == e.attempt), None) if e.after else None
+        if found is None:
+            return False
+        f = self.faults[found]
+        text = f.text[:-1] + f', {lost_text(e)})' if f.text.endswith(')') and ' (then ' in f.text \
+            else f'{f.text} (then {lost_text(e)})'
+        error = f.error or (f'{e.task}: {e.error}' if e.error else None)
+        self.faults[found] = dataclasses.replace(f, text=text, error=error)
+        return True
 
 
 def lost_text(e: TaskLost) -> str:

@@ -20,9 +20,11 @@ from cluster.runtime.rundir import EXIT_FAILED, EXIT_NO_RESTART
 from cluster.runtime.runjson import short
 from launch.backends.base import ENDED, Backend, TaskRecord, tail
 from launch.run import disk
+from launch.records.event_types import TaskLost
 from launch.run import policy as supervise
 from launch.run import stacks
-from launch.run.lifecycle import Failure, Lifecycle, is_chatter, resume_hint
+from launch.run.console import is_chatter
+from launch.run.lifecycle import Failure, Lifecycle, resume_hint
 from launch.run.policy import Action, Decision, Policy, TaskState, TaskStatus
 
 PROBE_SECS = 3.0                # a stall probe's deadline for each task's gRPC server
@@ -198,17 +200,41 @@ def record_faults(life: Lifecycle, decision: Decision, statuses: Sequence[TaskSt
     by_name = {t.name: t for t in statuses}
     errors: dict[str, str | None] = {}
     failures = []
+    followers = _followers(decision, by_name)
     for name in decision.tasks:
         t = by_name.get(name)
         record = next((r for r in records if r.name == name), None)
         code = t.exit_code if t else None
         error = errors[name] = last_error(record, backends) if record else None
-        why = first(decision.disk, supervise.how_lost(t) if t and t.state is not TaskState.RUNNING
-                    else decision.reason)
-        life.emit('task_lost', task=name, cause=why, exit_code=code, signal=_signal_name(code), error=error)
+        lost = t is not None and t.state is not TaskState.RUNNING
+        after = decision.tasks[0] if name in followers else None
+        why = supervise.how_lost(t) if t and lost else f'{name} stopped with {after}' if after else decision.reason
+        why = first(decision.disk, why)
+        life.emit(TaskLost(task=name, cause=why, exit_code=code, signal=_signal_name(code), error=error, after=after))
+        if after is not None:
+            continue        # its words join the cause's failure
+        then = [supervise.how_lost(by_name[f]) for f in followers if by_name[f].state is not TaskState.RUNNING]
+        if lost and then:       # (a task not lost, a frozen one, has the decision's whole reason already)
+            why += f' (then {", ".join(then)})'
         failures.append(Failure(name, why + (f'; its last error: {short(error, ERROR_CHARS)}' if error else ''),
                                 record.host if record else '', record.pid if record else None))
     return errors, failures
+
+
+def _followers(decision: Decision, by_name: Mapping[str, TaskStatus]) -> set[str]:
+    """The tasks of a fault that only followed its first (the likely cause, launch/run/policy.py
+    decide): when a ps is lost, a task that ended with the code of a lost peer (EXIT_FAILED: its
+    session failed), or that still runs and is only restarted with it (a coordinator run's chief).
+    Those are one fault with the ps, not faults of their own; a task killed by a signal, or one
+    that ended another way, is its own."""
+    if not decision.tasks or not decision.tasks[0].startswith('ps:') or decision.stalled:
+        return set()
+    out = set()
+    for name in decision.tasks[1:]:
+        t = by_name.get(name)
+        if t is not None and (t.exit_code == EXIT_FAILED or (t.state is TaskState.RUNNING and not t.frozen)):
+            out.add(name)
+    return out
 
 
 @dataclass

@@ -17,12 +17,12 @@ import hashlib
 import logging
 import os
 import re
+import shlex
 import signal
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any
 from collections.abc import Callable, Iterable
 
 from cluster.runtime import rundir, runjson
@@ -35,53 +35,13 @@ from launch.records.events import EventLog, read_events, read_run_record
 from launch.records.jsonrecord import read_real, read_whole
 from launch.records.result import Failure, MendedFault, RunRecord, RunResult, RunState     # the strategies import them from here
 from launch.records.lock import LockBusy, TrainDirLock
+from launch.run.console import Console
 from launch.run.disk import DiskWatch
 
 log = logging.getLogger(__name__)
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)     # SIGHUP: the terminal went away
 CHECKPOINT_GRACE_SECS = 25.0    # a stopping chief's time to write its checkpoint before the rest stop
-
-# TensorFlow's C++ start-up chatter, which TF_CPP_MIN_LOG_LEVEL does not reach (it is printed
-# before absl logging is initialised). Hidden from the console only: log files keep every line.
-_NOISE = re.compile(
-    r'^[IW]\d{4} [\d:.]+ +\d+ \S+\] '                      # absl INFO and WARNING lines
-    r'|^WARNING: All log messages before absl::InitializeLog'
-    r'|^E\d{4} .*(failed call to cuInit|oneDNN supports DT_UINT8 only)')
-
-
-# Every line a TensorFlow server logs through absl or its C++ logging (INFO to FATAL): start-up
-# chatter that explains nothing about why a task ended.
-_CHATTER = re.compile(r'^[IWEF]\d{4} [\d:.]+ +\d+ \S+\] |^\d{4}-\d\d-\d\d [\d:.]+: [IWEF] \S+\] '
-                      r'|^WARNING: All log messages before absl::InitializeLog')
-
-
-def is_chatter(line: str) -> bool:
-    return bool(_CHATTER.match(line.strip()))
-
-
-class Console:
-    """Serialises output lines from many threads, each with its source as a prefix."""
-
-    def __init__(self, stream: TextIO | None = None, width: int = 10, verbose: bool = False) -> None:
-        self.stream = stream or sys.stdout
-        self.width = width
-        self.verbose = verbose
-        self._lock = threading.Lock()
-
-    def line(self, source: str, text: str) -> None:
-        if not self.verbose and _NOISE.match(text):
-            return
-        with self._lock:
-            try:
-                self.stream.write(f'{"[" + source + "]":<{self.width}} {text}\n')
-                self.stream.flush()
-            except (OSError, ValueError):   # the reader went away (`| head`, a closed tee or terminal:
-                pass                          # EPIPE, EIO): keep running so the tear-down still happens
-
-    def say(self, text: str) -> None:
-        self.line('launch', text)
-
 
 @dataclass
 class Outcome:
@@ -226,6 +186,10 @@ class Lifecycle:
         lock, created = self._lock()     # first: a second launcher is told who runs, nothing more
         try:
             self.run_id, self.attempt = identify(self.spec)
+            done = self._done_already(strategy)
+            if done is not None:
+                self._forget(lock, created)
+                return done
             try:
                 strategy.prepare(self)
             except Exception:
@@ -240,6 +204,25 @@ class Lifecycle:
             return self._run(strategy)
         finally:
             lock.release()
+
+    def _done_already(self, strategy: Strategy) -> RunResult | None:
+        """A run whose newest checkpoint is at train.steps already: nothing would be trained, so
+        nothing starts and nothing of the run is written (its run.json, events and report keep the
+        result it ended with); one line says so and how to train on. Exit 0, as `make` answers
+        for a target that is up to date: the training asked for is done, and a script that runs
+        `launch up` until it succeeds must not loop. A train.command is the user's own to end:
+        the launcher cannot tell what its steps mean, so it always starts."""
+        train = self.spec.train
+        if train.command:
+            return None
+        step = rundir.checkpoint_step(strategy.read_file(rundir.checkpoint_index_path(train.train_dir)))
+        if step is None or step < train.steps:
+            return None
+        which = f'run {self.run_id}' if self.attempt > 1 else os.path.abspath(train.train_dir)  # 1: no record of it
+        self.console.say(f'{which} is already at step {step} of {train.steps} (train.steps): nothing started, its '
+                         f'result kept; to train on, raise train.steps, e.g. `launch up {shlex.quote(self.spec.path)} '
+                         f'--set train.steps={step + train.steps}`')
+        return RunResult(state=RunState.DONE, exit_code=EXIT_OK, global_step=step)
 
     def _begin(self) -> None:
         """Name the run and this attempt, first thing on the console, and open the event log."""

@@ -100,6 +100,9 @@ class SupervisedRun(Strategy):
 
     def read_file(self, path: str) -> str | None:
         chief = next((r for r in self.records if self.is_chief(r)), None)
+        if chief is None:       # before any start: where the chief will run (a finished run starts nothing)
+            plan = next((p for p in self.plans if p.name == self.spec.chief.name), None)
+            chief = self.backends[plan.backend].log_record(plan) if plan is not None else None
         if chief is None:
             return None
         return self.backends[chief.backend].read_file(chief, path)
