@@ -67,7 +67,9 @@ def fault_run(train_dir) -> str:
                       signal='SIGKILL', error=None),
                _event(33.5, 1, 'restart', cause='ps:0 was killed by SIGKILL', from_step=40)]
     events += _attempt(36, 2, 41, 113, 40, False)
-    events += [_event(60, 2, 'checkpoint', step=80), _event(66.1, 2, 'interrupted', signal='SIGINT'),
+    events += [{**_event(44, 2, 'recovered'), 'tasks': ['ps:0'], 'seconds': 10.8, 'steps_redone': 17,
+                'phases': {'stop': 0.3, 'backoff': 2.2, 'start': 3.3, 'step': 5.0}},
+               _event(60, 2, 'checkpoint', step=80), _event(66.1, 2, 'interrupted', signal='SIGINT'),
                _event(70, 2, 'checkpoint', step=113),
                _event(71, 2, 'finished', result={'id': RUN_ID, 'state': 'interrupted', 'exit_code': 130})]
     morning = 14 * 3600 + 10 * 60
@@ -125,6 +127,15 @@ def test_page_tells_the_fault_the_restart_and_every_attempt(page):
     for text in ('attempt 1', 'attempt 2', 'attempt 3', 'restarted: ps:0 was killed by SIGKILL', 'finished: done',
                  'local', '421.7', '0.5610'):
         assert text in html, text
+
+
+def test_page_tells_how_long_the_fault_took_to_mend_phase_by_phase(page):
+    _, html = page
+    section = html[html.index('<h2>Recoveries</h2>'):]
+    section = section[:section.index('</table>')]
+    assert 'training again 10.8s after the fault seen (median; longest 10.8s), 17 step(s) trained again' in section
+    cells = re.findall(r'<td[^>]*>([^<]*)</td>', section)
+    assert cells[-7:] == ['ps:0', '10.8', '17', '0.3', '2.2', '3.3', '5.0'], cells
 
 
 def test_timeline_marks_the_lost_task_and_cuts_the_idle_night(page):

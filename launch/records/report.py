@@ -15,6 +15,7 @@ import glob
 import html
 import math
 import os
+import statistics
 import urllib.parse
 from typing import Any
 
@@ -22,10 +23,10 @@ from cluster.runtime import rundir, runjson
 from cluster.runtime.rundir import write_atomically
 from cluster.runtime.runjson import short
 from cluster.spec.environ import masked_spec_text
-from launch.records.event_types import Evaluation, Progress, Restart, RunStarted, Stall
+from launch.records.event_types import Evaluation, Progress, Recovered, Restart, RunStarted, Stall
 from launch.records.jsonrecord import finite
 from launch.records.plots import TimeAxis, clock, progress_png, timeline_png
-from launch.records.result import RunRecord
+from launch.records.result import PHASES, RunRecord
 from launch.records.runs import duration_text
 from launch.records.timeline import RUN_ROW, Attempt, Fault, Run, Story, attempts, load, story  # noqa: F401 (the parts)
 
@@ -70,7 +71,7 @@ def render(train_dir: str, page_dir: str | None = None) -> str:
     else:
         parts.append(f'<p class="note">No events yet: {_e(rundir.events_path(train_dir), None)} is missing or holds '
                      'no event. The run has not started, or its launcher keeps no event log.</p>')
-    parts += [_evaluations(run), _failures(run), _stacks(run, train_dir if page_dir is None else page_dir),
+    parts += [_evaluations(run), _failures(run), _recoveries(run), _stacks(run, train_dir if page_dir is None else page_dir),
               _result(run), _spec(run)]
     title = f'{_run_id(run)} report'
     page = (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
@@ -190,6 +191,21 @@ def _failures(run: Run) -> str:
     if len(out) == 1:
         out.append('<p>None recorded.</p>')
     return '\n'.join(out)
+
+
+def _recoveries(run: Run) -> str:
+    """How long each fault took to mend (the `recovered` events), phase by phase ('' for none)."""
+    found = [e for e in run.events if isinstance(e, Recovered)]
+    if not found:
+        return ''
+    seconds = sorted(e.seconds for e in found if e.seconds is not None)
+    rows = [(clock(e.epoch, run.tz, True), e.attempt, ', '.join(e.tasks or ()), _fixed(e.seconds, 1), e.steps_redone,
+             *(_fixed((e.phases or {}).get(p), 1) for p in PHASES)) for e in found]
+    summary = (f'<p>{len(found)} fault(s) mended: training again {statistics.median(seconds):.1f}s after the fault '
+               f'seen (median; longest {seconds[-1]:.1f}s), {sum(e.steps_redone or 0 for e in found)} step(s) '
+               'trained again in all.</p>') if seconds else ''
+    return ('<h2>Recoveries</h2>\n' + summary
+            + _table(('time', 'attempt', 'restarted', 'seconds', 'steps redone', *(f'{p} (s)' for p in PHASES)), rows))
 
 
 def _stacks(run: Run, page_dir: str) -> str:

@@ -86,6 +86,9 @@ def read_phases(value: Any) -> dict[str, float] | None:
     return {k: v for k, v in ((k, finite(v)) for k, v in value.items() if isinstance(k, str)) if v is not None}
 
 
+PHASES = ('stop', 'backoff', 'start', 'step')      # a restart's, in the order a cluster restart goes through them
+
+
 @dataclass(frozen=True)
 class MendedFault(JsonRecord):
     """One fault mended: the tasks restarted for it, the seconds from the supervisor seeing it to

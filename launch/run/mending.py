@@ -15,9 +15,7 @@ import time
 from dataclasses import dataclass, field
 from collections.abc import Callable
 
-from launch.records.result import MendedFault
-
-PHASES = ('stop', 'backoff', 'start', 'step')      # in the order a cluster restart goes through them
+from launch.records.result import PHASES, MendedFault
 
 
 @dataclass
