@@ -147,3 +147,15 @@ def test_random_plans_hold_only_faults_the_launcher_can_see():
     assert {k for _, k, _ in sync} == {'kill', 'pause', 'disconnect'} and {t for t, _, _ in sync} == \
         {'ps:0', 'worker:0', 'worker:1'}
     assert plan == Options(faults=60, seed=3).fault_plan() != Options(faults=60, seed=4).fault_plan()
+
+
+def test_faults_during_a_restarts_start_up_are_planned_by_the_seed_and_counted():
+    options = Options(faults=40, seed=3, startup=0.3)
+    plan = options.startup_plan()
+    assert len(plan) == 40 and plan == Options(faults=40, seed=3, startup=0.3).startup_plan()
+    assert 5 <= sum(k is not None for k in plan) <= 20 and {k for k in plan if k} <= {'kill', 'stop'}
+    assert set(Options(backend='compose', faults=40, seed=3, startup=1).startup_plan()) <= {'kill', 'pause'}
+    assert not any(Options(faults=40, seed=3).startup_plan())
+    run = Chaos(options, _Checkpoints(None), say=None)
+    train, supervise = run.settings()
+    assert supervise['max_restarts'] == 40 + sum(k is not None for k in plan) + options.margin
