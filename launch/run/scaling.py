@@ -134,6 +134,7 @@ class Scaling:
     def __init__(self, run: ScaledRun) -> None:
         self.run = run
         self.op: ScaleOp | None = None          # the request being carried out
+        self.launcher = control.this_launcher()     # the addressee of the requests this launcher takes
 
     @property
     def asked(self) -> int | None:
@@ -144,7 +145,7 @@ class Scaling:
         """Take a scale request, or see the one under way to its end."""
         run = self.run
         if self.op is None:
-            request = control.take(run.spec.train.train_dir)
+            request = control.take(run.spec.train.train_dir, self.launcher)
             if request is not None:
                 self._begin(request)
             return
