@@ -201,3 +201,9 @@ def test_a_launcher_takes_only_the_requests_sent_to_it(tmp_path):
     assert request_file.exists()            # not the request the file holds now
     control.answer(train_dir, taken, control.DONE, ['2 worker(s) train already'])
     assert not request_file.exists()
+
+
+def test_workers_let_go_leave_the_live_set_in_a_new_epoch_never_the_chief():
+    now = Members(4, {0: 1, 1: 1, 2: 4}, save=2)
+    assert now.without([2]) == Members(5, {0: 1, 1: 1}, save=2)      # the others keep their generation
+    assert now.without([0, 3]) is now                                 # the chief stays; 3 was not live
