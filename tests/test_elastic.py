@@ -2,9 +2,11 @@
 the count while the run goes on (async: live). Bad input is refused before anything changes; a
 real local cluster grows and shrinks with the global step advancing throughout."""
 import datetime
+import json
 import os
 import re
 import signal
+import time
 
 import pytest
 import yaml
@@ -94,6 +96,47 @@ def test_an_async_pool_grows_and_shrinks_while_the_global_step_goes_on(tmp_path)
     spec = write_spec(tmp_path, workers=3, sync=False, steps=ASYNC_STEPS, batch_size=8)
     grow_and_shrink(tmp_path, spec)
     assert Members.parse((tmp_path / 'run' / 'launcher.lease').read_text(), 3).indices == (0, 1)
+
+
+def test_a_joiner_killed_while_it_starts_leaves_the_live_set_and_scale_agrees(tmp_path):
+    """restart: never; `launch scale --workers 3` starts worker:2, which is killed (SIGKILL) while
+    it imports TensorFlow: the scale fails (exit 1) saying 2 workers train, as the launcher does;
+    a second scale to 3 starts it again and is done once it has trained a step (the run, far from
+    its last step, is then stopped with Ctrl-C)."""
+    spec = write_spec(tmp_path, workers=3, sync=False, steps=100_000, batch_size=8)
+    train_dir = str(tmp_path / 'run')
+    up = launch_bg('up', spec, '--workers', '2')
+    lines = []
+    try:
+        lines += until_chief_step(up, 5)
+        scale = launch_bg('scale', spec, '--workers', '3')
+        deadline = time.monotonic() + 60
+        while True:         # as soon as the launcher names its process: it is importing TensorFlow
+            try:
+                os.kill(task_pid(train_dir, 'worker:2'), signal.SIGKILL)
+                break
+            except (StopIteration, OSError, ValueError):
+                assert time.monotonic() < deadline, 'worker:2 never started'
+                time.sleep(0.02)
+        said = scale.communicate(timeout=120)[0]
+        assert scale.returncode == 1, said
+        assert said.splitlines()[-1] == ('worker:2 ended while joining the training and is not started again; '
+                                         '2 worker(s) train now (worker:0, worker:1)'), said
+        assert json.load(open(os.path.join(train_dir, 'launch-state.json')))['workers']['live'] == [0, 1]
+        again = launch('scale', spec, '--workers', '3', timeout=300)
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert again.stdout.splitlines()[-1] == '3 worker(s) train now (worker:0, worker:1, worker:2)', again.stdout
+    finally:
+        up.send_signal(signal.SIGINT)
+        up.wait(timeout=240)
+        rest = up.stdout.read()
+    out = ''.join(lines) + rest
+    assert up.returncode == 128 + signal.SIGINT, out
+    assert 'worker:2 was killed by SIGKILL; training goes on with 2 worker(s)' in out, out
+    assert re.search(r'\[worker:2\] .* step \d+/100000 ', out), out          # its second start trained
+    events = read_events(os.path.join(train_dir, 'events.jsonl'))
+    assert [(e['state'], e['workers']) for e in events if e['event'] == 'scaled'] == \
+        [('failed', [0, 1]), ('done', [0, 1, 2])], out
 
 
 def test_an_async_compose_pool_grows_and_shrinks(tmp_path, compose_project):

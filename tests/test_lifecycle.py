@@ -96,7 +96,7 @@ class ScriptedBackend(Backend):
             step = self.checkpoint_step
             return None if step is None else f'model_checkpoint_path: "model.ckpt-{step}"\n'
         for i in range(8):
-            if path == rundir.result_path(os.path.dirname(path), i):
+            if path == rundir.result_path(os.path.dirname(path), i) and f'worker:{i}' in self.starts:
                 seen = self.status(TaskRecord(f'worker:{i}', 'worker', i, '', 0, self.name, 0, ''))
                 if seen.state == ENDED and seen.exit_code == 0:
                     return json.dumps({'task': f'worker:{i}', 'global_step': 100, 'loss': 1.5,
@@ -109,13 +109,15 @@ def fast(monkeypatch):
     monkeypatch.setattr(supervised, 'SUPERVISE_SECS', 0.01)
 
 
-def run(tmp_path, backend, workers=2, sync=True, supervise=None, interrupt_after=None, **train):
+def run(tmp_path, backend, workers=2, sync=True, supervise=None, interrupt_after=None, live=None, **train):
+    """`live`: the workers started of the pool of `workers` (`launch up --workers`)."""
     train.setdefault('steps', 100)       # as the scripted progress lines count (step())
     spec = load_spec(write_spec(tmp_path, workers=workers, sync=sync, supervise=supervise, **train))
     plans = [p.__class__(**{**p.__dict__, 'backend': backend.name}) for p in plan_cluster(spec)]
     out = io.StringIO()
     life = Lifecycle(spec, Console(stream=out), report=False)     # the report has tests of its own
-    strategy = SupervisedRun(spec, '', plans, {backend.name: backend}, start_timeout=5, finish_timeout=5)
+    strategy = SupervisedRun(spec, '', plans, {backend.name: backend}, start_timeout=5, finish_timeout=5,
+                             workers=live)
     timers = []
     for after in interrupt_after or ():
         timers.append(threading.Timer(after, os.kill, (os.getpid(), signal.SIGINT)))
@@ -323,3 +325,118 @@ def test_checkpoints_that_do_not_restore_are_named_even_when_the_chief_dies_duri
     assert 'worker:0 exited with code 3 during start-up; its last error: no checkpoint in /r/run restores' in error
     assert error.endswith('no checkpoint restores, so a new `launch up` fails the same way until they are moved '
                           'away'), error
+
+
+# -- launch scale against a running launcher (the real command line, in a process of its own) --------
+
+class HeldBackend(ScriptedBackend):
+    """A ScriptedBackend whose tasks named in `held` keep running, whatever their script says,
+    until `release` is set: a run that lasts exactly as long as a test needs it."""
+
+    def __init__(self, script, held):
+        super().__init__(script)
+        self.held, self.release = set(held), threading.Event()
+
+    def status(self, record):
+        seen = super().status(record)
+        if record.name in self.held and not self.release.is_set() and record.name not in self.stopped:
+            return Observation(RUNNING)
+        return seen
+
+
+def scale_while_running(tmp_path, backend, counts, **kw):
+    """Run a pool of 3 with 2 live async workers; meanwhile `launch scale --workers N` for each N
+    of `counts` (its command, on a thread: the launcher's signal handlers need the main one),
+    one after the other, then let the held tasks end. (result, the launcher's output, [(each
+    scale's exit code, what it printed)])."""
+    from contextlib import redirect_stdout
+    from launch.commands import cmd_scale
+    from launch.commands.flags import ScaleFlags
+    from launch.commands.request import Request
+    from launch.errors import LaunchError
+    from launch.run.registry import Options
+    scales = []
+
+    def scaler():
+        from launch.records.lock import TrainDirLock
+        deadline = time.monotonic() + 10
+        while TrainDirLock.held(str(tmp_path / 'run')) is None and time.monotonic() < deadline:
+            time.sleep(0.01)        # `launch scale` before a launcher runs is refused
+        try:
+            for n in counts:
+                printed = io.StringIO()
+                spec = load_spec(str(tmp_path / 'spec.yaml'))
+                try:
+                    with redirect_stdout(printed):
+                        code = cmd_scale(spec, Request('scale', None, Options(), ScaleFlags(n)))
+                except LaunchError as e:
+                    code, printed = e.exit_code, io.StringIO(str(e))
+                scales.append((code, printed.getvalue()))
+        finally:
+            backend.release.set()
+    helper = threading.Thread(target=scaler)
+    helper.start()
+    try:
+        result, out, _ = run(tmp_path, backend, workers=3, sync=False, live=2, steps=100, **kw)
+    finally:
+        backend.release.set()
+        helper.join()
+    return result, out, scales
+
+
+TRAINING = [(0.1, *step(10)), (0.2, *step(20)), (0.5, 'exit', 0)]     # held: short of the last step
+SERVING = {'ps:0': {'*': [(0.3, 'exit', 0)]}, 'worker:0': {'*': TRAINING}, 'worker:1': {'*': TRAINING}}
+HELD = ('ps:0', 'worker:0', 'worker:1')
+
+
+def test_a_joiner_lost_and_let_go_leaves_the_live_set_and_scale_says_so(tmp_path):
+    """restart: never, and worker:2 dies while it joins: the change failed, and the launcher,
+    the reply and the state agree that 2 workers train; a second scale to 3 starts it again."""
+    backend = HeldBackend({**SERVING, 'worker:2': {1: [(0.2, 'exit', -9)], 2: DONE}}, HELD)
+    result, out, ((code, said), (again, said_again)) = scale_while_running(tmp_path, backend, [3, 3])
+    assert 'worker:2 was killed by SIGKILL; training goes on with 2 worker(s)' in out, (out, said, said_again)
+    assert code == 1, said
+    assert said.splitlines()[-1] == ('worker:2 ended while joining the training and is not started again; '
+                                     '2 worker(s) train now (worker:0, worker:1)'), said
+    assert again == 0, said_again
+    assert 'starting worker:2' in said_again and said_again.splitlines()[-1] == \
+        '3 worker(s) train now (worker:0, worker:1, worker:2)', said_again
+    assert len(backend.starts['worker:2']) == 2
+    assert (result.state, result.exit_code) == ('done', 0), out
+    assert '(async, 3 workers)' in out and 'lost worker:2' not in out, out
+
+
+def test_a_joiner_lost_and_started_again_is_a_change_done_and_scale_says_so(tmp_path):
+    """restart: on-failure, and worker:2 dies while it joins: the supervisor starts it again and
+    it trains, so the scale is done (exit 0), its reply naming the restart."""
+    backend = HeldBackend({**SERVING, 'worker:2': {1: [(0.2, 'exit', -9)], 2: DONE}}, HELD)
+    result, out, ((code, said),) = scale_while_running(tmp_path, backend, [3], supervise={
+        'restart': 'on-failure', 'max_restarts': 3, 'backoff_secs': 0})
+    assert code == 0, said
+    lines = said.splitlines()
+    assert lines[-2] == ('worker:2 ended while joining the training (worker:2 was killed by SIGKILL); '
+                         'restart 1/3 starts it again'), lines
+    assert lines[-1] == '3 worker(s) train now (worker:0, worker:1, worker:2)', lines
+    assert len(backend.starts['worker:2']) == 2
+    assert (result.state, result.exit_code, result.restarts) == ('done', 0, 1), out
+
+
+def test_a_scale_request_left_by_an_earlier_launcher_is_refused_not_carried_out(tmp_path):
+    """A launcher killed before it answered leaves `scale.request` behind: the next launcher of
+    the run answers it "refused" and starts no worker nobody asked it for."""
+    from launch.records.events import EventLog
+    from launch.run import control
+    train_dir = tmp_path / 'run'
+    train_dir.mkdir()
+    EventLog(str(train_dir / rundir.EVENTS_FILE), 'spec-1', 1).emit('run_started', launcher_pid=4242)
+    stale = 'e0a1b2c3d4e5'        # as `launch scale` wrote it for the launcher pid 4242
+    (train_dir / control.REQUEST_FILE).write_text(json.dumps({'id': stale, 'workers': 3, 'pid': 4343,
+                                                              'launcher': {'pid': 4242, 'ident': '12345'}}))
+    backend = ScriptedBackend({**SERVING, 'worker:2': {'*': DONE}})
+    result, out, _ = run(tmp_path, backend, workers=3, sync=False, live=2, steps=100)
+    assert (result.state, result.exit_code) == ('done', 0), out
+    assert 'worker:2' not in backend.starts and 'scaling' not in out, out
+    reply = json.loads((train_dir / control.REPLY_FILE).read_text())
+    assert (reply['id'], reply['state']) == (stale, 'refused'), reply
+    assert 'sent to launcher pid 4242 of the run, which has ended' in reply['lines'][0], reply
+    assert not (train_dir / control.REQUEST_FILE).exists()

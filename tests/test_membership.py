@@ -128,15 +128,19 @@ def test_scale_asks_the_running_launcher_and_says_what_it_answered(tmp_path, cap
     from launch.run import control
     from launch.cli import main
     from launch.records.lock import TrainDirLock
+    from launch.backends.procstat import process_ident
+    from launch.run.state import LaunchState
+    from cluster.runtime import rundir
     spec = _pool_spec(tmp_path)
     train_dir = str(tmp_path / 'run')
     launcher = TrainDirLock(train_dir)
     launcher.acquire('a test launcher')
+    LaunchState.new(spec, process_ident(os.getpid())).save(rundir.state_path(train_dir))    # who it is
     stop = threading.Event()
 
     def answer():
         while not stop.is_set():
-            request = control.take(train_dir)
+            request = control.take(train_dir, control.this_launcher())
             if request:
                 control.answer(train_dir, request, control.REFUSED, [f'not now ({request["workers"]})'])
                 return
@@ -168,3 +172,38 @@ def test_the_scheduler_backends_and_user_commands_refuse_a_worker_count(tmp_path
     assert main(['up', spec, '--backend', 'slurm', '--workers', '2']) == 2
     assert 'the slurm scheduler runs every worker of the spec' in capsys.readouterr().err
     assert sorted(os.listdir(tmp_path / 'run')) == []
+
+
+def test_a_launcher_takes_only_the_requests_sent_to_it(tmp_path):
+    """scale.request names the launcher it was sent to (pid and start time). A request left by an
+    earlier launcher of the run (killed before it answered), or one naming none, is answered
+    "refused" and removed by the next, never carried out; a request sent meanwhile survives the
+    refusal of the old one."""
+    import json
+    from launch.run import control
+    train_dir = str(tmp_path)
+    me = control.this_launcher()
+    request_file, reply_file = tmp_path / control.REQUEST_FILE, tmp_path / control.REPLY_FILE
+    for earlier in ({'pid': 4242, 'ident': '12345'}, {'pid': me['pid'], 'ident': 'a reused pid'}, None):
+        sent = {'id': 'old', 'workers': 3, 'pid': 1}
+        request_file.write_text(json.dumps(sent if earlier is None else {**sent, 'launcher': earlier}))
+        assert control.take(train_dir, me) is None
+        assert not request_file.exists()
+        reply = json.loads(reply_file.read_text())
+        assert (reply['id'], reply['state']) == ('old', 'refused'), reply
+        assert f'launcher pid {me["pid"]} runs it now and changed nothing' in reply['lines'][0], reply
+    ident = control.send(train_dir, 2, me)
+    assert not reply_file.exists()
+    taken = control.take(train_dir, me)
+    assert (taken['id'], taken['workers'], taken['launcher']) == (ident, 2, me)
+    assert request_file.exists()            # until it is answered
+    control.answer(train_dir, {'id': 'old'}, control.REFUSED, ['an earlier request'])
+    assert request_file.exists()            # not the request the file holds now
+    control.answer(train_dir, taken, control.DONE, ['2 worker(s) train already'])
+    assert not request_file.exists()
+
+
+def test_workers_let_go_leave_the_live_set_in_a_new_epoch_never_the_chief():
+    now = Members(4, {0: 1, 1: 1, 2: 4}, save=2)
+    assert now.without([2]) == Members(5, {0: 1, 1: 1}, save=2)      # the others keep their generation
+    assert now.without([0, 3]) is now                                 # the chief stays; 3 was not live

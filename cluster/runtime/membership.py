@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from cluster.runtime import runjson
 
@@ -47,6 +47,15 @@ class Members:
     def rank(self, index: int) -> int | None:
         """A live worker's place among the live ones in index order (its input shard), else None."""
         return self.indices.index(index) if index in self.workers else None
+
+    def without(self, indices: Iterable[int]) -> Members:
+        """The live set once these workers are let go (lost, and not started again), in a new
+        epoch: the others keep their generation, the ps tasks stop waiting for the reports of
+        the ones let go, and async workers share the input among those left. Never the chief."""
+        gone = {i for i in indices if i != 0} & set(self.workers)
+        if not gone:
+            return self
+        return Members(self.epoch + 1, {i: g for i, g in self.workers.items() if i not in gone}, self.save)
 
     def to_text(self) -> str:
         raw = {'epoch': self.epoch, 'workers': {str(i): g for i, g in sorted(self.workers.items())}}

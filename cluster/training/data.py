@@ -41,7 +41,7 @@ NUM_CLASSES = 10
 RECORD_BYTES = 1 + RAW_SIZE * RAW_SIZE * 3
 TRAIN_FILES = ['data_batch_%d.bin' % i for i in range(1, 6)]
 TEST_FILE = 'test_batch.bin'
-SYNTHETIC_SUBDIR = 'synthetic-data'
+SYNTHETIC_SUBDIR = rundir.SYNTHETIC_DATA_DIR
 CIFAR10_RECORDS_PER_FILE = 10000     # every file of the real data set, train and test alike
 CIFAR10_TRAIN_EXAMPLES = CIFAR10_RECORDS_PER_FILE * len(TRAIN_FILES)
 # Written by write_synthetic next to its files: how many records each holds. Without it a data

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 
 from cluster.runtime.rundir import EXIT_FAILED, EXIT_OK
 from cluster.spec import ClusterSpec
@@ -11,6 +12,7 @@ from cluster.spec.load import recorded_override
 from launch.commands.flags import ScaleFlags, UpFlags
 from launch.commands.request import Request
 from launch.errors import CommandFailed, UsageError
+from launch.planning.plan import state_path
 from launch.run import registry
 from launch.run.console import Console
 from launch.run.lifecycle import Lifecycle
@@ -61,6 +63,23 @@ def cmd_up(spec: ClusterSpec, req: Request[UpFlags]) -> int:
         return life.up(launch.strategy).exit_code
 
 
+def _addressee(spec: ClusterSpec, poll: float = 0.2) -> dict | None:
+    """The launcher that runs the spec now, as a request's addressee (launch/run/control.py): the
+    live process its state file names, waited for while a launcher holds the train_dir (one
+    that is still starting has written no state yet; a dead one's state is replaced by the next
+    launcher's). None once no launcher holds it."""
+    from launch.records.lock import TrainDirLock
+    from launch.run import control
+    from launch.run.state import LaunchState
+    while True:
+        launcher = control.addressee(LaunchState.load(state_path(spec)))
+        if launcher is not None:
+            return launcher
+        if TrainDirLock.held(spec.train.train_dir) is None:
+            return None
+        time.sleep(poll)
+
+
 def cmd_scale(spec: ClusterSpec, req: Request[ScaleFlags]) -> int:
     """Ask the running launcher of the run for M workers; wait until the change took effect."""
     from launch.run import control
@@ -79,8 +98,11 @@ def cmd_scale(spec: ClusterSpec, req: Request[ScaleFlags]) -> int:
     except LockBusy as e:
         raise UsageError(f'launch scale: another scale of this run is under way ({e})') from None
     try:
-        ident = control.send(train_dir, workers)
-        reply = control.wait(train_dir, ident, lambda: TrainDirLock.held(train_dir) is not None)
+        launcher = _addressee(spec)
+        reply = None
+        if launcher is not None:
+            ident = control.send(train_dir, workers, launcher)
+            reply = control.wait(train_dir, ident, lambda: TrainDirLock.held(train_dir) is not None)
     finally:
         lock.release()
     if reply is None:

@@ -37,6 +37,7 @@ from launch.records.result import Failure, MendedFault, RunRecord, RunResult, Ru
 from launch.records.lock import LockBusy, TrainDirLock
 from launch.run.console import Console
 from launch.run.disk import DiskWatch
+from launch.records import ownership
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +146,8 @@ class Lifecycle:
     # -- the lock -----------------------------------------------------------------------------
     def _lock(self) -> tuple[TrainDirLock, list[str]]:
         """Take the train_dir's lock (creating the directory); (lock, the directories created,
-        deepest first), so a launch that never starts can leave no trace."""
+        deepest first), so a launch that never starts can leave no trace. A directory that is
+        not tfcluster's (launch/records/ownership.py) is refused first, untouched."""
         spec = self.spec
         path = spec.train.train_dir
         if os.path.exists(path) and not os.path.isdir(path):
@@ -155,6 +157,12 @@ class Lifecycle:
             parent = os.path.dirname(parent)
         if not os.path.isdir(parent):
             raise spec.error('train.train_dir', f'{path}: {parent} is not a directory')
+        try:
+            foreign = ownership.foreign_files(path)
+        except OSError as e:
+            raise spec.error('train.train_dir', f'cannot read {path}: {e.strerror}') from None
+        if foreign:     # before the lock file: nothing of someone else's directory is touched
+            raise spec.error('train.train_dir', ownership.refusal(path, foreign))
         created, probe = [], os.path.abspath(path)
         while not os.path.exists(probe):
             created.append(probe)
@@ -196,10 +204,11 @@ class Lifecycle:
                 self._forget(lock, created)
                 raise
             for path in strategy.stale_files():
-                try:
-                    os.remove(path)
-                except FileNotFoundError:
-                    pass
+                if ownership.written_by_task(path):     # nothing else is removed: it is not an earlier run's
+                    try:
+                        os.remove(path)
+                    except FileNotFoundError:
+                        pass
             self._begin()
             return self._run(strategy)
         finally:

@@ -87,6 +87,10 @@ class Recovery:
         return verdict.failed(run.life.checkpoint_step)
 
     def _tolerate(self, decision: Decision) -> None:
+        """Let the lost tasks go: the workers among them leave the live set (the lease tells the
+        others within a second), so the count said here, the state file, `launch scale` and the
+        closing line all count the workers that train (a coordinator run's workers stay: PSS
+        takes one back when it returns)."""
         run = self.run
         run.attempt.tolerated.update(decision.tasks)
         for name in decision.tasks:
@@ -94,7 +98,10 @@ class Recovery:
         if all(name.startswith('evaluator:') for name in decision.tasks):
             run.say(f'{decision.reason}; training goes on without evaluation')
             return
-        left = run.spec.num_workers - sum(name.startswith('worker:') for name in run.attempt.tolerated)
+        if not run.spec.coordinator:    # ParameterServerStrategy fixed its workers when the chief built it
+            run.members = run.members.without(rundir.parse_task_name(name)[1] for name in decision.tasks
+                                              if name.startswith('worker:'))
+        left = sum(f'worker:{i}' not in run.attempt.tolerated for i in run.members.indices)
         run.say(f'{decision.reason}; training goes on with {left} worker(s)')
 
     def _restart_tasks(self, decision: Decision) -> None:

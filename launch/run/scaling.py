@@ -46,8 +46,6 @@ class ScaledRun(Protocol):
 
     def save_state(self) -> None: ...
 
-    def start_due(self) -> None: ...
-
     def teardown(self, checkpoint: bool = True) -> None: ...
 
     def resize(self, members: Members, leaving: Sequence[str]) -> None: ...
@@ -67,18 +65,23 @@ class ScaleOp:
     lines: list[str]                # what the launcher said of it, for the reply
     deadline: float                 # monotonic
     secs: float                     # the time it was given
+    attempt: Attempt | None = None  # the attempt it began in (a restart of the cluster begins another)
+    failures_seen: int = 0          # of that attempt's failures, those already read
 
     @classmethod
-    def of(cls, request: dict, add: list[str], remove: list[str], line: str, secs: float) -> ScaleOp:
-        return cls(request, add, remove, [line], time.monotonic() + secs, secs)
+    def of(cls, request: dict, add: list[str], remove: list[str], line: str, secs: float,
+           attempt: Attempt | None = None) -> ScaleOp:
+        return cls(request, add, remove, [line], time.monotonic() + secs, secs, attempt,
+                   len(attempt.failures) if attempt else 0)
 
     @property
     def workers(self) -> int:
         """The worker count asked for."""
         return self.request['workers']
 
-    def failed_to_join(self, by_name: Mapping[str, TaskStatus]) -> list[str]:
-        return [name for name in self.add if name in by_name and by_name[name].state is TaskState.FAILED]
+    def let_go(self, tolerated: set[str]) -> list[str]:
+        """Joiners lost and not started again (the supervisor tolerated their loss)."""
+        return [name for name in self.add if name in tolerated]
 
     def took_effect(self, by_name: Mapping[str, TaskStatus], stepped: set[str], finished: bool) -> bool:
         """Every new worker ran a step (or the training is over), and every leaving one ended."""
@@ -134,6 +137,7 @@ class Scaling:
     def __init__(self, run: ScaledRun) -> None:
         self.run = run
         self.op: ScaleOp | None = None          # the request being carried out
+        self.launcher = control.this_launcher()     # the addressee of the requests this launcher takes
 
     @property
     def asked(self) -> int | None:
@@ -141,24 +145,52 @@ class Scaling:
         return self.op.workers if self.op else None
 
     def step(self, statuses: list[TaskStatus]) -> None:
-        """Take a scale request, or see the one under way to its end."""
+        """Take a scale request, or see the one under way to its end. A joiner lost on the way
+        is what the supervisor made of it (it decides after this step has looked): started
+        again, the change goes on and the reply says so; let go, the change failed and the
+        reply says how many train."""
         run = self.run
         if self.op is None:
-            request = control.take(run.spec.train.train_dir)
+            request = control.take(run.spec.train.train_dir, self.launcher)
             if request is not None:
                 self._begin(request)
             return
         op = self.op
+        self._restarted(op)
         by_name = {t.name: t for t in statuses}
         finished = run.attempt.step is not None and run.attempt.step >= run.spec.train.steps
-        failed = op.failed_to_join(by_name)
-        if failed:
-            self._end(op, Reply.FAILED, f'{", ".join(failed)} ended while joining the training')
+        let_go = op.let_go(run.attempt.tolerated)
+        if let_go:
+            self._end(op, Reply.FAILED, f'{", ".join(let_go)} ended while joining the training and '
+                                        f'{"is" if len(let_go) == 1 else "are"} not started again; '
+                                        f'{self._live()}')
         elif op.took_effect(by_name, run.stepped, finished):
-            self._end(op, Reply.DONE, f'{run.members.count} worker(s) train now '
-                                      f'({", ".join(f"worker:{i}" for i in run.members.indices)})')
+            self._end(op, Reply.DONE, self._live())
         elif time.monotonic() > op.deadline:
             self._end(op, Reply.FAILED, f'the change did not take effect within {op.secs:.0f}s')
+
+    def _live(self, when: str = 'now') -> str:
+        """`2 worker(s) train now (worker:0, worker:1)`: the live set, as the supervisor has it."""
+        members = self.run.members
+        return f'{members.count} worker(s) train {when} ({", ".join(f"worker:{i}" for i in members.indices)})'
+
+    def _restarted(self, op: ScaleOp) -> None:
+        """Joiners the supervisor starts again after they were lost (or the cluster it restarted),
+        since the last look: a line for the reply each, and the change is given its time anew."""
+        run = self.run
+        max_restarts = run.policy.max_restarts
+        if op.attempt is not None and run.attempt is not op.attempt:
+            op.lines.append(f'restart {run.restarts}/{max_restarts}: the cluster started again while the '
+                            'change was under way')
+            op.attempt, op.failures_seen = run.attempt, 0
+            op.deadline = time.monotonic() + op.secs
+        new = run.attempt.failures[op.failures_seen:]
+        op.attempt, op.failures_seen = run.attempt, len(run.attempt.failures)
+        for failure in new:
+            if failure.task in op.add and failure.task not in run.attempt.tolerated:
+                op.lines.append(f'{failure.task} ended while joining the training ({failure.cause}); '
+                                f'restart {run.restarts}/{max_restarts} starts it again')
+                op.deadline = time.monotonic() + op.secs
 
     def _begin(self, request: dict) -> None:
         """A new request: refused, answered at once (the count is met), or begun: live in async
@@ -170,7 +202,7 @@ class Scaling:
             self._refuse(request, why)
             return
         if want == now.count:
-            control.answer(run.spec.train.train_dir, request, Reply.DONE, [f'{want} worker(s) train already'])
+            control.answer(run.spec.train.train_dir, request, Reply.DONE, [self._live('already')])
             return
         move = ScaleMove.of(now, run.spec.num_workers, run.retired, want)
         if len(move.add) < want - now.count:
@@ -206,11 +238,14 @@ class Scaling:
         run.say(line)
         run.life.emit('scale', to=request['workers'], add=add, remove=remove, pid=request.get('pid'))
         for name in add:
+            run.attempt.tolerated.discard(name)     # let go before (lost, not started again): it joins anew
             run.attempt.due[name] = time.monotonic()
             run.serving.pop(name, None)
-        self.op = ScaleOp.of(request, add, remove, line, self._secs())
+        self.op = ScaleOp.of(request, add, remove, line, self._secs(), run.attempt)
         run.save_state()
-        run.start_due()
+        # They start at the supervisor's next round, before it looks at the tasks again: what
+        # it saw this round holds the end of an earlier start of one let go before, which must
+        # not count as the new start lost.
 
     def _refuse(self, request: dict, why: str) -> None:
         self.run.say(f'scale refused: {why}')
@@ -254,7 +289,7 @@ class Scaling:
         run.new_attempt(f'scale {before} -> {want} workers', step, ended)
         run.publish()
         run.say(f'scaling {before} -> {want} workers: starting the cluster again from {resumed}')
-        self.op = ScaleOp.of(request, [f'worker:{i}' for i in members.indices], [], line, self._secs())
+        self.op = ScaleOp.of(request, [f'worker:{i}' for i in members.indices], [], line, self._secs(), run.attempt)
         run.start_cluster()
 
     def _end(self, op: ScaleOp, state: Reply, line: str) -> None:

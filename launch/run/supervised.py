@@ -295,6 +295,10 @@ class SupervisedRun(Strategy):
         """End this attempt (`ended` goes to run.json) and begin the next from nothing seen: its
         logs are files of their own; `env`: what its tasks are told besides."""
         self.life.next_attempt(reason, step, ended=ended)
+        # Workers let go (launch/run/recovery.py _tolerate) stay out of the live set: their records
+        # (stopped with the rest) go, and the policy counts the workers that train now.
+        self.resize(self.members, [r.name for r in self.records if r.job == 'worker' and not self.spec.coordinator
+                                   and r.index not in self.members.workers])
         plans = [dataclasses.replace(p, attempt=self.life.attempt) for p in self.plans]
         if env:
             plans = [dataclasses.replace(p, env={**p.env, **env}) for p in plans]
