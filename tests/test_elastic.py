@@ -37,7 +37,9 @@ def test_bad_worker_counts_are_one_line_and_change_nothing(tmp_path, args, words
     assert not (tmp_path / 'run' / 'events.jsonl').exists()
 
 
-ASYNC_STEPS = 800      # about 25 s of training here: both scales take effect by step 450 or so
+# Far more than the test trains: the run is stopped with Ctrl-C once both scales took effect, so
+# no machine is fast enough to reach the last step while a joiner still imports TensorFlow.
+ASYNC_STEPS = 100_000
 
 
 def until_chief_step(up, step: int) -> list[str]:
@@ -66,7 +68,9 @@ def grow_and_shrink(tmp_path, spec: str, *backend: str, cwd: str | None = None) 
         assert 'worker:2 finishes its step and leaves' in shrink.stdout
         again = launch('scale', spec, '--workers', '2', *backend, timeout=60, **kw)
         assert again.returncode == 0 and '2 worker(s) train already' in again.stdout
-        assert up.wait(timeout=300) == 0
+        lines += until_chief_step(up, 0)        # the chief's next progress line: 2 workers train on
+        up.send_signal(signal.SIGINT)
+        assert up.wait(timeout=240) == 128 + signal.SIGINT
     finally:
         if up.poll() is None:
             up.send_signal(2)
@@ -79,7 +83,7 @@ def grow_and_shrink(tmp_path, spec: str, *backend: str, cwd: str | None = None) 
         ['scale', 'scaled', 'scale', 'scaled'], out
     progress = [(datetime.datetime.fromisoformat(e['time']).timestamp(), e['step'])
                 for e in events if e['event'] == 'progress']
-    assert [s for _, s in progress] == sorted(s for _, s in progress) and progress[-1][1] >= ASYNC_STEPS, progress
+    assert [s for _, s in progress] == sorted(s for _, s in progress), progress
     # The chief logs every second (train.log_every_secs); 5 s of slack for two shared cores busy
     # starting two new workers: a restart would stop it for far longer.
     gaps = [b[0] - a[0] for a, b in zip(progress, progress[1:])]
@@ -88,7 +92,7 @@ def grow_and_shrink(tmp_path, spec: str, *backend: str, cwd: str | None = None) 
         assert re.search(rf'\[worker:{i}\] .* step \d+/{ASYNC_STEPS} ', out), out
     assert re.search(r'\[worker:2\] .* worker:2 leaves at global step \d+', out), out
     assert re.search(r'\[worker:2\] .* worker:2 finished', out), out
-    assert [e['result']['state'] for e in events if e['event'] == 'finished'] == ['done']
+    assert [e['result']['state'] for e in events if e['event'] == 'finished'] == ['interrupted']
     return out
 
 
