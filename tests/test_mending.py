@@ -72,3 +72,16 @@ def test_the_figures_go_to_the_event_log_and_run_json_and_read_back():
     assert RunRecord.from_json(record.to_json()).recoveries == c.done
     plain = RunResult(state=RunState.DONE, exit_code=0).record('r', 1, 's', 'local', 'd').to_json()
     assert 'recoveries' not in plain        # a run without faults reads as before
+
+
+def test_steps_of_the_old_attempt_before_its_tasks_stopped_do_not_end_a_cluster_restart():
+    c, told = clock()
+    c.fault(('worker:0',), cluster=True, step=70, seen_at=time.monotonic() - 1)     # seen before the account
+    c.stepped('worker:1', 71)           # the async worker still trains until the teardown stops it
+    assert not told
+    c.phase('stop')
+    c.phase('backoff', from_step=60)
+    c.phase('start')
+    c.stepped('worker:1', 61)
+    [mended] = told
+    assert mended.seconds >= 1 and mended.steps_redone == 11

@@ -229,7 +229,7 @@ def _stacks(run: Run, page_dir: str) -> str:
         name = os.path.basename(path)[:-len('.txt')]
         task = ':'.join(name.rsplit('-', 1))
         link = urllib.parse.quote(os.path.relpath(os.path.abspath(path), os.path.abspath(page_dir)))
-        rows.append((attempt, task, _Raw(f'<a href="{_e(link)}">{_e(where)}</a>'), text.count('\n  File "')))
+        rows.append((attempt, task, _Raw(f'<a href="{_e(link, None)}">{_e(where)}</a>'), text.count('\n  File "')))
     if not rows:
         return ''
     stalls = [f'attempt {e.attempt}, {clock(e.epoch, run.tz, True)}: {e.stacks}' for e in run.events

@@ -13,7 +13,7 @@ import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from cluster.runtime import rundir
 from cluster.runtime.rundir import EXIT_FAILED, EXIT_NO_RESTART
@@ -167,12 +167,13 @@ def cause(decision: Decision, records: Sequence[TaskRecord], backends: Mapping[s
 
 
 def dump_stacks(life: Lifecycle, decision: Decision, records: Sequence[TaskRecord],
-                backends: Mapping[str, Backend]) -> Decision:
+                backends: Mapping[str, Backend], starting: Collection[str] = ()) -> Decision:
     """A stall, before anything is done about it: every task that still answers writes its
-    stacks (launch/run/stacks.py), which its line and event then name."""
+    stacks (launch/run/stacks.py), which its line and event then name (`starting`: tasks started
+    again that have not said they serve, not asked)."""
     if not decision.stalled:
         return decision
-    found = stacks.dump(records, backends, life.spec.train.train_dir, life.attempt)
+    found = stacks.dump(records, backends, life.spec.train.train_dir, life.attempt, starting=starting)
     return dataclasses.replace(decision, stacks=found)
 
 

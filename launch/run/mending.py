@@ -54,11 +54,13 @@ class RecoveryClock:
         self.current: Mending | None = None
         self.done: list[MendedFault] = []
 
-    def fault(self, tasks: tuple[str, ...] | list[str], cluster: bool, step: int | None) -> None:
-        """The supervisor saw a fault it restarts `tasks` (or the cluster) for."""
+    def fault(self, tasks: tuple[str, ...] | list[str], cluster: bool, step: int | None,
+              seen_at: float | None = None) -> None:
+        """The supervisor saw a fault (at `seen_at`, time.monotonic(); default now) it restarts
+        `tasks` (or the cluster) for."""
         with self._lock:
             if self.current is None:
-                self.current = Mending(list(tasks), cluster, time.monotonic(), step)
+                self.current = Mending(list(tasks), cluster, time.monotonic() if seen_at is None else seen_at, step)
                 return
             self.current.tasks += [t for t in tasks if t not in self.current.tasks]
             self.current.cluster = self.current.cluster or cluster
@@ -89,6 +91,9 @@ class RecoveryClock:
         with self._lock:
             m = self.current
             if m is None or (not m.cluster and task not in m.tasks and not by_chief):
+                return
+            if m.cluster and 'stop' not in m.phases:    # the old attempt, before its tasks stopped: trained
+                m.step = step if m.step is None else max(m.step, step)     # on, to be trained again
                 return
             m.phase('step')
             self.current = None

@@ -30,6 +30,7 @@ class RecoveringRun(FailedOverRun, Protocol):
     what failover does."""
     history: FaultHistory
     clock: RecoveryClock
+    serving: dict[str, threading.Event]     # set once a task's own log says it serves
 
     @property
     def interrupted(self) -> threading.Event: ...
@@ -53,11 +54,12 @@ class Recovery:
     def act(self, decision: Decision, statuses: list[TaskStatus]) -> bool:
         """Carry out a decision about lost or stuck tasks; True once the cluster started again.
         TaskFailed when the run is given up."""
+        seen_at = time.monotonic()      # before the account: a stall's stack dumps take seconds
         decision = self._account(decision, statuses)
         if decision.action is Action.GIVE_UP:
             raise self._give_up(decision)
         if decision.action in (Action.RESTART, Action.RESTART_TASKS):
-            self.run.clock.fault(decision.tasks, decision.action is Action.RESTART, self.run.attempt.step)
+            self.run.clock.fault(decision.tasks, decision.action is Action.RESTART, self.run.attempt.step, seen_at)
         if decision.action is Action.TOLERATE:
             if not fail_over(self.run, decision, statuses):
                 self._tolerate(decision)
@@ -72,7 +74,8 @@ class Recovery:
         """The event log's account of a fault first, then the repeat rule: a restart that would fail
         as the last one did becomes giving up."""
         run = self.run
-        decision = faults.dump_stacks(run.life, decision, run.records, run.backends)   # a stall's, before any stop
+        starting = {name for name, said in run.serving.items() if not said.is_set()}
+        decision = faults.dump_stacks(run.life, decision, run.records, run.backends, starting)   # before any stop
         errors, failures = faults.record_faults(run.life, decision, statuses, run.records, run.backends)
         run.attempt.failures.extend(failures)
         return run.history.escalate(decision, errors, run.life.checkpoint_step)
@@ -142,6 +145,12 @@ class Recovery:
                     raise
                 decision = self._lost_in_restart(e.task, e)
 
+    def lost_while_starting(self, e: TaskFailed) -> None:
+        """A task lost (`e` names it) while the cluster started for some other reason (a sync
+        scale): one more fault, and the cluster starts again under the policy, as after a fault."""
+        assert e.task is not None, 'only a task lost on the way is a fault to restart for'
+        self._restart_cluster(self._lost_in_restart(e.task, e))
+
     def _stop_for_restart(self, decision: Decision) -> float:
         """Count the restart, stop every task and begin the next attempt; returns its backoff."""
         run = self.run
@@ -174,6 +183,7 @@ class Recovery:
         how = (supervise.how_lost(lost) if lost and lost.state is TaskState.FAILED
                else e.how or f'{task} {describe_exit(e.exit_code)}') + ' while the cluster started again'
         decision = supervise.during_recovery(run.policy, run.restarts, task, how, e.exit_code)
+        decision = supervise.on_full_disk(decision, run.attempt.progress(run.spec.train.steps))
         decision = self._account(decision, statuses)
         if decision.action is Action.GIVE_UP:
             raise self._give_up(decision) from None

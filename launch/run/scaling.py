@@ -22,6 +22,7 @@ from launch.run import control
 from launch.run import policy as supervise
 from launch.run.attempt import Attempt
 from launch.run.control import Reply
+from launch.run.faults import TaskFailed
 from launch.run.lifecycle import CHECKPOINT_GRACE_SECS, Lifecycle, RunResult, RunState
 from launch.run.policy import Policy, TaskState, TaskStatus
 
@@ -54,6 +55,8 @@ class ScaledRun(Protocol):
                     env: Mapping[str, str] | None = None) -> None: ...
 
     def start_cluster(self, restart: int | None = None) -> None: ...
+
+    def recover_start(self, e: TaskFailed) -> None: ...
 
 
 @dataclass
@@ -290,7 +293,12 @@ class Scaling:
         run.publish()
         run.say(f'scaling {before} -> {want} workers: starting the cluster again from {resumed}')
         self.op = ScaleOp.of(request, [f'worker:{i}' for i in members.indices], [], line, self._secs(), run.attempt)
-        run.start_cluster()
+        try:
+            run.start_cluster()
+        except TaskFailed as e:
+            if e.task is None:          # not a task lost on the way (the run's directory gone): as before
+                raise
+            run.recover_start(e)        # a task lost while it started: a fault, under the run's policy
 
     def _end(self, op: ScaleOp, state: Reply, line: str) -> None:
         """The reply to the request under way (`op`); the next one can be taken."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -58,9 +58,12 @@ def _file_name(task: str) -> str:
 
 
 def dump(records: Sequence[TaskRecord], backends: Mapping[str, Backend], train_dir: str, attempt: int | None,
-         wait: float = DUMP_WAIT_SECS) -> StackDump:
+         wait: float = DUMP_WAIT_SECS, starting: Collection[str] = ()) -> StackDump:
     """Ask these tasks (attempt `attempt` of the run in `train_dir`) for their stacks; wait up to
-    `wait` seconds for those that can answer; keep what they wrote under this machine's train_dir."""
+    `wait` seconds for those that can answer; keep what they wrote under this machine's train_dir.
+    `starting`: tasks started again that have not said they serve: an earlier start's stacks file
+    is there, but the new process may not handle the signal yet (it would end it), so they are not
+    asked."""
     paths = {r.name: rundir.stacks_path(train_dir, attempt, r.job, r.index) for r in records}
 
     def read(r: TaskRecord) -> str | None:
@@ -72,7 +75,7 @@ def dump(records: Sequence[TaskRecord], backends: Mapping[str, Backend], train_d
     with ThreadPoolExecutor(max_workers=max(1, len(records))) as pool:
         before = dict(zip(paths, pool.map(read, records)))
         states = dict(zip(paths, pool.map(lambda r: backends[r.backend].status(r), records)))
-        silent = _signal(records, backends, before, states)
+        silent = _signal(records, backends, before, states, starting)
         waiting = [r for r in records if r.name not in silent and not states[r.name].stopped]
         latest: dict[str, str | None] = dict(before)
         done: set[str] = set()
@@ -90,7 +93,11 @@ def dump(records: Sequence[TaskRecord], backends: Mapping[str, Backend], train_d
     for r in records:
         text = latest[r.name]
         if r.name not in silent and text is not None and _grown(text, before[r.name]):
-            keep(paths[r.name], text)
+            try:
+                keep(paths[r.name], text)
+            except OSError as e:        # a full disk here: the task answered, its stacks cannot be kept
+                silent[r.name] = f'answered, but its stacks cannot be kept here ({rundir.os_cause(e)})'
+                continue
             written.append(r.name)
         elif r.name not in silent:
             silent[r.name] = states[r.name].stopped or f'did not answer within {wait:g}s'
@@ -103,7 +110,7 @@ def _grown(text: str | None, before: str | None) -> bool:
 
 
 def _signal(records: Sequence[TaskRecord], backends: Mapping[str, Backend], before: Mapping[str, str | None],
-            states: Mapping[str, Observation]) -> dict[str, str]:
+            states: Mapping[str, Observation], starting: Collection[str] = ()) -> dict[str, str]:
     """Send the dump signal to every task that can take it; returns why each of the others was not
     (or could not be) sent it."""
     silent: dict[str, str] = {}
@@ -115,6 +122,8 @@ def _signal(records: Sequence[TaskRecord], backends: Mapping[str, Backend], befo
             silent[r.name] = f'cannot be asked ({states[r.name].error})'
         elif before[r.name] is None:
             silent[r.name] = 'has no stacks file yet (it is starting, or cannot write to its train_dir)'
+        elif r.name in starting:
+            silent[r.name] = 'is starting again (not asked: it may not take the signal yet)'
         else:
             asked.append(r)
     for name, backend in backends.items():

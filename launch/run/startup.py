@@ -10,6 +10,7 @@ import grpc
 
 from launch.backends.base import ENDED, Backend, Observation, TaskRecord
 from cluster.runtime.rundir import EXIT_FAILED, EXIT_NO_RESTART
+from launch.run import disk
 from launch.run.faults import TaskFailed, Verdict, explaining_tail, last_error, log_tail, own_error
 from launch.run.lifecycle import Failure
 from launch.run.policy import describe_exit
@@ -95,8 +96,15 @@ def _is_up(record: TaskRecord, seen: Observation, backends: Mapping[str, Backend
 
 def _late(record: TaskRecord, backends: Mapping[str, Backend], answered: bool) -> TaskFailed:
     """The task not up by the deadline: its port answered for another process, or not at all.
-    It names the task: during a restart, one more fault for the policy."""
-    if answered:
+    It names the task: during a restart, one more fault for the policy. A full disk under its
+    files comes first: the task may serve but cannot log that it does."""
+    try:
+        full = disk.refusal([record], backends)
+    except Exception:       # whatever a backend raises looking: the words below then
+        full = None
+    if full:
+        message = f'{full}; {record.name} ({record.endpoint}) could not say it serves'
+    elif answered:
         message = (f'{record.name}: {record.endpoint} answers, but not from this task '
                    '(it never reported serving): another process holds that port?')
     else:

@@ -338,6 +338,10 @@ class SupervisedRun(Strategy):
         self._start(plans if restart is None else [dataclasses.replace(p, restart=restart) for p in plans])
         self.wait_ready(t0)
 
+    def recover_start(self, e: TaskFailed) -> None:
+        """A task lost while the cluster started for a sync scale: a fault like any other."""
+        self.recovery.lost_while_starting(e)
+
     def _active_plans(self) -> list[TaskPlan]:
         """The ps tasks and the live workers."""
         return [p for p in self.plans if p.task.job == 'ps' or p.task.index in self.members.workers]

@@ -5,6 +5,7 @@ random points of the training, and check that the launcher mends every fault.
     python -m tests.harness.chaos --backend ssh --faults 10 --sync            # a test sshd on 127.0.0.2/.3
     python -m tests.harness.chaos --backend compose --faults 10 --baseline    # a Docker engine, the built image
     python -m tests.harness.chaos --backend local --plan worker:1=kill,ps:0=stop
+    python -m tests.harness.chaos --backend local --faults 100 --startup 0.25    # and faults while restarts start
 
 It drives the real command line (`python -m launch up SPEC ...` in a subprocess) on a 1 ps + 2
 worker spec and reads what the launcher writes (`events.jsonl`, `run.json`). A fault is one of
@@ -12,7 +13,10 @@ worker spec and reads what the launcher writes (`events.jsonl`, `run.json`). A f
     stop        SIGSTOP to it (local, SSH): a frozen task, caught by the stall watchdog
     pause       `docker pause` of its container (compose): the same, frozen by the cgroup
     disconnect  `docker network disconnect` of its container from the project's network (compose)
-aimed at ps:0, worker:0 (the chief) or worker:1. On SSH the kill is a `kill` run over SSH on the
+aimed at ps:0, worker:0 (the chief) or worker:1. With --startup SHARE, that share of the faults
+is followed by one more (a kill, or the backend's freeze: SIGSTOP or `docker pause`) aimed at a
+task the answering restart starts again, half a second after its new start appears: the start-up
+of a restart must be supervised as the steady state is. On SSH the kill is a `kill` run over SSH on the
 task's host, aimed at the pid the task's log names. Each fault comes once the cluster trains (every
 current task serves and the global step has moved since), a random number of global steps later;
 the next waits until the launcher has answered and the cluster trains again.
