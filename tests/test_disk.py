@@ -541,6 +541,15 @@ def test_the_supervisor_hears_steps_from_the_pulses_and_sees_the_full_disk(small
     assert said == [f'warning: worker:0 cannot write {records[1].log}: No space left on device (ENOSPC); its steps '
                     'are read from its pulse file meanwhile (a checkpoint fails while the disk is full: free space '
                     'there)']
+    # A step heard in the pulse makes the logs look loud again: the refusal holds until a pulse clears it.
+    chief.beat(43, 100)
+    attempt.pulses._at = 0
+    attempt.feel(records, backends, said.append)
+    assert attempt.step == 43 and attempt.progress(100).disk.startswith('worker:0 cannot write')
+    chief.refuse(None)
+    attempt.pulses._at = 0
+    attempt.feel(records, backends, said.append)
+    assert attempt.progress(100).disk is None
 
 
 FULL = 'the disk under /runs/r is full: No space left on device (ENOSPC)'

@@ -69,6 +69,7 @@ class Pulses:
     def __init__(self) -> None:
         self._seen: dict[tuple[str, int, str], int | None] = {}
         self._at = 0.0
+        self._told: str | None = None          # the refusal the pulses said at the last reading
 
     def due(self) -> bool:
         return time.monotonic() - self._at >= LOOK_SECS
@@ -76,11 +77,13 @@ class Pulses:
     def read(self, records: Sequence[TaskRecord], backends: Mapping[str, Backend],
              quiet: float) -> tuple[int | None, str | None, bool]:
         """(the newest step heard, the disk's refusal or None, whether the launcher saw the disk
-        itself); the pulses are read only once the logs have been quiet for QUIET_SECS."""
+        itself); the pulses are read once the logs have been quiet for QUIET_SECS, and while they
+        say the disk refuses a log (a step heard in a pulse makes the logs look loud again; the
+        refusal holds until a pulse says the log is written again)."""
         self._at = time.monotonic()
         beats: dict[str, pulse.Beat | None] = {}
         newest = None
-        if quiet >= QUIET_SECS:
+        if quiet >= QUIET_SECS or self._told is not None:
             for r in records:
                 if r.job not in TRAINERS:
                     continue
@@ -91,10 +94,12 @@ class Pulses:
                 if not first and step is not None and step != self._seen[key]:
                     newest = step if newest is None else max(newest, step)
                 self._seen[key] = step
+        if beats:
+            self._told = told(records, beats)
         seen = next((full for full in (backends[r.backend].disk_full(r) for r in records) if full), None)
         if seen:
             return newest, seen, True
-        return newest, told(records, beats), False
+        return newest, self._told, False
 
 
 class DiskWatch:
