@@ -391,10 +391,13 @@ class SSHDriver(Driver):
         log = rundir.attempt_log_path(os.path.join(self.host_workdir(sub, address), 'run'), started['attempt'],
                                       job, int(index))
         sig = {'kill': 'KILL', 'stop': 'STOP'}[kind]
-        # The task's own pid, as its serving line names it (the newest start's, for a task started
-        # again within the attempt); hit only if that pid still runs a task of this run.
-        script = (f'p=$(grep -o {shlex.quote(task + " serving on .* (pid [0-9]*)")} {shlex.quote(log)} | tail -n 1 '
-                  "| sed 's/.*(pid \\([0-9]*\\))/\\1/'); [ -n \"$p\" ] || { echo 'no serving line'; exit 1; }; "
+        # The task's own pid, as its wrapper wrote it beside the log as it started it (the newest
+        # start's: a task the restart is starting has no serving line yet), else as its serving line
+        # names it; hit only if that pid still runs a task of this run.
+        pidfile = os.path.join(self.host_workdir(sub, address), 'run', rundir.LOGS_DIR, f'{job}-{index}.task')
+        script = (f'p=$(cat {shlex.quote(pidfile)} 2>/dev/null); [ -n "$p" ] || '
+                  f'p=$(grep -o {shlex.quote(task + " serving on .* (pid [0-9]*)")} {shlex.quote(log)} | tail -n 1 '
+                  "| sed 's/.*(pid \\([0-9]*\\))/\\1/'); [ -n \"$p\" ] || { echo 'no pid of the task'; exit 1; }; "
                   f'tr "\\0" " " < /proc/$p/cmdline 2>/dev/null | grep -qF {shlex.quote(self.workdir)} '
                   '|| { echo "pid $p is not the task"; exit 1; }; '
                   f'kill -{sig} $p && echo $p')
