@@ -328,10 +328,11 @@ def serve(spec: ClusterSpec, task: TaskSpec) -> int:
 CHIEF_GONE_SECS = 10.0      # the chief's port closed this long (once seen open): its program has ended
 
 
-def watch_chief(chief: TaskSpec, poll: float = 1.0) -> None:
+def watch_chief(chief: TaskSpec, poll: float = 0.2) -> None:
     """End this serving task (exit 0) once the chief's port, seen open, has stayed closed for
     CHIEF_GONE_SECS: what ends a coordinator run's servers where no launcher stops them (a Slurm
-    job ends when its last task does)."""
+    job ends when its last task does). It looks often: a short run's chief may hold its port for
+    a second or two only, and a chief never seen open is never seen gone."""
     seen = False
     closed_since: float | None = None
     while True:
