@@ -19,7 +19,8 @@ from cluster.runtime import rundir
 from cluster.spec import load_spec
 from launch.run import supervised
 from launch.backends.base import ENDED, RUNNING, Backend, Observation, TaskRecord, planned_record
-from launch.run.lifecycle import Console, Lifecycle, resume_hint
+from launch.run.console import Console
+from launch.run.lifecycle import Lifecycle, resume_hint
 from launch.planning.plan import plan_cluster
 from launch.backends.ssh import SSHBackend, SSHError
 from launch.run.supervised import SupervisedRun

@@ -18,7 +18,8 @@ from launch.planning.plan import plan_cluster, state_path
 from launch.records import report
 from launch.records.events import EventLog, read_events
 from launch.run import faults
-from launch.run.lifecycle import Console, Lifecycle
+from launch.run.console import Console
+from launch.run.lifecycle import Lifecycle
 from launch.run.policy import Policy, Progress, TaskState, TaskStatus, decide
 from launch.run.state import LaunchState
 from tests.conftest import write_spec

@@ -82,7 +82,8 @@ def test_a_start_that_fails_half_way_stops_what_it_started(ssh_hosts, tmp_path):
     back (for real: the command kills its own sshd session). The launcher cannot know its pid from
     that answer, so the backend stops it through its pidfile, and the run stops the two tasks it
     had started on the other host: nothing is left, and no state file claims otherwise."""
-    from launch.run.lifecycle import Console, Lifecycle
+    from launch.run.console import Console
+    from launch.run.lifecycle import Lifecycle
     from launch.run.supervised import SupervisedRun
     from launch.backends.ssh import SSHBackend
     from tests.test_ssh import _CUT_MY_CONNECTION

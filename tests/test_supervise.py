@@ -192,7 +192,8 @@ class FakeBackend(Backend):
 
 
 def test_observing_over_a_fake_backend_turns_observations_into_states(tmp_path):
-    from launch.run.lifecycle import Console, Lifecycle
+    from launch.run.console import Console
+    from launch.run.lifecycle import Lifecycle
     from launch.run.supervised import SupervisedRun
     from tests.conftest import write_spec
     from cluster.spec import load_spec
