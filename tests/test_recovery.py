@@ -196,8 +196,9 @@ def test_a_new_up_takes_over_from_a_launcher_killed_hard(tmp_path):
 def test_an_async_chief_frozen_while_the_other_worker_trains_is_restarted(tmp_path):
     """SIGSTOP of the chief in async mode: worker:1's steps go on, so the global step never
     stalls, and once worker:1 is done the run would wait for ever. Stopped for stall_secs, the
-    chief is a lost task: the cluster restarts and reaches its last step."""
-    spec = write_spec(tmp_path, steps=150, sync=False, learning_rate=0.05,
+    chief is a lost task: the cluster restarts and reaches its last step (400 steps: the chief is
+    stopped at its first, well before worker:1 alone could end the run)."""
+    spec = write_spec(tmp_path, steps=400, sync=False, learning_rate=0.05,
                       supervise={'restart': 'on-failure', 'max_restarts': 1, 'stall_secs': 6})
     run = str(tmp_path / 'run')
     proc = launch_bg('up', spec)
@@ -205,4 +206,4 @@ def test_an_async_chief_frozen_while_the_other_worker_trains_is_restarted(tmp_pa
     out = ''.join(lines) + finish(proc, 300)
     assert proc.returncode == 0, out
     assert re.search(r'restart 1/1: worker:0 has been stopped \(SIGSTOP, or paused\) for \d+s', out), out
-    assert all(r['global_step'] >= 150 for r in worker_results(run)), out
+    assert all(r['global_step'] >= 400 for r in worker_results(run)), out

@@ -446,8 +446,10 @@ def _up_and_kill_remote_worker(ssh_hosts, tmp_path, spec, before=lambda proc: []
 def test_remote_faults_a_dropped_connection_and_a_lost_worker(ssh_hosts, tmp_path):
     """Every SSH connection of the launcher is cut mid-run (a transient fault: retried, not a
     failure), then the remote non-chief worker is killed (async: tolerated); the run ends at the
-    requested step with exit 0 and nothing left on either host."""
-    spec = remote_spec(ssh_hosts, tmp_path, steps=80, sync=False, learning_rate=0.05)
+    requested step with exit 0 and nothing left on either host. The kill follows the cut at once:
+    a run of a few hundred steps takes seconds, and one that waited for progress over the new
+    connections first could be over before the kill (worker:1 gone, nothing to kill)."""
+    spec = remote_spec(ssh_hosts, tmp_path, steps=400, sync=False, learning_rate=0.05)
 
     def cut_connections(proc) -> list[str]:
         for pid in _sshd_connections(ssh_hosts):
@@ -455,25 +457,27 @@ def test_remote_faults_a_dropped_connection_and_a_lost_worker(ssh_hosts, tmp_pat
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:      # a connection that closed since it was listed
                 pass
-        return read_until(proc, '  loss ')          # progress goes on over new connections
+        return []
     code, out = _up_and_kill_remote_worker(ssh_hosts, tmp_path, spec, before=cut_connections)
     assert code == 0, out
     assert 'worker:1 was killed by SIGKILL; training goes on with 1 worker(s)' in out
-    assert re.search(r'done in .*global step (8\d|9\d).*\(lost worker:1\)', out), out
+    # The last progress was read over new connections: the run's end, at the step asked for.
+    assert re.search(r'done in .*global step 4\d\d.*\(lost worker:1\)', out), out
     assert_nothing_left(ssh_hosts)
 
 
 def test_one_remote_kill_is_one_restart_and_the_worker_rejoins(ssh_hosts, tmp_path):
     """kill -9 of a remote async worker (its own pid, which the state file records, not a wrapper's)
     with `restart: on-failure`: one fault, one restart, one new copy (its port was free), and the
-    run's summary says the worker finished, not that it was lost."""
-    spec = remote_spec(ssh_hosts, tmp_path, steps=150, sync=False, learning_rate=0.05,
+    run's summary says the worker finished, not that it was lost. 400 steps: the kill comes at the
+    first progress line, seconds before the end, and the new copy has time to rejoin."""
+    spec = remote_spec(ssh_hosts, tmp_path, steps=400, sync=False, learning_rate=0.05,
                        supervise={'restart': 'on-failure', 'max_restarts': 3})
     code, out = _up_and_kill_remote_worker(ssh_hosts, tmp_path, spec)
     assert code == 0, out
     assert out.count('restart 1/3: worker:1 was killed by SIGKILL') == 1, out
     assert 'restart 2/3' not in out and 'already in use' not in out, out
-    assert re.search(r'done in .*global step 150', out) and 'lost worker:1' not in out, out
+    assert re.search(r'done in .*global step 40\d', out) and 'lost worker:1' not in out, out
     events = [json.loads(line) for line in open(tmp_path / 'run' / 'events.jsonl')]
     assert [e['task'] for e in events if e['event'] == 'task_lost'] == ['worker:1'], events
     assert len([e for e in events if e['event'] == 'restart']) == 1
