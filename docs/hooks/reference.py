@@ -1,0 +1,1 @@
+"""MkDocs hook (stub): filled in by its owner."""
