@@ -1,4 +1,4 @@
-"""The typed run records against what README "Runs" documents: every event kind of its table and
+"""The typed run records against what docs/runs.md documents: every event kind of its table and
 every field of `run.json`, read through the types and written back byte for byte; the typed
 writers against the (kind, **fields) calls they replace; the state file's entries."""
 from __future__ import annotations
@@ -19,7 +19,7 @@ from launch.records.events import EventLog, read_events
 from launch.records.result import MendedFault, RESULT_STATES, Failure, RunRecord, RunResult, RunState
 from launch.run.state import LaunchState, StepSeen, WorkerPool
 
-README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'README.md')
+RUNS_PAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'docs', 'runs.md')
 TIME = '2026-11-23T21:08:43.123+01:00'
 RUN_ID = 'local2-20261123-210843'
 
@@ -41,21 +41,21 @@ BY_EVENT = {('evaluation', 'task'): 'evaluator:0', ('failover', 'to'): 'worker:3
             ('stall', 'cause'): 'no new step for 60s', ('disk_full', 'cause'): 'No space left on device (ENOSPC)'}
 
 
-def _readme() -> str:
-    with open(README, encoding='utf-8') as f:
+def _runs_page() -> str:
+    with open(RUNS_PAGE, encoding='utf-8') as f:
         return f.read()
 
 
 def _names(text: str) -> list[str]:
-    """The `field` names of a README cell or sentence, leaving out what parentheses say about them."""
+    """The `field` names of a table cell or sentence of the page, leaving out what parentheses say about them."""
     while re.search(r'\([^()]*\)', text):
         text = re.sub(r'\([^()]*\)', '', text)
     return [n for n in re.findall(r'`([^`]+)`', text) if re.fullmatch(r'[a-z_]+', n)]
 
 
 def documented_events() -> dict[str, list[str]]:
-    """README's events table: event -> the fields it names, in order."""
-    text = _readme()
+    """docs/runs.md's events table: event -> the fields it names, in order."""
+    text = _runs_page()
     table = text[text.index('| event | fields |'):]
     rows = {}
     for line in table.splitlines()[2:]:
@@ -67,13 +67,13 @@ def documented_events() -> dict[str, list[str]]:
 
 
 def documented_run_json() -> tuple[list[str], list[str], list[str]]:
-    """README's run.json paragraph: (its fields, a failure's fields, the states it names)."""
-    text = _readme()
+    """docs/runs.md's run.json paragraph: (its fields, a failure's fields, the states it names)."""
+    text = _runs_page()
     start = text.index("**`run.json`** (and `finished`'s `result`):")
     paragraph = text[start:text.index('\n\n', start)].split(':', 1)[1]
     failure = re.search(r'`failures` \(each with ([^)]*)\)', paragraph)
     states = re.search(r'`state`\s*\(([^)]*)\)', paragraph)
-    assert failure and states, 'README: the run.json paragraph no longer names the failures\' fields or the states'
+    assert failure and states, 'docs/runs.md: the run.json paragraph no longer names the failures\' fields or the states'
     return _names(paragraph), _names(failure.group(1)), re.findall(r'`([a-z]+)`', states.group(1))
 
 
@@ -100,7 +100,7 @@ def dumped(line: dict) -> str:
     return json.dumps(line, default=str) + '\n'
 
 
-# -- the README's events.jsonl ----------------------------------------------------------------------
+# -- docs/runs.md's events.jsonl --------------------------------------------------------------------
 def test_every_documented_event_is_a_kind_with_a_type_and_every_kind_is_documented() -> None:
     documented = documented_events()
     assert set(documented) == {k.value for k in EventKind}
@@ -166,7 +166,7 @@ def test_a_typed_event_is_logged_as_the_same_line_as_its_kind_and_fields(tmp_pat
     assert len(read_events(by_type.path)) == len(EventKind)
 
 
-# -- the README's run.json -------------------------------------------------------------------------
+# -- docs/runs.md's run.json -----------------------------------------------------------------------
 def test_the_documented_run_json_fields_and_states_are_the_records() -> None:
     fields, failure, states = documented_run_json()
     assert set(fields) == set(RunRecord.json_fields()) and len(fields) == len(RunRecord.json_fields())
