@@ -225,7 +225,7 @@ def bench(args: Any, tmp: str, free_ports: Callable[[int], list[int]]) -> dict:
 
 
 def table(out: dict) -> None:
-    """The README's table: final precision and time to the target, each against one process."""
+    """The accuracy table of docs/performance.md: final precision and time to the target, each against one process."""
     runs, base = out['runs'], out['runs'].get('single')
     print(f'\n| run | images per update | learning rate | precision@1 after {out["epochs"]:g} epochs | '
           f'vs one process | time to >= {TARGET:.2f} (epochs) | vs one process | images/s |')

@@ -63,7 +63,7 @@ class ProgramError(Exception):
     """The program or command cannot be run as given: one line."""
 
 
-PROGRAM_IS = 'a program is a Python function `def train(ctx)` in a .py module (README: Your own training code)'
+PROGRAM_IS = 'a program is a Python function `def train(ctx)` in a .py module (docs/own-code.md)'
 
 
 # ---------------------------------------------------------------------------------------------

@@ -166,7 +166,7 @@ def _add_render(sub: argparse._SubParsersAction) -> None:
 
 
 def _json_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument('--json', action='store_true', help='print JSON (the fields are in README: Runs)')
+    p.add_argument('--json', action='store_true', help='print JSON (the fields are in docs/runs.md)')
 
 
 def _version() -> str:

@@ -1,7 +1,7 @@
 """The chaos harness (tests/harness/chaos.py) in its short form: a few faults per backend on a real cluster
 with `restart: on-failure`, and every invariant it checks (the run ends at the final step, one
 restart per fault, no resume below the checkpoint that existed at the fault, nothing left). The
-long runs the README reports are `python -m tests.harness.chaos --backend B --faults N`. The fast tests
+long runs docs/faults.md reports are `python -m tests.harness.chaos --backend B --faults N`. The fast tests
 check that the invariants do catch what they are for, on made-up event logs."""
 from __future__ import annotations
 

@@ -248,8 +248,8 @@ def test_the_real_test_split_is_read_once_and_training_batches_are_flipped_at_mo
 
 
 def test_the_fashion_spec_trains_the_package_in_sync_on_its_own_ports():
-    """specs/fashion2.yaml, named in the README beside specs/local2.yaml: 1 ps + 2 workers, sync,
-    6.4 epochs of 2 x 64 images (0.90 came after 4.5 in the README's accuracy table)."""
+    """specs/fashion2.yaml, named in docs/getting-started.md beside specs/local2.yaml: 1 ps + 2 workers, sync,
+    6.4 epochs of 2 x 64 images (0.90 came after 4.5 in docs/performance.md's accuracy table)."""
     from tests.conftest import REPO
     fashion, local2 = (load_spec(os.path.join(REPO, 'specs', name)) for name in ('fashion2.yaml', 'local2.yaml'))
     assert (fashion.num_ps, fashion.num_workers, fashion.train.sync) == (1, 2, True)

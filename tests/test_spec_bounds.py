@@ -336,7 +336,7 @@ def test_a_function_without_python_source_cannot_be_checked_so_it_is_refused(ref
         check_program(ref)
     assert _one_line(e) == (f"module {module!r} has no Python source ({kind}), so {function!r} cannot be checked "
                             'without running it: a program is a Python function `def train(ctx)` in a .py module '
-                            '(README: Your own training code)')
+                            '(docs/own-code.md)')
 
 
 @pytest.mark.parametrize('name, why', [

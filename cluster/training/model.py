@@ -239,7 +239,7 @@ def batch_memory_refusal(batch_size: int, towers: int, host_bytes: int | None, h
     return (f'a batch of {batch_size:,}{tower_text} needs at least {_gib(need)} of memory (the CIFAR-10 model keeps '
             f'{per_example // 1000:,} KB of activations per {"x".join(map(str, shape))} example for the backward pass, plus '
             f'{_gib(RUNTIME_BYTES)} for TensorFlow), but {host} has {_gib(host_bytes)}: at most about {most:,} '
-            'fits (README: Training)')
+            'fits (docs/training.md)')
 
 
 def gpus_here() -> int:

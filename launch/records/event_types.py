@@ -1,5 +1,5 @@
 """The events of `events.jsonl`, typed: `EventKind` names them, one dataclass per kind holds its
-fields (launch/records/events.py lists them; README "Runs" documents them).
+fields (launch/records/events.py lists them; docs/runs.md documents them).
 
 Every line is `{"time", "run", "attempt", "event", <the kind's fields>...}`; `parse_event` reads
 one, `Event.to_json` writes it back: same keys, same order, same values (see jsonrecord.py for

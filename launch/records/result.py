@@ -1,7 +1,7 @@
 """How an attempt of a run ended: the launcher's `RunResult`, and `run.json` (which the `finished`
 event repeats) as a typed `RunRecord`.
 
-`run.json` is a user-facing file (README "Runs"): its keys, their order and their values are
+`run.json` is a user-facing file (docs/runs.md): its keys, their order and their values are
 fixed; `RunResult.to_json` writes it, `RunRecord.from_json(...).to_json()` gives it back unchanged.
 """
 from __future__ import annotations

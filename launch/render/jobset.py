@@ -40,7 +40,7 @@ Choices, and why:
   the workers must reach a ps as soon as it serves.
 - train_dir: an emptyDir on each worker, or with `--pvc` that PersistentVolumeClaim. A JobSet
   restart recreates the pods, so an emptyDir does not survive it: without a claim a restart
-  starts again from step 0 (the header and README say so).
+  starts again from step 0 (the header and docs/backends/kubernetes.md say so).
 - GPUs: a worker asks for as many nvidia.com/gpu as train.devices lists gpu:N towers; a ps, the
   chief and the evaluator none.
 """

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from launch.run import registry
 from launch.planning.plan import TaskPlan
 
-SECURITY = 'README: Security'
+SECURITY = 'docs/security.md'
 
 
 def is_loopback(host: str) -> bool:

@@ -138,7 +138,7 @@ def checks_before_up(spec: ClusterSpec, plans: list[TaskPlan], backends: Mapping
 
 
 def warn_exposure(plans: list[TaskPlan], short: bool = False) -> None:
-    """One warning line when a task port can be reached from another machine (README: Security):
+    """One warning line when a task port can be reached from another machine (docs/security.md):
     in full for `launch check`, short for `launch up` (once per run)."""
     text = (exposure.short_warning if short else exposure.warning)(plans, exposure.machine_addresses())
     if text:
