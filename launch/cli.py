@@ -60,13 +60,23 @@ def _readers(option: str) -> str:
     return f'{", ".join(takers(option))}: '
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line, parsing nothing: parse_args uses it, and the site's command-line
+    reference (docs/reference/cli.md) is made from it at build time."""
     p = argparse.ArgumentParser(prog='launch', description='Launch and manage TensorFlow parameter-server clusters.')
     p.add_argument('--version', action='version', version=f'%(prog)s {_version()}')
     sub = p.add_subparsers(dest='command', required=True, metavar='COMMAND')
     _add_run_commands(sub)
     _add_reading_commands(sub)
     _add_file_commands(sub)
+    for choice in sub._choices_actions:        # `launch up -h` opens with what the command list says of it
+        command = sub.choices[choice.dest]
+        command.description = command.description or choice.help
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = build_parser()
     rest, overrides = take_overrides(sys.argv[1:] if argv is None else list(argv))
     args = p.parse_args(rest)
     if overrides:       # taken out before argparse, which is quadratic in the options (take_overrides)
@@ -127,7 +137,8 @@ def _add_reading_commands(sub: argparse._SubParsersAction) -> None:
     _spec_args(rep, run=True)
     rep.add_argument('-o', '--output', metavar='FILE', help='where to write it (default: <train_dir>/report.html)')
     ls = sub.add_parser('list', help='the runs under DIR (default: here), a few levels deep')
-    ls.add_argument('dir', nargs='?', default='.', metavar='DIR')
+    ls.add_argument('dir', nargs='?', default='.', metavar='DIR',
+                    help='where to look: DIR and the directories a few levels below it (default: .)')
     _json_arg(ls)
 
 
@@ -166,7 +177,7 @@ def _add_render(sub: argparse._SubParsersAction) -> None:
 
 
 def _json_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument('--json', action='store_true', help='print JSON (the fields are in docs/runs.md)')
+    p.add_argument('--json', action='store_true', help='print JSON instead of text (its fields: docs/runs.md)')
 
 
 def _version() -> str:

@@ -59,9 +59,10 @@ def no_stray_processes():
 # the session records them while a test not marked `slow` runs; the test then fails naming each.
 SPAWN_EVENTS = frozenset({'subprocess.Popen', 'os.system', 'os.posix_spawn', 'os.spawn', 'os.fork', 'os.forkpty'})
 _spawned: list[str] | None = None    # a list while a fast test runs, else None
-# The static checkers the fast tier runs over the source (tests/test_architecture.py): short
-# processes that read files and start no server, so they belong in the fast tier.
-STATIC_CHECKERS = frozenset({'ruff', 'mypy', 'lint-imports'})
+# The static checkers the fast tier runs over the source (tests/test_architecture.py) and the docs
+# (tests/test_docs.py: mkdocs build): short processes that read files and start no server, so they
+# belong in the fast tier.
+STATIC_CHECKERS = frozenset({'ruff', 'mypy', 'lint-imports', 'mkdocs'})
 
 
 def _record_spawn(event: str, args: tuple) -> None:

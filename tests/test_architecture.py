@@ -161,9 +161,9 @@ def test_the_backend_name_finder_finds_comparisons(tmp_path):
 
 # A test that asks for one of these fixtures starts processes (sshd, Slurm, dockerd, containers).
 PROCESS_FIXTURES = frozenset({'ssh_hosts', 'slurm_cluster', 'docker_engine', 'compose_image', 'compose_project'})
-# Helpers that run a static checker over the source (ruff, mypy, import-linter): a short process
-# that reads files, starts no server and belongs in the fast tier.
-STATIC_TOOLS = frozenset({'_tool'})
+# Helpers that run a static checker over the source (ruff, mypy, import-linter) or the docs (mkdocs
+# build --strict): a short process that reads files, starts no server and belongs in the fast tier.
+STATIC_TOOLS = frozenset({'_tool', 'mkdocs_build'})
 # Classes of the test helpers that start a server when made.
 PROCESS_CLASSES = frozenset({'SSHHosts'})
 

@@ -66,47 +66,32 @@ class TaskSpec:
         return is_chief(self.job, self.index)
 
 
+def setting(default: Any, doc: str, *, yaml_type: str | None = None, allowed: tuple[str, ...] = ()) -> Any:
+    """A spec key's field: its default, and what the key does, in the words of the spec reference
+    page (docs/reference/spec.md, made from these at build time; cluster/spec/keys.py reads them).
+    `yaml_type` where the YAML a user writes is not the field's Python type; `allowed` where the
+    key takes one of a few words (the same tuple the validator checks against)."""
+    return field(default=default, metadata={'doc': doc, 'yaml_type': yaml_type, 'allowed': allowed})
+
+
 @dataclass(frozen=True)
 class HostConfig:
     """How to reach a host over SSH; None means "ask ~/.ssh/config, then the defaults"."""
     name: str
-    user: str | None = None
-    port: int | None = None
-    key: str | None = None
-    python: str | None = None
-    workdir: str | None = None
-    address: str | None = None       # what tasks reach the host at (None: the ssh config's HostName)
+    user: str | None = setting(None, 'The SSH user; null: as ~/.ssh/config says, else your own user name.')
+    port: int | None = setting(None, 'The SSH port; null: as ~/.ssh/config says, else 22.')
+    key: str | None = setting(None, 'The private key file to log in with; null: as ~/.ssh/config and the SSH agent '
+                                    'say.')
+    python: str | None = setting(None, 'The Python that runs the tasks on this host: TensorFlow and tfcluster must '
+                                       'import there (`launch check` tries); null: python3.')
+    workdir: str | None = setting(None, "The directory the tasks run in on this host, where the spec's relative paths "
+                                        "(train.train_dir, train.data) point; null: tfcluster, in the SSH user's home.")
+    address: str | None = setting(None, 'The host name or IP address the other tasks reach this host at (TF_CONFIG), '
+                                        "when it differs from the name SSH uses; null: the ssh config's HostName, "
+                                        'else the name itself.')
 
 
 HOST_SETTINGS = ('user', 'port', 'key', 'python', 'workdir', 'address')
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    sync: bool = True
-    steps: int = 2000
-    batch_size: int = 128
-    devices: Any = 'auto'            # 'auto' | int (CPU towers) | tuple of 'gpu:N' / 'cpu:N'
-    data: str = 'synthetic'
-    train_dir: str = 'runs/default'
-    learning_rate: float | None = None   # None: 0.1 per 128 examples an update averages (model.BASE_*)
-    replicas_to_aggregate: int | None = None   # None: every worker (no backup workers)
-    checkpoint_steps: int = 0        # 0: only by time and at the end
-    checkpoint_secs: float = 60.0
-    log_every_secs: float = 2.0
-    seed: int | None = None
-    deterministic: bool = False      # plain record order, no distortions: for exactness checks
-    transfer_dtype: str = 'float32'  # bfloat16: weights and gradients cross between tasks in half the bytes
-    # The user's own training instead of the built-in CIFAR-10 trainer (at most one of the two):
-    program: str | None = None       # 'package.module:function', called in each worker (cluster/program.py),
-                                     # or in the chief of a coordinator run (cluster/coordinator.py)
-    command: tuple[str, ...] | None = None   # argv run in every task with TF_CONFIG and the TF1 flags
-                                             # (in a coordinator run: in the chief only, TF_CONFIG alone)
-    # What the evaluator task runs: 'package.module:function' (called with an EvaluatorContext) or a
-    # command line (TF_CONFIG names only the evaluator); only with an `evaluator` task.
-    evaluator: str | tuple[str, ...] | None = None
-
-
 # What the weights and gradients are sent between the ps tasks and the workers as; the variables
 # and their updates stay float32 on the ps either way (cluster/training/train.py WeightReads).
 TRANSFER_DTYPES = ('float32', 'bfloat16')
@@ -114,17 +99,80 @@ RESTART_POLICIES = ('never', 'on-failure')
 # none: tasks are plain local processes (their ports reachable from the network); netns: every
 # task of a local cluster runs in one private network namespace nothing outside can reach.
 ISOLATION_MODES = ('none', 'netns')
+# What `tasks.<job>` may set for every task of that job.
+JOB_SETTINGS = ('env',)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """What the tasks train and how: the built-in CIFAR-10 trainer's settings, or your own program."""
+    sync: bool = setting(True, 'Synchronous training: each global step aggregates one gradient from each of '
+                               'train.replicas_to_aggregate workers (SyncReplicasOptimizer); false: every worker '
+                               'updates the parameters on its own (asynchronous).')
+    steps: int = setting(2000, 'The global step the training runs to; a resumed run trains up to it, not that many '
+                               'more.')
+    batch_size: int = setting(128, 'Examples per tower in each step (a worker with N towers takes N batches a step).')
+    devices: Any = setting('auto', 'The towers of each worker: auto (every GPU the worker is given, else one CPU '
+                                   'tower), a number of CPU towers, or a list of devices such as [gpu:0, gpu:1].',
+                           yaml_type='auto, integer or list of cpu:N / gpu:N')
+    data: str = setting('synthetic', "What to train on: synthetic (learnable images in CIFAR-10's format, written "
+                                     "under the train_dir), fashion-mnist (Debian's dataset-fashion-mnist package), "
+                                     "or a directory of CIFAR-10's binary batches or of the four IDX files of "
+                                     'MNIST or Fashion-MNIST.')
+    train_dir: str = setting('runs/default', "The run's directory: checkpoints, summaries, task logs, events.jsonl, "
+                                             "run.json and the launcher's state. Absolute, or relative to the working "
+                                             "directory (a remote host's workdir); ~ is refused.")
+    learning_rate: float | None = setting(None, 'The initial learning rate, decayed x0.1 every 350 epochs; null: 0.1 '
+                                                'per 128 examples one update averages (0.1 for sync 2 x 64, 0.05 for '
+                                                'async 64).')
+    replicas_to_aggregate: int | None = setting(None, 'Sync: the gradients one global step aggregates, 1 to the '
+                                                      'number of workers; fewer than the workers makes the rest '
+                                                      'backup workers. null: every worker.')
+    checkpoint_steps: int = setting(0, 'The chief saves a checkpoint every this many global steps; 0: only by time '
+                                       '(train.checkpoint_secs) and at the end.')
+    checkpoint_secs: float = setting(60.0, 'The chief saves a checkpoint at least this often, in seconds, and at the '
+                                           'end.')
+    log_every_secs: float = setting(2.0, 'How often the chief prints a progress line (step, loss, images/s), which '
+                                         'the launcher follows; supervise.stall_secs must be at least 3 times this.')
+    seed: int | None = setting(None, 'The graph-level random seed (initial weights, input order, distortions); '
+                                     'null: a new one each run.')
+    deterministic: bool = setting(False, 'Plain record order and no distortions, worker w reading batches w, w+W, '
+                                         '...: for exactness checks, not for training well.')
+    transfer_dtype: str = setting('float32', 'What weights and gradients cross between the ps tasks and the workers '
+                                             'as; bfloat16 sends half the bytes (the variables and their updates stay '
+                                             'float32 on the ps).', allowed=TRANSFER_DTYPES)
+    # The user's own training instead of the built-in CIFAR-10 trainer (at most one of the two):
+    program: str | None = setting(None, 'Your own training instead of the built-in trainer: a '
+                                        'package.module:function called in each worker (cluster/program.py), or in '
+                                        'the chief of a coordinator run (cluster/coordinator.py). Excludes '
+                                        'train.command.', yaml_type='string (package.module:function)')
+    command: tuple[str, ...] | None = setting(None, 'Your own training as a command run in every task with TF_CONFIG '
+                                                    'and the TF1 flags (in a coordinator run: in the chief only, with '
+                                                    'TF_CONFIG alone); a string is split into words as a POSIX shell '
+                                                    'splits them, without expansion. Excludes train.program.',
+                                              yaml_type='string or list of strings')
+    evaluator: str | tuple[str, ...] | None = setting(
+        None, 'What the evaluator task runs: a package.module:function (called with an EvaluatorContext) or a '
+              'command line; its TF_CONFIG names only the evaluator. Needed by, and only allowed with, a '
+              'cluster.evaluator task.', yaml_type='string or list of strings')
 
 
 @dataclass(frozen=True)
 class SuperviseConfig:
     """What the launcher does when a task is lost or the run stops making progress."""
-    restart: str = 'never'           # never | on-failure: bring the cluster back from its checkpoint
-    max_restarts: int = 3            # per run, all tasks together
-    stall_secs: float = 60.0         # no new global step for this long (after the first) is a fault
-    backoff_secs: float = 1.0        # the wait before a restart: this, doubling with each restart in a
-    backoff_max_secs: float = 30.0   # row that did not bring the training back, up to this
-    unreachable_secs: float = 30.0   # a host that cannot be asked for this long has lost its tasks
+    restart: str = setting('never', 'What a fault does: never ends the run (exit 1; a worker the training can do '
+                                    'without is let go); on-failure brings the cluster back from its newest '
+                                    'checkpoint, or starts a lost worker again alone.', allowed=RESTART_POLICIES)
+    max_restarts: int = setting(3, 'Restarts per run, all tasks together; once they are made, the next fault ends '
+                                   'the run as with never.')
+    stall_secs: float = setting(60.0, 'No new global step for this long (after the first) is a fault: the tasks '
+                                      'that answer dump their Python stacks, then restart says what follows. At '
+                                      'least 3 times train.log_every_secs.')
+    backoff_secs: float = setting(1.0, 'The wait before a restart, doubling with each restart in a row that did not '
+                                       'bring the training back; 0: none.')
+    backoff_max_secs: float = setting(30.0, 'The longest wait before a restart.')
+    unreachable_secs: float = setting(30.0, 'A host that cannot be asked about its tasks for this long (SSH) has '
+                                            'lost them.')
 
 
 def _empty() -> Mapping:

@@ -14,7 +14,7 @@ import types
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from cluster.spec.model import (HOST_SETTINGS, ISOLATION_MODES, JOBS, LOOPBACK_NAMES, REQUIRED_JOBS,
+from cluster.spec.model import (HOST_SETTINGS, ISOLATION_MODES, JOB_SETTINGS, JOBS, LOOPBACK_NAMES, REQUIRED_JOBS,
                                 RESTART_POLICIES, SINGLE_JOBS, TRANSFER_DTYPES, ClusterSpec, HostConfig, SuperviseConfig, TaskSpec, TrainConfig,
                                 same_machine_key)
 from cluster.spec import environ as environ_
@@ -370,8 +370,8 @@ def _parse_job_settings(tasks: Any, origins: Origins, environ: Mapping[str, str]
     for job, settings in tasks.items():
         settings = settings or {}
         if not isinstance(settings, dict):
-            raise origins.error(f'tasks.{job}', 'expected a mapping with env')
-        _no_unknown(settings, ('env',), f'tasks.{job}', origins)
+            raise origins.error(f'tasks.{job}', f'expected a mapping with {", ".join(JOB_SETTINGS)}')
+        _no_unknown(settings, JOB_SETTINGS, f'tasks.{job}', origins)
         env, refs = _parse_env(settings.get('env'), f'tasks.{job}.env', origins, environ)
         if env or refs:
             out[job] = env

@@ -1,5 +1,6 @@
 """The events of `events.jsonl`, typed: `EventKind` names them, one dataclass per kind holds its
-fields (launch/records/events.py lists them; docs/runs.md documents them).
+fields, each with a docstring that says what the event tells and a `doc` for each field that says
+what it holds: the event log's reference page (docs/reference/events.md) is made from them.
 
 Every line is `{"time", "run", "attempt", "event", <the kind's fields>...}`; `parse_event` reads
 one, `Event.to_json` writes it back: same keys, same order, same values (see jsonrecord.py for
@@ -47,7 +48,14 @@ class EventKind(str, enum.Enum):
         return self.value
 
 
-HEADER = ('time', 'run', 'attempt', 'event')
+# The keys every event has, first, and what each holds (docs/reference/events.md is made from these).
+HEADER_DOCS = {
+    'time': 'When the launcher wrote it: ISO-8601 with the UTC offset, e.g. 2026-11-23T21:08:43.123+00:00.',
+    'run': "The run's id, e.g. local2-20261123-210843.",
+    'attempt': '1, 2, ...: every `launch up` of the train_dir and every cluster restart inside one begins the next.',
+    'event': 'The kind of event: one of those below, which say what other keys it has.',
+}
+HEADER = tuple(HEADER_DOCS)
 
 
 def read_attempt(value: Any) -> int:
@@ -104,57 +112,69 @@ class Event(JsonRecord):
 
 @dataclass(frozen=True, kw_only=True)
 class RunStarted(Event):
+    """A launcher began an attempt of the run (`launch up`; a cluster restart inside one begins the
+    next attempt with `restart`, not with this): what it runs, from where, and from which step."""
     kind = EventKind.RUN_STARTED
-    spec: str | None = json_field(read_text)                # absolute path
-    backend: str | None = json_field(read_text)
-    spec_hash: str | None = json_field(read_text)           # sha256 of the effective spec
-    overrides: list[str] | None = json_field(read_texts)    # the --set options
-    cwd: str | None = json_field(read_text)
-    train_dir: str | None = json_field(read_text)
-    launcher_pid: int | None = json_field(read_whole)
-    resumes_from: int | None = json_field(read_whole)       # the checkpoint's step
+    spec: str | None = json_field(read_text, doc="The spec file's absolute path.")
+    backend: str | None = json_field(read_text, doc='The backend that runs the tasks (local, ssh, compose or slurm), '
+                                                    'or null where each host chose its own.')
+    spec_hash: str | None = json_field(read_text, doc='The sha256 of the effective spec (the file with the --set '
+                                                      'options applied).')
+    overrides: list[str] | None = json_field(read_texts, doc='The --set options, in order (a secret-looking env '
+                                                             'value as a reference to its variable).')
+    cwd: str | None = json_field(read_text, doc="The launcher's working directory.")
+    train_dir: str | None = json_field(read_text, doc="The run's directory, absolute.")
+    launcher_pid: int | None = json_field(read_whole, doc="The launcher's process id.")
+    resumes_from: int | None = json_field(read_whole, doc='The step of the checkpoint the training resumes from; '
+                                                          'null for a fresh start.')
 
 
 @dataclass(frozen=True, kw_only=True)
 class TaskStarted(Event):
-    """Where the task runs: a process (`pid`), a container (compose) or a scheduler's job (Slurm)."""
+    """A task was started. Where it runs: a process (`pid`), a container (compose) or a scheduler's
+    job (Slurm)."""
     kind = EventKind.TASK_STARTED
     OPTIONAL = frozenset({'pid', 'container', 'job'})
-    task: str | None = json_field(read_text)
-    host: str | None = json_field(read_text)
-    pid: int | None = json_field(read_whole)
-    container: str | None = json_field(read_text)
-    job: str | None = json_field(read_text)
+    task: str | None = json_field(read_text, doc='The task, job:index (e.g. worker:1).')
+    host: str | None = json_field(read_text, doc='The host it runs on, as the spec names it.')
+    pid: int | None = json_field(read_whole, doc='Its process id on that host (local and SSH tasks).')
+    container: str | None = json_field(read_text, doc='Its container (compose).')
+    job: str | None = json_field(read_text, doc="The scheduler's job id (Slurm).")
 
 
 @dataclass(frozen=True, kw_only=True)
 class Serving(Event):
+    """A task's server accepts connections (once per task and attempt)."""
     kind = EventKind.SERVING
-    task: str | None = json_field(read_text)
+    task: str | None = json_field(read_text, doc='The task, job:index.')
 
 
 @dataclass(frozen=True, kw_only=True)
 class FirstStep(Event):
+    """The attempt's first global step: the cluster trains."""
     kind = EventKind.FIRST_STEP
-    step: int | None = json_field(read_whole)
+    step: int | None = json_field(read_whole, doc='The global step.')
 
 
 @dataclass(frozen=True, kw_only=True)
 class Progress(Event):
-    """The chief's progress line; `workers` only while part of the pool runs."""
+    """The chief's progress line, at its cadence (train.log_every_secs); `workers` only while part of
+    the pool runs."""
     kind = EventKind.PROGRESS
     OPTIONAL = frozenset({'workers'})
-    step: int | None = json_field(read_whole)
-    total: int | None = json_field(read_whole)
-    loss: float | None = json_field(read_real)
-    images_per_sec: float | None = json_field(read_real)
-    workers: int | None = json_field(read_whole)
+    step: int | None = json_field(read_whole, doc='The global step.')
+    total: int | None = json_field(read_whole, doc='The global step the run trains to (train.steps).')
+    loss: float | None = json_field(read_real, doc='The loss, or null if not known.')
+    images_per_sec: float | None = json_field(read_real, doc='Images per second, all workers together, or null '
+                                                             'if not known.')
+    workers: int | None = json_field(read_whole, doc='The workers that run now, when fewer than the pool.')
 
 
 @dataclass(frozen=True, kw_only=True)
 class Checkpoint(Event):
+    """The chief saved a checkpoint."""
     kind = EventKind.CHECKPOINT
-    step: int | None = json_field(read_whole)
+    step: int | None = json_field(read_whole, doc='Its global step.')
 
 
 def read_metrics(value: Any) -> dict[str, float] | None:
@@ -168,9 +188,9 @@ def read_metrics(value: Any) -> dict[str, float] | None:
 class Evaluation(Event):
     """An evaluator's figures for the checkpoint at `step` (a coordinator run's evaluator task)."""
     kind = EventKind.EVALUATION
-    task: str | None = json_field(read_text)
-    step: int | None = json_field(read_whole)
-    metrics: dict[str, float] | None = json_field(read_metrics)
+    task: str | None = json_field(read_text, doc='The evaluator task.')
+    step: int | None = json_field(read_whole, doc="The evaluated checkpoint's global step.")
+    metrics: dict[str, float] | None = json_field(read_metrics, doc='Name -> number, as the evaluator reported them.')
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -179,41 +199,46 @@ class TaskLost(Event):
     because its ps was killed): part of that fault, not one of its own."""
     kind = EventKind.TASK_LOST
     OPTIONAL = frozenset({'after'})
-    task: str | None = json_field(read_text)
-    cause: str | None = json_field(read_text)
-    exit_code: int | None = json_field(read_whole)
-    signal: str | None = json_field(read_text)              # its name
-    error: str | None = json_field(read_text)               # the task's last Python error
-    after: str | None = json_field(read_text)
+    task: str | None = json_field(read_text, doc='The task, job:index.')
+    cause: str | None = json_field(read_text, doc='Why it counts as lost, in one line.')
+    exit_code: int | None = json_field(read_whole, doc='Its exit code, or null if unknown.')
+    signal: str | None = json_field(read_text, doc="The signal's name (e.g. SIGKILL) if a signal ended it, else "
+                                                   'null.')
+    error: str | None = json_field(read_text, doc="The task's last Python error line, or null.")
+    after: str | None = json_field(read_text, doc='The task whose loss caused this one, if any.')
 
 
 @dataclass(frozen=True, kw_only=True)
 class Tolerated(Event):
+    """A lost task the training does without (an async worker, a sync backup worker): it goes on."""
     kind = EventKind.TOLERATED
-    task: str | None = json_field(read_text)
-    cause: str | None = json_field(read_text)
+    task: str | None = json_field(read_text, doc='The task, job:index.')
+    cause: str | None = json_field(read_text, doc='Why it counts as lost, in one line.')
 
 
 @dataclass(frozen=True, kw_only=True)
 class Stall(Event):
-    """`stacks`: where the tasks' stack dumps of the stall are, relative to the train_dir (stacks/attempt-N);
-    `no_stacks`: the tasks that wrote none (stopped, ended, or silent)."""
+    """No new global step for supervise.stall_secs: the tasks that answered dumped their Python
+    stacks before anything was stopped."""
     kind = EventKind.STALL
     OPTIONAL = frozenset({'stacks', 'no_stacks'})
-    tasks: list[str] | None = json_field(read_texts)
-    cause: str | None = json_field(read_text)
-    stacks: str | None = json_field(read_text)
-    no_stacks: list[str] | None = json_field(read_texts)
+    tasks: list[str] | None = json_field(read_texts, doc='The tasks that hold the training up.')
+    cause: str | None = json_field(read_text, doc='What each task was doing, in one line.')
+    stacks: str | None = json_field(read_text, doc="Where the tasks' stack dumps are, relative to the train_dir "
+                                                   '(stacks/attempt-N).')
+    no_stacks: list[str] | None = json_field(read_texts, doc='The tasks that wrote none (stopped, ended, or silent).')
 
 
 @dataclass(frozen=True, kw_only=True)
 class Restart(Event):
-    """A cluster restart (ends the attempt), or of the tasks named in `tasks` (the attempt goes on)."""
+    """A cluster restart (ends the attempt; the next attempt's events follow), or of the tasks named
+    in `tasks` (the attempt goes on)."""
     kind = EventKind.RESTART
     OPTIONAL = frozenset({'tasks'})
-    cause: str | None = json_field(read_text)
-    from_step: int | None = json_field(read_whole)
-    tasks: list[str] | None = json_field(read_texts)
+    cause: str | None = json_field(read_text, doc='The fault, in one line.')
+    from_step: int | None = json_field(read_whole, doc='The step of the checkpoint the training resumes from, or '
+                                                       'null.')
+    tasks: list[str] | None = json_field(read_texts, doc='The tasks restarted alone, when not the whole cluster.')
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -221,10 +246,11 @@ class Recovered(Event):
     """The training is back after a fault: the tasks restarted for it, the seconds from the
     supervisor seeing it to the next global step, the steps trained again, each phase's seconds."""
     kind = EventKind.RECOVERED
-    tasks: list[str] | None = json_field(read_texts)
-    seconds: float | None = json_field(read_real)
-    steps_redone: int | None = json_field(read_whole)
-    phases: dict[str, float] | None = json_field(read_phases)
+    tasks: list[str] | None = json_field(read_texts, doc='The tasks restarted for the fault.')
+    seconds: float | None = json_field(read_real, doc='Seconds from the fault seen to the next global step.')
+    steps_redone: int | None = json_field(read_whole, doc='Steps trained again from an older checkpoint.')
+    phases: dict[str, float] | None = json_field(read_phases, doc='Seconds of each phase the restart went through: '
+                                                                  'stop, backoff, start, step.')
 
     @classmethod
     def of(cls, mended: MendedFault) -> Recovered:
@@ -234,49 +260,54 @@ class Recovered(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class Scale(Event):
+    """`launch scale` asked for another number of workers, and the launcher starts or stops them."""
     kind = EventKind.SCALE
-    to: int | None = json_field(read_whole)                 # the worker count asked for
-    add: list[str] | None = json_field(read_texts)
-    remove: list[str] | None = json_field(read_texts)
-    pid: int | None = json_field(read_whole)                # of `launch scale`
+    to: int | None = json_field(read_whole, doc='The worker count asked for.')
+    add: list[str] | None = json_field(read_texts, doc='The workers started.')
+    remove: list[str] | None = json_field(read_texts, doc='The workers stopped.')
+    pid: int | None = json_field(read_whole, doc='The process id of the `launch scale` that asked.')
 
 
 @dataclass(frozen=True, kw_only=True)
 class Scaled(Event):
+    """How a change of the worker count ended."""
     kind = EventKind.SCALED
-    state: RunState | str | None = json_field(read_state)   # done | failed
-    workers: list[int] | None = json_field(read_wholes)     # the live worker indices
-    cause: str | None = json_field(read_text)
+    state: RunState | str | None = json_field(read_state, doc='done or failed.')
+    workers: list[int] | None = json_field(read_wholes, doc='The indices of the workers that run now.')
+    cause: str | None = json_field(read_text, doc='What happened, in one line.')
 
 
 @dataclass(frozen=True, kw_only=True)
 class Failover(Event):
+    """A task whose host could not be reached was replaced by a spare worker of the pool."""
     kind = EventKind.FAILOVER
-    task: str | None = json_field(read_text)                # lost: its host could not be reached
-    to: str | None = json_field(read_text)                  # the spare started in its place
-    host: str | None = json_field(read_text)
-    cause: str | None = json_field(read_text)
+    task: str | None = json_field(read_text, doc='The lost task: its host could not be reached.')
+    to: str | None = json_field(read_text, doc='The spare started in its place.')
+    host: str | None = json_field(read_text, doc="The spare's host.")
+    cause: str | None = json_field(read_text, doc='Why the task counts as lost, in one line.')
 
 
 @dataclass(frozen=True, kw_only=True)
 class DiskFull(Event):
-    """The disk under the run's files (`path`) is full, or refuses the event log: `cause`."""
+    """The disk under the run's files (`path`) is full, or refuses the event log: `cause`. The
+    event is written into the log's reserve."""
     kind = EventKind.DISK_FULL
-    path: str | None = json_field(read_text)
-    cause: str | None = json_field(read_text)
+    path: str | None = json_field(read_text, doc='The path that could not be written.')
+    cause: str | None = json_field(read_text, doc="The system's reason, e.g. No space left on device (ENOSPC).")
 
 
 @dataclass(frozen=True, kw_only=True)
 class DiskFree(Event):
     """The disk under `path` has room again."""
     kind = EventKind.DISK_FREE
-    path: str | None = json_field(read_text)
+    path: str | None = json_field(read_text, doc='The path written again.')
 
 
 @dataclass(frozen=True, kw_only=True)
 class Interrupted(Event):
+    """The launcher was told to stop (Ctrl-C, SIGTERM, SIGHUP): it stops the tasks and ends the run."""
     kind = EventKind.INTERRUPTED
-    signal: str | None = json_field(read_text)
+    signal: str | None = json_field(read_text, doc="The signal's name.")
 
 
 def read_record(value: Any) -> RunRecord | None:
@@ -285,8 +316,9 @@ def read_record(value: Any) -> RunRecord | None:
 
 @dataclass(frozen=True, kw_only=True)
 class Finished(Event):
+    """The launcher is done: how its last attempt ended."""
     kind = EventKind.FINISHED
-    result: RunRecord | None = json_field(read_record)
+    result: RunRecord | None = json_field(read_record, doc='The result, as run.json holds it.')
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -2,38 +2,11 @@
 launcher (for every backend; under Slurm from what the job's logs say), read by `launch list`,
 `launch status`, `launch report` and anyone's scripts.
 
-Every event has
-    time     ISO-8601 with the UTC offset, e.g. 2026-11-23T21:08:43.123+00:00
-    run      the run's id, e.g. local2-20261123-210843
-    attempt  1, 2, ...: every `launch up` of the train_dir and every cluster restart inside one
-    event    one of EVENTS below
-and the fields that event names:
-    run_started    spec (absolute path), overrides (the --set options), cwd, backend, spec_hash (sha256
-                   of the effective spec), train_dir (absolute), launcher_pid, resumes_from (checkpoint
-                   step or null)
-    task_started   task, host, pid (a process), container or job (a scheduler's id)
-    serving        task
-    first_step     step
-    progress       step, total, loss (null if not known), images_per_sec (null if not known)
-    checkpoint     step
-    task_lost      task, cause, exit_code (null if unknown), signal (name, or null), error (last Python error or null)
-    tolerated      task, cause
-    stall          tasks (list), cause, stacks (where the tasks' stack dumps are, relative to the
-                   train_dir: stacks/attempt-N), no_stacks (the tasks that wrote none)
-    restart        cause, from_step (checkpoint step or null); the next attempt's events follow (a
-                   restart of some tasks inside an attempt names them in `tasks` and keeps the attempt)
-    recovered      tasks (restarted for the fault), seconds (fault seen -> next global step), steps_redone,
-                   phases (seconds of stop, backoff, start, step; those the restart went through)
-    scale          to (the worker count asked for), add, remove (task lists), pid (of `launch scale`)
-    scaled         state (done | failed), workers (the live worker indices), cause
-    failover       task (lost, its host unreachable), to (the spare of the pool started instead), host, cause
-    disk_full      path, cause: the disk under the run's files is full (written into the log's reserve)
-    disk_free      path: it has room again
-    interrupted    signal
-    finished       result: the RunResult (see run.json)
+Every event has `time`, `run`, `attempt` and `event` (its kind), then its kind's fields:
+launch/records/event_types.py types them (`EventKind`, one dataclass per kind, `parse_event` for a
+line read) and says what each holds; the site's event log reference is made from it.
 A reader skips a torn or damaged line (a launcher killed mid-write) with one warning, never a
-traceback. launch/records/event_types.py types them: `EventKind`, one dataclass per kind, and
-`parse_event` for a line read.
+traceback.
 """
 from __future__ import annotations
 

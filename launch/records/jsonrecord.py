@@ -73,9 +73,11 @@ def read_fields(cls: type[JsonRecord], data: Mapping[str, Any]) -> tuple[dict[st
     return values, extra
 
 
-def json_field(read: Callable[[Any], Any], default: Any = None) -> Any:
-    """A field of a record: `read` turns a JSON value into the field's type (None if it cannot)."""
-    return field(default=default, metadata={'read': read})
+def json_field(read: Callable[[Any], Any], default: Any = None, doc: str = '') -> Any:
+    """A field of a record: `read` turns a JSON value into the field's type (None if it cannot);
+    `doc` says what the key holds, for the readers of the file (docs/reference/events.md is made
+    from it)."""
+    return field(default=default, metadata={'read': read, 'doc': doc})
 
 
 def dump(value: Any) -> Any:
