@@ -1,6 +1,8 @@
 """Every bad input a new user can give, through the real command lines: exit code 2 (bad input),
 exactly one line on stderr naming the file and line, the key, the task or the host, and nothing
-started or written (no task process, no train_dir)."""
+started or written (no task process, no train_dir). Each line is the one docs/errors.yaml documents
+for it, with its cause and fix: the troubleshooting page is made from that file, and a case without
+its entry, a changed message or an entry no test produces fails here."""
 from __future__ import annotations
 
 import json
@@ -13,6 +15,8 @@ import pytest
 import yaml
 
 from tests.conftest import REPO, free_ports, launch, project_processes, write_idx_set, write_spec
+from tests.harness.documented import check_documented, documented_entries, strip_prefix
+from tests.test_spec import BAD_SPECS, OVERRIDE_ERRORS
 
 
 def _spec(tmp_path, cluster=None, train=None, top=None, raw=None) -> str:
@@ -74,175 +78,151 @@ def _port_busy(tmp_path, holder):
     return spec, port
 
 
-# name -> (setup(tmp_path) -> argv after `launch` (or ['task', ...]), text the one line must hold)
+# name -> (setup(tmp_path) -> argv after `launch` (or ['task', ...]), the id of its entry in docs/errors.yaml)
 # Every spec-file error names `spec.yaml:<line>`; the exit code is 2 unless given as a third item.
 CASES = {
     # -- the spec file itself
-    'missing spec file': (lambda t: ['up', str(t / 'nope.yaml')], 'nope.yaml: spec file not found'),
-    'spec is a directory': (lambda t: ['up', str(t)], 'is a directory, not a spec file'),
-    'binary garbage': (lambda t: ['up', _spec(t, raw=b'\x00\xff\xfe\x80garbage')], 'not a YAML spec: byte 1'),
-    'yaml syntax': (lambda t: ['up', _spec(t, raw='cluster:\n  ps: [localhost:2222\n')], 'YAML syntax error'),
-    'not a mapping': (lambda t: ['up', _spec(t, raw='- a\n- b\n')], 'spec.yaml:1: the spec must be a mapping'),
+    'missing spec file': (lambda t: ['up', str(t / 'nope.yaml')], 'spec-not-found'),
+    'spec is a directory': (lambda t: ['up', str(t)], 'spec-is-directory'),
+    'binary garbage': (lambda t: ['up', _spec(t, raw=b'\x00\xff\xfe\x80garbage')], 'spec-not-utf8'),
+    'yaml syntax': (lambda t: ['up', _spec(t, raw='cluster:\n  ps: [localhost:2222\n')], 'yaml-syntax'),
+    'not a mapping': (lambda t: ['up', _spec(t, raw='- a\n- b\n')], 'spec-not-mapping'),
     'duplicate key': (lambda t: ['up', _spec(t, raw='cluster:\n  ps: [localhost:1]\ncluster:\n  ps: [a:2]\n')],
-                      'spec.yaml:3: cluster: duplicate key (first given on line 1)'),
-    'unknown top key': (lambda t: ['up', _spec(t, top={'trian': {}})], 'trian: unknown key'),
-    'unknown train key': (lambda t: ['up', _spec(t, train={'stesp': 5})], 'train.stesp: unknown key'),
+                      'duplicate-key'),
+    'unknown top key': (lambda t: ['up', _spec(t, top={'trian': {}})], 'unknown-key'),
+    'unknown train key': (lambda t: ['up', _spec(t, train={'stesp': 5})], 'unknown-key'),
     # -- cluster
-    'no cluster': (lambda t: ['up', _spec(t, raw='train:\n  steps: 5\n')], 'cluster: missing section'),
-    'no worker job': (lambda t: ['up', _spec(t, raw='cluster:\n  ps: [localhost:1]\n')],
-                      "cluster.worker: missing job 'worker'"),
+    'no cluster': (lambda t: ['up', _spec(t, raw='train:\n  steps: 5\n')], 'no-cluster'),
+    'no worker job': (lambda t: ['up', _spec(t, raw='cluster:\n  ps: [localhost:1]\n')], 'missing-job'),
     'unknown job': (lambda t: ['up', _spec(t, cluster={'ps': ['a:1'], 'worker': ['a:2'], 'master': ['a:3']})],
-                    'cluster.master: unknown key'),
+                    'unknown-job'),
     'malformed address': (lambda t: ['up', _spec(t, cluster={'ps': ['localhost:1'], 'worker': ['localhost']})],
-                          'spec.yaml:5: cluster.worker[0]: expected "host:port"'),
+                          'not-host-port'),
     'port out of range': (lambda t: ['up', _spec(t, cluster={'ps': ['a:1'], 'worker': ['a:70000']})],
-                          'port must be between 1 and 65535'),
-    'port zero': (lambda t: ['up', _spec(t, cluster={'ps': ['a:0'], 'worker': ['a:2']})],
-                  'port must be between 1 and 65535'),
+                          'port-out-of-range'),
+    'port zero': (lambda t: ['up', _spec(t, cluster={'ps': ['a:0'], 'worker': ['a:2']})], 'port-out-of-range'),
     'same address twice': (lambda t: ['up', _spec(t, cluster={'ps': ['a:2001'], 'worker': ['a:2001']})],
-                           'is used twice'),
+                           'address-used-twice'),
     # -- train
-    'steps zero': (lambda t: ['up', _spec(t, train={'steps': 0})], 'train.steps: expected a positive whole number'),
-    'steps text': (lambda t: ['up', _spec(t, train={'steps': 'many'})], 'train.steps: expected a positive'),
-    'sync not a bool': (lambda t: ['up', _spec(t, train={'sync': 'maybe'})], 'train.sync: expected true or false'),
-    'transfer dtype unknown': (lambda t: ['up', _spec(t, train={'transfer_dtype': 'float16'})],
-                               "train.transfer_dtype: expected one of float32, bfloat16, got 'float16'"),
-    'negative learning rate': (lambda t: ['up', _spec(t, train={'learning_rate': -0.1})],
-                               'train.learning_rate: expected a positive number'),
-    'unknown device': (lambda t: ['up', _spec(t, train={'devices': ['tpu:0']})],
-                       'train.devices[0]: expected a device like gpu:0'),
-    'device twice': (lambda t: ['up', _spec(t, train={'devices': ['cpu:0', 'cpu:0']})], 'train.devices'),
-    'gpu the machine lacks': (lambda t: ['up', _spec(t, train={'devices': ['gpu:0']})],
-                              'train.devices: localhost (worker:0): names gpu:0 but the host has no GPU'),
-    'too many replicas': (lambda t: ['up', _spec(t, train={'replicas_to_aggregate': 3})],
-                          'train.replicas_to_aggregate: must be between 1 and the number of workers'),
-    'train_dir with ~': (lambda t: ['up', _spec(t, train={'train_dir': '~/run'})], 'train.train_dir:'),
+    'steps zero': (lambda t: ['up', _spec(t, train={'steps': 0})], 'not-positive-whole-number'),
+    'steps text': (lambda t: ['up', _spec(t, train={'steps': 'many'})], 'not-positive-whole-number'),
+    'sync not a bool': (lambda t: ['up', _spec(t, train={'sync': 'maybe'})], 'not-a-bool'),
+    'transfer dtype unknown': (lambda t: ['up', _spec(t, train={'transfer_dtype': 'float16'})], 'not-one-of'),
+    'negative learning rate': (lambda t: ['up', _spec(t, train={'learning_rate': -0.1})], 'not-positive-number'),
+    'unknown device': (lambda t: ['up', _spec(t, train={'devices': ['tpu:0']})], 'bad-device'),
+    'device twice': (lambda t: ['up', _spec(t, train={'devices': ['cpu:0', 'cpu:0']})], 'device-twice'),
+    'gpu the machine lacks': (lambda t: ['up', _spec(t, train={'devices': ['gpu:0']})], 'no-gpu-on-host'),
+    'too many replicas': (lambda t: ['up', _spec(t, train={'replicas_to_aggregate': 3})], 'replicas-out-of-range'),
+    'train_dir with ~': (lambda t: ['up', _spec(t, train={'train_dir': '~/run'})], 'train-dir-tilde'),
     'train_dir is a file': (lambda t: ((t / 'afile').write_text('x'),
                                        ['up', _spec(t, train={'train_dir': str(t / 'afile')})])[1],
-                            'train.train_dir: ' ),
+                            'train-dir-is-a-file'),
     'train_dir under a file': (lambda t: ((t / 'afile').write_text('x'),
                                           ['up', _spec(t, train={'train_dir': str(t / 'afile' / 'run')})])[1],
-                               'is not a directory'),
-    'data dir missing': (lambda t: ['up', _spec(t, train={'data': str(t / 'no-such-data')})],
-                         'train.data: data directory'),
-    'data file cut to whole records': (lambda t: ['up', _cut_data(t)],
-                                       'data_batch_1.bin has 4 records where the real CIFAR-10 has 10000'),
-    'IDX file cut short': (lambda t: ['up', _damaged_idx(t)], 'mnist/train-images-idx3-ubyte.gz is damaged '
-                           '(Compressed file ended before the end-of-stream marker was reached'),
+                               'train-dir-under-a-file'),
+    'data dir missing': (lambda t: ['up', _spec(t, train={'data': str(t / 'no-such-data')})], 'data-dir-missing'),
+    'data file cut to whole records': (lambda t: ['up', _cut_data(t)], 'cifar-file-short'),
+    'IDX file cut short': (lambda t: ['up', _damaged_idx(t)], 'idx-file-damaged'),
     'task with a damaged IDX file': (lambda t: ['task', '--spec', _damaged_idx(t), '--job', 'worker', '--index', '0'],
-                                     'train.data: IDX data set: '),
+                                     'idx-file-damaged'),
     # -- supervise and hosts
-    'bad restart policy': (lambda t: ['up', _spec(t, top={'supervise': {'restart': 'always'}})],
-                           'supervise.restart: expected one of never, on-failure'),
+    'bad restart policy': (lambda t: ['up', _spec(t, top={'supervise': {'restart': 'always'}})], 'not-one-of'),
     'stall limit too short': (lambda t: ['up', _spec(t, top={'supervise': {'stall_secs': 1}})],
-                              'supervise.stall_secs: the stall limit'),
+                              'stall-limit-too-short'),
     'unreachable limit of 0': (lambda t: ['up', _spec(t, top={'supervise': {'unreachable_secs': 0}})],
-                               'supervise.unreachable_secs: expected a positive number of seconds, got 0'),
+                               'not-positive-seconds'),
     'negative max_restarts': (lambda t: ['up', _spec(t, top={'supervise': {'max_restarts': -1}})],
-                              'supervise.max_restarts: expected a whole number >= 0'),
-    'unknown host key': (lambda t: ['up', _spec(t, top={'hosts': {'localhost': {'usr': 'me'}}})],
-                         'hosts.localhost.usr: unknown key'),
+                              'not-whole-number-or-zero'),
+    'unknown host key': (lambda t: ['up', _spec(t, top={'hosts': {'localhost': {'usr': 'me'}}})], 'unknown-key'),
     # -- the command line
-    '--set without =': (lambda t: ['up', _spec(t), '--set', 'train.steps'], 'expected dotted.key=value'),
-    '--set without value': (lambda t: ['up', _spec(t), '--set', 'train.steps='], 'missing value'),
-    '--set bad value': (lambda t: ['up', _spec(t), '--set', 'train.steps=abc'],
-                        '--set train.steps=abc: train.steps: expected a positive whole number'),
-    '--set unknown key': (lambda t: ['up', _spec(t), '--set', 'train.stpes=5'], 'train.stpes: unknown key'),
-    '--ssh-config missing': (lambda t: ['up', _spec(t), '--ssh-config', str(t / 'none')], 'file not found'),
-    'logs of an unknown task': (lambda t: ['logs', _spec(t), 'worker:7'], "no task 'worker:7'"),
-    'logs of a spec never started': (lambda t: ['logs', _spec(t)], 'this spec was never started here'),
-    'logs -f of a spec never started': (lambda t: ['logs', '-f', _spec(t)], 'this spec was never started here'),
-    'eval before any training': (lambda t: ['eval', _spec(t)], 'no checkpoint to evaluate'),
-    'corrupt state file': (lambda t: ['status', _state(t, '{"tasks": [')], 'not a state file tfcluster can read'),
+    '--set without =': (lambda t: ['up', _spec(t), '--set', 'train.steps'], 'set-not-key-value'),
+    '--set without value': (lambda t: ['up', _spec(t), '--set', 'train.steps='], 'set-missing-value'),
+    '--set bad value': (lambda t: ['up', _spec(t), '--set', 'train.steps=abc'], 'not-positive-whole-number'),
+    '--set unknown key': (lambda t: ['up', _spec(t), '--set', 'train.stpes=5'], 'unknown-key'),
+    '--ssh-config missing': (lambda t: ['up', _spec(t), '--ssh-config', str(t / 'none')], 'ssh-config-missing'),
+    'logs of an unknown task': (lambda t: ['logs', _spec(t), 'worker:7'], 'logs-unknown-task'),
+    'logs of a spec never started': (lambda t: ['logs', _spec(t)], 'never-started-here'),
+    'logs -f of a spec never started': (lambda t: ['logs', '-f', _spec(t)], 'never-started-here'),
+    'eval before any training': (lambda t: ['eval', _spec(t)], 'no-checkpoint'),
+    'corrupt state file': (lambda t: ['status', _state(t, '{"tasks": [')], 'state-file-unreadable'),
     'older state file': (lambda t: ['down', _state(t, json.dumps({'spec': 's', 'launcher_pid': 1, 'tasks': [
-        {'pid': 4242}]}))], 'state file of another tfcluster version (format none'),
+        {'pid': 4242}]}))], 'state-file-other-version'),
     # -- a task started by hand
     'task of an unknown job': (lambda t: ['task', '--spec', _spec(t), '--job', 'master', '--index', '0'],
-                               "argument --job: invalid choice: 'master'"),
+                               'task-unknown-job'),
     'task of a job the spec lacks': (lambda t: ['task', '--spec', _spec(t), '--job', 'chief', '--index', '0'],
-                                     'task chief:0 does not exist: the cluster has no chief task'),
+                                     'task-job-not-in-cluster'),
     'task index out of range': (lambda t: ['task', '--spec', _spec(t), '--job', 'ps', '--index', '1'],
-                                'task ps:1 does not exist'),
+                                'task-index-out-of-range'),
     'task with a binary spec': (lambda t: ['task', '--spec', _spec(t, raw=b'\xff\xfe'), '--job', 'ps',
-                                           '--index', '0'], 'not a YAML spec'),
+                                           '--index', '0'], 'spec-not-utf8'),
     'task without its data': (lambda t: ['task', '--spec', _spec(t, train={'data': str(t / 'gone')}), '--job',
-                                         'worker', '--index', '0'], 'train.data: data directory'),
+                                         'worker', '--index', '0'], 'data-dir-missing'),
     # -- the user's own program or command (run from the spec's directory: nothing of REPO is found)
     'program not module:function': (lambda t: ['up', _spec(t, train={'program': 'train.py'})],
-                                     'train.program: expected package.module:function'),
+                                     'program-not-module-function'),
     'unknown program module': (lambda t: ['up', _spec(t, train={'program': 'nosuchmodule:train'})],
-                               "train.program: no module named 'nosuchmodule'"),
+                               'program-no-module'),
     'unknown program function': (lambda t: ((t / 'mytrain.py').write_text('def train(ctx):\n    pass\n'),
                                             ['up', _spec(t, train={'program': 'mytrain:main'})])[1],
-                                 "defines no function 'main'"),
+                                 'program-no-function'),
     'program and command': (lambda t: ['up', _spec(t, train={'program': 'a:b', 'command': 'python a.py'})],
-                            'train.command: train.program and train.command exclude each other'),
-    'command not found': (lambda t: ['up', _spec(t, train={'command': 'no-such-trainer --x 1'})],
-                          'train.command: no-such-trainer: command not found on PATH'),
+                            'program-and-command'),
+    'command not found': (lambda t: ['up', _spec(t, train={'command': 'no-such-trainer --x 1'})], 'command-not-found'),
     'command script missing': (lambda t: ['up', _spec(t, train={'command': 'python gone.py'})],
-                               'train.command: gone.py: no such file'),
+                               'command-script-missing'),
     'command with an open quote': (lambda t: ['up', _spec(t, train={'command': 'python "a.py'})],
-                                   'train.command: cannot split'),
+                                   'command-cannot-split'),
     'task of an unknown program': (lambda t: ['task', '--spec', _spec(t, train={'program': 'nosuch:f'}), '--job',
-                                              'worker', '--index', '0'], "train.program: no module named 'nosuch'"),
+                                              'worker', '--index', '0'], 'program-no-module'),
     # -- TF_CONFIG, as schedulers set it (no --job/--index: the task comes from it)
-    'TF_CONFIG not JSON': (lambda t: ['task', {'TF_CONFIG': '{cluster: oops'}], 'TF_CONFIG: not JSON'),
+    'TF_CONFIG not JSON': (lambda t: ['task', {'TF_CONFIG': '{cluster: oops'}], 'tf-config-not-json'),
     'TF_CONFIG task not in its cluster': (lambda t: ['task', {'TF_CONFIG': json.dumps(
         {'cluster': {'ps': ['localhost:1'], 'worker': ['localhost:2']}, 'task': {'type': 'worker', 'index': 2}})}],
-        'TF_CONFIG: task worker:2 is not in its cluster'),
+        'tf-config-task-not-in-cluster'),
     'TF_CONFIG with a master job': (lambda t: ['task', {'TF_CONFIG': json.dumps(
         {'cluster': {'master': ['localhost:1'], 'worker': ['localhost:2']}, 'task': {'type': 'master'}})}],
-        "TF_CONFIG: job 'master' is not one tfcluster runs"),
+        'tf-config-unknown-job'),
     # -- coordinator runs (TF2 ParameterServerStrategy): chief and evaluator
-    'chief with the built-in trainer': (lambda t: ['up', _coordinator(t, program=None)],
-                                        'cluster.chief: a chief runs your TF2 ParameterServerStrategy program'),
-    'two chiefs': (lambda t: ['up', _coordinator(t, chiefs=2)], 'cluster.chief: at most one chief task, got 2'),
-    'chief without a worker': (lambda t: ['up', _coordinator(t, workers=0)], "cluster.worker: missing job 'worker'"),
-    'chief without a ps': (lambda t: ['up', _coordinator(t, ps=0)], "cluster.ps: missing job 'ps'"),
-    'evaluator without a program': (lambda t: ['up', _coordinator(t, evaluator=None)],
-                                    'cluster.evaluator: an evaluator needs something to run: set train.evaluator'),
+    'chief with the built-in trainer': (lambda t: ['up', _coordinator(t, program=None)], 'chief-needs-program'),
+    'two chiefs': (lambda t: ['up', _coordinator(t, chiefs=2)], 'two-chiefs'),
+    'chief without a worker': (lambda t: ['up', _coordinator(t, workers=0)], 'missing-job'),
+    'chief without a ps': (lambda t: ['up', _coordinator(t, ps=0)], 'missing-job'),
+    'evaluator without a program': (lambda t: ['up', _coordinator(t, evaluator=None)], 'evaluator-needs-program'),
     'evaluator without a chief': (lambda t: ['up', _coordinator(t, chiefs=0, evaluator='tests.pss_programs:evaluate')],
-                                  'cluster.evaluator: an evaluator runs beside the chief of a coordinator run'),
+                                  'evaluator-needs-chief'),
     'train.evaluator without an evaluator': (lambda t: ['up', _coordinator(t, evaluators=0)],
-                                             'train.evaluator: train.evaluator is set but the cluster has no '
-                                             'evaluator task'),
-    'two evaluators': (lambda t: ['up', _coordinator(t, evaluators=2)], 'cluster.evaluator: at most one evaluator'),
+                                             'evaluator-setting-without-task'),
+    'two evaluators': (lambda t: ['up', _coordinator(t, evaluators=2)], 'two-evaluators'),
     'unknown evaluator function': (lambda t: ((t / 'myeval.py').write_text('def other(ctx):\n    pass\n'),
                                               ['up', _coordinator(t, evaluator='myeval:evaluate')])[1],
-                                   "train.evaluator: module 'myeval'"),
-    'scale a coordinator run': (lambda t: ['scale', _coordinator(t), '--workers', '1'],
-                                'is a coordinator run (it has a chief): ParameterServerStrategy fixes the '
-                                'worker count'),
-    'workers of a coordinator run': (lambda t: ['up', _coordinator(t), '--workers', '1'],
-                                     'is a coordinator run (it has a chief): ParameterServerStrategy fixes the '
-                                     'worker count'),
+                                   'program-no-function'),
+    'scale a coordinator run': (lambda t: ['scale', _coordinator(t), '--workers', '1'], 'coordinator-worker-count'),
+    'workers of a coordinator run': (lambda t: ['up', _coordinator(t), '--workers', '1'], 'coordinator-worker-count'),
     'TF_CONFIG with a bad address': (lambda t: ['task', {'TF_CONFIG': json.dumps(
         {'cluster': {'ps': ['localhost:1'], 'worker': ['localhost']}, 'task': {'type': 'ps', 'index': 0}})}],
-        'TF_CONFIG: cluster.worker[0]: expected "host:port"'),
+        'not-host-port'),
     # -- Kubernetes: the rendered files' names and claims, a JobSet pod's environment
     'jobset name no DNS label': (lambda t: ['render', _spec(t), '--format', 'jobset', '--name', 'Run_1'],
-                                 "--name 'Run_1': a JobSet name must be a DNS-1035 label"),
+                                 'render-name-invalid'),
     'trainjob name too long': (lambda t: ['render', _spec(t), '--format', 'trainjob', '--name', 'r' * 50],
-                               'at most 48 characters here (JobSet names its pods NAME-node-0-0-xxxxx'),
+                               'render-name-invalid'),
     'jobset claim no DNS name': (lambda t: ['render', _spec(t), '--format', 'jobset', '--pvc', 'My_Claim'],
-                                 "--pvc 'My_Claim': a PersistentVolumeClaim name is a DNS-1123 subdomain"),
+                                 'render-pvc-invalid'),
     'tfjob claim no DNS name': (lambda t: ['render', _spec(t), '--format', 'tfjob', '--pvc', 'claim-'],
-                                "--pvc 'claim-': a PersistentVolumeClaim name is a DNS-1123 subdomain"),
+                                'render-pvc-invalid'),
     'env value over the OS limit': (lambda t: ['plan', _spec(t, top={'env': {'BIG': 'x' * 200_000}})],
-                                    'env.BIG: a value of 200,000 bytes exceeds the OS limit of 131,072 bytes for one '
-                                    'environment string'),
+                                    'env-value-too-big'),
     'env from a variable not set': (lambda t: ['up', _spec(t, top={'env': {'API_TOKEN': {
-                                        'from_env': 'TFC_TEST_NEVER_SET'}}})],
-                                    "env.API_TOKEN: from_env: TFC_TEST_NEVER_SET is not set in the launcher's "
-                                    'environment'),
+                                        'from_env': 'TFC_TEST_NEVER_SET'}}})], 'env-from-unset'),
     'jobset variable in env:': (lambda t: ['render', _spec(t, top={'env': {'JOB_COMPLETION_INDEX': 1}}), '--format',
-                                           'jobset'], 'env.JOB_COMPLETION_INDEX: JOB_COMPLETION_INDEX cannot be set'),
-    'task --jobset outside a pod': (lambda t: ['task', '--jobset'], '$TFCLUSTER_JOBSET_NAME is not set'),
+                                           'jobset'], 'env-jobset-variable'),
+    'task --jobset outside a pod': (lambda t: ['task', '--jobset'], 'jobset-not-in-pod'),
     'task --jobset index too high': (lambda t: ['task', {
         'TFCLUSTER_JOBSET_NAME': 'run', 'TFCLUSTER_JOBSET_REPLICATED_JOB': 'worker', 'JOB_COMPLETION_INDEX': '2',
         'TFCLUSTER_JOBSET_PS_JOB': 'ps', 'TFCLUSTER_JOBSET_NUM_PS': '1', 'TFCLUSTER_JOBSET_WORKER_JOB': 'worker',
         'TFCLUSTER_JOBSET_NUM_WORKERS': '2', 'TFCLUSTER_JOBSET_PORT': '2222'}, '--jobset'],
-        "$JOB_COMPLETION_INDEX='2': expected a whole number 0..1"),
+        'jobset-index-out-of-range'),
 }
 
 
@@ -257,25 +237,66 @@ def _run(argv, cwd):
 @pytest.mark.slow
 @pytest.mark.parametrize('case', sorted(CASES))
 def test_bad_input_is_one_line_exit_2_and_nothing_started(tmp_path, case):
-    setup, expected = CASES[case][:2]
+    setup, entry = CASES[case][:2]
     argv = setup(tmp_path)
     before = set(os.listdir(tmp_path))
     result = _run(argv, cwd=str(tmp_path))
     lines = result.stderr.splitlines()
     assert result.returncode == 2, result.stdout + result.stderr
-    if argv[0] == 'task' and 'invalid choice' in expected:      # argparse: usage, then the error
-        assert lines[-1].endswith(expected + " (choose from 'chief', 'ps', 'worker', 'evaluator')") \
-            and 'Traceback' not in result.stderr
+    if entry == 'task-unknown-job':         # argparse: usage, then the error
+        assert lines[-1].startswith('python -m cluster.task: error: ') and 'Traceback' not in result.stderr
     else:
-        assert len(lines) == 1 and expected in lines[0], result.stderr
+        assert len(lines) == 1, result.stderr
         assert any(where in lines[0] for where in ('spec.yaml', '--set', str(tmp_path), 'TF_CONFIG', '--name', '--pvc',
                                                    '$TFCLUSTER_JOBSET_', '$JOB_COMPLETION_INDEX')), lines[0]
+    check_documented(entry, strip_prefix(lines[-1]))
     assert set(os.listdir(tmp_path)) == before, 'a failed command wrote files'
     assert not project_processes()
 
 
 def test_the_table_is_long_enough():
     assert len(CASES) >= 40
+
+
+# The errors checked against their entry by a test of their own in this file, beside CASES and the
+# spec tables of tests/test_spec.py: entry id -> that test.
+ALSO_DOCUMENTED = {
+    'port-in-use': 'test_local_port_in_use_names_the_task',
+    'train-dir-held': 'test_a_held_train_dir_names_its_launcher',
+}
+
+
+def _entries_produced() -> set[str]:
+    return ({case[1] for case in CASES.values()} | {row[-1] for row in BAD_SPECS + OVERRIDE_ERRORS}
+            | set(ALSO_DOCUMENTED))
+
+
+def test_every_case_names_a_documented_error():
+    """A bad input added to a table without its entry in docs/errors.yaml (line, cause, fix) fails
+    here at once, in the fast tier; the slow test then checks the line itself."""
+    missing = sorted(_entries_produced() - set(documented_entries()))
+    assert not missing, f'not documented in docs/errors.yaml: {missing}'
+
+
+def test_every_documented_error_is_produced_by_a_test():
+    """The troubleshooting page lists no error that no test produces: an entry of docs/errors.yaml
+    whose message went away, or that was never checked, fails here."""
+    unused = sorted(set(documented_entries()) - _entries_produced())
+    assert not unused, f'docs/errors.yaml documents errors no test produces: {unused}'
+
+
+def test_a_line_must_match_its_entry_exactly_but_for_placeholders():
+    """The check the tests rely on: placeholders stand for the variable parts, the rest is exact."""
+    check_documented('port-in-use', 'specs/local2.yaml: worker:1: port 2224 on localhost is already in use')
+    check_documented('not-positive-whole-number',
+                     "--set train.steps=abc: train.steps: expected a positive whole number, got 'abc'")
+    for wrong in ('specs/local2.yaml: worker:1: port 2224 on localhost is in use',       # changed words
+                  'specs/local2.yaml: worker:1: port abc on localhost is already in use',  # a port is digits
+                  'launch: error: specs/local2.yaml: worker:1: port 2224 on localhost is already in use'):
+        with pytest.raises(AssertionError):
+            check_documented('port-in-use', wrong)
+    with pytest.raises(AssertionError, match='not documented'):
+        check_documented('no-such-entry', 'anything')
 
 
 @pytest.mark.slow
@@ -295,6 +316,7 @@ def test_local_port_in_use_names_the_task(tmp_path):
         result = launch('up', spec, timeout=60)
     assert result.returncode == 2
     assert f'worker:0: port {port} on localhost is already in use' in result.stderr
+    check_documented('port-in-use', strip_prefix(result.stderr.strip()))
     assert not os.path.exists(tmp_path / 'run')
 
 
@@ -326,6 +348,7 @@ def test_a_held_train_dir_names_its_launcher(tmp_path):
     assert result.returncode == 2, result.stderr
     assert result.stderr.count('\n') == 1
     assert 'train_dir' in result.stderr and 'launcher pid 4242, `launch up other.yaml`' in result.stderr
+    check_documented('train-dir-held', strip_prefix(result.stderr.strip()))
     assert os.listdir(tmp_path / 'run') == ['launch.lock']
 
 

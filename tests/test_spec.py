@@ -15,6 +15,7 @@ import yaml
 
 from cluster.spec import (ClusterSpec, HostConfig, SpecError, TaskSpec, TrainConfig, load_spec,
                           parse_override)
+from tests.harness.documented import check_documented
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARK = '# <-'
@@ -293,97 +294,115 @@ hosts:
 
 
 # ---------------------------------------------------------------------------------------------
-# Bad spec files: (id, spec text, dotted key, fragments the message must also hold)
+# Bad spec files: (id, spec text, dotted key, fragments the message must also hold, the id of the
+# message's entry in docs/errors.yaml, which the troubleshooting page lists with its cause and fix)
 
 TRAIN = CLUSTER + 'train:\n  steps: 5\n'
 HOSTS = TRAIN + 'hosts:\n'
 
 BAD_SPECS = [
     ('yaml-syntax', 'cluster:\n  ps: [localhost:2222\n  worker: [localhost:2223]  # <-\n',
-     None, ['YAML syntax error']),
-    ('yaml-tab', 'cluster:\n\tps: [localhost:2222]  # <-\n', None, ['YAML syntax error']),
-    ('not-a-mapping', '- cluster  # <-\n', None, ['mapping']),
-    ('top-level-unknown', TRAIN + 'trian:  # <-\n  steps: 3\n', 'trian', ['unknown key', 'cluster, train, supervise, hosts']),
+     None, ['YAML syntax error'], 'yaml-syntax'),
+    ('yaml-tab', 'cluster:\n\tps: [localhost:2222]  # <-\n', None, ['YAML syntax error'], 'yaml-syntax'),
+    ('not-a-mapping', '- cluster  # <-\n', None, ['mapping'], 'spec-not-mapping'),
+    ('top-level-unknown', TRAIN + 'trian:  # <-\n  steps: 3\n',
+     'trian', ['unknown key', 'cluster, train, supervise, hosts'], 'unknown-key'),
     ('train-unknown', TRAIN + '  stesp: 3  # <-\n', 'train.stesp',
-     ['unknown key', 'batch_size', 'devices', 'steps', 'sync', 'train_dir']),
-    ('train-not-mapping', CLUSTER + 'train: [1, 2]  # <-\n', 'train', ['mapping']),
+     ['unknown key', 'batch_size', 'devices', 'steps', 'sync', 'train_dir'], 'unknown-key'),
+    ('train-not-mapping', CLUSTER + 'train: [1, 2]  # <-\n', 'train', ['mapping'], 'section-not-mapping'),
     ('cluster-unknown-job', CLUSTER + '  master: [localhost:2000]  # <-\n', 'cluster.master',
-     ['unknown key', 'chief, ps, worker, evaluator']),
-    ('cluster-null', 'cluster:  # <-\ntrain:\n  steps: 5\n', 'cluster', ['missing']),
-    ('cluster-not-mapping', 'cluster: [localhost:2222]  # <-\n', 'cluster', ['mapping']),
-    ('missing-worker', 'cluster:  # <-\n  ps: [localhost:2222]\n', 'cluster.worker', ["'worker'"]),
-    ('missing-ps', 'cluster:  # <-\n  worker: [localhost:2222]\n', 'cluster.ps', ["'ps'"]),
-    ('empty-worker', 'cluster:\n  ps: [localhost:2222]\n  worker: []  # <-\n', 'cluster.worker', ["'worker'"]),
-    ('worker-not-list', 'cluster:\n  ps: [localhost:2222]\n  worker: {a: 1}  # <-\n', 'cluster.worker', ['list']),
+     ['unknown key', 'chief, ps, worker, evaluator'], 'unknown-job'),
+    ('cluster-null', 'cluster:  # <-\ntrain:\n  steps: 5\n', 'cluster', ['missing'], 'no-cluster'),
+    ('cluster-not-mapping', 'cluster: [localhost:2222]  # <-\n', 'cluster', ['mapping'], 'section-not-mapping'),
+    ('missing-worker', 'cluster:  # <-\n  ps: [localhost:2222]\n', 'cluster.worker', ["'worker'"], 'missing-job'),
+    ('missing-ps', 'cluster:  # <-\n  worker: [localhost:2222]\n', 'cluster.ps', ["'ps'"], 'missing-job'),
+    ('empty-worker', 'cluster:\n  ps: [localhost:2222]\n  worker: []  # <-\n',
+     'cluster.worker', ["'worker'"], 'missing-job'),
+    ('worker-not-list', 'cluster:\n  ps: [localhost:2222]\n  worker: {a: 1}  # <-\n',
+     'cluster.worker', ['list'], 'job-not-a-list'),
     ('no-port', 'cluster:\n  ps: [localhost]  # <-\n  worker: [localhost:2223]\n', 'cluster.ps[0]',
-     ["'localhost'"]),
+     ["'localhost'"], 'not-host-port'),
     ('no-host', 'cluster:\n  ps: [localhost:2222]\n  worker:\n    - localhost:2223\n    - ":2222"  # <-\n',
-     'cluster.worker[1]', ["':2222'"]),
+     'cluster.worker[1]', ["':2222'"], 'not-host-port'),
     ('space-in-host', 'cluster:\n  ps: [local host:1]  # <-\n  worker: [localhost:2223]\n', 'cluster.ps[0]',
-     ["'local host:1'"]),
+     ["'local host:1'"], 'not-host-port'),
     ('port-not-number', 'cluster:\n  ps: [localhost:2222]\n  worker: [localhost:abc]  # <-\n',
-     'cluster.worker[0]', ["'abc'"]),
+     'cluster.worker[0]', ["'abc'"], 'port-not-a-number'),
     ('port-0', 'cluster:\n  ps: [localhost:0]  # <-\n  worker: [localhost:2223]\n', 'cluster.ps[0]',
-     ['between 1 and 65535', 'got 0']),
+     ['between 1 and 65535', 'got 0'], 'port-out-of-range'),
     ('port-65536', 'cluster:\n  ps: [localhost:2222]\n  worker: [localhost:65536]  # <-\n',
-     'cluster.worker[0]', ['between 1 and 65535', 'got 65536']),
+     'cluster.worker[0]', ['between 1 and 65535', 'got 65536'], 'port-out-of-range'),
     ('address-not-string', 'cluster:\n  ps: [2222]  # <-\n  worker: [localhost:2223]\n', 'cluster.ps[0]',
-     ['host:port']),
+     ['host:port'], 'not-host-port'),
     ('numeric-host', 'cluster:\n  ps: ["12345:2222"]  # <-\n  worker: [localhost:2223]\n', 'cluster.ps[0]',
-     ['invalid host name']),
+     ['invalid host name'], 'invalid-host-name'),
     ('same-address', 'cluster:\n  ps: [localhost:2222]\n  worker:\n    - localhost:2223\n'
-     '    - localhost:2223  # <-\n', 'cluster.worker[1]', ['used twice', 'worker:0']),
+     '    - localhost:2223  # <-\n', 'cluster.worker[1]', ['used twice', 'worker:0'], 'address-used-twice'),
     ('same-machine', 'cluster:\n  ps: [localhost:2222]\n  worker:\n    - localhost:2223\n'
-     '    - 127.0.0.1:2222  # <-\n', 'cluster.worker[1]', ['used twice', 'ps:0']),
+     '    - 127.0.0.1:2222  # <-\n', 'cluster.worker[1]', ['used twice', 'ps:0'], 'address-used-twice'),
     ('same-machine-v6', 'cluster:\n  ps: [127.0.0.1:2222]\n  worker: ["[::1]:2222"]  # <-\n',
-     'cluster.worker[0]', ['used twice', 'ps:0']),
-    ('sync-string', TRAIN + '  sync: yes-please  # <-\n', 'train.sync', ["'yes-please'", 'true or false']),
-    ('steps-0', TRAIN.replace('steps: 5', 'steps: 0  # <-'), 'train.steps', ['got 0']),
-    ('steps-float', TRAIN.replace('steps: 5', 'steps: 1.5  # <-'), 'train.steps', ['1.5']),
-    ('steps-bool', TRAIN.replace('steps: 5', 'steps: true  # <-'), 'train.steps', ['True']),
-    ('steps-string', TRAIN.replace('steps: 5', 'steps: "5"  # <-'), 'train.steps', ["'5'"]),
-    ('batch-size-negative', TRAIN + '  batch_size: -1  # <-\n', 'train.batch_size', ['-1']),
-    ('devices-tpu', TRAIN + '  devices: [gpu:0, tpu:0]  # <-\n', 'train.devices[1]', ["'tpu:0'"]),
+     'cluster.worker[0]', ['used twice', 'ps:0'], 'address-used-twice'),
+    ('sync-string', TRAIN + '  sync: yes-please  # <-\n',
+     'train.sync', ["'yes-please'", 'true or false'], 'not-a-bool'),
+    ('steps-0', TRAIN.replace('steps: 5', 'steps: 0  # <-'), 'train.steps', ['got 0'], 'not-positive-whole-number'),
+    ('steps-float', TRAIN.replace('steps: 5', 'steps: 1.5  # <-'), 'train.steps', ['1.5'], 'not-positive-whole-number'),
+    ('steps-bool', TRAIN.replace('steps: 5', 'steps: true  # <-'),
+     'train.steps', ['True'], 'not-positive-whole-number'),
+    ('steps-string', TRAIN.replace('steps: 5', 'steps: "5"  # <-'),
+     'train.steps', ["'5'"], 'not-positive-whole-number'),
+    ('batch-size-negative', TRAIN + '  batch_size: -1  # <-\n',
+     'train.batch_size', ['-1'], 'not-positive-whole-number'),
+    ('devices-tpu', TRAIN + '  devices: [gpu:0, tpu:0]  # <-\n', 'train.devices[1]', ["'tpu:0'"], 'bad-device'),
     ('devices-tpu-block', TRAIN + '  devices:\n    - gpu:0\n    - tpu:0  # <-\n', 'train.devices[1]',
-     ["'tpu:0'"]),
-    ('devices-0', TRAIN + '  devices: 0  # <-\n', 'train.devices', ['got 0']),
-    ('devices-empty', TRAIN + '  devices: []  # <-\n', 'train.devices', ['[]']),
-    ('devices-bool', TRAIN + '  devices: true  # <-\n', 'train.devices', ['True']),
-    ('devices-twice', TRAIN + '  devices: [gpu:0, gpu:0]  # <-\n', 'train.devices', ['twice']),
-    ('devices-twice-normalised', TRAIN + '  devices: [gpu:0, GPU:00]  # <-\n', 'train.devices', ['twice']),
-    ('learning-rate-0', TRAIN + '  learning_rate: 0  # <-\n', 'train.learning_rate', ['positive', 'got 0']),
-    ('train-dir-tilde', TRAIN + '  train_dir: ~/runs  # <-\n', 'train.train_dir', ['absolute path']),
-    ('train-dir-empty', TRAIN + "  train_dir: ''  # <-\n", 'train.train_dir', ['must not be empty']),
-    ('learning-rate-string', TRAIN + '  learning_rate: fast  # <-\n', 'train.learning_rate', ["'fast'"]),
-    ('checkpoint-steps-negative', TRAIN + '  checkpoint_steps: -1  # <-\n', 'train.checkpoint_steps', ['-1']),
-    ('seed-float', TRAIN + '  seed: 1.5  # <-\n', 'train.seed', ['1.5']),
-    ('data-empty', TRAIN + '  data: ""  # <-\n', 'train.data', ['empty']),
-    ('train-dir-number', TRAIN + '  train_dir: 5  # <-\n', 'train.train_dir', ['5']),
+     ["'tpu:0'"], 'bad-device'),
+    ('devices-0', TRAIN + '  devices: 0  # <-\n', 'train.devices', ['got 0'], 'devices-zero'),
+    ('devices-empty', TRAIN + '  devices: []  # <-\n', 'train.devices', ['[]'], 'devices-wrong-type'),
+    ('devices-bool', TRAIN + '  devices: true  # <-\n', 'train.devices', ['True'], 'devices-wrong-type'),
+    ('devices-twice', TRAIN + '  devices: [gpu:0, gpu:0]  # <-\n', 'train.devices', ['twice'], 'device-twice'),
+    ('devices-twice-normalised', TRAIN + '  devices: [gpu:0, GPU:00]  # <-\n',
+     'train.devices', ['twice'], 'device-twice'),
+    ('learning-rate-0', TRAIN + '  learning_rate: 0  # <-\n',
+     'train.learning_rate', ['positive', 'got 0'], 'not-positive-number'),
+    ('train-dir-tilde', TRAIN + '  train_dir: ~/runs  # <-\n', 'train.train_dir', ['absolute path'], 'train-dir-tilde'),
+    ('train-dir-empty', TRAIN + "  train_dir: ''  # <-\n",
+     'train.train_dir', ['must not be empty'], 'must-not-be-empty'),
+    ('learning-rate-string', TRAIN + '  learning_rate: fast  # <-\n',
+     'train.learning_rate', ["'fast'"], 'not-positive-number'),
+    ('checkpoint-steps-negative', TRAIN + '  checkpoint_steps: -1  # <-\n',
+     'train.checkpoint_steps', ['-1'], 'not-whole-number-or-zero'),
+    ('seed-float', TRAIN + '  seed: 1.5  # <-\n', 'train.seed', ['1.5'], 'not-an-integer'),
+    ('data-empty', TRAIN + '  data: ""  # <-\n', 'train.data', ['empty'], 'must-not-be-empty'),
+    ('train-dir-number', TRAIN + '  train_dir: 5  # <-\n', 'train.train_dir', ['5'], 'not-a-path'),
     ('replicas-too-many', TRAIN + '  replicas_to_aggregate: 3  # <-\n', 'train.replicas_to_aggregate',
-     ['number of workers (2)', 'got 3']),
-    ('replicas-0', TRAIN + '  replicas_to_aggregate: 0  # <-\n', 'train.replicas_to_aggregate', ['got 0']),
-    ('hosts-not-mapping', TRAIN + 'hosts: [node1]  # <-\n', 'hosts', ['mapping']),
-    ('host-bad-name', HOSTS + '  "bad host": {user: x}  # <-\n', 'hosts.bad host', ["'bad host'"]),
-    ('host-not-mapping', HOSTS + '  node1: ubuntu  # <-\n', 'hosts.node1', ['user, port']),
+     ['number of workers (2)', 'got 3'], 'replicas-out-of-range'),
+    ('replicas-0', TRAIN + '  replicas_to_aggregate: 0  # <-\n',
+     'train.replicas_to_aggregate', ['got 0'], 'not-positive-whole-number'),
+    ('hosts-not-mapping', TRAIN + 'hosts: [node1]  # <-\n', 'hosts', ['mapping'], 'section-not-mapping'),
+    ('host-bad-name', HOSTS + '  "bad host": {user: x}  # <-\n',
+     'hosts.bad host', ["'bad host'"], 'invalid-hosts-entry-name'),
+    ('host-not-mapping', HOSTS + '  node1: ubuntu  # <-\n', 'hosts.node1', ['user, port'], 'section-not-mapping'),
     ('host-unknown-key', HOSTS + '  node1:\n    user: ubuntu\n    usr: ubuntu  # <-\n', 'hosts.node1.usr',
-     ['unknown key', 'user, port, key, python, workdir']),
-    ('host-user-not-string', HOSTS + '  node1: {user: 5}  # <-\n', 'hosts.node1.user', ['string', '5']),
-    ('host-port-too-big', HOSTS + '  node1:\n    port: 65536  # <-\n', 'hosts.node1.port', ['65536']),
-    ('host-port-0', HOSTS + '  node1: {port: 0}  # <-\n', 'hosts.node1.port', ['got 0']),
-    ('host-port-string', HOSTS + '  node1: {port: ssh}  # <-\n', 'hosts.node1.port', ["'ssh'"]),
+     ['unknown key', 'user, port, key, python, workdir'], 'unknown-key'),
+    ('host-user-not-string', HOSTS + '  node1: {user: 5}  # <-\n', 'hosts.node1.user', ['string', '5'], 'not-a-string'),
+    ('host-port-too-big', HOSTS + '  node1:\n    port: 65536  # <-\n',
+     'hosts.node1.port', ['65536'], 'ssh-port-out-of-range'),
+    ('host-port-0', HOSTS + '  node1: {port: 0}  # <-\n', 'hosts.node1.port', ['got 0'], 'not-positive-whole-number'),
+    ('host-port-string', HOSTS + '  node1: {port: ssh}  # <-\n',
+     'hosts.node1.port', ["'ssh'"], 'not-positive-whole-number'),
     ('host-address-bad', HOSTS + '  node1:\n    address: "10.0.0.5:22"  # <-\n', 'hosts.node1.address',
-     ["'10.0.0.5:22'", 'host name or IP address']),
-    ('host-address-number', HOSTS + '  node1: {address: 5}  # <-\n', 'hosts.node1.address', ['5']),
+     ["'10.0.0.5:22'", 'host name or IP address'], 'invalid-host-address'),
+    ('host-address-number', HOSTS + '  node1: {address: 5}  # <-\n',
+     'hosts.node1.address', ['5'], 'host-address-not-text'),
     ('duplicate-train-key', TRAIN + '  batch_size: 8\n  steps: 6  # <-\n', 'train.steps',
-     ['duplicate key', 'line 5']),
-    ('duplicate-section', TRAIN + 'train:  # <-\n  steps: 6\n', 'train', ['duplicate key', 'line 4']),
+     ['duplicate key', 'line 5'], 'duplicate-key'),
+    ('duplicate-section', TRAIN + 'train:  # <-\n  steps: 6\n', 'train', ['duplicate key', 'line 4'], 'duplicate-key'),
     ('duplicate-host-key', HOSTS + '  node1: {user: a, user: b}  # <-\n', 'hosts.node1.user',
-     ['duplicate key']),
+     ['duplicate key'], 'duplicate-key'),
 ]
 
 
-@pytest.mark.parametrize('text, key, fragments', [c[1:] for c in BAD_SPECS], ids=[c[0] for c in BAD_SPECS])
-def test_bad_spec(tmp_path, text, key, fragments):
+@pytest.mark.parametrize('text, key, fragments, entry', [c[1:] for c in BAD_SPECS], ids=[c[0] for c in BAD_SPECS])
+def test_bad_spec(tmp_path, text, key, fragments, entry):
     path = write(tmp_path, text)
     message = spec_error(path)
     if key is None:                      # a whole-file problem: no key, but still file:LINE
@@ -392,6 +411,7 @@ def test_bad_spec(tmp_path, text, key, fragments):
             assert fragment in message, message
     else:
         check_file_error(path, text, message, key, *fragments)
+    check_documented(entry, message)
 
 
 def test_missing_spec_file(tmp_path):
@@ -486,34 +506,35 @@ def test_override_does_not_touch_the_file(tmp_path):
 
 
 OVERRIDE_ERRORS = [
-    ('no-equals', 'train.steps', None, ['dotted.key=value']),
-    ('empty-value', 'train.steps=', None, ['missing value']),
-    ('blank-value', 'train.steps=  ', None, ['missing value']),
-    ('space-in-key', 'tr ain.steps=1', None, ['dotted.key=value']),
-    ('slash-in-key', 'train/steps=1', None, ['dotted.key=value']),
-    ('empty-part', 'train..steps=1', None, ['dotted.key=value']),
-    ('no-key', '=5', None, ['dotted.key=value']),
-    ('bad-yaml', 'train.steps=[1', None, ['not valid YAML']),
-    ('unknown-train-key', 'train.stpes=5', 'train.stpes', ['unknown key', 'steps']),
-    ('unknown-top-key', 'trian=5', 'trian', ['unknown key']),
-    ('unknown-job', 'cluster.master=[localhost:2000]', 'cluster.master', ['unknown key']),
-    ('wrong-type', 'train.steps=abc', 'train.steps', ["'abc'"]),
-    ('wrong-type-bool', 'train.sync=maybe', 'train.sync', ["'maybe'"]),
-    ('bad-address', 'cluster.worker=[localhost:3000, localhost]', 'cluster.worker[1]', ["'localhost'"]),
-    ('duplicate-address', 'cluster.worker=localhost:2222', 'cluster.worker[0]', ['used twice']),
-    ('replicas', 'train.replicas_to_aggregate=3', 'train.replicas_to_aggregate', ['got 3']),
-    ('host-port', 'hosts.node1.port=70000', 'hosts.node1.port', ['70000']),
-    ('dotted-host-port', 'hosts.10.0.0.5.port=70000', 'hosts.10.0.0.5.port', ['70000']),
-    ('dotted-host-unknown', 'hosts.10.0.0.5={usr: x}', 'hosts.10.0.0.5.usr', ['unknown key']),
-    ('dotted-host-unknown-setting', 'hosts.10.0.0.5.usr=x', 'hosts.10.0.0.5.usr', ['unknown key']),
-    ('under-scalar', 'train.steps.x=1', None, ['train.steps is not a section']),
-    ('under-list', 'cluster.worker.x=1', None, ['cluster.worker is not a section']),
+    ('no-equals', 'train.steps', None, ['dotted.key=value'], 'set-not-key-value'),
+    ('empty-value', 'train.steps=', None, ['missing value'], 'set-missing-value'),
+    ('blank-value', 'train.steps=  ', None, ['missing value'], 'set-missing-value'),
+    ('space-in-key', 'tr ain.steps=1', None, ['dotted.key=value'], 'set-not-key-value'),
+    ('slash-in-key', 'train/steps=1', None, ['dotted.key=value'], 'set-not-key-value'),
+    ('empty-part', 'train..steps=1', None, ['dotted.key=value'], 'set-not-key-value'),
+    ('no-key', '=5', None, ['dotted.key=value'], 'set-not-key-value'),
+    ('bad-yaml', 'train.steps=[1', None, ['not valid YAML'], 'set-value-not-yaml'),
+    ('unknown-train-key', 'train.stpes=5', 'train.stpes', ['unknown key', 'steps'], 'unknown-key'),
+    ('unknown-top-key', 'trian=5', 'trian', ['unknown key'], 'unknown-key'),
+    ('unknown-job', 'cluster.master=[localhost:2000]', 'cluster.master', ['unknown key'], 'unknown-job'),
+    ('wrong-type', 'train.steps=abc', 'train.steps', ["'abc'"], 'not-positive-whole-number'),
+    ('wrong-type-bool', 'train.sync=maybe', 'train.sync', ["'maybe'"], 'not-a-bool'),
+    ('bad-address', 'cluster.worker=[localhost:3000, localhost]',
+     'cluster.worker[1]', ["'localhost'"], 'not-host-port'),
+    ('duplicate-address', 'cluster.worker=localhost:2222', 'cluster.worker[0]', ['used twice'], 'address-used-twice'),
+    ('replicas', 'train.replicas_to_aggregate=3', 'train.replicas_to_aggregate', ['got 3'], 'replicas-out-of-range'),
+    ('host-port', 'hosts.node1.port=70000', 'hosts.node1.port', ['70000'], 'ssh-port-out-of-range'),
+    ('dotted-host-port', 'hosts.10.0.0.5.port=70000', 'hosts.10.0.0.5.port', ['70000'], 'ssh-port-out-of-range'),
+    ('dotted-host-unknown', 'hosts.10.0.0.5={usr: x}', 'hosts.10.0.0.5.usr', ['unknown key'], 'unknown-key'),
+    ('dotted-host-unknown-setting', 'hosts.10.0.0.5.usr=x', 'hosts.10.0.0.5.usr', ['unknown key'], 'unknown-key'),
+    ('under-scalar', 'train.steps.x=1', None, ['train.steps is not a section'], 'set-under-a-value'),
+    ('under-list', 'cluster.worker.x=1', None, ['cluster.worker is not a section'], 'set-under-a-value'),
 ]
 
 
-@pytest.mark.parametrize('text, key, fragments', [c[1:] for c in OVERRIDE_ERRORS],
+@pytest.mark.parametrize('text, key, fragments, entry', [c[1:] for c in OVERRIDE_ERRORS],
                          ids=[c[0] for c in OVERRIDE_ERRORS])
-def test_override_errors(tmp_path, text, key, fragments):
+def test_override_errors(tmp_path, text, key, fragments, entry):
     path = write(tmp_path, VALID)
     message = spec_error(path, [text])
     assert '\n' not in message, message
@@ -523,6 +544,7 @@ def test_override_errors(tmp_path, text, key, fragments):
         assert f': {key}: ' in message, message
     for fragment in fragments:
         assert fragment in message, message
+    check_documented(entry, message)
 
 
 def test_override_unknown_top_level_section(tmp_path):
