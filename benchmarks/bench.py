@@ -7,13 +7,15 @@ and noisy, so absolute seconds only mean something next to their baseline).
     python benchmarks/bench.py --only accuracy # Fashion-MNIST: one process, sync, async, 6 epochs each (about 30 min)
     python benchmarks/bench.py --only pss      # TF2 ParameterServerStrategy vs TF1 between-graph vs one process
     python benchmarks/bench.py --only links    # emulated links, by hand (root; about 20 min, 3 with --quick)
+    python benchmarks/bench.py --plots DIR     # and draw the figures as PNGs there (benchmarks/plots.py)
 
 Baselines: the time one process takes to `import tensorflow` (start-up is mostly imports), the
 images/s of the same model and input pipeline trained in one process with no cluster, and the
 hand-written TF1 cluster of the same model with no launcher (benchmarks/tf1_cluster.py). Cluster
 rates are steady state: read from the chief's progress lines as they arrive, from the first line
 after warm-up (a tenth of the steps) to the last one before the end. The figures also go to JSON
-(--json, default benchmarks/results.json).
+(--json, default benchmarks/results.json), with the command line and the date that made them;
+--plots DIR draws them as PNGs (the documentation's performance page shows docs/images/perf).
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import itertools
 import json
 import os
 import re
+import shlex
 import socket
 import statistics
 import subprocess
@@ -567,6 +570,8 @@ def main() -> None:
     p.add_argument('--epochs', type=float, default=6, help='epochs of Fashion-MNIST each accuracy run sees')
     p.add_argument('--json', '--out', default=os.path.join(REPO, 'benchmarks', 'results.json'),
                    help='where the figures go as JSON (default benchmarks/results.json)')
+    p.add_argument('--plots', metavar='DIR', help='also draw the figures as PNGs in DIR, one per section that ran '
+                   '(e.g. docs/images/perf for the documentation; benchmarks/plots.py redraws from --json)')
     args = p.parse_args()
     args.single_steps = 100
     args.learn_steps, args.learn_every, args.learn_modes = 600, 50, 3     # sync, async, sync in bfloat16
@@ -580,7 +585,9 @@ def main() -> None:
         args.elastic_modes, args.elastic_steps = ('async',), 450     # the scale takes some 12 s to join
         args.link_ps, args.link_dtypes, args.link_steps = (1,), ('float32',), 60
         args.accuracy_kinds, args.accuracy_epochs = ('single', 'sync'), 0.05    # a checkpoint each, evaluated
-    figures = {'quick': args.quick, 'cores': len(os.sched_getaffinity(0))}
+    figures = {'quick': args.quick, 'cores': len(os.sched_getaffinity(0)),
+               'command': shlex.join(['python', 'benchmarks/bench.py', *sys.argv[1:]]),
+               'date': time.strftime('%Y-%m-%d'), 'settings': {'batch': args.batch, 'steps': args.steps, 'reps': args.reps}}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.only or SECTIONS:
             if name in ('bytes',):
@@ -593,6 +600,12 @@ def main() -> None:
     with open(args.json, 'w') as f:
         f.write(runjson.dumps(figures, indent=1))
     print(f'\nfigures written to {args.json}')
+    if args.plots:
+        import plots        # beside this script; matplotlib only now, after the runs
+        with open(args.json) as f:      # drawn from the JSON as written, as plots.py redraws them
+            saved = json.load(f)
+        for path in plots.draw(saved, args.plots, saved['command'], saved['date']):
+            print(f'plot written to {path}')
 
 
 if __name__ == '__main__':

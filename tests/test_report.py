@@ -22,6 +22,7 @@ from tests.harness.parts import unavailable
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARTIFACTS = os.path.join(REPO, 'test-artifacts')
+DOCS_REPORT = os.path.join(REPO, 'docs', 'images', 'report.png')     # the documentation's picture of a report
 PNG_SIGNATURE = b'\x89PNG\r\n\x1a\n'
 T0 = datetime.datetime(2026, 11, 23, 21, 8, 43, tzinfo=datetime.timezone(datetime.timedelta(hours=1)))
 RUN_ID = 'local2-20261123-210843'
@@ -251,6 +252,26 @@ def chromium(*args: str, profile: str, timeout: float = 90) -> str:
             pass
         proc.wait()
     assert proc.returncode == 0, f'chromium exited {proc.returncode}:\n{err[-3000:]}'
+    return out
+
+
+def refresh_docs_image(shot: str, out: str = DOCS_REPORT, height: int = 1900) -> str | None:
+    """With TFCLUSTER_DOCS_IMAGES=1, a report's screenshot becomes the documentation's picture
+    (docs/images/report.png; `git diff --stat` shows whether it changed): cut at the last blank
+    band above `height` pixels, so at a gap between two sections and never through a table or a
+    plot, and stored as a 256-colour PNG (the page's few flat colours survive; under 300 KB).
+    The path written, or None when not asked."""
+    if os.environ.get('TFCLUSTER_DOCS_IMAGES') != '1':
+        return None
+    import numpy
+    from PIL import Image
+    with Image.open(shot) as im:
+        page = im.convert('RGB')
+    end = min(height, page.height)
+    white = numpy.asarray(page)[:end].min(axis=(1, 2)) == 255      # rows with nothing drawn on them
+    cut = next((row + 1 for row in range(end - 1, 11, -1) if white[row - 11:row + 1].all()), end)
+    page = page.crop((0, 0, page.width, cut))
+    page.quantize(256, method=Image.Quantize.MEDIANCUT).save(out, optimize=True)
     return out
 
 

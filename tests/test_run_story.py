@@ -15,7 +15,7 @@ from cluster.runtime import rundir
 from launch.records.events import read_events
 from tests.conftest import launch, launch_bg, read_until, write_spec
 from tests.test_faults import finish, kill_when, until_step
-from tests.test_report import ARTIFACTS, chromium
+from tests.test_report import ARTIFACTS, chromium, refresh_docs_image
 
 pytestmark = pytest.mark.slow     # real local clusters
 
@@ -151,3 +151,7 @@ def test_a_killed_interrupted_and_resumed_run_is_one_run_with_every_attempt_kept
              profile=str(tmp_path / 'profile'))
     assert os.path.getsize(shot) > 50_000
     print(f'report screenshot: {shot}')
+    docs = refresh_docs_image(shot)       # TFCLUSTER_DOCS_IMAGES=1: the documentation's picture of a real run
+    if docs:
+        assert 50_000 < os.path.getsize(docs) < 300_000, os.path.getsize(docs)
+        print(f'documentation picture: {docs}')

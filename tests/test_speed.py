@@ -3,6 +3,7 @@ learning rate; and the benchmark's quick mode, which CI runs (figures printed, n
 these machines are shared and noisy)."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -99,9 +100,9 @@ def test_the_default_learning_rate_scales_with_the_examples_per_update(tmp_path)
 
 @pytest.mark.slow
 def test_the_benchmark_quick_mode_runs_and_writes_every_figure(tmp_path):
-    out = tmp_path / 'figures.json'
-    result = subprocess.run([sys.executable, 'benchmarks/bench.py', '--quick', '--json', str(out)], cwd=REPO,
-                            capture_output=True, text=True, timeout=900)
+    out, plots = tmp_path / 'figures.json', tmp_path / 'plots'
+    result = subprocess.run([sys.executable, 'benchmarks/bench.py', '--quick', '--json', str(out), '--plots', str(plots)],
+                            cwd=REPO, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     figures = json.loads(out.read_text())
     assert figures['quick'] is True
@@ -123,3 +124,54 @@ def test_the_benchmark_quick_mode_runs_and_writes_every_figure(tmp_path):
         assert set(accuracy['runs']) == {'single', 'sync'}, accuracy
         assert all(0 <= run['final'] <= 1 and run['points'] for run in accuracy['runs'].values()), accuracy
     assert ' one process' in result.stdout and ' one import' in result.stdout     # n/a where a run was too short
+    # --plots: a picture of every section that ran (a too-short rate is drawn as n/a, never as zero)
+    expected = {'1-cluster.png', '2-startup.png', '3-scaling.png', '4-elastic.png', '5-placement.png', '7-pss.png'}
+    if 'skipped' not in accuracy:
+        expected.add('6-accuracy.png')
+    assert set(os.listdir(plots)) == expected, sorted(os.listdir(plots))
+    for name in expected:
+        assert_png(plots / name, quick=True)
+
+
+def assert_png(path, quick: bool = False) -> None:
+    """A plot decodes, is large enough to read and small enough for the site, and carries its caption."""
+    import matplotlib.image
+    from PIL import Image
+    pixels = matplotlib.image.imread(path)
+    assert pixels.shape[0] >= 250 and pixels.shape[1] >= 800, (path, pixels.shape)
+    assert 10_000 < os.path.getsize(path) < 200_000, (path, os.path.getsize(path))
+    with Image.open(path) as im:
+        text = im.text
+    assert text['Title'] and text['Source'].startswith('python benchmarks/bench.py') and text['Creation Time'], text
+    assert ('Quick mode' in text['Description']) == quick, text['Description']
+
+
+def test_the_plots_redraw_a_saved_run_saying_what_is_missing(tmp_path):
+    """`python benchmarks/plots.py FIGURES DIR` (its redraw, here in this process) draws each section a saved run has, from the JSON
+    bench.py writes: a rate too short to measure (None) is no bar, a section that did not run no
+    picture; the folder keeps only this run's pictures."""
+    run = {'first_step_s': 5.8, 'exit_s': 40.0, 'steady_images_per_sec': 578.0, 'last_step_to_gone_s': 1.9,
+           'startup': {'tasks_started_s': 0.5, 'servers_up_s': 4.7, 'chief_session_ready_s': 5.3}}
+    short = dict(run, steady_images_per_sec=None)
+    figures = {'quick': False, 'cores': 2, 'command': 'python benchmarks/bench.py --only cluster --only scaling',
+               'date': '2026-11-26', 'settings': {'batch': 64, 'steps': 300, 'reps': 1},
+               'cluster': {'tf_import_s': 4.4, 'single_images_per_sec': 640.0, 'sync': run, 'async': short,
+                           'tf1_sync': run, 'tf1_async': short,
+                           'ratios': {'sync': {'launcher_vs_one_process': 0.9, 'tf1_vs_one_process': 0.9,
+                                               'launcher_vs_tf1': 1.0},
+                                      'async': {'launcher_vs_one_process': None, 'tf1_vs_one_process': None,
+                                                'launcher_vs_tf1': None}}},
+               'scaling': {'sync-1ps-1w': run, 'sync-1ps-3w': short, 'async-2ps-2w': run}}
+    (tmp_path / 'figures.json').write_text(json.dumps(figures))
+    out = tmp_path / 'perf'
+    out.mkdir()
+    (out / '8-links.png').write_bytes(b'an older run')        # not this run's: removed
+    (out / 'notes.txt').write_text('kept')
+    spec = importlib.util.spec_from_file_location('plots', os.path.join(REPO, 'benchmarks', 'plots.py'))
+    plots = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plots)
+    written = plots.redraw(str(tmp_path / 'figures.json'), str(out))
+    assert [os.path.basename(p) for p in written] == ['1-cluster.png', '2-startup.png', '3-scaling.png']
+    assert sorted(os.listdir(out)) == ['1-cluster.png', '2-startup.png', '3-scaling.png', 'notes.txt']
+    for name in ('1-cluster.png', '2-startup.png', '3-scaling.png'):
+        assert_png(out / name)
