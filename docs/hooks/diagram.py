@@ -9,7 +9,7 @@
 - The benchmark's plots (docs/images/perf/N-name.png, drawn by `benchmarks/bench.py --plots`):
   `<!-- plots -->` becomes every one of them, `<!-- plot NAME -->` one, each captioned from the
   text the PNG carries (what it shows, the command that measured it and when).
-- A real run's report (docs/images/report.png, refreshed by tests/test_report.py with
+- A real run's report (docs/images/report.png, refreshed by tests/test_run_story.py with
   TFCLUSTER_DOCS_IMAGES=1): `<!-- report screenshot -->` becomes the picture.
 
 No network, no TensorFlow: the registry and the renderer table import the spec model and the

@@ -231,8 +231,8 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          where=lambda plan, task, opts: f'compose service {service_name(task)}, was {task.address} in the spec',
          isolates_ports=True, logs_here=True, remembered=True, leaves_resources=True,
          user_code_refusal='the compose backend runs the stock tfcluster image, which does not hold your code: '
-                           'run it with the local or SSH backend, or build an image FROM tfcluster with your code '
-                           '(docs/own-code.md)',
+                           'run it with the local or SSH backend, or on Kubernetes from an image built FROM tfcluster '
+                           'with your code (docs/own-code.md)',
          ships=('examples',),
          netns_refusal='isolation: netns is for local processes; the compose backend runs the tasks on its own '
                        'internal network already, which nothing outside reaches: drop isolation (--set '
