@@ -371,3 +371,24 @@ def test_a_synopsis_is_held_to_the_parser_s_commands_and_options():
     assert synopsis_problems('launch logs RUN [TASK] [--attempt N] [-f]', parser) == []
     assert synopsis_problems('launch logs RUN [--atempt N]', parser) == ['launch logs has no option --atempt']
     assert synopsis_problems('launch lgs RUN [-f]', parser) == ["no command ['lgs']"]
+
+
+# -- the README --------------------------------------------------------------------------------------
+def _readme_commands() -> list[str]:
+    """The README's sh blocks before its first section: the two set-up commands."""
+    text = (Path(REPO) / 'README.md').read_text(encoding='utf-8')
+    head = text.split('\n## ', 1)[0]
+    return [block.strip() for block in re.findall(r'```sh\n(.*?)```', head, re.S)]
+
+
+def test_the_readme_is_short_and_opens_with_the_two_set_up_commands():
+    """At most ~150 lines, linking into the site; its first command runs the embedded default, its
+    second is exactly the one .ci/run runs (CI runs the README's test command, nothing else)."""
+    text = (Path(REPO) / 'README.md').read_text(encoding='utf-8')
+    assert len(text.splitlines()) <= 150
+    first, second = _readme_commands()
+    assert first == 'pip install -e . && launch up specs/local2.yaml'
+    ci = (Path(REPO) / '.ci' / 'run').read_text(encoding='utf-8').rstrip().splitlines()[-1]
+    assert second == ci and second.endswith('python -m pytest')
+    for page in re.findall(r'\]\((docs/[^)#]+\.md)', text):
+        assert (Path(REPO) / page).is_file(), page
