@@ -427,7 +427,8 @@ def _up_and_kill_remote_worker(ssh_hosts, tmp_path, spec, before=lambda proc: []
     prints, not its shell wrapper. (exit code, the whole output); `launch down` whatever happens."""
     proc = launch_bg('up', spec, '--ssh-config', str(ssh_hosts.ssh_config), cwd=str(tmp_path))
     try:
-        lines = read_until(proc, '  loss ')
+        # Every server up, as the launcher says: past the start, where a lost task ends a first start.
+        lines = read_until(proc, 'servers are up')
         lines += before(proc)
         with open(tmp_path / 'run' / 'launch-state.json') as f:
             worker = next(t for t in json.load(f)['tasks'] if t['name'] == 'worker:1')
