@@ -37,7 +37,7 @@ def restart_notes(logdir: str) -> list[tuple[int, str]]:
 
 
 def test_a_killed_interrupted_and_resumed_run_is_one_run_with_every_attempt_kept(tmp_path):
-    spec = write_spec(tmp_path, steps=40, checkpoint_steps=5, checkpoint_secs=600,
+    spec = write_spec(tmp_path, steps=400, checkpoint_steps=5, checkpoint_secs=600,
                       supervise={'restart': 'on-failure', 'max_restarts': 2})
     run = str(tmp_path / 'run')
     where = str(tmp_path)
@@ -68,7 +68,7 @@ def test_a_killed_interrupted_and_resumed_run_is_one_run_with_every_attempt_kept
                                                         rundir.report_path(run))}
     again = launch('up', spec, cwd=where)
     assert again.returncode == 0, again.stdout + again.stderr
-    assert again.stdout.startswith(f'[launch]   run {run_id} is already at step 40 of 40 (train.steps): nothing '
+    assert again.stdout.startswith(f'[launch]   run {run_id} is already at step 400 of 400 (train.steps): nothing '
                                    'started, its result kept; to train on, raise train.steps, e.g. `launch up '), \
         again.stdout
     assert {path: open(path, 'rb').read() for path in kept} == kept
@@ -83,10 +83,10 @@ def test_a_killed_interrupted_and_resumed_run_is_one_run_with_every_attempt_kept
         for task in ('ps-0', 'worker-0', 'worker-1'):
             assert os.path.getsize(os.path.join(logs, f'attempt-{attempt}', f'{task}.log')) > 0, (attempt, task)
     first = open(os.path.join(logs, 'attempt-1', 'worker-0.log')).read()
-    assert re.search(r' step \d+/40 ', first) and ' worker:0 serving on ' in first, first
+    assert re.search(r' step \d+/400 ', first) and ' worker:0 serving on ' in first, first
     assert os.path.realpath(os.path.join(logs, 'worker-0.log')) == \
         os.path.realpath(os.path.join(logs, 'attempt-3', 'worker-0.log'))
-    assert re.search(r'^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d\d:\d\d I step \d+/40 ', first, re.M), first[-300:]
+    assert re.search(r'^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d\d:\d\d I step \d+/400 ', first, re.M), first[-300:]
 
     # The event log tells the story, in order, for one run id.
     events = read_events(rundir.events_path(run))
@@ -103,7 +103,7 @@ def test_a_killed_interrupted_and_resumed_run_is_one_run_with_every_attempt_kept
     resume = [e for e in events if e['event'] == 'run_started'][-1]
     assert resume['resumes_from'] is not None and resume['resumes_from'] >= 10, resume
     assert any(e['event'] == 'progress' and e['attempt'] == 3 for e in events)
-    assert {e['step'] for e in events if e['event'] == 'checkpoint'} >= {resume['resumes_from'], 40}
+    assert {e['step'] for e in events if e['event'] == 'checkpoint'} >= {resume['resumes_from'], 400}
     assert {e['task'] for e in events if e['event'] == 'serving' and e['attempt'] == 2} == {'ps:0', 'worker:0',
                                                                                           'worker:1'}
 
@@ -113,12 +113,12 @@ def test_a_killed_interrupted_and_resumed_run_is_one_run_with_every_attempt_kept
 
     # `launch list --json`, `launch status RUN --json` and run.json agree.
     record = json.load(open(rundir.run_path(run)))
-    assert (record['id'], record['state'], record['attempt'], record['global_step']) == (run_id, 'done', 3, 40)
+    assert (record['id'], record['state'], record['attempt'], record['global_step']) == (run_id, 'done', 3, 400)
     listed = launch('list', '--json', cwd=where)
     assert listed.returncode == 0, listed.stderr
     runs = json.loads(listed.stdout)
     assert len(runs) == 1, runs
-    assert (runs[0]['id'], runs[0]['state'], runs[0]['attempts'], runs[0]['global_step']) == (run_id, 'done', 3, 40)
+    assert (runs[0]['id'], runs[0]['state'], runs[0]['attempts'], runs[0]['global_step']) == (run_id, 'done', 3, 400)
     status = launch('status', run_id, '--json', cwd=where)
     assert status.returncode == 0, status.stdout + status.stderr
     shown = json.loads(status.stdout)
