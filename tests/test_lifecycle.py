@@ -21,6 +21,7 @@ from launch.run import supervised
 from launch.backends.base import ENDED, RUNNING, Backend, Observation, TaskRecord, planned_record
 from launch.run.console import Console
 from launch.run.lifecycle import Lifecycle, resume_hint
+from launch.records.result import steps_note
 from launch.planning.plan import plan_cluster
 from launch.backends.ssh import SSHBackend, SSHError
 from launch.run.supervised import SupervisedRun
@@ -175,6 +176,43 @@ def test_a_diverged_loss_is_said_and_written_null_never_nan(tmp_path):
     assert (written['loss'], written['images_per_sec'], written['global_step']) == (None, None, 100)
     with open(rundir.events_path(train_dir)) as f:
         assert [strict(line)['result']['loss'] for line in f if '"finished"' in line] == [None]
+
+
+class OvershotBackend(ScriptedBackend):
+    """An async run's end: the chief (worker:0) stopped at step 108 and saved there; worker:1 still
+    pushed updates until it saw step 115."""
+
+    def read_file(self, record, path):
+        ended = 'worker:0' in self.starts and \
+            self.status(TaskRecord('worker:0', 'worker', 0, '', 0, self.name, 0, '')).state == ENDED
+        if path.endswith(rundir.CHECKPOINT_INDEX):
+            return 'model_checkpoint_path: "model.ckpt-108"\n' if ended else None
+        for i, step in ((0, 108), (1, 115)):
+            if path == rundir.result_path(os.path.dirname(path), i):
+                return json.dumps({'task': f'worker:{i}', 'global_step': step, 'loss': 1.5, 'images_per_sec': 50.0})
+        return super().read_file(record, path)
+
+
+def test_the_closing_line_says_the_steps_asked_reached_and_saved_where_they_differ(tmp_path):
+    """An async run goes past train.steps and its last checkpoint is older than the step reached:
+    the closing line says all three, so nobody takes 115 for what a resumed run starts from."""
+    script = {'ps:0': {'*': [(0.6, 'exit', 0)]}, 'worker:0': {'*': DONE}, 'worker:1': {'*': DONE}}
+    result, out, _ = run(tmp_path, OvershotBackend(script), sync=False)
+    assert (result.state, result.global_step) == ('done', 115), out
+    assert out.rstrip().splitlines()[-1].endswith(
+        ': global step 115 (100 asked; last checkpoint at step 108), 100 images/s in all, final loss 1.500'), out
+
+
+@pytest.mark.parametrize('reached, asked, saved, note', [
+    (100, 100, 100, ''),                                            # sync: all agree
+    (100, 100, None, ''),                                           # no checkpoint in the train_dir
+    (115, 100, 108, ' (100 asked; last checkpoint at step 108)'),   # async: past the goal, saved before
+    (115, 100, 115, ' (100 asked)'),
+    (100, 100, 90, ' (last checkpoint at step 90)'),
+    (60, 100, None, ' (100 asked)'),                                # a user's command stopped early
+])
+def test_steps_note_names_what_differs_from_the_step_reached(reached, asked, saved, note):
+    assert steps_note(reached, asked, saved) == note
 
 
 def test_a_finished_run_started_again_starts_nothing_and_keeps_its_result(tmp_path):

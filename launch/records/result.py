@@ -175,3 +175,15 @@ class RunResult:
     def from_json(cls, data: Mapping[str, Any]) -> RunResult:
         """The result a run.json holds (its run's identity is RunRecord's to read)."""
         return RunRecord.from_json(data).result()
+
+
+def steps_note(reached: int, asked: int | None, saved: int | None) -> str:
+    """' (100 asked; last checkpoint at step 108)' where the step `reached` differs from what was
+    asked or saved; '' where all agree (a sync run) or nothing is known to compare (no checkpoint
+    in the train_dir: a user's program may keep its own elsewhere)."""
+    parts = []
+    if asked is not None and asked != reached:
+        parts.append(f'{asked} asked')
+    if saved is not None and saved != reached:
+        parts.append(f'last checkpoint at step {saved}')
+    return f' ({"; ".join(parts)})' if parts else ''

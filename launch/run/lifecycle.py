@@ -34,6 +34,7 @@ from launch.records.event_types import (Checkpoint, Evaluation, Event, EventKind
 from launch.records.events import EventLog, read_events, read_run_record
 from launch.records.jsonrecord import read_real, read_whole
 from launch.records.result import Failure, MendedFault, RunRecord, RunResult, RunState     # the strategies import them from here
+from launch.records.result import steps_note
 from launch.records.lock import LockBusy, TrainDirLock
 from launch.run.console import Console
 from launch.run.disk import DiskWatch
@@ -331,7 +332,8 @@ class Lifecycle:
             result.global_step = outcome.global_step
         result.recoveries = list(outcome.recoveries)
         if outcome.state == RunState.DONE:
-            self.console.say(outcome.headline + self.summary(result, outcome.lost))
+            figures = self.summary(result, outcome.lost, asked=self.spec.train.steps, saved=self.checkpoint_step())
+            self.console.say(outcome.headline + figures)
         elif outcome.state == RunState.INTERRUPTED:
             self.console.say(f'stopped; {resume_hint(self.checkpoint_step())}')
         self.emit(Finished(result=self._as_record(result)))
@@ -452,11 +454,15 @@ class Lifecycle:
             result.loss = read_real(chief[0]['loss'])
 
     @staticmethod
-    def summary(result: RunResult, lost: tuple[str, ...] = ()) -> str:
-        """': global step G, R images/s in all, final loss L (notes)' — the figures of a finished run."""
+    def summary(result: RunResult, lost: tuple[str, ...] = (), asked: int | None = None,
+                saved: int | None = None) -> str:
+        """': global step G, R images/s in all, final loss L (notes)' — the figures of a finished run.
+        Where the step reached is not the one `asked` (train.steps) or not the one `saved` in the
+        last checkpoint (async workers step on after the chief's last save), the line says both:
+        a resumed run starts from the checkpoint, not from G."""
         text = ''
         if result.global_step is not None:
-            text += f': global step {result.global_step}'
+            text += f': global step {result.global_step}{steps_note(result.global_step, asked, saved)}'
             if result.images_per_sec is not None:
                 text += f', {result.images_per_sec:.0f} images/s in all'
             if result.loss is not None:
