@@ -254,6 +254,54 @@ def test_bad_input_is_one_line_exit_2_and_nothing_started(tmp_path, case):
     assert not project_processes()
 
 
+def _no_root_reads() -> None:
+    """In the child before exec: drop CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH from its bounding
+    set, so the program it runs (as root, as the suite does) is refused a file of mode 000 as any
+    other user would be, while reading its own root-owned files as before."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in (1, 2):      # linux/capability.h: CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
+        if libc.prctl(24, cap, 0, 0, 0) != 0:       # PR_CAPBSET_DROP
+            raise OSError(ctypes.get_errno(), 'prctl(PR_CAPBSET_DROP)')
+
+
+def _unreadable_idx(tmp_path) -> tuple[str, str]:
+    directory = write_idx_set(tmp_path / 'mnist')
+    images = os.path.join(directory, 'train-images-idx3-ubyte.gz')
+    os.chmod(images, 0)
+    return _spec(tmp_path, train={'data': directory}), images
+
+
+def _unreadable_cifar(tmp_path) -> tuple[str, str]:
+    from cluster.training import data
+    directory = tmp_path / 'cifar'
+    data.write_synthetic(str(directory), records_per_file=4, test_records=4)
+    batch = str(directory / data.TRAIN_FILES[2])
+    os.chmod(batch, 0)
+    return _spec(tmp_path, train={'data': str(directory)}), batch
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('command, setup', [('up', _unreadable_idx), ('task', _unreadable_idx),
+                                            ('up', _unreadable_cifar)])
+def test_a_data_file_the_user_may_not_read_is_named_so_not_called_damaged(tmp_path, command, setup):
+    """A data file of mode 000 is refused by the OS, not damaged: the line says so and what fixes
+    it (read access for the tasks' user), not that the data set must be copied again."""
+    spec, path = setup(tmp_path)
+    argv = ['up', spec] if command == 'up' else ['task', '--spec', spec, '--job', 'worker', '--index', '0']
+    before = set(os.listdir(tmp_path))
+    if argv[0] == 'task':
+        result = subprocess.run([sys.executable, '-m', 'cluster.task', *argv[1:]], cwd=tmp_path, capture_output=True,
+                                text=True, timeout=120, preexec_fn=_no_root_reads)
+    else:
+        result = launch(*argv, cwd=str(tmp_path), timeout=120, preexec_fn=_no_root_reads)
+    lines = result.stderr.splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stdout + result.stderr
+    assert f'cannot read {path}: permission denied' in lines[0] and 'damaged' not in lines[0], lines[0]
+    check_documented('data-file-unreadable', strip_prefix(lines[0]))
+    assert set(os.listdir(tmp_path)) == before and not project_processes()
+
+
 def test_the_table_is_long_enough():
     assert len(CASES) >= 40
 
@@ -263,6 +311,7 @@ def test_the_table_is_long_enough():
 ALSO_DOCUMENTED = {
     'port-in-use': 'test_local_port_in_use_names_the_task',
     'train-dir-held': 'test_a_held_train_dir_names_its_launcher',
+    'data-file-unreadable': 'test_a_data_file_the_user_may_not_read_is_named_so_not_called_damaged',
 }
 
 

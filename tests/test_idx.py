@@ -3,8 +3,10 @@ Debian package's real files, one-line errors for missing and damaged files (smal
 here), the model and the memory estimate on 28x28x1 images, and the tf.data pipelines on them."""
 from __future__ import annotations
 
+import errno
 import gzip
 import os
+import pwd
 import re
 import shutil
 
@@ -121,6 +123,23 @@ def test_a_damaged_idx_file_is_one_line_naming_it(tmp_path, how):
     assert line.startswith(f'IDX data set: {path}'), line
     assert re.search(DAMAGE[how], line), line
     assert line.endswith(': copy the data set there again'), line
+
+
+def test_a_file_the_os_refuses_is_named_unreadable_not_damaged():
+    """What open(2) of a mode-000 file raises for a user who may not read it (the suite runs as
+    root, which reads it anyway: tests/test_bad_input.py runs it for real without root's reads).
+    The line names the file and the fix, and it is an Unreadable, which gets no re-copy advice;
+    any other OSError is still damage."""
+    path = '/data/mnist/train-images-idx3-ubyte.gz'
+    for number in (errno.EACCES, errno.EPERM):
+        refused = idx._read_error(path, PermissionError(number, os.strerror(number), path))
+        assert isinstance(refused, idx.Unreadable)
+        user = pwd.getpwuid(os.geteuid()).pw_name
+        assert one_line(refused) == (f'cannot read {path}: permission denied; the user running the task ({user}) '
+                                     'needs read access to it')
+    failing = idx._read_error(path, OSError(errno.EIO, os.strerror(errno.EIO), path), ', after 0 bytes of 9')
+    assert not isinstance(failing, idx.Unreadable) and one_line(failing).startswith(f'{path} is damaged (')
+    assert idx.unreadable(path, FileNotFoundError(errno.ENOENT, 'gone', path)) is None
 
 
 def test_a_damaged_package_file_says_reinstall_it(tmp_path, monkeypatch):

@@ -93,6 +93,7 @@ def check_data_dir(directory: str, split: str = 'train') -> list[str]:
     for path in paths:
         if not os.path.isfile(path):
             raise DataError('CIFAR-10 file %s is not a regular file' % path)
+        _readable(path)
         size = os.path.getsize(path)
         if size == 0:
             raise DataError('CIFAR-10 file %s is empty' % path)
@@ -105,6 +106,16 @@ def check_data_dir(directory: str, split: str = 'train') -> list[str]:
             raise DataError('CIFAR-10 file %s has %d records where %s has %d (cut short, or a partial copy)'
                             % (path, size // RECORD_BYTES, source, expected))
     return paths
+
+
+def _readable(path: str) -> None:
+    """A DataError naming `path` if this process may not open it: the tasks' tf.data would fail on
+    it mid-training with a less telling error."""
+    try:
+        with open(path, 'rb'):
+            pass
+    except OSError as e:
+        raise DataError(idx.unreadable(path, e) or f'cannot read {path}: {rundir.os_cause(e) or e}') from None
 
 
 def _expected_records(directory: str, split: str) -> tuple[int, str]:
@@ -121,7 +132,8 @@ def _expected_records(directory: str, split: str) -> tuple[int, str]:
     except FileNotFoundError:
         return CIFAR10_RECORDS_PER_FILE, 'the real CIFAR-10'
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise DataError('%s is unreadable (%s): write the data again' % (manifest, e)) from None
+        refused = idx.unreadable(manifest, e) if isinstance(e, OSError) else None
+        raise DataError(refused or '%s is unreadable (%s): write the data again' % (manifest, e)) from None
 
 
 def check_data_set(directory: str) -> list[str]:
@@ -312,6 +324,8 @@ def check_split(data_set: DataSet, split: str) -> list[str]:
         return check_data_dir(data_set.directory, split)
     try:
         found = idx.check_split(data_set.directory, split, data_set.num_classes)
+    except idx.Unreadable as e:
+        raise DataError(str(e)) from None      # the file's mode or its user, not its data set, is at fault
     except idx.IdxError as e:
         fix = f': {data_set.remedy}' if data_set.remedy else ''
         raise DataError(f'{data_set.name}: {e}{fix}') from None

@@ -31,6 +31,40 @@ class IdxError(ValueError):
     """An IDX file that is missing, not IDX, or damaged; the message is one line naming it."""
 
 
+class Unreadable(IdxError):
+    """An IDX file this process may not read: its bytes may be fine, so copying it again is no fix."""
+
+
+def unreadable(path: str, error: OSError) -> str | None:
+    """The one line for a file the OS refused to open for reading (EACCES, EPERM), with its fix;
+    None for any other error (a damaged file, a failing disk). Said apart from damage because a
+    file of mode 000, or one its owner alone may read, reads as a permission error, and the fix
+    is the mode or the user, not a new copy."""
+    if not isinstance(error, PermissionError):
+        return None
+    return f'cannot read {error.filename or path}: permission denied; the user running the task ({_user()}) needs ' \
+        'read access to it'
+
+
+def _user() -> str:
+    """This process's user, by name where the system knows it."""
+    import pwd
+    uid = os.geteuid()
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f'uid {uid}'
+
+
+def _read_error(path: str, error: BaseException, detail: str = '') -> IdxError:
+    """The IdxError for a failed read of `path`: Unreadable for a permission error, else damage."""
+    if isinstance(error, OSError):
+        refused = unreadable(path, error)
+        if refused:
+            return Unreadable(refused)
+    return IdxError(f'{path} is damaged ({_cause(error)}{detail})')
+
+
 @dataclass(frozen=True)
 class IdxFile:
     """One IDX file: where it is and what its header says."""
@@ -107,7 +141,7 @@ def read_header(path: str, ndims: int) -> IdxFile:
         with _open(path) as f:
             head = f.read(4 + 4 * ndims)
     except (OSError, EOFError, zlib.error) as e:     # gzip.BadGzipFile is an OSError
-        raise IdxError(f'{path} is damaged ({_cause(e)})') from None
+        raise _read_error(path, e) from None
     if len(head) < 4 or head[:2] != b'\0\0':
         raise IdxError(f'{path} is not an IDX file (it does not start with the IDX magic 00 00)')
     if head[2] != UBYTE or head[3] != ndims:
@@ -139,7 +173,7 @@ def check_length(file: IdxFile) -> None:
                     break
                 got += len(chunk)
     except (OSError, EOFError, zlib.error) as e:
-        raise IdxError(f'{file.path} is damaged ({_cause(e)}, after {got:,} bytes of {want:,})') from None
+        raise _read_error(file.path, e, f', after {got:,} bytes of {want:,}') from None
     if got != want:
         short = 'cut short' if got < want else 'longer than its header says'
         raise IdxError(f'{file.path} has {got:,} bytes where its header ({"x".join(map(str, file.dims))}) '
@@ -201,7 +235,7 @@ def read(path: str) -> np.ndarray:
             dims = struct.unpack(f'>{head[3]}I', f.read(4 * head[3]))
             array = np.frombuffer(f.read(), dtype=np.uint8)
     except (OSError, EOFError, zlib.error, struct.error) as e:
-        raise IdxError(f'{path} is damaged ({_cause(e)})') from None
+        raise _read_error(path, e) from None
     want = 1
     for d in dims:
         want *= d
