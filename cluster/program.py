@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from cluster.runtime.membership import LIVE
-from cluster.runtime import rundir
+from cluster.runtime import masking, rundir
 from cluster.spec import ClusterSpec, TaskSpec, TrainConfig, address
 
 if TYPE_CHECKING:
@@ -407,9 +407,25 @@ def run_command(spec: ClusterSpec, task: TaskSpec, listening: Callable[[int], bo
     assert command is not None       # called only for a spec with a train.command (or an evaluator's)
     argv = command_argv(command, spec, task)
     env = dict(os.environ, TF_CONFIG=spec.tf_config(task))
-    child = subprocess.Popen(argv, env=env)
+    out = sys.stdout if isinstance(sys.stdout, masking.MaskedStream) else None     # hidden values: mask its output
+    child = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE if out else None,
+                             stderr=subprocess.STDOUT if out else None)
     children.append(child)
+    copier = masking.OutputCopier(child.stdout, out) if out and child.stdout else None
     log.info('%s runs %s (pid %d)', task.name, ' '.join(argv), child.pid)
+    try:
+        return _watch_command(spec, task, child, listening, stop_with_workers)
+    finally:
+        if copier:
+            copier.join(COPY_SECS)
+
+
+COPY_SECS = 5.0     # after a command ends, how long its last output may take to be copied to the log
+
+
+def _watch_command(spec: ClusterSpec, task: TaskSpec, child: subprocess.Popen, listening: Callable[[int], bool],
+                   stop_with_workers: bool) -> int:
+    """Pass signals on to the command, say when it serves, and wait for its end (run_command)."""
 
     def forward(signum: int, frame: types.FrameType | None) -> None:
         try:

@@ -25,7 +25,7 @@ import types
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from cluster.runtime import pulse, stacks
+from cluster.runtime import masking, pulse, stacks
 from cluster.runtime.membership import LIVE, Members
 from cluster.coordinator import check_keras
 from cluster.program import ProgramError, check_command, check_program, load_program, run_command, run_program
@@ -238,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         spec, task = resolve_task(args)
+        masking.install(masking.task_masker(spec, task.job, os.environ))     # before anything prints
         check_user_code(spec, task)
         from cluster.training import data   # no TensorFlow at import time
         builtin = not (spec.train.program or spec.train.command)

@@ -12,19 +12,30 @@ from launch.backends.ssh import RemoteState
 from launch.backends.ssh.scripts import (SNAPSHOT_END, Started, TaskFiles, TaskProcess, Watched, end_earlier_copy,
                                          lease_script, ours, parse_snapshot, parse_started, prepare_script,
                                          remote_dir, shell_path, snapshot_script, start_script, stop_script,
-                                         task_command, undo_start_script, workdir_script)
+                                         task_command, undo_start_script, workdir_script,
+                                         env_file_text)
 
 # Every character a shell treats specially, and a line break.
 HOSTILE = 'a b  "double" \'single\' $HOME ${PATH} `id` $(id) \\ ; & | * ? ~ \t tab\nnewline é'
 HOSTILE_DIR = "/srv/it's a dir; rm -rf ~/$(id)"
 
 
-def test_a_task_command_keeps_every_env_value_and_argument_one_word():
-    command = task_command(['/opt/py', '-m', 'cluster.task', '--spec', HOSTILE_DIR + '/spec.yaml'],
-                           {'X': HOSTILE, 'EMPTY': '', 'N': '4'})
-    assert shlex.split(command) == ['env', f'X={HOSTILE}', 'EMPTY=', 'N=4',
-                                    '/opt/py', '-m', 'cluster.task', '--spec', HOSTILE_DIR + '/spec.yaml']
-    assert task_command(['python3', 'x y'], {}) == "python3 'x y'"      # no `env` without a variable
+def test_a_task_command_reads_its_environment_from_a_file_and_keeps_every_argument_one_word():
+    """No value of the environment is on the command line (`ps` shows it to every user of the
+    host): the subshell opens the file, removes it, reads it and execs the task."""
+    env_file = HOSTILE_DIR + '/run/logs/ps-0.env'
+    command = task_command(['/opt/py', '-m', 'cluster.task', '--spec', HOSTILE_DIR + '/spec.yaml'], env_file)
+    assert shlex.split(command) == ['(exec', '4<', env_file, '&&', 'rm', '-f', env_file, '&&', '.', '/dev/fd/4', '&&',
+                                    'exec', '4<&-', '&&', 'exec', '/opt/py', '-m', 'cluster.task', '--spec',
+                                    HOSTILE_DIR + '/spec.yaml)']
+    assert task_command(['python3', 'x y']) == "python3 'x y'"      # no file without an environment
+
+
+def test_an_env_file_keeps_every_value_one_word():
+    text = env_file_text({'X': HOSTILE, 'EMPTY': '', 'N': '4'})
+    assert shlex.split(text) == ['export', f'X={HOSTILE}', 'export', 'EMPTY=', 'export', 'N=4']
+    assert HOSTILE not in text.replace(shlex.quote(HOSTILE), '')       # never unquoted
+    assert TaskFiles.beside('/w/run/logs/worker-1.log').envfile == '/w/run/logs/worker-1.env'
 
 
 def test_a_home_relative_path_still_expands_home_and_nothing_else():

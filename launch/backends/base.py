@@ -20,6 +20,7 @@ import grpc
 
 from cluster.spec import address as host_port, is_chief
 from cluster.runtime import rundir
+from cluster.runtime.masking import NO_MASK, Masker
 from cluster.runtime.rundir import LEASE_ENV, read_text, write_atomically
 from launch.errors import UsageError
 from launch.planning.plan import TaskPlan
@@ -207,6 +208,7 @@ class Backend(abc.ABC):
     one that talks to many hosts reports every host's outcome, never only the first failure."""
 
     name = ''
+    masker: Masker = NO_MASK        # set by the registry: what `lines` hides
 
     def prepare(self, plans: list[TaskPlan], spec_yaml: str) -> None:     # noqa: B027 (a hook: no-op by default)
         """Put what the tasks need in place (the effective spec, log folders) before any start."""
@@ -286,6 +288,13 @@ class Backend(abc.ABC):
                  stop: threading.Event | None = None, offset: int = 0) -> Iterator[str]:
         """The lines of a task's log from byte `offset`; with follow, keep yielding new lines
         until `stop` is set and the file has no more."""
+
+    def lines(self, record: TaskRecord, follow: bool = False,
+              stop: threading.Event | None = None, offset: int = 0) -> Iterator[str]:
+        """read_log's lines as the launcher may show or keep them: each value the spec hides
+        (cluster/runtime/masking.py) as `***`, wherever it came from (the user's code printed it)."""
+        for line in self.read_log(record, follow=follow, stop=stop, offset=offset):
+            yield self.masker.text(line)
 
     @abc.abstractmethod
     def read_file(self, record: TaskRecord, path: str) -> str | None:

@@ -84,7 +84,7 @@ class _Shower:
             moved = threading.Event()       # following: a cluster restart moved the task to a new log
             if self.follow and plan.name in self.records:
                 threading.Thread(target=_watch_moves, args=(self.spec, record, self.stop, moved), daemon=True).start()
-            for line in self.backends[record.backend].read_log(record, follow=self.follow,
+            for line in self.backends[record.backend].lines(record, follow=self.follow,
                                                                stop=_either(self.stop, moved)):
                 if self.prefixed:
                     self.console.line(plan.name, line)

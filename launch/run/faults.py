@@ -56,7 +56,7 @@ def log_tail(record: TaskRecord, backends: Mapping[str, Backend], n: int = 15) -
     """The last `n` lines of this start of the task; a log that cannot be read says so in a line
     of its own, because it must not hide the failure itself."""
     try:
-        return tail(backends[record.backend].read_log(record, offset=record.log_offset), n)
+        return tail(backends[record.backend].lines(record, offset=record.log_offset), n)
     except Exception as e:  # whatever a backend raises reading it
         return [f'(could not read {record.log}: {e})']
 

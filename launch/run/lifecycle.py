@@ -35,6 +35,7 @@ from launch.records.events import EventLog, read_events, read_run_record
 from launch.records.jsonrecord import read_real, read_whole
 from launch.records.result import Failure, MendedFault, RunRecord, RunResult, RunState     # the strategies import them from here
 from launch.records.result import steps_note
+from cluster.runtime.masking import spec_masker
 from launch.records.lock import LockBusy, TrainDirLock
 from launch.run.console import Console
 from launch.run.disk import DiskWatch
@@ -128,6 +129,7 @@ class Lifecycle:
     def __init__(self, spec: ClusterSpec, console: Console, backend: str = '', spec_yaml: str = '',
                  overrides: Iterable[str] = (), report: bool = True) -> None:
         self.spec, self.console = spec, console
+        self.masker = spec_masker(spec)     # every log line shown or kept: no value the spec hides
         self.report = report            # write report.html at the end of every attempt
         self.backend, self.spec_yaml, self.overrides = backend, spec_yaml, list(overrides)
         self.run_id, self.attempt = '', 0
@@ -403,7 +405,8 @@ class Lifecycle:
         stop = threading.Event()
 
         def pump() -> None:
-            for line in lines(stop):
+            for raw in lines(stop):
+                line = self.masker.text(raw)    # a value the spec hides, printed by the user's code
                 if on_line is not None:
                     try:
                         on_line(line)

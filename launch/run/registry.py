@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from contextlib import AbstractContextManager as ContextManager
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
+from cluster.runtime.masking import spec_masker
 from cluster.spec import ClusterSpec, TaskSpec
 from launch.backends.base import Backend
 from launch.errors import UsageError
@@ -337,6 +338,7 @@ def make_backends(spec: ClusterSpec, opts: Options, names_needed: Iterable[str])
     backends = Backends()
     for name in [DEFAULT] + sorted(set(names_needed) - {DEFAULT}):
         backends[name] = KINDS[name].backend(spec, opts)
+        backends[name].masker = spec_masker(spec)       # the lines it reads, as shown: values hidden
     return backends
 
 

@@ -34,7 +34,8 @@ from launch.backends.ssh.connections import COMMAND_TIMEOUT, Connections, SSHErr
 from launch.backends.ssh.scripts import (Seen, Started, TaskFiles, TaskProcess, Watched, lease_script,
                                          parse_signalled, parse_snapshot, parse_started, prepare_script,
                                          probe_script, remote_dir, signal_script, snapshot_script, start_script,
-                                         stop_script, task_command, undo_start_script, workdir_script)
+                                         stop_script, task_command, undo_start_script, workdir_script,
+                                         env_file_text)
 from launch.planning.plan import LEASE_SECS, TaskPlan
 
 log = logging.getLogger(__name__)
@@ -106,7 +107,7 @@ def _start_script(plan: TaskPlan, workdir: str, earlier: TaskProcess | None) -> 
     # Each attempt logs to a file of its own (a task restarted within one appends); log_path
     # leads to the newest, and a plain file left there by an older version becomes attempt-0's.
     legacy = posixpath.join(posixpath.dirname(link), rundir.attempt_dirname(0))
-    command = task_command(_spec_made_absolute(plan.argv, workdir), plan.env)
+    command = task_command(_spec_made_absolute(plan.argv, workdir), TaskFiles.beside(link).envfile)
     return start_script(command, workdir, link, posixpath.join(workdir, plan.attempt_log_path), legacy, earlier)
 
 
@@ -268,6 +269,8 @@ class SSHBackend(Backend):
             earlier = h.records.get(plan.name)
         script = _start_script(plan, workdir, None if earlier is None else _process(earlier))
         self._connect(name)         # an unreachable host fails here, before anything can start
+        env_text = env_file_text(plan.env)
+        self._sftp_call(name, lambda sftp: self._upload(sftp, env_text, files.envfile))
         try:
             result = self._run(name, script)
             started = parse_started(result.stdout)

@@ -9,10 +9,13 @@ and W itself, when relative, is below the remote user's home):
     W/L minus .log + .pid    the pid of the task's session leader (the wrapper below)
     W/L minus .log + .task   the pid of the task itself, written by the wrapper as it starts it
     W/L minus .log + .rc     its exit code, written by the wrapper when the task ends
+    W/L minus .log + .env    the task's environment (mode 0600, over SFTP), removed as the task starts
 
-A task runs as `setsid nohup sh -c 'trap : TERM; env K=V ... python -m cluster.task ... & wait ...; echo $r > RC'`
+A task runs as `setsid nohup sh -c 'trap : TERM; (. ENV; exec python -m cluster.task ...) & wait ...; echo $r > RC'`
 in its own session, so one `kill -TERM -PID` reaches its whole process group, and the wrapper
-survives the SIGTERM long enough to write the exit code. A pid counts as the task's only while its
+survives the SIGTERM long enough to write the exit code. The environment comes from a file, never
+the command line: a value on it could be read by every user of the host (`ps`) as long as the
+wrapper runs. A pid counts as the task's only while its
 start time (read on the host with sed and cut: the host may lack Python packages) is the recorded one.
 """
 from __future__ import annotations
@@ -74,6 +77,11 @@ class TaskFiles:
     rcfile: str
     taskfile: str
 
+    @property
+    def envfile(self) -> str:
+        """The task's environment, for the wrapper to read (env_file_text); its owner's alone."""
+        return self.rcfile[:-len('.rc')] + '.env'
+
     @classmethod
     def beside(cls, log: str) -> TaskFiles:
         """The files of the task whose log is `log` (its name minus `.log`, plus .pid, .rc, .task)."""
@@ -97,11 +105,21 @@ def end_earlier_copy(earlier: TaskProcess | None) -> str:
             'while kill -0 -$k 2>/dev/null && [ $i -lt 100 ]; do sleep 0.05; i=$((i + 1)); done; fi')
 
 
-def task_command(argv: Sequence[str], env: Mapping[str, str]) -> str:
-    """The task's command line, its environment given by `env` (which execs: one pid, the task's)."""
-    assignments = ' '.join(f'{k}={q(v)}' for k, v in env.items())
+def task_command(argv: Sequence[str], env_file: str | None = None) -> str:
+    """The task's command line (it execs: one pid, the task's). With `env_file`, a subshell
+    opens that file, removes it, reads its variables (env_file_text) and execs the task: the
+    values are in the task's environment, which only its user can read, and in no argv. The file
+    is removed before it is read so that a PATH it sets cannot change which `rm` runs."""
     argv_text = f'{shell_path(argv[0])} {shlex.join(argv[1:])}'
-    return f'env {assignments} {argv_text}' if assignments else argv_text
+    if env_file is None:
+        return argv_text
+    return f'(exec 4< {q(env_file)} && rm -f {q(env_file)} && . /dev/fd/4 && exec 4<&- && exec {argv_text})'
+
+
+def env_file_text(env: Mapping[str, str]) -> str:
+    """The task's environment as lines a POSIX shell reads with `.`: `export NAME=value`, each
+    value quoted (a name is a valid variable name: the spec checks it)."""
+    return ''.join(f'export {k}={q(v)}\n' for k, v in env.items())
 
 
 def wrapper(command: str, files: TaskFiles) -> str:
