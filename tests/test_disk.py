@@ -426,8 +426,11 @@ def _task_log(train_dir: str, name: str = 'worker-0') -> str:
     return path
 
 
-def test_a_pulse_beats_on_a_full_disk_and_says_the_log_is_refused(small_fs):
+@pytest.mark.parametrize('masked', [False, True], ids=['plain', 'masked'])
+def test_a_pulse_beats_on_a_full_disk_and_says_the_log_is_refused(small_fs, masked):
+    """... also through the stream that masks a task's hidden values (cluster/runtime/masking.py)."""
     from cluster.runtime import pulse
+    from cluster.runtime.masking import Masker, MaskedStream
     train_dir = small_fs('256k')
     log_path = _task_log(train_dir)
     beats = pulse.Pulse()
@@ -436,11 +439,11 @@ def test_a_pulse_beats_on_a_full_disk_and_says_the_log_is_refused(small_fs):
     logger = logging.getLogger('tests.pulse')
     logger.propagate = False
     with open(log_path, 'a', buffering=1) as stream:
-        handler = pulse.LogHandler(stream, beats)
+        handler = pulse.LogHandler(MaskedStream(stream, Masker(['s3cret-value'])) if masked else stream, beats)
         logger.addHandler(handler)
         try:
             beats.beat(3, 10)
-            logger.warning('step 3/10')
+            logger.warning('step 3/10 with s3cret-value')
             fill(train_dir)
             logger.warning('step 4/10 ' + 'x' * 8000)      # more than any page the log still has
             beats.beat(4, 10)
@@ -456,6 +459,7 @@ def test_a_pulse_beats_on_a_full_disk_and_says_the_log_is_refused(small_fs):
     assert pulse.parse(open(pulse.beside(log_path)).read()) == pulse.Beat(4, 10, None)   # heard again
     assert os.path.getsize(pulse.beside(log_path)) == pulse.PULSE_BYTES
     assert 'step 5/10' in open(log_path).read()
+    assert ('step 3/10 with ***' if masked else 'step 3/10 with s3cret-value') in open(log_path).read()
     assert pulse.parse('{"step": tru') is None and pulse.parse(None) is None and pulse.parse('[1]') is None
 
 
