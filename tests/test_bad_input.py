@@ -263,6 +263,7 @@ def test_the_table_is_long_enough():
 ALSO_DOCUMENTED = {
     'port-in-use': 'test_local_port_in_use_names_the_task',
     'train-dir-held': 'test_a_held_train_dir_names_its_launcher',
+    'run-gone': 'tests/test_run_index.py::test_a_run_whose_train_dir_is_gone_is_one_line',
 }
 
 

@@ -192,13 +192,34 @@ class BackendError(Exception):
 
 @dataclass
 class HostCheck:
-    """The pre-flight verdict for one host: `detail` says what was found or what is wrong."""
+    """The pre-flight verdict for one host: `detail` says what was found or what is wrong;
+    `refusal`, where the problem has a line of its own in docs/errors.yaml (a busy port), that
+    line, which `launch up` and `launch check` then end with (refusal())."""
     host: str
     ok: bool
     detail: str
+    refusal: str = ''
 
     def line(self) -> str:
         return f'{self.host}: {"ok" if self.ok else "error"}: {self.detail}'
+
+    def to_json(self) -> dict[str, Any]:
+        """One host of `launch check --json`: `host`, `ok`, `detail`."""
+        return {'host': self.host, 'ok': self.ok, 'detail': self.detail}
+
+
+def busy_port(task: str, port: int, host: str) -> str:
+    """A task's port something already listens on: the one wording of every backend and command."""
+    return f'{task}: port {port} on {host} is already in use'
+
+
+def refusal(spec: ClusterSpec, failed: list[HostCheck]) -> str:
+    """The one line the pre-flight refuses failed hosts with: a problem's own line when every
+    failed host has one (a busy port), else every failed host's verdict."""
+    own = [c.refusal for c in failed if c.refusal]
+    if own and len(own) == len(failed):
+        return f'{spec.path}: {own[0]}'
+    return f'{spec.path}: pre-flight failed: ' + '; '.join(c.line() for c in failed)
 
 
 class Backend(abc.ABC):
@@ -228,7 +249,7 @@ class Backend(abc.ABC):
         verdict in one line): raises UsageError."""
         failed = [c for c in self.check(plans) if not c.ok] if plans else []
         if failed:
-            raise UsageError(f'{spec.path}: pre-flight failed: ' + '; '.join(c.line() for c in failed))
+            raise UsageError(refusal(spec, failed))
 
     @abc.abstractmethod
     def start(self, plan: TaskPlan) -> TaskRecord:

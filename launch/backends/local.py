@@ -19,11 +19,10 @@ from cluster.runtime import hostinfo
 from cluster.task import port_in_use
 from launch.backends import netns
 from launch.backends.procstat import process_ident
-from launch.errors import UsageError
 from launch.system import poll_until
 from cluster.runtime.rundir import PRIVATE, read_text, write_atomically
 from launch.backends.base import (ENDED, HOST_PROBE, RUNNING, STOP_GRACE_SECS, Backend, BackendError, HostCheck,
-                            Observation, TaskRecord, follow_file, handle_of, link_attempt_log,
+                            Observation, busy_port, TaskRecord, follow_file, handle_of, link_attempt_log,
                             local_disk_full, planned_record, touch_leases)
 from launch.planning.plan import TaskPlan
 
@@ -31,8 +30,6 @@ if TYPE_CHECKING:
     import threading
 
     import grpc
-
-    from cluster.spec import ClusterSpec
 
 log = logging.getLogger(__name__)
 
@@ -111,17 +108,11 @@ class LocalBackend(Backend):
         private network namespace has the namespace's ports to itself)."""
         return [p for p in plans if not p.netns and port_in_use(p.task.port)]
 
-    def preflight(self, spec: ClusterSpec, plans: list[TaskPlan]) -> None:
-        """Named by task, where `launch check` says it per host."""
-        busy = self.busy(plans)
-        if busy:
-            task = busy[0].task
-            raise UsageError(f'{spec.path}: {task.name}: port {task.port} on {task.host} is already in use')
-
     def check(self, plans: list[TaskPlan], imports: bool = False) -> list[HostCheck]:
         if not plans:
             return []
-        problems = [f'port {p.task.port} ({p.name}) already in use' for p in self.busy(plans)]
+        problems = [busy_port(p.name, p.task.port, p.task.host) for p in self.busy(plans)]
+        busy = problems[0] if problems else ''
         version = ''
         if imports:
             python = plans[0].argv[0]
@@ -140,7 +131,7 @@ class LocalBackend(Backend):
             else:
                 version = f', tensorflow {found["tensorflow"]}'
         if problems:
-            return [HostCheck('localhost', False, '; '.join(problems))]
+            return [HostCheck('localhost', False, '; '.join(problems), refusal=busy if problems[0] == busy else '')]
         where = sorted({p.netns for p in plans if p.netns})    # a fresh namespace has every port free
         return [HostCheck('localhost', True, f'{len(plans)} task(s){version}, ports '
                                              f'{", ".join(str(p.task.port) for p in plans)} free'

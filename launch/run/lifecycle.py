@@ -34,10 +34,10 @@ from launch.records.event_types import (Checkpoint, Evaluation, Event, EventKind
 from launch.records.events import EventLog, read_events, read_run_record
 from launch.records.jsonrecord import read_real, read_whole
 from launch.records.result import Failure, MendedFault, RunRecord, RunResult, RunState     # the strategies import them from here
-from launch.records.lock import LockBusy, TrainDirLock
+from launch.records.lock import LockBusy, TrainDirLock, in_use
 from launch.run.console import Console
 from launch.run.disk import DiskWatch
-from launch.records import ownership
+from launch.records import index, ownership
 
 log = logging.getLogger(__name__)
 
@@ -150,19 +150,7 @@ class Lifecycle:
         not tfcluster's (launch/records/ownership.py) is refused first, untouched."""
         spec = self.spec
         path = spec.train.train_dir
-        if os.path.exists(path) and not os.path.isdir(path):
-            raise spec.error('train.train_dir', f'{path} exists and is not a directory')
-        parent = os.path.dirname(os.path.abspath(path))
-        while not os.path.exists(parent):
-            parent = os.path.dirname(parent)
-        if not os.path.isdir(parent):
-            raise spec.error('train.train_dir', f'{path}: {parent} is not a directory')
-        try:
-            foreign = ownership.foreign_files(path)
-        except OSError as e:
-            raise spec.error('train.train_dir', f'cannot read {path}: {e.strerror}') from None
-        if foreign:     # before the lock file: nothing of someone else's directory is touched
-            raise spec.error('train.train_dir', ownership.refusal(path, foreign))
+        ownership.check_train_dir(spec)     # before the lock file: nothing of someone else's directory is touched
         created, probe = [], os.path.abspath(path)
         while not os.path.exists(probe):
             created.append(probe)
@@ -172,8 +160,7 @@ class Lifecycle:
             lock = TrainDirLock(path)
             lock.acquire(f'launcher pid {os.getpid()}, `launch up {spec.path}` since {time.strftime("%H:%M:%S")}')
         except LockBusy as e:
-            raise UsageError(f'{spec.path}: train_dir {path} is in use by {e}; one launcher per train_dir '
-                             f'(`launch status {spec.path}` shows that run)') from None
+            raise UsageError(in_use(spec.path, path, str(e))) from None
         except OSError as e:
             raise spec.error('train.train_dir', f'cannot write {e.filename or path}: {e.strerror}') from None
         return lock, created
@@ -245,6 +232,7 @@ class Lifecycle:
                              spec_hash=hashlib.sha256(self.spec_yaml.encode()).hexdigest(),
                              overrides=self.overrides, cwd=os.getcwd(), train_dir=os.path.abspath(train_dir),
                              launcher_pid=os.getpid(), resumes_from=step))
+        index.remember(self.run_id, train_dir, self.spec.path)     # its id then works from anywhere
 
     def emit(self, event: Event | EventKind | str, **fields: Any) -> None:
         """Append an event to the run's log (a typed one, or a kind and its fields: EventLog.emit);
