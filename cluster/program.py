@@ -22,7 +22,8 @@ Two spec keys, one or the other:
 - `train.command: python my_train.py --flags` runs in every task instead of the task itself, with
   TF_CONFIG and the classic TF1 flags (--job_name --task_index --ps_hosts --worker_hosts), so a
   script written for TensorFlow's distributed guide runs unchanged. `run_command` keeps the task's
-  part: the lease, signals passed on, the "serving on" line once the script's server listens.
+  part: the lease, signals passed on, the "serving on" line once the script's server listens
+  (a coordinator run's chief and evaluator serve nothing: they say "started").
 
 The checks here (`check_program`, `check_command`) read no TensorFlow and import nothing of the
 user's, so the launcher runs them before anything starts, and each task again on its own host.
@@ -393,12 +394,15 @@ def run_program(server: tf.compat.v1.train.Server, spec: ClusterSpec, task: Task
 # ---------------------------------------------------------------------------------------------
 # train.command: the user's process in place of the task
 
-def run_command(spec: ClusterSpec, task: TaskSpec, listening: Callable[[int], bool], children: list[subprocess.Popen],
-                stop_with_workers: bool = False, command: tuple[str, ...] | None = None) -> int:
+def run_command(spec: ClusterSpec, task: TaskSpec, listening: Callable[[int], bool] | None,
+                children: list[subprocess.Popen], stop_with_workers: bool = False,
+                command: tuple[str, ...] | None = None) -> int:
     """Run the spec's command as this task and return its exit code (128 + N if killed by signal
     N). SIGTERM, SIGINT and SIGHUP are passed on; "serving on" is logged once its server listens
-    on the task's port (`listening(port)`), which is what the launcher waits for. The process is
-    added to `children`, which the task kills if it has to end without it.
+    on the task's port (`listening(port)`), which is what the launcher waits for; a task that
+    serves nothing (`listening` None: a coordinator run's chief or evaluator) says "started" at
+    once instead. The process is added to `children`, which the task kills if it has to end
+    without it.
 
     `stop_with_workers` (a ps task with no launcher to stop it: under Slurm, TFJob, or by hand):
     once every worker's server has been seen and all of them are gone, the command's ps, which
@@ -409,7 +413,10 @@ def run_command(spec: ClusterSpec, task: TaskSpec, listening: Callable[[int], bo
     env = dict(os.environ, TF_CONFIG=spec.tf_config(task))
     child = subprocess.Popen(argv, env=env)
     children.append(child)
-    log.info('%s runs %s (pid %d)', task.name, ' '.join(argv), child.pid)
+    if listening is None:
+        log.info('%s', rundir.started_line(task.name, ' '.join(argv), child.pid))
+    else:
+        log.info('%s runs %s (pid %d)', task.name, ' '.join(argv), child.pid)
 
     def forward(signum: int, frame: types.FrameType | None) -> None:
         try:
@@ -418,10 +425,10 @@ def run_command(spec: ClusterSpec, task: TaskSpec, listening: Callable[[int], bo
             pass
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, forward)
-    serving = False
+    serving = listening is None
     watch = _WorkersGone(spec) if stop_with_workers and task.job == 'ps' else None
     while child.poll() is None:
-        if not serving and listening(task.port):
+        if not serving and listening is not None and listening(task.port):
             serving = True
             log.info('%s', rundir.serving_line(task.name, address(task.host, task.port), child.pid))
         if watch and watch.all_gone():

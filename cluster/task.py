@@ -278,7 +278,7 @@ def run_coordinator_task(spec: ClusterSpec, task: TaskSpec) -> int:
         os.environ.setdefault(name, value)
     key, code = user_code(spec, task)
     if isinstance(code, tuple):     # TF_CONFIG alone tells a TF2 program its place
-        exit_code = run_command(spec, task, lambda port: True, CHILDREN, command=code)
+        exit_code = run_command(spec, task, None, CHILDREN, command=code)     # it serves nothing
         if exit_code == EXIT_OK:    # the line a Slurm chief's rank waits for from the evaluator
             log.info('%s finished', task.name)
         return exit_code

@@ -297,6 +297,19 @@ def says_serving(line: str, name: str) -> bool:
     return f' {name} serving on ' in line
 
 
+def started_line(name: str, what: str, pid: int) -> str:
+    """What a task that serves no port of its own logs once it runs: a coordinator run's chief
+    (its program, or the command `pid` is) and its evaluator. The launcher takes it as the
+    task's word that it has started, as it takes a server's `serving_line`."""
+    return f'{name} started: {what} (pid {pid})'
+
+
+def says_ready(line: str, name: str) -> bool:
+    """Whether the line is the task's word that it is up: serving (a server), or started (a
+    chief or an evaluator, which serve nothing)."""
+    return says_serving(line, name) or f' {name} started: ' in line
+
+
 def progress_line(step: int, total: int, loss: float, rate: str = '') -> str:
     """The chief's progress line `step G/TOTAL  loss L<rate>`; the supervisor reads G from it."""
     return f'step {step}/{total}  loss {loss:.3f}{rate}'

@@ -56,7 +56,7 @@ def _shape(spec: ClusterSpec) -> str:
 def _coordinator_lines(spec: ClusterSpec) -> None:
     train = spec.train
     what = f'calls {train.program}(ctx)' if train.program else \
-        f'runs `{shlex.join(train.command or ())}` with TF_CONFIG (no TF1 flags)'
+        f'runs `{shlex.join(train.command or ())}` with TF_CONFIG (no TF1 flags; python: the task\'s own interpreter)'
     print(f'# the chief {what}; the ps and workers only serve (tf.distribute.Server), and are stopped once the '
           'chief has ended')
     if isinstance(train.evaluator, str):
@@ -78,7 +78,7 @@ def cmd_plan(spec: ClusterSpec, req: Request[JsonFlags]) -> int:
         _coordinator_lines(spec)
     elif spec.train.program:
         print(f'# every worker calls {spec.train.program}(ctx) instead of the built-in CIFAR-10 trainer')
-    if spec.train.command:
+    elif spec.train.command:
         print(f'# every task runs `{shlex.join(spec.train.command)}` plus --job_name, --task_index, --ps_hosts and '
               '--worker_hosts (python: the task\'s own interpreter); the ps tasks are stopped once every worker '
               'exited 0')

@@ -272,9 +272,9 @@ class Lifecycle:
         self.emit(EventKind.TASK_STARTED, task=task, **where)
 
     def saw_line(self, task: str, line: str, worker: bool, chief: bool) -> dict | None:
-        """What a task's log line tells the event log: that it serves, this attempt's first step,
+        """What a task's log line tells the event log: that it is up, this attempt's first step,
         and (the chief's lines, at the console's cadence) progress. Returns a worker's progress."""
-        serving = rundir.says_serving(line, task)
+        serving = rundir.says_ready(line, task)
         saved = rundir.saved_step(line) if chief else None
         found = rundir.parse_progress(line) if worker else None
         evaluated = rundir.parse_evaluation(line) if task.startswith('evaluator:') else None
@@ -316,7 +316,7 @@ class Lifecycle:
                            ended=time.time())
         self._add_figures(result, outcome.lost)
         if result.global_step is None:
-            result.global_step = outcome.global_step
+            result.global_step = self._step_reached(outcome.global_step)
         result.recoveries = list(outcome.recoveries)
         if outcome.state == RunState.DONE:
             self.console.say(outcome.headline + self.summary(result, outcome.lost))
@@ -425,6 +425,13 @@ class Lifecycle:
             if isinstance(found, dict):
                 results.append(found)
         return results
+
+    def _step_reached(self, seen: int | None) -> int | None:
+        """The global step a run without the chief's closing figures reached: the newest it saw
+        in progress lines, or its newest checkpoint's if that is further (a train.command prints
+        its own lines, no progress of ours, but its checkpoints say how far it got)."""
+        saved = self.checkpoint_step()
+        return seen if saved is None else saved if seen is None else max(seen, saved)
 
     def _add_figures(self, result: RunResult, lost: tuple[str, ...]) -> None:
         results = self._worker_results(lost)

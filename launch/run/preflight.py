@@ -85,15 +85,8 @@ def check_isolation(spec: ClusterSpec, command: str, backend: str | None) -> Non
 
 def check_user_code(spec: ClusterSpec, plans: list[TaskPlan]) -> None:
     """A `train.program` or `train.command` can be found where local tasks run (remote tasks check
-    on their own host as they start), and is not given to a backend that cannot run it."""
-    from cluster.task import user_code
-    used = {user_code(spec, p.task) for p in plans}
-    used = {(key, code) for key, code in used if code is not None}
-    for key, code in sorted(used, key=str):
-        for kind in {registry.kind(p.backend) for p in plans}:
-            shipped = isinstance(code, str) and code.split('.')[0] in kind.ships
-            if kind.user_code_refusal and not shipped:
-                raise spec.error(key, kind.user_code_refusal)
+    on their own host as they start). Whether the backend can run it at all is decided before
+    (registry.check_user_code_place, for every command that places tasks)."""
     from cluster.task import check_user_code as check
     for plan in plans:
         if registry.kind(plan.backend).on_this_machine:

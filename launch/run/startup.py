@@ -88,8 +88,8 @@ def _is_up(record: TaskRecord, seen: Observation, backends: Mapping[str, Backend
     if seen.state == ENDED:         # ended well (_check_alive let no other code through)
         return seen.exit_code == 0
     if record.job in ('chief', 'evaluator'):
-        # A coordinator run's chief serves once its program builds the strategy, and an evaluator
-        # serves nothing: their own line is the sign they started.
+        # A coordinator run's chief and evaluator serve nothing of their own: their "started" line
+        # (rundir.started_line) is the sign they run.
         return reported(record.name)
     return backends[record.backend].probe(record, 0.5, channel_ready=ready) and reported(record.name)
 

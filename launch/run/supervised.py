@@ -375,7 +375,7 @@ class SupervisedRun(Strategy):
         chief = self.is_chief(record)
 
         def seen(line: str) -> None:
-            if not serving.is_set() and rundir.says_serving(line, record.name):
+            if not serving.is_set() and rundir.says_ready(line, record.name):
                 serving.set()
                 self.clock.served(record.name)
             found = self.life.saw_line(record.name, line, record.job == 'worker' or chief, chief)
