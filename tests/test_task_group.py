@@ -212,3 +212,28 @@ def test_two_runs_whose_ports_collide(tmp_path):
     check_documented('port-taken-at-start', line)
     assert 'servers are up' not in lost and 'unknown device' not in lost.lower(), lost
     assert 'servers are up' in won and procs[winner].returncode == 128 + signal.SIGINT, won
+
+
+def test_over_ssh_a_chief_killed_hard_takes_its_command_along(ssh_hosts, tmp_path):
+    """The same guarantee on SSH hosts (the wrapper ends its task's whole session before it
+    writes the exit code): kill -9 of the chief's pid, the restart serves on the free port, the
+    command resumes from its checkpoint and the run ends well; nothing is left on any host."""
+    from tests.test_ssh import assert_nothing_left, host_settings, workdir
+    chief_dir = workdir(tmp_path, '127.0.0.2') / 'run'
+    spec = write_coordinator_spec(tmp_path, program=None, evaluator=None, host='127.0.0.2',
+                                  worker_hosts=('127.0.0.2', '127.0.0.3'), hosts=host_settings(ssh_hosts, tmp_path),
+                                  train_dir='run', command=wrapped_command(tmp_path, chief_dir, 300, 0.1))
+    proc = launch_bg('up', spec, '--ssh-config', str(ssh_hosts.ssh_config), cwd=str(tmp_path))
+    try:
+        lines = until_own_line(proc, 40)
+        killed_at = int(re.search(r'at (\d+),', lines[-1]).group(1))
+        os.kill(task_pid(str(tmp_path / 'run'), 'chief:0'), signal.SIGKILL)
+        out = ''.join(lines) + finish(proc)
+    finally:
+        left = none_left(str(chief_dir))
+    assert proc.returncode == 0, out
+    assert 'restart 1/3: chief:0 was killed by SIGKILL' in out and 'already in use' not in out, out
+    resumed = [int(n) for n in re.findall(r'my own line: at (\d+),', out[out.index('restart 1/3'):])]
+    assert resumed and resumed[0] > killed_at and resumed[-1] == 300, out
+    assert not left, f'left running: {left}'
+    assert_nothing_left(ssh_hosts)
