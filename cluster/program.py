@@ -49,7 +49,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from cluster.runtime.membership import LIVE
-from cluster.runtime import rundir
+from cluster.runtime import children as lineage, ports, rundir
 from cluster.spec import ClusterSpec, TaskSpec, TrainConfig, address
 
 if TYPE_CHECKING:
@@ -399,10 +399,11 @@ def run_command(spec: ClusterSpec, task: TaskSpec, listening: Callable[[int], bo
                 command: tuple[str, ...] | None = None) -> int:
     """Run the spec's command as this task and return its exit code (128 + N if killed by signal
     N). SIGTERM, SIGINT and SIGHUP are passed on; "serving on" is logged once its server listens
-    on the task's port (`listening(port)`), which is what the launcher waits for; a task that
-    serves nothing (`listening` None: a coordinator run's chief or evaluator) says "started" at
-    once instead. The process is added to `children`, which the task kills if it has to end
-    without it.
+    on the task's port (`listening(port)`) and every listener there is the task's own (another
+    process there ends the task: EXIT_USAGE, one line naming it), which is what the launcher waits
+    for; a task that serves nothing (`listening` None: a coordinator run's chief or evaluator)
+    says "started" at once instead. The process is added to `children`, which the task kills if
+    it has to end without it; it dies with the task in any case (cluster/runtime/children.py).
 
     `stop_with_workers` (a ps task with no launcher to stop it: under Slurm, TFJob, or by hand):
     once every worker's server has been seen and all of them are gone, the command's ps, which
@@ -410,8 +411,7 @@ def run_command(spec: ClusterSpec, task: TaskSpec, listening: Callable[[int], bo
     command = command or spec.train.command
     assert command is not None       # called only for a spec with a train.command (or an evaluator's)
     argv = command_argv(command, spec, task)
-    env = dict(os.environ, TF_CONFIG=spec.tf_config(task))
-    child = subprocess.Popen(argv, env=env)
+    child = lineage.start(argv, dict(os.environ, TF_CONFIG=spec.tf_config(task)))   # dies with this task
     children.append(child)
     if listening is None:
         log.info('%s', rundir.started_line(task.name, ' '.join(argv), child.pid))
@@ -429,6 +429,11 @@ def run_command(spec: ClusterSpec, task: TaskSpec, listening: Callable[[int], bo
     watch = _WorkersGone(spec) if stop_with_workers and task.job == 'ps' else None
     while child.poll() is None:
         if not serving and listening is not None and listening(task.port):
+            taken = _taken(task)
+            if taken:       # another process answers on the task's port: it must not pass for ours
+                log.error('%s', taken)
+                _end(child)
+                return rundir.EXIT_USAGE
             serving = True
             log.info('%s', rundir.serving_line(task.name, address(task.host, task.port), child.pid))
         if watch and watch.all_gone():
@@ -438,6 +443,13 @@ def run_command(spec: ClusterSpec, task: TaskSpec, listening: Callable[[int], bo
         time.sleep(0.05 if not serving else 0.2)
     code = child.returncode
     return 128 - code if code < 0 else code
+
+
+def _taken(task: TaskSpec) -> str | None:
+    """The line naming whoever else listens on the task's port (another run's task, say), or
+    None when every listener there is this task's or its command's (or none is, yet)."""
+    ours = ports.process_tree(os.getpid())      # the command, and whatever it started, serve for it
+    return ports.in_use_line(task.name, task.port, ours) if ports.foreign_holders(task.port, ours) else None
 
 
 class _WorkersGone:

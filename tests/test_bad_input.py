@@ -262,6 +262,7 @@ def test_the_table_is_long_enough():
 # spec tables of tests/test_spec.py: entry id -> that test.
 ALSO_DOCUMENTED = {
     'port-in-use': 'test_local_port_in_use_names_the_task',
+    'port-taken-at-start': 'tests/test_task_group.py::test_two_runs_whose_ports_collide',
     'train-dir-held': 'test_a_held_train_dir_names_its_launcher',
     'run-gone': 'tests/test_run_index.py::test_a_run_whose_train_dir_is_gone_is_one_line',
     'compose-user-code': 'test_compose_plan_and_up_refuse_code_the_image_lacks_with_one_line',

@@ -406,9 +406,12 @@ def cause_line(text: str, default: str = '') -> str:
     return next((line for line in lines if not re.fullmatch(r'={5,}', line)), default)
 
 
+USAGE_ERROR = 'cluster.task: error: '      # how a task that cannot start prints why (then exits EXIT_USAGE)
+
+
 def last_error_line(lines: list[str]) -> str | None:
-    """The last Python error of a task's output: an exception line of a traceback, or an error the
-    task logged itself. TensorFlow's C++ chatter (absl `E1122 ...` lines) is not an explanation,
+    """The last Python error of a task's output: an exception line of a traceback, an error the
+    task logged itself, or the line it refused to start with (USAGE_ERROR: its port taken). TensorFlow's C++ chatter (absl `E1122 ...` lines) is not an explanation,
     nor is a message that is only TensorFlow's preamble or banner (`UnavailableError: ====`):
     then the cause is the rest of the message on the lines after it (a traceback's), else the
     error is named without the empty words."""
@@ -419,6 +422,8 @@ def last_error_line(lines: list[str]) -> str | None:
             return _with_cause(m.group(2), lines[i + 1:])
         if _PY_ERROR.match(text):
             return _with_cause(text, lines[i + 1:])
+        if text.startswith(USAGE_ERROR) and len(text) > len(USAGE_ERROR):
+            return text[len(USAGE_ERROR):]
     return None
 
 

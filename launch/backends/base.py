@@ -168,16 +168,20 @@ RUNNING, ENDED, UNKNOWN = Seen.RUNNING, Seen.ENDED, Seen.UNKNOWN
 class Observation:
     """What a backend can tell of one task now: running, ended (with its exit code, negative for
     a signal), or unknown (its host cannot be asked; `error` says why). A running task that makes
-    no progress says how in `stopped` (e.g. 'is stopped (SIGSTOP, or a debugger)')."""
+    no progress says how in `stopped` (e.g. 'is stopped (SIGSTOP, or a debugger)'). An ended task
+    whose process group still runs (a command it started, which may hold its port) lists those
+    processes in `left`: the task is gone, but not all of it."""
     state: Seen
     exit_code: int | None = None
     stopped: str | None = None
     error: str = ''
+    left: tuple[int, ...] = ()
 
     @property
     def alive(self) -> bool:
-        """Running, or unknown: what keeps a state file (so `launch down` can try again later)."""
-        return self.state != ENDED
+        """Running, unknown, or ended with processes of its group left: what keeps a state file
+        and what a stop must reach (so `launch down` can try again later)."""
+        return self.state != ENDED or bool(self.left)
 
     @property
     def frozen(self) -> bool:
@@ -295,7 +299,8 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def stop(self, records: list[TaskRecord], grace: float = STOP_GRACE_SECS) -> None:
-        """SIGTERM every task's process group, wait up to `grace` seconds in all, then SIGKILL."""
+        """SIGTERM every task's process group, wait up to `grace` seconds in all, then SIGKILL;
+        also the group of a task that has ended while processes it started still run."""
 
     @abc.abstractmethod
     def log_record(self, plan: TaskPlan) -> TaskRecord:
