@@ -53,12 +53,14 @@ def coordinator_env() -> dict[str, str]:
 
 
 class StopSignal:
-    """SIGTERM or SIGINT asks the program to stop at its next `should_stop()` (it then saves and
-    returns); a second one ends the process at once."""
+    """SIGTERM or SIGINT asks the program to stop at its next `should_stop()` (the chief's then
+    saves and returns); a second one ends the process at once. `after`: what the task finishes
+    first, as its line says it (the chief saves a checkpoint; the evaluator saves nothing)."""
 
-    def __init__(self) -> None:
+    def __init__(self, after: str = 'the work under way (a checkpoint is saved first)') -> None:
         self.event = threading.Event()
         self.signum = 0
+        self.after = after
 
     def install(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -70,8 +72,7 @@ class StopSignal:
             os._exit(128 + signum)
         self.signum = signum
         self.event.set()
-        log.info('%s received: stopping after the work under way (a checkpoint is saved first)',
-                 signal.Signals(signum).name)
+        log.info('%s received: stopping after %s', signal.Signals(signum).name, self.after)
 
 
 def checkpoint_step(path: str) -> int:
@@ -169,7 +170,10 @@ class CoordinatorContext:
 
     def should_stop(self) -> bool:
         """Whether to leave the training loop: asked to stop, or train.steps reached by the last report."""
-        return self.stopping or self._progress.step >= self.train.steps
+        stop = self.stopping or self._progress.step >= self.train.steps
+        if stop:
+            keep_program_alive(sys._getframe(1))
+        return stop
 
     def checkpoint(self, counter: tf.Variable, **objects: Any) -> Checkpoints:
         """Checkpoints of `objects` in train_dir, restored now from the newest one (if any): saved
@@ -206,6 +210,8 @@ class CoordinatorContext:
         # The final step is saved at once, not after the program returns: freeing a PSS program's
         # tf.functions can block for seconds to a minute (each is removed from every remote task).
         final = p.step >= self.train.steps and c.saved_step != p.step
+        if p.step >= self.train.steps:
+            keep_program_alive(sys._getframe(1))
         if final or save_due(self.train, p.step, c.saved_step if c.saved_step is not None else previous,
                              now - c.saved_at):
             c.save()
@@ -228,6 +234,22 @@ class CoordinatorContext:
         return out
 
 
+# The program's frames from the moment its training ends, held until the process ends (the task
+# ends through os._exit, which frees nothing). Freeing a PSS program's objects as it returns would
+# remove each of its tf.functions from every remote task, an RPC each, which was seen to take from
+# seconds to a minute with the servers up, and which logs a "Failed to remove function remotely"
+# error per function and task once they are stopped. Held, they cost nothing: the process ends.
+_KEPT: list[types.FrameType] = []
+
+
+def keep_program_alive(frame: types.FrameType) -> None:
+    """Hold `frame` (and through f_back every frame that called it) past its return, so what the
+    program's functions hold is never freed by this process. Once per frame: should_stop() may
+    be asked after every step of a stop."""
+    if not any(kept is frame for kept in _KEPT):
+        _KEPT.append(frame)
+
+
 class EvaluatorContext:
     """What an evaluator `train.evaluator` function gets: the checkpoints to evaluate, one by one,
     and `report` for each evaluation's figures."""
@@ -237,7 +259,7 @@ class EvaluatorContext:
         self.train: TrainConfig = spec.train
         self.train_dir = spec.train.train_dir
         self.final_step = spec.train.steps
-        self._stop = stop or StopSignal()
+        self._stop = stop or StopSignal(after='the evaluation under way')
         self._writer: Any = None
         self.evaluated: int | None = None
 
@@ -354,9 +376,9 @@ def run_chief(spec: ClusterSpec, task: TaskSpec, program: Callable[[CoordinatorC
     stop.install()
     os.makedirs(spec.train.train_dir, exist_ok=True)
     ctx = CoordinatorContext(spec, task, stop)
-    # The coordinator serves on its own port once the strategy connects; the launcher waits for
-    # this line instead (launch/run/startup.py probes no port of a chief or an evaluator).
-    log.info('%s', rundir.serving_line(task.name, task.address, os.getpid()))
+    # The chief serves no task of the cluster: the launcher waits for this line instead of a
+    # server (launch/run/startup.py probes no port of a chief or an evaluator).
+    log.info('%s', rundir.started_line(task.name, f'the program {spec.train.program}', os.getpid()))
     program(ctx)
     ctx.finish()
     rundir.write_atomically(rundir.chief_result_path(spec.train.train_dir), runjson.dumps(ctx.result()))
@@ -366,10 +388,10 @@ def run_chief(spec: ClusterSpec, task: TaskSpec, program: Callable[[CoordinatorC
 
 def run_evaluator(spec: ClusterSpec, task: TaskSpec, function: Callable[[EvaluatorContext], Any]) -> int:
     """The evaluator: call train.evaluator with an EvaluatorContext (it serves no port)."""
-    stop = StopSignal()
+    stop = StopSignal(after='the evaluation under way')
     stop.install()
     ctx = EvaluatorContext(spec, task, stop)
-    log.info('%s', rundir.serving_line(task.name, task.address, os.getpid()))
+    log.info('%s', rundir.started_line(task.name, f'the evaluator {spec.train.evaluator}', os.getpid()))
     function(ctx)
     log.info('evaluated up to global step %s', ctx.evaluated)
     return 128 + stop.signum if stop.signum else rundir.EXIT_OK

@@ -28,6 +28,10 @@ class EvalError(ValueError):
 def evaluate(spec: ClusterSpec, checkpoint: str | None = None) -> dict:
     """Run the whole test split once through the averaged model; returns the figures."""
     train_dir = spec.train.train_dir
+    if spec.coordinator:        # before anything is read or written: nothing here fits its checkpoints
+        raise EvalError(f'{spec.path}: a coordinator run\'s checkpoints hold the model of your own program '
+                        f'({_own_code(spec)}), and `launch eval` scores only the built-in CIFAR-10 model: '
+                        'evaluate yours with train.evaluator (an evaluator task beside the chief)')
     if checkpoint is None and not os.path.exists(rundir.checkpoint_index_path(train_dir)):
         # Before the data: synthetic data would be written for nothing.
         raise EvalError(f'{train_dir}: no checkpoint to evaluate; train first with `launch up {spec.path}`')
@@ -52,8 +56,10 @@ def evaluate(spec: ClusterSpec, checkpoint: str | None = None) -> dict:
             try:
                 saver.restore(sess, checkpoint)
             except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError) as e:
-                raise EvalError(f'{checkpoint} does not hold this model for {data_set.name}\'s '
-                                f'{data_set.shape_text} images (trained on another data set?): '
+                why = f'trained by {_own_code(spec)}?' if spec.train.program or spec.train.command else \
+                    'trained on another data set?'
+                raise EvalError(f'{checkpoint} does not hold the built-in model for {data_set.name}\'s '
+                                f'{data_set.shape_text} images ({why}): '
                                 f'{rundir.cause_line(e.message, "restore failed")}') from None
             right = total = 0
             while True:
@@ -67,6 +73,12 @@ def evaluate(spec: ClusterSpec, checkpoint: str | None = None) -> dict:
     summaries.write_precision(train_dir, precision, step)
     return {'precision': precision, 'correct': right, 'total': total, 'global_step': step,
             'checkpoint': checkpoint}
+
+
+def _own_code(spec: ClusterSpec) -> str:
+    """The spec's own training code, as its key says it."""
+    train = spec.train
+    return f'train.program {train.program}' if train.program else f'train.command {" ".join(train.command or ())}'
 
 
 def _partitions(tf: types.ModuleType, checkpoint: str) -> int:

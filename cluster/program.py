@@ -22,7 +22,8 @@ Two spec keys, one or the other:
 - `train.command: python my_train.py --flags` runs in every task instead of the task itself, with
   TF_CONFIG and the classic TF1 flags (--job_name --task_index --ps_hosts --worker_hosts), so a
   script written for TensorFlow's distributed guide runs unchanged. `run_command` keeps the task's
-  part: the lease, signals passed on, the "serving on" line once the script's server listens.
+  part: the lease, signals passed on, the "serving on" line once the script's server listens
+  (a coordinator run's chief and evaluator serve nothing: they say "started").
 
 The checks here (`check_program`, `check_command`) read no TensorFlow and import nothing of the
 user's, so the launcher runs them before anything starts, and each task again on its own host.
@@ -48,7 +49,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from cluster.runtime.membership import LIVE
-from cluster.runtime import masking, rundir
+from cluster.runtime import children as lineage, masking, ports, rundir
 from cluster.spec import ClusterSpec, TaskSpec, TrainConfig, address
 
 if TYPE_CHECKING:
@@ -393,12 +394,16 @@ def run_program(server: tf.compat.v1.train.Server, spec: ClusterSpec, task: Task
 # ---------------------------------------------------------------------------------------------
 # train.command: the user's process in place of the task
 
-def run_command(spec: ClusterSpec, task: TaskSpec, listening: Callable[[int], bool], children: list[subprocess.Popen],
-                stop_with_workers: bool = False, command: tuple[str, ...] | None = None) -> int:
+def run_command(spec: ClusterSpec, task: TaskSpec, listening: Callable[[int], bool] | None,
+                children: list[subprocess.Popen], stop_with_workers: bool = False,
+                command: tuple[str, ...] | None = None) -> int:
     """Run the spec's command as this task and return its exit code (128 + N if killed by signal
     N). SIGTERM, SIGINT and SIGHUP are passed on; "serving on" is logged once its server listens
-    on the task's port (`listening(port)`), which is what the launcher waits for. The process is
-    added to `children`, which the task kills if it has to end without it.
+    on the task's port (`listening(port)`) and every listener there is the task's own (another
+    process there ends the task: EXIT_USAGE, one line naming it), which is what the launcher waits
+    for; a task that serves nothing (`listening` None: a coordinator run's chief or evaluator)
+    says "started" at once instead. The process is added to `children`, which the task kills if
+    it has to end without it; it dies with the task in any case (cluster/runtime/children.py).
 
     `stop_with_workers` (a ps task with no launcher to stop it: under Slurm, TFJob, or by hand):
     once every worker's server has been seen and all of them are gone, the command's ps, which
@@ -407,25 +412,13 @@ def run_command(spec: ClusterSpec, task: TaskSpec, listening: Callable[[int], bo
     assert command is not None       # called only for a spec with a train.command (or an evaluator's)
     argv = command_argv(command, spec, task)
     env = dict(os.environ, TF_CONFIG=spec.tf_config(task))
-    out = sys.stdout if isinstance(sys.stdout, masking.MaskedStream) else None     # hidden values: mask its output
-    child = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE if out else None,
-                             stderr=subprocess.STDOUT if out else None)
+    child = lineage.start(argv, env, **masking.command_streams())   # dies with this task; masked output
     children.append(child)
-    copier = masking.OutputCopier(child.stdout, out) if out and child.stdout else None
-    log.info('%s runs %s (pid %d)', task.name, ' '.join(argv), child.pid)
-    try:
-        return _watch_command(spec, task, child, listening, stop_with_workers)
-    finally:
-        if copier:
-            copier.join(COPY_SECS)
-
-
-COPY_SECS = 5.0     # after a command ends, how long its last output may take to be copied to the log
-
-
-def _watch_command(spec: ClusterSpec, task: TaskSpec, child: subprocess.Popen, listening: Callable[[int], bool],
-                   stop_with_workers: bool) -> int:
-    """Pass signals on to the command, say when it serves, and wait for its end (run_command)."""
+    masking.copy_output(child)
+    if listening is None:
+        log.info('%s', rundir.started_line(task.name, ' '.join(argv), child.pid))
+    else:
+        log.info('%s runs %s (pid %d)', task.name, ' '.join(argv), child.pid)
 
     def forward(signum: int, frame: types.FrameType | None) -> None:
         try:
@@ -434,10 +427,15 @@ def _watch_command(spec: ClusterSpec, task: TaskSpec, child: subprocess.Popen, l
             pass
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, forward)
-    serving = False
+    serving = listening is None
     watch = _WorkersGone(spec) if stop_with_workers and task.job == 'ps' else None
     while child.poll() is None:
-        if not serving and listening(task.port):
+        if not serving and listening is not None and listening(task.port):
+            taken = _taken(task)
+            if taken:       # another process answers on the task's port: it must not pass for ours
+                log.error('%s', taken)
+                _end(child)
+                return rundir.EXIT_USAGE
             serving = True
             log.info('%s', rundir.serving_line(task.name, address(task.host, task.port), child.pid))
         if watch and watch.all_gone():
@@ -447,6 +445,13 @@ def _watch_command(spec: ClusterSpec, task: TaskSpec, child: subprocess.Popen, l
         time.sleep(0.05 if not serving else 0.2)
     code = child.returncode
     return 128 - code if code < 0 else code
+
+
+def _taken(task: TaskSpec) -> str | None:
+    """The line naming whoever else listens on the task's port (another run's task, say), or
+    None when every listener there is this task's or its command's (or none is, yet)."""
+    ours = ports.process_tree(os.getpid())      # the command, and whatever it started, serve for it
+    return ports.in_use_line(task.name, task.port, ours) if ports.foreign_holders(task.port, ours) else None
 
 
 class _WorkersGone:

@@ -25,7 +25,7 @@ import types
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from cluster.runtime import masking, pulse, stacks
+from cluster.runtime import masking, ports, pulse, stacks
 from cluster.runtime.membership import LIVE, Members
 from cluster.coordinator import check_keras
 from cluster.program import ProgramError, check_command, check_program, load_program, run_command, run_program
@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f'cluster.task: error: {e}', file=sys.stderr)
         return EXIT_USAGE
     if task.job != 'evaluator' and port_in_use(task.port):     # an evaluator serves nothing
-        print(f'cluster.task: error: {task.name}: port {task.port} is already in use', file=sys.stderr)
+        print(f'cluster.task: error: {ports.in_use_line(task.name, task.port)}', file=sys.stderr)
         return EXIT_USAGE
 
     handler = pulse.LogHandler(sys.stdout)     # a line the disk refuses is noted in the pulse
@@ -279,7 +279,7 @@ def run_coordinator_task(spec: ClusterSpec, task: TaskSpec) -> int:
         os.environ.setdefault(name, value)
     key, code = user_code(spec, task)
     if isinstance(code, tuple):     # TF_CONFIG alone tells a TF2 program its place
-        exit_code = run_command(spec, task, lambda port: True, CHILDREN, command=code)
+        exit_code = run_command(spec, task, None, CHILDREN, command=code)     # it serves nothing
         if exit_code == EXIT_OK:    # the line a Slurm chief's rank waits for from the evaluator
             log.info('%s finished', task.name)
         return exit_code
@@ -288,7 +288,10 @@ def run_coordinator_task(spec: ClusterSpec, task: TaskSpec) -> int:
         logging.getLogger(name).setLevel(logging.WARNING)
     tf.get_logger().setLevel(logging.ERROR)
     if code is None:
-        return coordinator.serve(spec, task)
+        try:
+            return coordinator.serve(spec, task)
+        except tf.errors.OpError as e:      # its port, taken after the check in main
+            return cannot_serve(task, cause_line(e.message, '(no message)'))
     try:
         function = load_program(code)
     except ProgramError as e:
@@ -305,6 +308,16 @@ def run_coordinator_task(spec: ClusterSpec, task: TaskSpec) -> int:
         return EXIT_NO_RESTART
     log.info('%s finished', task.name)
     return exit_code
+
+
+def cannot_serve(task: TaskSpec, why: str) -> int:
+    """The task's server could not bind its port (another process took it after the check in
+    main): one line naming who holds it where that can be seen, EXIT_USAGE."""
+    held = port_in_use(task.port)
+    line = ports.in_use_line(task.name, task.port, {os.getpid()}) if held else \
+        f'{task.name}: cannot serve on port {task.port}: {why} (another process took the port?)'
+    print(f'cluster.task: error: {line}', file=sys.stderr)
+    return EXIT_USAGE
 
 
 def serve_and_train(spec: ClusterSpec, task: TaskSpec, data_set: DataSet | None) -> int:
@@ -326,9 +339,7 @@ def serve_and_train(spec: ClusterSpec, task: TaskSpec, data_set: DataSet | None)
     try:
         server = train.make_server(spec, task)
     except tf.errors.OpError as e:      # lost a race for the port after the check in main
-        print(f'cluster.task: error: {task.name}: cannot serve on port {task.port}: '
-              f'{session.first_line(e.message, "(no message)")} (another process took the port?)', file=sys.stderr)
-        return EXIT_USAGE
+        return cannot_serve(task, session.first_line(e.message, '(no message)'))
     log.info('%s', serving_line(task.name, task.address, os.getpid()))
     try:
         if task.job == 'ps':
@@ -362,7 +373,7 @@ if __name__ == '__main__':
         code = EXIT_FAILED
     # A TF server has no stop(): tearing it down in interpreter shutdown races its gRPC threads
     # (crashes or hangs at exit, seen under load). Everything is saved and flushed by now.
-    for close in (logging.shutdown, sys.stdout.flush, sys.stderr.flush):
+    for close in (masking.drain, logging.shutdown, sys.stdout.flush, sys.stderr.flush):   # a command's last lines first
         try:
             close()
         except (OSError, ValueError):   # a full disk under the log: still end through os._exit

@@ -33,7 +33,8 @@ VALUE_COMMANDS = ('up', 'plan', 'check', 'compose', 'render')
 def _spec_args(p: argparse.ArgumentParser, run: bool = False) -> None:
     p.add_argument('spec', metavar='SPEC|RUN' if run else 'SPEC',
                    help='cluster spec, e.g. specs/local2.yaml' + (', or a run: its id (as `launch list` shows it, '
-                                                                  'found under .) or its train_dir' if run else ''))
+                                                                  'found under . or among the runs you started) or '
+                                                                  'its train_dir' if run else ''))
     p.add_argument('--set', dest='overrides', action='append', default=[], metavar='KEY=VALUE',
                    help='override a spec key, e.g. --set train.steps=50 (repeatable)')
     p.add_argument('--ssh-config', metavar='FILE', default=None,
@@ -136,9 +137,10 @@ def _add_reading_commands(sub: argparse._SubParsersAction) -> None:
                                         'images/s, attempts, the result)')
     _spec_args(rep, run=True)
     rep.add_argument('-o', '--output', metavar='FILE', help='where to write it (default: <train_dir>/report.html)')
-    ls = sub.add_parser('list', help='the runs under DIR (default: here), a few levels deep')
-    ls.add_argument('dir', nargs='?', default='.', metavar='DIR',
-                    help='where to look: DIR and the directories a few levels below it (default: .)')
+    ls = sub.add_parser('list', help='the runs you started with `launch up`, from anywhere (or those under DIR)')
+    ls.add_argument('dir', nargs='?', default=None, metavar='DIR',
+                    help='list the runs found in DIR and a few levels below it instead (e.g. `.`), also those '
+                         'your index of runs does not hold (copied, or started by someone else)')
     _json_arg(ls)
 
 

@@ -1,9 +1,11 @@
 """Shared fixtures: free ports, spec files, and a guard that fails any test leaving a task behind."""
 from __future__ import annotations
 
+import atexit
 import os
 import platform
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,6 +34,20 @@ def project_processes() -> dict[int, str]:
     """pid -> command line of every running task or launcher of this test session (its spec lies
     under the session's temporary root, so another session's processes are never counted)."""
     return task_processes(_session_dir + os.sep)
+
+
+# The user's index of runs (launch/records/index.py): every run a test starts is recorded in a
+# temporary one, never in the real user's. A session-wide one for anything outside a test (set
+# here, at import, before any launcher starts), and a fresh one per test (below), inherited by the
+# launchers the test starts, so `launch list` of one test shows only that test's runs.
+os.environ['TFCLUSTER_STATE_DIR'] = tempfile.mkdtemp(prefix='tfcluster-state-')
+atexit.register(shutil.rmtree, os.environ['TFCLUSTER_STATE_DIR'], True)
+
+
+@pytest.fixture(autouse=True)
+def private_index_of_runs(tmp_path_factory, monkeypatch):
+    """Each test its own, empty index of runs."""
+    monkeypatch.setenv('TFCLUSTER_STATE_DIR', str(tmp_path_factory.mktemp('state')))
 
 
 @pytest.fixture(autouse=True)

@@ -1,10 +1,12 @@
 """A ParameterServerStrategy script as people run it by hand: its cluster and its role from
 TF_CONFIG alone, its checkpoints in the directory its flag names (model.ckpt-<step>, as the
 launcher reads the resume step from), and its own print-outs (no progress lines of ours).
-`python tests/pss_command.py --train_dir DIR --steps N` on the chief of a coordinator run."""
+`python tests/pss_command.py --train_dir DIR --steps N` on the chief of a coordinator run
+(`--pause SECS` between rounds of 10 steps, so a test's kill lands mid-run)."""
 from __future__ import annotations
 
 import argparse
+import time
 
 import tensorflow as tf
 
@@ -13,6 +15,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument('--train_dir', required=True)
     p.add_argument('--steps', type=int, default=100)
+    p.add_argument('--pause', type=float, default=0.0)
     args = p.parse_args()
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     strategy = tf.distribute.ParameterServerStrategy(resolver)
@@ -40,6 +43,7 @@ def main() -> None:
         coordinator.join()
         manager.save(checkpoint_number=int(step.numpy()))
         print(f'my own line: at {int(step.numpy())}, loss {float(losses[-1].fetch()):.4f}', flush=True)
+        time.sleep(args.pause)
 
 
 if __name__ == '__main__':

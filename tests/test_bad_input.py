@@ -310,8 +310,12 @@ def test_the_table_is_long_enough():
 # spec tables of tests/test_spec.py: entry id -> that test.
 ALSO_DOCUMENTED = {
     'port-in-use': 'test_local_port_in_use_names_the_task',
+    'port-taken-at-start': 'tests/test_task_group.py::test_two_runs_whose_ports_collide',
     'train-dir-held': 'test_a_held_train_dir_names_its_launcher',
     'data-file-unreadable': 'test_a_data_file_the_user_may_not_read_is_named_so_not_called_damaged',
+    'run-gone': 'tests/test_run_index.py::test_a_run_whose_train_dir_is_gone_is_one_line',
+    'compose-user-code': 'test_compose_plan_and_up_refuse_code_the_image_lacks_with_one_line',
+    'eval-coordinator-run': 'test_eval_of_a_coordinator_run_says_what_its_checkpoints_hold',
 }
 
 
@@ -423,3 +427,69 @@ def test_task_help_is_not_a_traceback():
     result = subprocess.run([sys.executable, '-m', 'cluster.task', '--help'], cwd=REPO, capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 0 and 'usage:' in result.stdout and not result.stderr
+
+
+def _main(capsys, *argv: str) -> tuple[int, str, str]:
+    """`launch ARGV` in this process (no process started): exit code, stdout, stderr."""
+    from launch.cli import main
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize('train, missing', [
+    ({'command': 'python my_train.py --steps 5'}, 'my_train.py'),
+    ({'command': f'python {REPO}/examples/tf1_distributed.py'}, f'{REPO}/examples/tf1_distributed.py'),
+    ({'command': 'python -m mytrain'}, 'the module mytrain'),
+    ({'command': './train.sh'}, './train.sh'),
+    ({'program': 'mytrain:train'}, 'the module mytrain'),
+])
+def test_compose_plan_and_up_refuse_code_the_image_lacks_with_one_line(tmp_path, capsys, train, missing):
+    """The one decision (launch/run/registry.py check_user_code_place): `launch compose`, `plan
+    --backend compose` and `up --backend compose` refuse code outside the image's examples/ with
+    the same line, naming what is missing, exit 2, nothing written."""
+    spec = _spec(tmp_path, train=train)
+    before = set(os.listdir(tmp_path))
+    said = set()
+    for argv in (['compose', spec, '-o', str(tmp_path / 'compose.yaml')], ['plan', spec, '--backend', 'compose'],
+                 ['up', spec, '--backend', 'compose']):
+        code, out, err = _main(capsys, *argv)
+        assert code == 2 and out == '' and len(err.splitlines()) == 1, (argv, code, out, err)
+        said.add(err)
+    line = strip_prefix(said.pop().rstrip('\n'))
+    assert not said, 'the three commands said different things'
+    check_documented('compose-user-code', line)
+    assert f'only, not {missing}:' in line, line
+    assert set(os.listdir(tmp_path)) == before
+
+
+def test_compose_plan_and_up_accept_what_the_image_holds(tmp_path, capsys):
+    """The image holds examples/: a command running a script there (examples/tf1-command.yaml)
+    and the PSS examples are accepted by all three (`up` as far as the decision goes: it would
+    start containers)."""
+    from cluster.spec import load_spec
+    from launch.run import registry
+    (tmp_path / 'pss').mkdir()
+    (tmp_path / 'inline').mkdir()
+    specs = (os.path.join(REPO, 'examples', 'tf1-command.yaml'),
+             _coordinator(tmp_path / 'pss', program='examples.pss_loop:train', evaluator='examples.pss_loop:evaluate'),
+             _spec(tmp_path / 'inline', train={'command': 'python -c "print(1)"'}))
+    for spec in specs:
+        for argv in (['compose', spec, '-o', str(tmp_path / 'compose.yaml')], ['plan', spec, '--backend', 'compose']):
+            code, out, err = _main(capsys, *argv)
+            assert code == 0 and err == '', (argv, err)
+        registry.check_user_code_place(load_spec(spec), 'up', 'compose')
+
+
+def test_eval_of_a_coordinator_run_says_what_its_checkpoints_hold(tmp_path, capsys):
+    """`launch eval` scores the built-in CIFAR-10 model; a coordinator run's checkpoints hold the
+    user's own: one line that says so and where to evaluate them instead, before anything is read
+    or written (no "trained on another data set?" guess)."""
+    spec = _coordinator(tmp_path)
+    before = set(os.listdir(tmp_path))
+    code, out, err = _main(capsys, 'eval', spec)
+    assert code == 2 and out == '' and len(err.splitlines()) == 1, (code, out, err)
+    line = strip_prefix(err.rstrip('\n'))
+    check_documented('eval-coordinator-run', line)
+    assert 'train.program mytrain:train' in line and 'another data set' not in line, line
+    assert set(os.listdir(tmp_path)) == before

@@ -270,3 +270,19 @@ def test_the_backend_finds_the_build_script_of_this_checkout():
     """The script's path is computed from the backend module's place in the tree."""
     from launch.backends import compose
     assert os.path.isfile(compose.BUILD_SCRIPT), compose.BUILD_SCRIPT
+
+
+@pytest.mark.slow
+def test_a_command_whose_script_is_in_the_image_runs_in_compose(tmp_path, compose_project):
+    """examples/tf1_distributed.py is in the image (/tfcluster/examples), so the compose backend
+    accepts a train.command that runs it (launch/run/registry.py check_user_code_place) and it
+    trains there, in every task, as examples/tf1-command.yaml runs it locally."""
+    train_dir = tmp_path / 'run'
+    spec = write_spec(tmp_path, steps=30,
+                      command=f'python examples/tf1_distributed.py --steps 30 --train_dir {train_dir}')
+    project = compose_project(spec)
+    out = launch('up', spec, '--backend', 'compose')
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert 'all 3 servers are up' in out.stdout and 'learned w=' in out.stdout, out.stdout
+    assert not project_leftovers(project)
+    assert any(name.startswith('model.ckpt-') for name in os.listdir(train_dir)), os.listdir(train_dir)

@@ -66,9 +66,29 @@ def test_each_example_trains_to_its_last_step_and_is_evaluated(tmp_path, example
     assert {e['task'] for e in log if e['event'] == 'serving'} == {'chief:0', 'ps:0', 'worker:0', 'worker:1',
                                                                    'evaluator:0'}
     assert re.search(r'done in .*\(coordinator, 2 workers\): global step 60, \d+ images/s in all', out), out
+    assert f'evaluator:0 started: the evaluator examples.{example}:evaluate' in out, out      # it serves nothing
+    assert not re.search(r'(chief|evaluator):0 serving on', out), out
     report = launch('report', spec, '-o', str(tmp_path / 'report.html'))
     page = (tmp_path / 'report.html').read_text()
     assert report.returncode == 0 and '<h2>Evaluation</h2>' in page and '<th>accuracy</th>' in page, report.stderr
+
+
+def test_a_coordinator_run_ends_cleanly_and_says_what_each_role_does(tmp_path):
+    """examples/pss_loop.py, a few steps and no evaluator (nothing then holds the servers up after
+    the last checkpoint): the chief, which serves nothing, says "started", not "serving on"; the
+    servers are stopped only once the chief has ended, so the console holds none of gRPC's
+    "Failed to remove function remotely" errors of a chief freeing its functions against stopped
+    servers; the report gives the step reached."""
+    spec = write_coordinator_spec(tmp_path, program='examples.pss_loop:train', evaluator=None,
+                                  steps=40, checkpoint_steps=20)
+    result = launch('up', spec, timeout=300)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    assert 'Failed to remove function remotely' not in out and 'remote target' not in out, out
+    assert not re.search(r'(chief|evaluator):0 serving on', out), out
+    assert 'chief:0 started: the program examples.pss_loop:train' in out, out
+    launch('report', spec, '-o', str(tmp_path / 'report.html'))
+    assert '<td>global step</td><td>40</td>' in (tmp_path / 'report.html').read_text()
 
 
 def test_a_lost_worker_then_a_lost_ps(tmp_path):
@@ -119,6 +139,9 @@ def test_a_coordinator_command_runs_with_tf_config_alone(tmp_path):
     assert 'my own line: at 60' in out and 'stall' not in out, out
     log = events(str(train_dir))
     assert [e for e in log if e['event'] == 'restart'] == [] and log[-1]['result']['state'] == 'done'
+    assert re.search(r'chief:0 started: \S+python\S* \S+pss_command\.py .* \(pid \d+\)', out), out
+    assert 'chief:0 serving on' not in out and 'global step 60' in out, out     # from its checkpoints
+    assert log[-1]['result']['global_step'] == 60
     again = launch('up', spec, '--set', 'train.command=python --version', timeout=300)
     assert again.returncode == 0, again.stdout + again.stderr
     assert [e['resumes_from'] for e in events(str(train_dir)) if e['event'] == 'run_started'] == [None, 60]
@@ -190,4 +213,4 @@ def test_a_coordinator_run_in_compose(tmp_path, compose_project):
     out = result.stdout + result.stderr
     assert result.returncode == 0, out
     check_finished(out, str(tmp_path / 'run'), 60, metric='accuracy')     # written in the containers
-    assert 'serving on chief-0:' in out and not project_leftovers(project)
+    assert 'chief:0 started: the program examples.pss_loop:train' in out and not project_leftovers(project)

@@ -188,8 +188,9 @@ def test_check_imports_tensorflow_and_names_a_busy_port(tmp_path):
         s.bind(('', port))
         s.listen()
         busy = launch('check', spec, timeout=120)
-    assert busy.returncode == 1
-    assert busy.stdout == f'localhost: error: port {port} (worker:1) already in use\n', busy.stdout
+    assert busy.returncode == 2
+    assert busy.stdout == f'localhost: error: worker:1: port {port} on localhost is already in use\n', busy.stdout
+    assert busy.stderr.splitlines()[-1] == f'launch: error: {spec}: worker:1: port {port} on localhost is already in use'
 
 
 @pytest.mark.slow

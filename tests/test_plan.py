@@ -256,3 +256,20 @@ def test_gpu_count_shell_snippet_runs_and_parses():
     assert count is not None and (expected is None or count == expected), out
     assert parse_gpu_count('noise\ntfcluster-gpus 3\n{"json": 1}') == 3
     assert parse_gpu_count('tfcluster-gpus x') is None and parse_gpu_count('') is None
+
+
+def test_launch_plan_of_a_coordinator_command_says_only_what_a_pss_run_does(tmp_path, capsys):
+    """A coordinator run's train.command runs on the chief alone, with TF_CONFIG and no TF1 flags,
+    and the ps and workers are stopped once the chief has ended: the plan says that, and not the
+    TF1 line (every task runs it with the classic flags; the ps stop once every worker exited)."""
+    from launch.cli import main
+    spec = tmp_path / 'spec.yaml'
+    spec.write_text(yaml.safe_dump({
+        'cluster': {'chief': ['localhost:2221'], 'ps': ['localhost:2222'], 'worker': ['localhost:2223']},
+        'train': {'command': 'python my_pss.py --steps 300', 'train_dir': str(tmp_path / 'run')}}))
+    assert main(['plan', str(spec)]) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith('# ')]
+    assert len(notes) == 2, notes
+    assert notes[1].startswith('# the chief runs `python my_pss.py --steps 300` with TF_CONFIG (no TF1 flags') \
+        and 'the ps and workers only serve' in notes[1] and 'stopped once the chief has ended' in notes[1], notes
+    assert not any('--job_name' in n or 'every task runs' in n or 'every worker exited' in n for n in notes), notes

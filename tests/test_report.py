@@ -292,3 +292,20 @@ def test_report_opens_in_headless_chromium_with_every_image_decoded(tmp_path):
         data = f.read()
     assert data.startswith(PNG_SIGNATURE) and len(data) > 50_000, len(data)
     print(f'report screenshot: {shot}')
+
+
+def test_a_pss_command_run_reports_its_checkpoints_step_and_its_own_settings(tmp_path):
+    """A coordinator run whose chief runs a train.command (tests/data/pss-command: real files of
+    a run that checkpointed to step 300 and printed no progress line of ours): the page gives the
+    global step its checkpoints reached, says why there is no training plot in the words of what
+    ran, and shows no TF1 trainer setting (sync, towers) of a run that has none."""
+    train_dir = tmp_path / 'run'
+    shutil.copytree(os.path.join(REPO, 'tests', 'data', 'pss-command'), train_dir)
+    page = report.render(str(train_dir))
+    assert re.search(r'<td>global step</td><td>300 \(its newest checkpoint\)</td>', page), page[:3000]
+    assert 'no worker reported a step' not in page
+    assert "No progress events: the chief&#x27;s train.command prints its own lines" in page, page
+    spec = page[page.index('<h2>Effective spec'):]
+    for key in ('sync', 'replicas_to_aggregate', 'devices', 'transfer_dtype', 'deterministic'):
+        assert f'\n  {key}:' not in spec, key
+    assert 'train.sync' in spec and 'always asynchronous' in spec and '\n  steps: 300' in spec, spec

@@ -277,7 +277,8 @@ def test_an_unknown_run_id_is_one_line_naming_the_root(tmp_path, monkeypatch):
     with pytest.raises(RunNotFound) as caught:
         resolve('local2-20991231-000000')
     message = str(caught.value)
-    assert message == f'no run local2-20991231-000000 under {tmp_path} (launch list shows the runs there)'
+    assert message == (f'no run local2-20991231-000000 under {tmp_path}, nor among the runs you started '
+                       '(`launch list` shows them)')
     assert isinstance(caught.value, UsageError) and '\n' not in message
 
 

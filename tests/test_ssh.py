@@ -308,7 +308,7 @@ def test_check_and_up_name_the_host_and_cause(ssh_hosts, tmp_path, case):
     layout = ['127.0.0.2', '127.0.0.2', bad] if bad == '127.0.0.9' else LAYOUT
     spec = write_spec(tmp_path, task_hosts=layout, hosts=hosts, train_dir='run')
     check = run(ssh_hosts, tmp_path, 'check', spec, ssh_config=config, timeout=180)
-    assert check.returncode == 1, check.stdout + check.stderr
+    assert check.returncode == 2, check.stdout + check.stderr
     lines = check.stdout.splitlines()
     bad_hosts = [bad] if bad else ['127.0.0.2', '127.0.0.3']
     for host in bad_hosts:
@@ -319,6 +319,7 @@ def test_check_and_up_name_the_host_and_cause(ssh_hosts, tmp_path, case):
     up = run(ssh_hosts, tmp_path, 'up', spec, ssh_config=config, timeout=180)
     assert up.returncode == 2, up.stdout + up.stderr
     assert up.stderr.count('\n') == 1 and 'pre-flight failed' in up.stderr, up.stderr
+    assert check.stderr.splitlines()[-1] == up.stderr.strip(), (check.stderr, up.stderr)    # one pre-flight
     for host in bad_hosts:
         assert f'{host}: error: ' in up.stderr and cause in up.stderr, up.stderr
     assert not any(workdir(tmp_path, h).exists() for h in ('127.0.0.2', '127.0.0.3'))   # nothing started
@@ -333,10 +334,12 @@ def test_a_remote_port_in_use(ssh_hosts, tmp_path):
         s.listen()
         check = run(ssh_hosts, tmp_path, 'check', spec, timeout=180)
         up = run(ssh_hosts, tmp_path, 'up', spec, timeout=180)
-    assert check.returncode == 1
-    assert f'127.0.0.3: error: port {port} (worker:1) already in use' in check.stdout, check.stdout
+    line = f'worker:1: port {port} on 127.0.0.3 is already in use'
+    assert check.returncode == 2
+    assert f'127.0.0.3: error: {line}' in check.stdout.splitlines(), check.stdout
     assert '127.0.0.2: ok: ' in check.stdout
-    assert up.returncode == 2 and f'127.0.0.3: error: port {port} (worker:1) already in use' in up.stderr
+    assert up.returncode == 2 and up.stderr == f'launch: error: {spec}: {line}\n', up.stderr
+    assert check.stderr.splitlines()[-1] == up.stderr.strip(), check.stderr
     assert_nothing_left(ssh_hosts)
 
 
@@ -345,7 +348,7 @@ def test_check_reports_every_bad_host(ssh_hosts, tmp_path):
                                                   '127.0.0.3': {'key': str(ssh_hosts.wrong_key(tmp_path))}})
     spec = remote_spec(ssh_hosts, tmp_path, hosts=hosts)
     check = run(ssh_hosts, tmp_path, 'check', spec, timeout=180)
-    assert check.returncode == 1
+    assert check.returncode == 2
     assert sorted(check.stdout.splitlines()) == [
         f'127.0.0.2: error: python /no/python not found on root@127.0.0.2:{ssh_hosts.port} (exit 127); '
         f'set hosts.127.0.0.2.python',
@@ -367,7 +370,7 @@ def test_check_imports_tensorflow_where_up_only_finds_it(ssh_hosts, tmp_path):
     hosts = host_settings(ssh_hosts, tmp_path, **{'127.0.0.3': {'python': str(python)}})
     spec = remote_spec(ssh_hosts, tmp_path, hosts=hosts)
     check = run(ssh_hosts, tmp_path, 'check', spec, timeout=180)
-    assert check.returncode == 1, check.stdout + check.stderr
+    assert check.returncode == 2, check.stdout + check.stderr
     assert (f'127.0.0.3: error: python {python} on root@127.0.0.3:{ssh_hosts.port} cannot import tensorflow '
             f'(ImportError: libcudart.so.12: cannot open shared object file)') in check.stdout, check.stdout
     assert re.search(r'^127\.0\.0\.2: ok: .*tensorflow \d', check.stdout, re.M), check.stdout
@@ -387,7 +390,7 @@ def test_check_passes_and_insecure_flag_accepts_an_unknown_host_key(ssh_hosts, t
     empty = tmp_path / 'empty_known_hosts'
     empty.write_text('')
     config = ssh_config_with_known_hosts(ssh_hosts, tmp_path, empty)
-    assert run(ssh_hosts, tmp_path, 'check', spec, ssh_config=config, timeout=180).returncode == 1
+    assert run(ssh_hosts, tmp_path, 'check', spec, ssh_config=config, timeout=180).returncode == 2
     insecure = run(ssh_hosts, tmp_path, 'check', spec, '--insecure-accept-any-host-key', ssh_config=config, timeout=180)
     assert insecure.returncode == 0, insecure.stdout + insecure.stderr
     assert 'WARNING: SSH host keys are NOT checked' in insecure.stderr

@@ -19,6 +19,8 @@ import logging
 import os
 import re
 import select
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -30,6 +32,7 @@ from cluster.spec.model import JOBS, ClusterSpec
 
 MIN_CHARS = 4               # a hidden value shorter than this is not masked inside lines
 HOLD_SECS = 1.0             # a partial line of a command's output waits at most this long for its end
+DRAIN_SECS = 5.0            # at the task's end, how long a command's last output may take to reach the log
 _CHUNK = 1 << 16
 
 
@@ -118,7 +121,6 @@ class MaskedStream:
 def install(masker: Masker) -> bool:
     """Pass this process's sys.stdout and sys.stderr through `masker` (nothing to mask: leave
     them as they are); whether it did."""
-    import sys
     if not masker or isinstance(sys.stdout, MaskedStream):
         return False
     sys.stdout = MaskedStream(sys.stdout, masker)
@@ -128,9 +130,31 @@ def install(masker: Masker) -> bool:
 
 def active() -> Masker | None:
     """The masker install() put on sys.stdout, or None."""
-    import sys
     stream = sys.stdout
     return stream.masker if isinstance(stream, MaskedStream) else None
+
+
+_COPIERS: list[OutputCopier] = []
+
+
+def command_streams() -> dict[str, int]:
+    """Popen's stdout and stderr for the user's command: one pipe for both while this task masks
+    its output (copy_output then copies it to the log), else none (it writes to the log itself)."""
+    return {'stdout': subprocess.PIPE, 'stderr': subprocess.STDOUT} if active() else {}
+
+
+def copy_output(child: subprocess.Popen) -> None:
+    """Copy a child's piped output to this task's masked stdout until it ends (drain waits)."""
+    if child.stdout is not None and isinstance(sys.stdout, MaskedStream):
+        _COPIERS.append(OutputCopier(child.stdout, sys.stdout))
+
+
+def drain(timeout: float = DRAIN_SECS) -> None:
+    """Wait, at most `timeout` seconds in all, for the copied output of the commands that ended
+    (their last lines); a grandchild that holds a pipe open is not waited for longer."""
+    deadline = time.monotonic() + timeout
+    for copier in _COPIERS:
+        copier.join(max(0.0, deadline - time.monotonic()))
 
 
 class OutputCopier:

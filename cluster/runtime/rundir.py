@@ -297,6 +297,19 @@ def says_serving(line: str, name: str) -> bool:
     return f' {name} serving on ' in line
 
 
+def started_line(name: str, what: str, pid: int) -> str:
+    """What a task that serves no port of its own logs once it runs: a coordinator run's chief
+    (its program, or the command `pid` is) and its evaluator. The launcher takes it as the
+    task's word that it has started, as it takes a server's `serving_line`."""
+    return f'{name} started: {what} (pid {pid})'
+
+
+def says_ready(line: str, name: str) -> bool:
+    """Whether the line is the task's word that it is up: serving (a server), or started (a
+    chief or an evaluator, which serve nothing)."""
+    return says_serving(line, name) or f' {name} started: ' in line
+
+
 def progress_line(step: int, total: int, loss: float, rate: str = '') -> str:
     """The chief's progress line `step G/TOTAL  loss L<rate>`; the supervisor reads G from it."""
     return f'step {step}/{total}  loss {loss:.3f}{rate}'
@@ -393,9 +406,12 @@ def cause_line(text: str, default: str = '') -> str:
     return next((line for line in lines if not re.fullmatch(r'={5,}', line)), default)
 
 
+USAGE_ERROR = 'cluster.task: error: '      # how a task that cannot start prints why (then exits EXIT_USAGE)
+
+
 def last_error_line(lines: list[str]) -> str | None:
-    """The last Python error of a task's output: an exception line of a traceback, or an error the
-    task logged itself. TensorFlow's C++ chatter (absl `E1122 ...` lines) is not an explanation,
+    """The last Python error of a task's output: an exception line of a traceback, an error the
+    task logged itself, or the line it refused to start with (USAGE_ERROR: its port taken). TensorFlow's C++ chatter (absl `E1122 ...` lines) is not an explanation,
     nor is a message that is only TensorFlow's preamble or banner (`UnavailableError: ====`):
     then the cause is the rest of the message on the lines after it (a traceback's), else the
     error is named without the empty words."""
@@ -406,6 +422,8 @@ def last_error_line(lines: list[str]) -> str | None:
             return _with_cause(m.group(2), lines[i + 1:])
         if _PY_ERROR.match(text):
             return _with_cause(text, lines[i + 1:])
+        if text.startswith(USAGE_ERROR) and len(text) > len(USAGE_ERROR):
+            return text[len(USAGE_ERROR):]
     return None
 
 

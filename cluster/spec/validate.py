@@ -297,9 +297,9 @@ def _parse_isolation(value: Any, tasks: tuple[TaskSpec, ...], hosts: dict[str, H
 
 
 # The variables the launcher sets itself in every task: the cluster, the GPUs it gives out, its
-# lease and restart notes, and unbuffered output (the launcher reads task logs as they grow).
+# lease and restart notes, the run's id, and unbuffered output (the launcher reads task logs as they grow).
 LAUNCHER_ENV = ('TF_CONFIG', 'CUDA_VISIBLE_DEVICES', 'NVIDIA_VISIBLE_DEVICES', 'PYTHONUNBUFFERED',
-                'TFCLUSTER_LEASE', 'TFCLUSTER_LEASE_SECS', 'TFCLUSTER_RESTART', 'GRPC_FAIL_FAST',
+                'TFCLUSTER_LEASE', 'TFCLUSTER_LEASE_SECS', 'TFCLUSTER_RESTART', 'TFCLUSTER_RUN', 'GRPC_FAIL_FAST',
                 'TF_USE_LEGACY_KERAS')
 _ENV_NAME = re.compile(r'^[A-Za-z_][A-Za-z0-9_]*$')
 

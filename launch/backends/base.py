@@ -169,16 +169,20 @@ RUNNING, ENDED, UNKNOWN = Seen.RUNNING, Seen.ENDED, Seen.UNKNOWN
 class Observation:
     """What a backend can tell of one task now: running, ended (with its exit code, negative for
     a signal), or unknown (its host cannot be asked; `error` says why). A running task that makes
-    no progress says how in `stopped` (e.g. 'is stopped (SIGSTOP, or a debugger)')."""
+    no progress says how in `stopped` (e.g. 'is stopped (SIGSTOP, or a debugger)'). An ended task
+    whose process group still runs (a command it started, which may hold its port) lists those
+    processes in `left`: the task is gone, but not all of it."""
     state: Seen
     exit_code: int | None = None
     stopped: str | None = None
     error: str = ''
+    left: tuple[int, ...] = ()
 
     @property
     def alive(self) -> bool:
-        """Running, or unknown: what keeps a state file (so `launch down` can try again later)."""
-        return self.state != ENDED
+        """Running, unknown, or ended with processes of its group left: what keeps a state file
+        and what a stop must reach (so `launch down` can try again later)."""
+        return self.state != ENDED or bool(self.left)
 
     @property
     def frozen(self) -> bool:
@@ -193,13 +197,34 @@ class BackendError(Exception):
 
 @dataclass
 class HostCheck:
-    """The pre-flight verdict for one host: `detail` says what was found or what is wrong."""
+    """The pre-flight verdict for one host: `detail` says what was found or what is wrong;
+    `refusal`, where the problem has a line of its own in docs/errors.yaml (a busy port), that
+    line, which `launch up` and `launch check` then end with (refusal())."""
     host: str
     ok: bool
     detail: str
+    refusal: str = ''
 
     def line(self) -> str:
         return f'{self.host}: {"ok" if self.ok else "error"}: {self.detail}'
+
+    def to_json(self) -> dict[str, Any]:
+        """One host of `launch check --json`: `host`, `ok`, `detail`."""
+        return {'host': self.host, 'ok': self.ok, 'detail': self.detail}
+
+
+def busy_port(task: str, port: int, host: str) -> str:
+    """A task's port something already listens on: the one wording of every backend and command."""
+    return f'{task}: port {port} on {host} is already in use'
+
+
+def refusal(spec: ClusterSpec, failed: list[HostCheck]) -> str:
+    """The one line the pre-flight refuses failed hosts with: a problem's own line when every
+    failed host has one (a busy port), else every failed host's verdict."""
+    own = [c.refusal for c in failed if c.refusal]
+    if own and len(own) == len(failed):
+        return f'{spec.path}: {own[0]}'
+    return f'{spec.path}: pre-flight failed: ' + '; '.join(c.line() for c in failed)
 
 
 class Backend(abc.ABC):
@@ -230,7 +255,7 @@ class Backend(abc.ABC):
         verdict in one line): raises UsageError."""
         failed = [c for c in self.check(plans) if not c.ok] if plans else []
         if failed:
-            raise UsageError(f'{spec.path}: pre-flight failed: ' + '; '.join(c.line() for c in failed))
+            raise UsageError(refusal(spec, failed))
 
     @abc.abstractmethod
     def start(self, plan: TaskPlan) -> TaskRecord:
@@ -276,7 +301,8 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def stop(self, records: list[TaskRecord], grace: float = STOP_GRACE_SECS) -> None:
-        """SIGTERM every task's process group, wait up to `grace` seconds in all, then SIGKILL."""
+        """SIGTERM every task's process group, wait up to `grace` seconds in all, then SIGKILL;
+        also the group of a task that has ended while processes it started still run."""
 
     @abc.abstractmethod
     def log_record(self, plan: TaskPlan) -> TaskRecord:

@@ -15,15 +15,14 @@ from typing import TYPE_CHECKING
 
 import psutil
 
-from cluster.runtime import hostinfo
+from cluster.runtime import hostinfo, ports
 from cluster.task import port_in_use
-from launch.backends import netns
+from launch.backends import netns, sessions
 from launch.backends.procstat import process_ident
-from launch.errors import UsageError
 from launch.system import poll_until
 from cluster.runtime.rundir import PRIVATE, read_text, write_atomically
 from launch.backends.base import (ENDED, HOST_PROBE, RUNNING, STOP_GRACE_SECS, Backend, BackendError, HostCheck,
-                            Observation, TaskRecord, follow_file, handle_of, link_attempt_log,
+                            Observation, busy_port, TaskRecord, follow_file, handle_of, link_attempt_log,
                             local_disk_full, planned_record, touch_leases)
 from launch.planning.plan import TaskPlan
 
@@ -31,8 +30,6 @@ if TYPE_CHECKING:
     import threading
 
     import grpc
-
-    from cluster.spec import ClusterSpec
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +85,21 @@ class LocalHandle:
     netns: str | None = None
 
 
+def _reap(proc: subprocess.Popen) -> int | None:
+    """The child's exit code once it has ended, None while it runs. Before the ended child is
+    reaped, whatever is left of its session (its command, anything that started) is killed: its
+    unreaped pid keeps the session's id from naming any other process meanwhile, and a restart
+    finds the task's port free."""
+    if proc.returncode is None:
+        try:
+            ended = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+        except ChildProcessError:       # reaped already: poll() has its code
+            ended = False
+        if ended:
+            sessions.end_session(proc.pid)
+    return proc.poll()
+
+
 class LocalBackend(Backend):
     name = 'local'
 
@@ -111,17 +123,11 @@ class LocalBackend(Backend):
         private network namespace has the namespace's ports to itself)."""
         return [p for p in plans if not p.netns and port_in_use(p.task.port)]
 
-    def preflight(self, spec: ClusterSpec, plans: list[TaskPlan]) -> None:
-        """Named by task, where `launch check` says it per host."""
-        busy = self.busy(plans)
-        if busy:
-            task = busy[0].task
-            raise UsageError(f'{spec.path}: {task.name}: port {task.port} on {task.host} is already in use')
-
     def check(self, plans: list[TaskPlan], imports: bool = False) -> list[HostCheck]:
         if not plans:
             return []
-        problems = [f'port {p.task.port} ({p.name}) already in use' for p in self.busy(plans)]
+        problems = [busy_port(p.name, p.task.port, p.task.host) + ports.held_by(p.task.port) for p in self.busy(plans)]
+        busy = problems[0] if problems else ''
         version = ''
         if imports:
             python = plans[0].argv[0]
@@ -140,7 +146,7 @@ class LocalBackend(Backend):
             else:
                 version = f', tensorflow {found["tensorflow"]}'
         if problems:
-            return [HostCheck('localhost', False, '; '.join(problems))]
+            return [HostCheck('localhost', False, '; '.join(problems), refusal=busy if problems[0] == busy else '')]
         where = sorted({p.netns for p in plans if p.netns})    # a fresh namespace has every port free
         return [HostCheck('localhost', True, f'{len(plans)} task(s){version}, ports '
                                              f'{", ".join(str(p.task.port) for p in plans)} free'
@@ -193,16 +199,24 @@ class LocalBackend(Backend):
 
     def status(self, record: TaskRecord) -> Observation:
         proc = self._children.get(record.pid)
-        code = proc.poll() if proc is not None else (None if self._ours(record) else 0)
+        code = _reap(proc) if proc is not None else (None if self._ours(record) else 0)
         if code is not None:
-            return Observation(ENDED, code)
+            # A task of this launcher's has nothing left (_reap); one of another's may have.
+            left = () if proc is not None else tuple(p.pid for p in self._left(record))
+            return Observation(ENDED, code, left=left)
         return Observation(RUNNING, stopped=NOT_ANSWERING.get(process_status(record.pid) or ''))
+
+    def _left(self, record: TaskRecord) -> list[psutil.Process]:
+        """What still runs of an ended task that another launcher started (sessions.left_behind)."""
+        if record.pid in self._children:
+            return []
+        return sessions.left_behind(record.pid, record.job, record.index)
 
     def _ours(self, record: TaskRecord) -> bool:
         """Whether the record's pid still runs the task this launcher (or an earlier one) started."""
         proc = self._children.get(record.pid)
         if proc is not None:
-            return proc.poll() is None
+            return _reap(proc) is None
         ident = process_ident(record.pid)
         if ident is None or (record.ident and ident != record.ident):
             return False
@@ -224,6 +238,10 @@ class LocalBackend(Backend):
 
     def stop(self, records: list[TaskRecord], grace: float = STOP_GRACE_SECS) -> None:
         live = [r for r in records if self._ours(r)]
+        left = [p for r in records if r not in live for p in self._left(r)]     # its leader gone, its command not
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            sessions.signal_all(left, sig)
+            _, left = psutil.wait_procs(left, timeout=grace if sig == signal.SIGTERM else 5.0)
         for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
             for r in live:
                 try:

@@ -60,7 +60,7 @@ class RenderFlags:
 
 @dataclass(frozen=True)
 class ListFlags:
-    dir: str
+    dir: str | None         # None: the runs of the user's index, from anywhere
     json: bool
 
 

@@ -2,60 +2,46 @@
 ready for it): both start nothing."""
 from __future__ import annotations
 
-import dataclasses
 import shlex
 
 from cluster.runtime import runjson
-from cluster.spec import ClusterSpec, SpecError, TaskSpec
+from cluster.spec import ClusterSpec, TaskSpec
 from cluster.spec.environ import MASK, masked
 from launch.backends import netns
 from launch.backends.base import HostCheck
 from launch.commands.flags import JsonFlags
 from launch.commands.request import Request, backends_for, plans_of
-from launch.planning import gpus
 from launch.planning.plan import TaskPlan, effective_spec_path
 from launch.run import registry
-from launch.run.preflight import warn_exposure
+from launch.run.preflight import preflight, warn_exposure
 
 
 def cmd_check(spec: ClusterSpec, req: Request[JsonFlags]) -> int:
-    """Pre-flight every host; exit code 0 when all are ready, else 1."""
+    """The pre-flight `launch up` runs (launch/run/preflight.py), in its order, with every host's
+    verdict shown (its Python imports TensorFlow and tfcluster for real, where up only finds
+    them). Exit code 0 when all is ready; else 2, with the one line `launch up` would end with."""
     plans = plans_of(spec, req)
     registry.check_limits(spec, plans)
     with backends_for(spec, req, plans) as backends:
-        checks = [c for name, b in backends.items()
-                  for c in b.check([p for p in plans if p.backend == name], imports=True)]
-        _add_gpu_checks(spec, req, plans, backends, checks)
-    code = 0 if all(c.ok for c in checks) else 1
-    if req.flags.json:
-        print(runjson.dumps({'ok': code == 0, 'hosts': [dataclasses.asdict(c) for c in checks]}, indent=1))
-        return code
-    for c in checks:
-        print(c.line())
-    warn_exposure(plans)
-    return code
+        placed = registry.with_gpus(spec, req.backend, req.options, plans, backends)   # too few: up's line
+
+        def show(verdicts: dict[str, list[HostCheck]]) -> None:
+            checks = [c for found in verdicts.values() for c in found] + _gpu_lines(placed)
+            if req.flags.json:
+                print(runjson.dumps({'ok': all(c.ok for c in checks), 'hosts': [c.to_json() for c in checks]},
+                                    indent=1), flush=True)
+                return
+            for c in checks:
+                print(c.line(), flush=True)
+            warn_exposure(placed)
+        preflight(spec, placed, backends, show=show)
+    return 0
 
 
-def _add_gpu_checks(spec: ClusterSpec, req: Request[JsonFlags], plans: list[TaskPlan], backends: registry.Backends,
-                    checks: list[HostCheck]) -> None:
-    """The GPUs each worker would get, as one more check; a host with too few is said in its own
-    line of `checks` where it has one, else in a line of its own."""
-    try:
-        given = [f'{p.name} {p.slot.describe()}' for p in registry.with_gpus(spec, req.backend, req.options, plans,
-                                                                            backends) if p.slot and p.slot.gpus]
-        if given:
-            checks.append(HostCheck('gpus', True, '; '.join(given)))
-    except gpus.GPUShortage as e:
-        for machine, names, text in e.problems:
-            problem = f'train.devices: {names}: {text}'
-            same = next((i for i, c in enumerate(checks) if c.host == machine), None)
-            if same is None:
-                checks.append(HostCheck(machine, False, problem))
-            else:
-                c = checks[same]
-                checks[same] = HostCheck(machine, False, problem if c.ok else f'{c.detail}; {problem}')
-    except SpecError as e:
-        checks.append(HostCheck('gpus', False, str(e)))
+def _gpu_lines(plans: list[TaskPlan]) -> list[HostCheck]:
+    """The GPUs each worker gets, as one more line (none when no worker gets any)."""
+    given = [f'{p.name} {p.slot.describe()}' for p in plans if p.slot and p.slot.gpus]
+    return [HostCheck('gpus', True, '; '.join(given))] if given else []
 
 
 def _shape(spec: ClusterSpec) -> str:
@@ -70,7 +56,7 @@ def _shape(spec: ClusterSpec) -> str:
 def _coordinator_lines(spec: ClusterSpec) -> None:
     train = spec.train
     what = f'calls {train.program}(ctx)' if train.program else \
-        f'runs `{shlex.join(train.command or ())}` with TF_CONFIG (no TF1 flags)'
+        f'runs `{shlex.join(train.command or ())}` with TF_CONFIG (no TF1 flags; python: the task\'s own interpreter)'
     print(f'# the chief {what}; the ps and workers only serve (tf.distribute.Server), and are stopped once the '
           'chief has ended')
     if isinstance(train.evaluator, str):
@@ -92,7 +78,7 @@ def cmd_plan(spec: ClusterSpec, req: Request[JsonFlags]) -> int:
         _coordinator_lines(spec)
     elif spec.train.program:
         print(f'# every worker calls {spec.train.program}(ctx) instead of the built-in CIFAR-10 trainer')
-    if spec.train.command:
+    elif spec.train.command:
         print(f'# every task runs `{shlex.join(spec.train.command)}` plus --job_name, --task_index, --ps_hosts and '
               '--worker_hosts (python: the task\'s own interpreter); the ps tasks are stopped once every worker '
               'exited 0')

@@ -94,7 +94,7 @@ def _clean_up_after(spec: ClusterSpec, req: Request[JsonFlags], plans: list[Task
     """A dead launcher whose tasks have all ended (by their lease) may have left resources behind
     (a compose project's exited containers and network): remove them, idempotently. Returns what
     was done, in words, or ''."""
-    if any(t['alive'] is not False for t in tasks):
+    if any(t['alive'] is not False or t['left'] for t in tasks):
         return ''
     kinds = {r.backend for r in state.tasks if registry.kind(r.backend).leaves_resources}
     if not kinds:
@@ -125,7 +125,8 @@ def _task_status(spec: ClusterSpec, req: Request[JsonFlags], plans: list[TaskPla
             if not note and plan.task.job == 'worker' and live is not None and plan.task.index not in live:
                 note = 'spare: in the pool, not running (`launch scale`)'
             out.append({'task': plan.name, 'address': plan.task.address, 'backend': plan.backend,
-                        'pid': r.pid if r else None, 'alive': alive, 'listening': listening, 'note': note})
+                        'pid': r.pid if r else None, 'alive': alive, 'listening': listening, 'note': note,
+                        'left': list(seen.left) if seen else []})
     return out
 
 
@@ -135,4 +136,7 @@ def _seen(seen: Observation | None) -> tuple[bool | None, str]:
     if seen is None:
         return False, ''
     alive = {'running': True, 'ended': False, 'unknown': None}[seen.state]
+    if seen.left:       # the task is gone, what it started is not (and may hold its port)
+        return alive, (f'ended, but its process group still runs (pid {", ".join(map(str, seen.left))}): '
+                       '`launch down` stops it')
     return alive, (seen.stopped or '') if alive else f'unknown: {seen.error}' if alive is None else ''

@@ -144,7 +144,8 @@ class TaskStarted(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class Serving(Event):
-    """A task's server accepts connections (once per task and attempt)."""
+    """A task is up (once per task and attempt): its server accepts connections, or, for a
+    coordinator run's chief and evaluator, which serve nothing, its program or command has started."""
     kind = EventKind.SERVING
     task: str | None = json_field(read_text, doc='The task, job:index.')
 

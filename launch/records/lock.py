@@ -103,3 +103,9 @@ class TrainDirLock:
             os.ftruncate(self._fd, 0)
         os.close(self._fd)
         self._fd = None
+
+
+def in_use(spec_path: str, train_dir: str, holder: str) -> str:
+    """The line `launch up` and `launch check` refuse a train_dir another live launcher holds with."""
+    return (f'{spec_path}: train_dir {train_dir} is in use by {holder}; one launcher per train_dir '
+            f'(`launch status {spec_path}` shows that run)')

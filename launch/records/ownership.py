@@ -24,6 +24,7 @@ import json
 import os
 
 from cluster.runtime import rundir
+from cluster.spec import ClusterSpec
 from launch.records.event_types import EventKind
 from launch.records.result import RESULT_STATES
 
@@ -48,6 +49,25 @@ def foreign_files(train_dir: str) -> list[str]:
     if is_marked(train_dir):
         return []
     return sorted(n for n in names if n not in BEFORE_FIRST_EVENT and not _empty_events(train_dir, n))
+
+
+def check_train_dir(spec: ClusterSpec) -> None:
+    """The spec's train_dir can be a run's: a directory (or none yet, under a directory) that is
+    tfcluster's; else the SpecError `launch up` and `launch check` end with. Reads only."""
+    path = spec.train.train_dir
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise spec.error('train.train_dir', f'{path} exists and is not a directory')
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise spec.error('train.train_dir', f'{path}: {parent} is not a directory')
+    try:
+        foreign = foreign_files(path)
+    except OSError as e:
+        raise spec.error('train.train_dir', f'cannot read {path}: {e.strerror}') from None
+    if foreign:
+        raise spec.error('train.train_dir', refusal(path, foreign))
 
 
 def is_marked(train_dir: str) -> bool:

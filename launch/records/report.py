@@ -2,7 +2,9 @@
 served, trained, died and was restarted, across every attempt — for the person debugging it the
 day after.
 
-Built from `events.jsonl`, `run.json` and `spec.yaml` only (read by launch/records/timeline.py).
+Built from `events.jsonl`, `run.json` and `spec.yaml` (read by launch/records/timeline.py), and
+for a run that recorded no global step, the train_dir's checkpoint index (a `train.command`
+prints no progress line of ours; its checkpoints say how far it got).
 TensorFlow is never imported (it takes seconds to load, and `launch up` writes this page at the
 end of every attempt): the progress events already carry the loss and images/s. The page needs no
 network to open: CSS inline, plots as PNG data URIs (launch/records/plots.py). Damaged input is
@@ -17,13 +19,16 @@ import math
 import os
 import statistics
 import urllib.parse
-from typing import Any
+from typing import Any, NamedTuple
+
+import yaml
 
 from cluster.runtime import rundir, runjson
 from cluster.runtime.rundir import write_atomically
 from cluster.runtime.runjson import short
 from cluster.spec.environ import masked_spec_text
-from launch.records.event_types import Evaluation, Progress, Recovered, Restart, RunStarted, Stall
+from cluster.spec.reader import parse_yaml
+from launch.records.event_types import Checkpoint, Evaluation, Progress, Recovered, Restart, RunStarted, Stall
 from launch.records.jsonrecord import finite
 from launch.records.plots import TimeAxis, clock, progress_png, timeline_png
 from launch.records.result import PHASES, RunRecord
@@ -102,7 +107,7 @@ def _header(run: Run, runs: list[Attempt]) -> str:
         ('backend', r.backend or (started[-1].backend if started else None)),
         ('state', _Raw(f'<span class="state {_e(state)}">{_e(state)}</span>')),
         ('exit code', r.exit_code),
-        ('global step', r.global_step if r.has('global_step') else _last(run, 'step')),
+        ('global step', _global_step(run, r)),
         ('images/s', _fixed(r.images_per_sec if r.has('images_per_sec') else _last(run, 'images_per_sec'), 1)),
         ('final loss', _fixed(r.loss if r.has('loss') else _last(run, 'loss'), 4)),
         ('restarts', _restarts(run, r)),
@@ -114,6 +119,18 @@ def _header(run: Run, runs: list[Attempt]) -> str:
         '<p class="sub">No run.json (or a damaged one): figures from the event log.</p>'
     return (f'<h1>Run {_e(_run_id(run))}</h1>\n{source}\n<table class="head">' +
             ''.join(f'<tr><td>{_e(k)}</td><td>{_cell(v)}</td></tr>' for k, v in rows) + '</table>')
+
+
+def _global_step(run: Run, r: RunRecord) -> int | str | None:
+    """The step the run reached: run.json's, else the newest progress event's, else its newest
+    checkpoint's (the chief's checkpoint events, or the train_dir's checkpoint index), said so."""
+    if r.global_step is not None:
+        return r.global_step
+    if _last(run, 'step') is not None:
+        return _last(run, 'step')
+    saved = [e.step for e in run.events if isinstance(e, Checkpoint) and e.step is not None]
+    saved.append(rundir.checkpoint_step(rundir.read_text(rundir.checkpoint_index_path(run.train_dir))) or -1)
+    return f'{max(saved)} (its newest checkpoint)' if max(saved) >= 0 else None
 
 
 def _last(run: Run, key: str) -> Any:
@@ -152,8 +169,17 @@ def _plots(run: Run, runs: list[Attempt]) -> str:
     progress = progress_png(run, axis, runs, tale.faults)
     out.append('<h2>Training</h2>')
     out.append(f'<img alt="loss and images/s" src="{progress}">' if progress else
-               '<p class="note">No progress events: no worker reported a step.</p>')
+               f'<p class="note">No progress events: {_e(_why_no_progress(_roles(run)), None)}.</p>')
     return '\n'.join(out)
+
+
+def _why_no_progress(roles: _Roles) -> str:
+    """Why the launcher saw no step, in the words of what ran."""
+    if roles.command:
+        who = "the chief's" if roles.coordinator else "the tasks'"
+        return (f'{who} train.command prints its own lines, not tfcluster\'s progress lines; how far it got is '
+                'read from the checkpoints it writes to train_dir, if any (the global step above)')
+    return 'the chief reported no step (ctx.report)' if roles.coordinator else 'no worker reported a step'
 
 
 def _attempts_table(run: Run, runs: list[Attempt]) -> str:
@@ -247,13 +273,60 @@ def _result(run: Run) -> str:
     return f'<h2>Result ({_e(run.result_source)})</h2>\n' + _table(('field', 'value'), rows)
 
 
+# The built-in TF1 trainer's own settings (SyncReplicasOptimizer, towers, its input order, what
+# crosses to the ps): a coordinator run's ParameterServerStrategy program has none of them.
+TF1_TRAINER_KEYS = ('sync', 'replicas_to_aggregate', 'devices', 'transfer_dtype', 'deterministic')
+
+
+class _Roles(NamedTuple):
+    coordinator: bool       # a chief: a TF2 ParameterServerStrategy run
+    command: bool           # train.command: the user's own process, its own lines
+
+
+def _spec_data(run: Run) -> dict:
+    """spec.yaml as data ({} when missing or not YAML)."""
+    if run.spec_text is None:
+        return {}
+    try:
+        raw = parse_yaml(run.spec_text, 'spec', line_numbers=False)[1]
+    except ValueError:
+        return {}
+    return raw if isinstance(raw, dict) else {}
+
+
+def _roles(run: Run) -> _Roles:
+    raw = _spec_data(run)
+    cluster, train = raw.get('cluster'), raw.get('train')
+    return _Roles(isinstance(cluster, dict) and bool(cluster.get('chief')),
+                  isinstance(train, dict) and train.get('command') is not None)
+
+
 def _spec(run: Run) -> str:
     if run.spec_text is None:
         return f'<h2>Effective spec</h2>\n<p>No {_e(rundir.SPEC_FILE)} in the train dir.</p>'
     text = masked_spec_text(run.spec_text)       # a page to share: no secret-looking env value
     if text is None:
         return f'<h2>Effective spec</h2>\n<p>{_e(rundir.SPEC_FILE)} is not YAML; not shown (it may hold secrets).</p>'
-    return f'<h2>Effective spec ({_e(rundir.SPEC_FILE)})</h2>\n<pre>{_e(text, None)}</pre>'
+    text, dropped = _without_tf1_keys(run, text)
+    note = (f'<p>Left out: {_e(", ".join(f"train.{k}" for k in dropped))}, the TF1 trainer\'s settings, which a '
+            'coordinator run (TF2 ParameterServerStrategy, always asynchronous) does not use.</p>\n') if dropped else ''
+    return f'<h2>Effective spec ({_e(rundir.SPEC_FILE)})</h2>\n{note}<pre>{_e(text, None)}</pre>'
+
+
+def _without_tf1_keys(run: Run, text: str) -> tuple[str, list[str]]:
+    """A coordinator run's spec text without the TF1 trainer's settings (the launcher writes every
+    train key to spec.yaml), and the keys left out; any other spec as it is."""
+    if not _roles(run).coordinator:
+        return text, []
+    raw = parse_yaml(text, 'spec', line_numbers=False)[1]      # read once already: it parses
+    train = raw.get('train') if isinstance(raw, dict) else None
+    if not isinstance(train, dict):
+        return text, []
+    dropped = [k for k in TF1_TRAINER_KEYS if k in train]
+    if not dropped:
+        return text, []
+    shown = {**raw, 'train': {k: v for k, v in train.items() if k not in dropped}}
+    return yaml.safe_dump(shown, sort_keys=False), dropped
 
 
 # -- formatting -------------------------------------------------------------------------------------

@@ -1,5 +1,7 @@
 """Finding runs and describing them: what `launch list` shows, and how `launch status|logs|down|
-eval|report` turn a run id or a train_dir into the run's directory.
+eval|report|debug` turn a run id or a train_dir into the run's directory: a run id is looked for
+under the current directory first, then in the user's index of the runs `launch up` started
+(launch/records/index.py), so it works from anywhere.
 
 A run is a train_dir that holds `events.jsonl` (the launcher's event log, launch/records/events.py) or
 `run.json` (the result of its latest attempt). Both are read, never trusted for "running": only
@@ -18,6 +20,7 @@ from collections.abc import Iterator
 
 from cluster.runtime import rundir
 from launch.errors import UsageError
+from launch.records import index
 from launch.records.event_types import EventKind
 from launch.records.events import iter_events, read_events, read_run_record
 from launch.records.jsonrecord import read_whole
@@ -245,27 +248,62 @@ def resolve(ref: str, root: str = '.', depth: int = 3) -> str:
         raise RunNotFound(f'no directory {path} (and no run id has a "/")' if ref else 'no run named (an empty id)')
     where = os.path.abspath(root)
     found = [] if pathlike else [d for d in run_dirs(where, depth) if _quick_id(d) == ref]
+    stale: list[index.Entry] = []
+    if not found and not pathlike:      # a run started from elsewhere: the user's index knows where
+        found, stale = indexed(ref)
     if not found:       # a directory of that name that holds no run is the likelier mistake
         if os.path.isdir(ref):
             raise RunNotFound(f'{path} holds no run (no {rundir.EVENTS_FILE} or {rundir.RUN_FILE})')
         if os.path.lexists(ref):
             raise RunNotFound(f'{path} is neither a run directory nor a run id')
-        raise RunNotFound(f'no run {ref} under {where} (launch list shows the runs there)')
+        if stale:
+            raise RunNotFound(gone_line(stale[-1]))
+        raise RunNotFound(f'no run {ref} under {where}, nor among the runs you started (`launch list` shows them)')
     if len(found) > 1:
-        raise AmbiguousRun(f'{len(found)} runs under {where} have the id {ref} ({", ".join(sorted(found))}); '
+        raise AmbiguousRun(f'{len(found)} runs have the id {ref} ({", ".join(sorted(found))}); '
                            'name its train_dir instead')
     return found[0]
+
+
+def indexed(run_id: str | None = None) -> tuple[list[str], list[index.Entry]]:
+    """The train_dirs of the runs in the user's index (of `run_id` only, when given) that are
+    still where it says, each once; and the stale entries: their train_dir is gone, or holds
+    another run (or none) now."""
+    live: list[str] = []
+    stale: list[index.Entry] = []
+    for entry in index.entries(run_id):
+        there = entry.train_dir
+        if there not in live and holds_run(there) and _quick_id(there) == entry.id:
+            live.append(there)
+        elif there not in live:
+            stale.append(entry)
+    return live, stale
+
+
+def gone_line(entry: index.Entry) -> str:
+    """One line for a run the index knows but whose train_dir no longer holds it."""
+    what = 'is gone' if not os.path.lexists(entry.train_dir) else 'no longer holds it'
+    return (f'run {entry.id} was started in {entry.train_dir}, which {what} (moved or removed): name its '
+            'train_dir where it is now')
+
+
+def recorded_runs() -> tuple[list[RunInfo], list[index.Entry]]:
+    """`launch list` with no DIR: the runs of the user's index that are still where it says,
+    oldest first; and the stale entries."""
+    live, stale = indexed()
+    runs = [info for info in map(describe, live) if info is not None]
+    return sorted(runs, key=lambda r: (_epoch(r.started) or 0.0, r.train_dir)), stale
 
 
 # -- the human listing --------------------------------------------------------------------------
 HEADER = ('ID', 'SPEC', 'BACKEND', 'STATE', 'STEP', 'ATTEMPTS', 'STARTED', 'DURATION', 'TRAIN_DIR')
 
 
-def table(runs: list[RunInfo], root: str = '.') -> str:
+def table(runs: list[RunInfo], root: str = '.', empty: str = '') -> str:
     """`launch list`: a header and one line per run, columns aligned; paths relative to the current
-    directory where that is shorter. `root` only names the place in 'no runs under DIR'."""
+    directory where that is shorter. With no runs, `empty`, else 'no runs under ROOT'."""
     if not runs:
-        return f'no runs under {os.path.abspath(root)}'
+        return empty or f'no runs under {os.path.abspath(root)}'
     rows = [HEADER] + [(r.id, _short(r.spec) or '-', r.backend or '-', r.state,
                         '-' if r.global_step is None else str(r.global_step), str(r.attempts),
                         local_minutes(r.started), duration_text(r.duration_secs), _short(r.train_dir))

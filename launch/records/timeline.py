@@ -114,8 +114,11 @@ def _account(a: Attempt, e: Event, resume: int | None) -> int | None:
         return e.from_step
     elif isinstance(e, Interrupted):
         a.ended = f'interrupted by {e.signal or "a signal"}'
-    elif isinstance(e, Finished) and not a.ended.startswith('interrupted'):
-        a.ended = _how_finished(e.result)
+    elif isinstance(e, Finished):
+        if a.step is None and e.result is not None:     # no step seen in lines: how far its result says
+            a.step = e.result.global_step
+        if not a.ended.startswith('interrupted'):
+            a.ended = _how_finished(e.result)
     return resume
 
 

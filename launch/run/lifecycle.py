@@ -36,10 +36,10 @@ from launch.records.jsonrecord import read_real, read_whole
 from launch.records.result import Failure, MendedFault, RunRecord, RunResult, RunState     # the strategies import them from here
 from launch.records.result import steps_note
 from cluster.runtime.masking import spec_masker
-from launch.records.lock import LockBusy, TrainDirLock
+from launch.records.lock import LockBusy, TrainDirLock, in_use
 from launch.run.console import Console
 from launch.run.disk import DiskWatch
-from launch.records import ownership
+from launch.records import index, ownership
 
 log = logging.getLogger(__name__)
 
@@ -153,19 +153,7 @@ class Lifecycle:
         not tfcluster's (launch/records/ownership.py) is refused first, untouched."""
         spec = self.spec
         path = spec.train.train_dir
-        if os.path.exists(path) and not os.path.isdir(path):
-            raise spec.error('train.train_dir', f'{path} exists and is not a directory')
-        parent = os.path.dirname(os.path.abspath(path))
-        while not os.path.exists(parent):
-            parent = os.path.dirname(parent)
-        if not os.path.isdir(parent):
-            raise spec.error('train.train_dir', f'{path}: {parent} is not a directory')
-        try:
-            foreign = ownership.foreign_files(path)
-        except OSError as e:
-            raise spec.error('train.train_dir', f'cannot read {path}: {e.strerror}') from None
-        if foreign:     # before the lock file: nothing of someone else's directory is touched
-            raise spec.error('train.train_dir', ownership.refusal(path, foreign))
+        ownership.check_train_dir(spec)     # before the lock file: nothing of someone else's directory is touched
         created, probe = [], os.path.abspath(path)
         while not os.path.exists(probe):
             created.append(probe)
@@ -175,8 +163,7 @@ class Lifecycle:
             lock = TrainDirLock(path)
             lock.acquire(f'launcher pid {os.getpid()}, `launch up {spec.path}` since {time.strftime("%H:%M:%S")}')
         except LockBusy as e:
-            raise UsageError(f'{spec.path}: train_dir {path} is in use by {e}; one launcher per train_dir '
-                             f'(`launch status {spec.path}` shows that run)') from None
+            raise UsageError(in_use(spec.path, path, str(e))) from None
         except OSError as e:
             raise spec.error('train.train_dir', f'cannot write {e.filename or path}: {e.strerror}') from None
         return lock, created
@@ -248,6 +235,7 @@ class Lifecycle:
                              spec_hash=hashlib.sha256(self.spec_yaml.encode()).hexdigest(),
                              overrides=self.overrides, cwd=os.getcwd(), train_dir=os.path.abspath(train_dir),
                              launcher_pid=os.getpid(), resumes_from=step))
+        index.remember(self.run_id, train_dir, self.spec.path)     # its id then works from anywhere
 
     def emit(self, event: Event | EventKind | str, **fields: Any) -> None:
         """Append an event to the run's log (a typed one, or a kind and its fields: EventLog.emit);
@@ -287,9 +275,9 @@ class Lifecycle:
         self.emit(EventKind.TASK_STARTED, task=task, **where)
 
     def saw_line(self, task: str, line: str, worker: bool, chief: bool) -> dict | None:
-        """What a task's log line tells the event log: that it serves, this attempt's first step,
+        """What a task's log line tells the event log: that it is up, this attempt's first step,
         and (the chief's lines, at the console's cadence) progress. Returns a worker's progress."""
-        serving = rundir.says_serving(line, task)
+        serving = rundir.says_ready(line, task)
         saved = rundir.saved_step(line) if chief else None
         found = rundir.parse_progress(line) if worker else None
         evaluated = rundir.parse_evaluation(line) if task.startswith('evaluator:') else None
@@ -331,7 +319,7 @@ class Lifecycle:
                            ended=time.time())
         self._add_figures(result, outcome.lost)
         if result.global_step is None:
-            result.global_step = outcome.global_step
+            result.global_step = self._step_reached(outcome.global_step)
         result.recoveries = list(outcome.recoveries)
         if outcome.state == RunState.DONE:
             figures = self.summary(result, outcome.lost, asked=self.spec.train.steps, saved=self.checkpoint_step())
@@ -442,6 +430,13 @@ class Lifecycle:
             if isinstance(found, dict):
                 results.append(found)
         return results
+
+    def _step_reached(self, seen: int | None) -> int | None:
+        """The global step a run without the chief's closing figures reached: the newest it saw
+        in progress lines, or its newest checkpoint's if that is further (a train.command prints
+        its own lines, no progress of ours, but its checkpoints say how far it got)."""
+        saved = self.checkpoint_step()
+        return seen if saved is None else saved if seen is None else max(seen, saved)
 
     def _add_figures(self, result: RunResult, lost: tuple[str, ...]) -> None:
         results = self._worker_results(lost)

@@ -33,8 +33,9 @@ A coordinator run (a `chief`: TF2 ParameterServerStrategy) follows PSS's own rec
 trains on (PSS re-queues its work and takes it back); a lost ps is started again with the chief,
 which resumes from its checkpoint; a lost chief or evaluator is started again alone. Without
 restarts a lost worker or evaluator is let go, a lost ps or chief ends the run. The run is done
-when the chief's program has ended and the evaluator (if any) has evaluated the last checkpoint;
-the servers, which never end by themselves, are then stopped.
+when the chief's process has ended and the evaluator (if any) has evaluated the last checkpoint;
+the servers, which never end by themselves, are then stopped, never before the chief has ended
+(a chief still talking to stopped servers logs a gRPC error per function it frees).
 """
 from __future__ import annotations
 
@@ -304,16 +305,19 @@ def decide_coordinator(policy: Policy, tasks: list[TaskStatus], tolerated: froze
         return Decision(Action.RESTART_TASKS if can_restart and reachable else Action.TOLERATE, names, reason)
 
     chief = [t for t in tasks if t.job == 'chief']
-    if chief and all(t.state is TaskState.SUCCEEDED for t in chief) or chief_done(progress):
+    if chief and all(t.state is TaskState.SUCCEEDED for t in chief):
         evaluating = [t for t in tasks if t.job == 'evaluator' and t.state is not TaskState.SUCCEEDED
                       and t.name not in tolerated]
         if evaluating:
             return Decision(Action.CONTINUE)     # it evaluates the last checkpoint (bounded by the supervisor)
-        # The chief, if it still runs, is left to the tear-down: freeing a PSS program's functions
-        # can wait on the servers for up to a minute, and ends at once when they are gone.
-        left = tuple(t.name for t in tasks if t.state is not TaskState.SUCCEEDED and t.job != 'chief')
+        left = tuple(t.name for t in tasks if t.state is not TaskState.SUCCEEDED)
         return Decision(Action.FINISH, left, 'the chief\'s program has ended, and servers never end by themselves'
                         if left else '')
+    if chief_done(progress):
+        # The last checkpoint is saved: the chief ends within moments (it frees nothing of its
+        # program: cluster/coordinator.py keep_program_alive); the servers wait for it, which the
+        # supervisor bounds by --finish-timeout.
+        return Decision(Action.CONTINUE)
     if stalled:
         stuck = tuple(t.name for t in chief)
         reason = f'no new global step for {progress.quiet_secs:.0f}s (stuck at {progress.step}/{progress.total})'

@@ -1,5 +1,6 @@
-"""What `launch up` checks before anything starts: one clear line and exit code 2 for each
-problem (UsageError or SpecError), nothing started and nothing left behind."""
+"""What `launch up` checks before anything starts, and `launch check` with it (one function,
+preflight()): one clear line and exit code 2 for each problem (UsageError or SpecError), nothing
+started and nothing left behind."""
 from __future__ import annotations
 
 import os
@@ -12,10 +13,12 @@ from cluster.spec import ClusterSpec
 from launch.run import exposure
 from launch.backends import netns
 from launch.run import registry
-from launch.backends.base import Backend, stop_all
+from launch.backends.base import Backend, HostCheck, refusal, stop_all
 from launch.backends.procstat import process_ident
 from launch.errors import UsageError
 from launch.planning.plan import TaskPlan, state_path
+from launch.records import ownership
+from launch.records.lock import TrainDirLock, in_use
 from launch.run.state import LaunchState
 
 
@@ -82,24 +85,18 @@ def check_isolation(spec: ClusterSpec, command: str, backend: str | None) -> Non
 
 def check_user_code(spec: ClusterSpec, plans: list[TaskPlan]) -> None:
     """A `train.program` or `train.command` can be found where local tasks run (remote tasks check
-    on their own host as they start), and is not given to a backend that cannot run it."""
-    from cluster.task import user_code
-    used = {user_code(spec, p.task) for p in plans}
-    used = {(key, code) for key, code in used if code is not None}
-    for key, code in sorted(used, key=str):
-        for kind in {registry.kind(p.backend) for p in plans}:
-            shipped = isinstance(code, str) and code.split('.')[0] in kind.ships
-            if kind.user_code_refusal and not shipped:
-                raise spec.error(key, kind.user_code_refusal)
+    on their own host as they start). Whether the backend can run it at all is decided before
+    (registry.check_user_code_place, for every command that places tasks)."""
     from cluster.task import check_user_code as check
     for plan in plans:
         if registry.kind(plan.backend).on_this_machine:
             check(spec, plan.task, plan.cwd)
 
 
-def prepare_data(spec: ClusterSpec, plans: list[TaskPlan]) -> None:
-    """Check the data set (and write the synthetic one) once, before local workers would race for it."""
-    if spec.train.program or spec.train.command:
+def prepare_data(spec: ClusterSpec, plans: list[TaskPlan], write: bool = True) -> None:
+    """Check the data set once, before local workers would race for it; with `write`, make the
+    synthetic one (`launch up`; `launch check` writes nothing: up makes it where it is missing)."""
+    if spec.train.program or spec.train.command or (not write and spec.train.data == 'synthetic'):
         return      # the user's code reads its own data
     if any(registry.kind(p.backend).on_this_machine and p.task.job == 'worker' for p in plans):
         from cluster.training import data
@@ -107,34 +104,69 @@ def prepare_data(spec: ClusterSpec, plans: list[TaskPlan]) -> None:
 
 
 def preflight(spec: ClusterSpec, plans: list[TaskPlan], backends: Mapping[str, Backend],
-              say: Callable[[str], None] = print) -> None:
-    """Everything that can be wrong before anything starts; raises UsageError (exit 2). A dead
-    launcher's tasks are stopped first (`take_over`), saying so."""
-    took_over = take_over(spec, backends, say)
+              say: Callable[[str], None] = print,
+              show: Callable[[dict[str, list[HostCheck]]], None] | None = None) -> None:
+    """The one pre-flight of `launch up` and `launch check`: everything that can be wrong before
+    anything starts, in the same order, each problem the same one line (UsageError or SpecError:
+    exit 2). The spec itself, its plans' limits and the GPUs are checked before it (the command
+    line, registry.check_limits, registry.with_gpus); this is the rest: the train_dir, a run
+    already going, the user's code, the batch's memory, every host, the data set.
+
+    `launch up` runs it under the train_dir's lock (its train_dir checked as it took the lock):
+    a dead launcher's tasks are stopped first (`take_over`, saying so), each backend checks its
+    hosts, and the synthetic data set is written. `launch check` passes `show`, which is handed
+    every host's verdict (backend name -> its hosts', TensorFlow and tfcluster imported for
+    real) before a failed one is refused; it touches nothing: no lock and no take-over (the
+    train_dir's checks and its lock are probed instead), no data written."""
+    checking = show is not None
+    took_over = False
+    if checking:
+        ownership.check_train_dir(spec)
+        holder = TrainDirLock.held(spec.train.train_dir)
+        if holder is not None:
+            raise UsageError(in_use(spec.path, spec.train.train_dir, holder))
+    else:
+        took_over = take_over(spec, backends, say)
     running = running_state(spec, backends)
-    if running is not None:
+    if running is not None and (not checking or launcher_alive(running)):   # a dead one's: up takes it over
         raise UsageError(f'{spec.path}: a cluster of this spec is already running (launcher pid '
-                         f'{running.launcher_pid}, state in {state_path(spec)}); stop it with `launch down {spec.path}`')
+                         f'{running.launcher_pid}, state in {state_path(spec)}); '
+                         f'stop it with `launch down {spec.path}`')
     check_user_code(spec, plans)
     model.check_batch_memory(spec, [p.task for p in plans if registry.kind(p.backend).on_this_machine])
+    if show is not None:
+        verdicts = {name: b.check([p for p in plans if p.backend == name], imports=True)
+                    for name, b in backends.items()}
+        show(verdicts)
+        for found in verdicts.values():     # as up: the first backend with a failed host
+            failed = [c for c in found if not c.ok]
+            if failed:
+                raise UsageError(refusal(spec, failed))
+    else:
+        for name, backend in backends.items():
+            _host_checks(spec, [p for p in plans if p.backend == name], backend, took_over)
+    prepare_data(spec, plans, write=not checking)
+
+
+def _host_checks(spec: ClusterSpec, plans: list[TaskPlan], backend: Backend, took_over: bool) -> None:
+    """One backend's hosts for `launch up`; after a take-over, the stopped tasks' ports are
+    waited for a moment (their processes ended, the kernel frees the ports just after)."""
     deadline = time.monotonic() + (TAKE_OVER_SECS if took_over else 0)
-    for name, backend in backends.items():
-        while True:
-            try:
-                backend.preflight(spec, [p for p in plans if p.backend == name])
-                break
-            except UsageError:      # the stopped tasks' ports, a moment after their processes ended
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+    while True:
+        try:
+            backend.preflight(spec, plans)
+            return
+        except UsageError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def checks_before_up(spec: ClusterSpec, plans: list[TaskPlan], backends: Mapping[str, Backend],
                      say: Callable[[str], None] = print) -> None:
     """The supervised `launch up`'s pre-flight, which the registry's strategy runs under the
-    train_dir's lock: every check above, then the data set."""
+    train_dir's lock."""
     preflight(spec, plans, backends, say=say)
-    prepare_data(spec, plans)
 
 
 def warn_exposure(plans: list[TaskPlan], short: bool = False) -> None:

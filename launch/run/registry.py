@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import enum
 import os
+import posixpath
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 from contextlib import AbstractContextManager as ContextManager
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
+from cluster.program import PYTHON_NAMES
 from cluster.runtime.masking import spec_masker
 from cluster.spec import ClusterSpec, TaskSpec
 from launch.backends.base import Backend
@@ -100,8 +102,10 @@ class Kind:
     isolates_ports: bool = False       # nothing outside reaches its tasks' ports (a private network)
     remembered: bool = False           # a run remembers it (state file, events): no --backend needed later
     leaves_resources: bool = False     # stopped tasks leave something (containers, a network) that `down` removes
-    user_code_refusal: str = ''        # why train.program / train.command cannot run there ('' : they can)
-    ships: tuple[str, ...] = ()        # the packages of programs it holds all the same (the image's examples)
+    # Why train.program / train.command / train.evaluator cannot run there ('': they can), with {code}
+    # for what is missing, unless it is in one of the folders it holds all the same (`ships`: the image's examples).
+    user_code_refusal: str = ''
+    ships: tuple[str, ...] = ()
     netns_refusal: str = ''            # why `isolation: netns` cannot apply ('' : it can)
     options: tuple[str, ...] = ()      # the command-line options that are its own (Options fields)
     options_label: str = ''            # 'Slurm jobs': what those options are for
@@ -231,9 +235,9 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind('compose', SUPERVISED, _supervised, plan=_plan_compose, make=_make_compose,
          where=lambda plan, task, opts: f'compose service {service_name(task)}, was {task.address} in the spec',
          isolates_ports=True, logs_here=True, remembered=True, leaves_resources=True,
-         user_code_refusal='the compose backend runs the stock tfcluster image, which does not hold your code: '
-                           'run it with the local or SSH backend, or on Kubernetes from an image built FROM tfcluster '
-                           'with your code (docs/own-code.md)',
+         user_code_refusal='the compose backend runs the tfcluster image, which holds tfcluster and the examples/ '
+                           'folder only, not {code}: run it with the local or SSH backend, or on Kubernetes from an '
+                           'image built FROM tfcluster with your code (docs/own-code.md)',
          ships=('examples',),
          netns_refusal='isolation: netns is for local processes; the compose backend runs the tasks on its own '
                        'internal network already, which nothing outside reaches: drop isolation (--set '
@@ -299,6 +303,50 @@ def tasks_spec_yaml(spec: ClusterSpec, name: str | None, opts: Options) -> str:
     `hosts` section (users, keys and SSH ports are the launcher's business, not every host's)."""
     k = kind(name)
     return task_spec(spec, k.addresses(spec, opts)).to_yaml()
+
+
+PLACING = ('up', 'check', 'plan', 'compose')     # the commands that place the tasks on a backend
+
+
+def check_user_code_place(spec: ClusterSpec, command: str, name: str | None) -> None:
+    """SpecError, naming the key, when the backend the command places the tasks on cannot run
+    the user's code (the compose image holds only tfcluster and examples/): the one decision
+    `launch compose`, `launch plan --backend compose` and `launch up --backend compose` share."""
+    if command not in PLACING:
+        return
+    k = kind('compose' if command == 'compose' else name)
+    if not k.user_code_refusal:
+        return
+    from cluster.task import user_code
+    for task in spec.tasks:
+        key, code = user_code(spec, task)
+        missing = None if code is None else _not_shipped(code, k.ships)
+        if missing:
+            raise spec.error(key, k.user_code_refusal.format(code=missing))
+
+
+def _not_shipped(code: str | tuple[str, ...], ships: tuple[str, ...]) -> str | None:
+    """What of a program (package.module:function) or a command line lies outside the folders
+    `ships`, said as the user wrote it; None when all of it is in them (a command naming no file
+    of the user's, such as `python -c ...`, holds nothing to miss)."""
+    def shipped(path: str) -> bool:
+        parts = posixpath.normpath(path).split('/')
+        return not posixpath.isabs(path) and parts[0] in ships
+
+    if isinstance(code, str):
+        module = code.partition(':')[0]
+        return None if module.split('.')[0] in ships else f'the module {module}'
+    program, args = code[0], list(code[1:])
+    if program not in PYTHON_NAMES:
+        return None if shipped(program) else program
+    while args and args[0].startswith('-') and args[0] not in ('-m', '-c'):
+        args.pop(0)         # the interpreter's own flags (-u, -O, ...)
+    if not args or args[0] == '-c':
+        return None
+    if args[0] == '-m':
+        module = args[1] if len(args) > 1 else ''
+        return None if module.split('.')[0] in ships else f'the module {module}'
+    return None if shipped(args[0]) else args[0]
 
 
 def check_options(spec: ClusterSpec, command: str, name: str | None, opts: Options) -> None:

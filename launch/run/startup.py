@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 import grpc
 
 from launch.backends.base import ENDED, Backend, Observation, TaskRecord
-from cluster.runtime.rundir import EXIT_FAILED, EXIT_NO_RESTART
+from cluster.runtime.rundir import EXIT_FAILED, EXIT_NO_RESTART, EXIT_USAGE
 from launch.run import disk
 from launch.run.faults import TaskFailed, Verdict, explaining_tail, last_error, log_tail, own_error
 from launch.run.lifecycle import Failure
@@ -35,11 +35,14 @@ def wait_for_servers(records: list[TaskRecord], backends: Mapping[str, Backend],
     frozen_since: dict[str, float] = {}
     try:
         while pending and not stop.is_set():
+            seen = {r.name: backends[r.backend].status(r) for r in records}
+            # A task that refused to start (its port is another run's) explains the others' ends.
+            for record in sorted(records, key=lambda r: seen[r.name].exit_code != EXIT_USAGE):
+                _check_alive(record, seen[record.name], backends)
             for record in records:
-                seen = backends[record.backend].status(record)
-                _check_alive(record, seen, backends)
-                _check_frozen(record, seen, frozen_since, stall_secs, backends)
-                if record.name in pending and _is_up(record, seen, backends, futures[record.name], reported):
+                _check_frozen(record, seen[record.name], frozen_since, stall_secs, backends)
+                if record.name in pending and _is_up(record, seen[record.name], backends, futures[record.name],
+                                                     reported):
                     del pending[record.name]
             if pending and time.monotonic() > deadline:
                 name, (record, _) = next(iter(pending.items()))
@@ -59,6 +62,10 @@ def _check_alive(record: TaskRecord, seen: Observation, backends: Mapping[str, B
         return
     message = f'{record.name} {describe_exit(code)} during start-up'
     failures = [Failure(record.name, message, record.host, record.pid or None)]
+    refusal = own_error(record.name, last_error(record, backends)) if code == EXIT_USAGE else None
+    if refusal:     # it refused to start (its port is another run's): one line, and no restart mends it
+        message = f'{message}: {refusal}'
+        raise TaskFailed(message, failures=[Failure(record.name, message, record.host, record.pid or None)])
     if code == EXIT_NO_RESTART:     # its checkpoints do not restore: say so, as when it dies later
         line = str(Verdict(message, EXIT_FAILED, failures, can_save=False, no_restore=True,
                            error=own_error(record.name, last_error(record, backends))).failed(lambda: None))
@@ -88,8 +95,8 @@ def _is_up(record: TaskRecord, seen: Observation, backends: Mapping[str, Backend
     if seen.state == ENDED:         # ended well (_check_alive let no other code through)
         return seen.exit_code == 0
     if record.job in ('chief', 'evaluator'):
-        # A coordinator run's chief serves once its program builds the strategy, and an evaluator
-        # serves nothing: their own line is the sign they started.
+        # A coordinator run's chief and evaluator serve nothing of their own: their "started" line
+        # (rundir.started_line) is the sign they run.
         return reported(record.name)
     return backends[record.backend].probe(record, 0.5, channel_ready=ready) and reported(record.name)
 

@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from cluster.runtime import rundir
+from cluster.runtime import ports, rundir
 from cluster.runtime.membership import Members
 from cluster.runtime.rundir import EXIT_OK
 from cluster.spec import ClusterSpec
@@ -118,7 +118,10 @@ class SupervisedRun(Strategy):
     def run(self, life: Lifecycle) -> Outcome:
         self.life = life
         t0 = time.monotonic()
-        self.plans = [dataclasses.replace(p, attempt=life.attempt) for p in self.plans]
+        # The run's id in every task's environment (and its command's): a task that finds its port
+        # taken names the run holding it from there (cluster/runtime/ports.py).
+        self.plans = [dataclasses.replace(p, attempt=life.attempt, env={**p.env, ports.RUN_ENV: life.run_id})
+                      for p in self.plans]
         if self._warn is not None and life.attempt == 1:
             self._warn()
         try:
@@ -375,7 +378,7 @@ class SupervisedRun(Strategy):
         chief = self.is_chief(record)
 
         def seen(line: str) -> None:
-            if not serving.is_set() and rundir.says_serving(line, record.name):
+            if not serving.is_set() and rundir.says_ready(line, record.name):
                 serving.set()
                 self.clock.served(record.name)
             found = self.life.saw_line(record.name, line, record.job == 'worker' or chief, chief)

@@ -28,7 +28,7 @@ from cluster.runtime import rundir, runjson
 from cluster.runtime.rundir import LEASE_ENV
 from cluster.spec import ClusterSpec
 from launch.backends.base import (ENDED, GPU_COUNT_SH, RUNNING, STOP_GRACE_SECS, UNKNOWN, Backend, HostCheck,
-                                  Observation, TaskRecord, decode_exit, handle_of, parse_gpu_count, planned_record)
+                                  Observation, busy_port, TaskRecord, decode_exit, handle_of, parse_gpu_count, planned_record)
 from launch.backends.procstat import STATE, start_time, stat_fields
 from launch.backends.ssh.connections import COMMAND_TIMEOUT, Connections, SSHError, parallel, ssh_target
 from launch.backends.ssh.scripts import (Seen, Started, TaskFiles, TaskProcess, Watched, lease_script,
@@ -200,13 +200,14 @@ class SSHBackend(Backend):
             problems.append(f'python {python} on {where} cannot import {" nor ".join(found["missing"])}: '
                             f'install tensorflow and tfcluster there, or set hosts.{name}.python')
         names = {p.task.port: p.name for p in plans}
-        problems += [f'port {port} ({names.get(port, "?")}) already in use' for port in found['busy']]
+        busy = [busy_port(names.get(port, '?'), port, name) for port in found['busy']]
+        problems += busy
         try:
             self._sftp_call(name, lambda sftp: sftp.normalize('.'))
         except SSHError as e:
             problems.append(e.cause)
         if problems:
-            return HostCheck(name, False, '; '.join(problems))
+            return HostCheck(name, False, '; '.join(problems), refusal=busy[0] if busy == problems else '')
         return HostCheck(name, True, f'{where}, Python {found["python"]}, tensorflow {found.get("tensorflow")}, '
                                      f'{len(plans)} task(s), ports {", ".join(str(p.task.port) for p in plans)} free')
 

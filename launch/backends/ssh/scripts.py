@@ -129,11 +129,21 @@ def wrapper(command: str, files: TaskFiles) -> str:
     background and is waited for, with the wrapper's own stderr going nowhere: a foreground task
     killed by a signal makes dash write "Terminated" into the log. A wait cut short by the trap is
     repeated while the task lives; one more wait fetches the status of a task that died just after
-    the trap (127: it was fetched already)."""
+    the trap (127: it was fetched already). Before the code is written, whatever the task left in
+    its session (its train.command, killed with it or not) is killed: the task and everything it
+    started end together, and once the launcher sees the code the task's port is free."""
     return (f'trap : TERM; exec 3>&2 2>/dev/null; {command} 2>&3 3>&- & t=$!; '
             f'echo $t > {q(files.taskfile)}.tmp && mv {q(files.taskfile)}.tmp {q(files.taskfile)}; '
             f'while :; do wait $t; r=$?; kill -0 $t || break; done; '
-            f'wait $t; s=$?; [ $s -eq 127 ] || r=$s; echo $r > {q(files.rcfile)}')
+            f'wait $t; s=$?; [ $s -eq 127 ] || r=$s; {END_SESSION} echo $r > {q(files.rcfile)}')
+
+
+# Kill every other process of this shell's session (it leads it: setsid) and wait up to 5 s for
+# them to be gone. /proc/PID/stat after the command name: state, ppid, pgrp, session, ...
+END_SESSION = ('k=; for d in /proc/[0-9]*; do read -r l < "$d/stat" || continue; l=${l##*) }; set -- $l; '
+               '[ "$4" = "$$" ] && [ "${d#/proc/}" != "$$" ] && kill -KILL "${d#/proc/}" && k="$k ${d#/proc/}"; '
+               'done; i=0; for p in $k; do while kill -0 "$p" && [ $i -lt 100 ]; do sleep 0.05; i=$((i + 1)); '
+               'done; done;')
 
 
 def start_script(command: str, workdir: str, link: str, log_file: str, legacy: str,
