@@ -431,7 +431,7 @@ def run_command(spec: ClusterSpec, task: TaskSpec, listening: Callable[[int], bo
     watch = _WorkersGone(spec) if stop_with_workers and task.job == 'ps' else None
     while child.poll() is None:
         if not serving and listening is not None and listening(task.port):
-            taken = _taken(task)
+            taken = ports.taken_from(task.name, task.port, os.getpid())
             if taken:       # another process answers on the task's port: it must not pass for ours
                 log.error('%s', taken)
                 _end(child)
@@ -445,13 +445,6 @@ def run_command(spec: ClusterSpec, task: TaskSpec, listening: Callable[[int], bo
         time.sleep(0.05 if not serving else 0.2)
     code = child.returncode
     return 128 - code if code < 0 else code
-
-
-def _taken(task: TaskSpec) -> str | None:
-    """The line naming whoever else listens on the task's port (another run's task, say), or
-    None when every listener there is this task's or its command's (or none is, yet)."""
-    ours = ports.process_tree(os.getpid())      # the command, and whatever it started, serve for it
-    return ports.in_use_line(task.name, task.port, ours) if ports.foreign_holders(task.port, ours) else None
 
 
 class _WorkersGone:

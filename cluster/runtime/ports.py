@@ -152,3 +152,11 @@ def held_by(port: int, ours: Iterable[int] = ()) -> str:
 def in_use_line(task: str, port: int, ours: Iterable[int] = ()) -> str:
     """`TASK: port P is already in use[ by WHO]`: what a task that cannot have its port says."""
     return f'{task}: port {port} is already in use{held_by(port, ours)}'
+
+
+def taken_from(task: str, port: int, pid: int) -> str | None:
+    """The line naming whoever else listens on `port` (another run's task, say), or None when
+    every listener there is process `pid`'s or its descendants' (a command and what it started
+    serve for their task), or none is yet."""
+    ours = process_tree(pid)
+    return in_use_line(task, port, ours) if foreign_holders(port, ours) else None
