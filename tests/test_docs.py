@@ -38,6 +38,41 @@ def _hook():
     return module
 
 
+def _generate():
+    """docs/hooks/generate.py, which writes the committed parts of the pages made from the code."""
+    spec = importlib.util.spec_from_file_location('docs_generate_hook', Path(REPO) / 'docs' / 'hooks' / 'generate.py')
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# -- what is generated is committed, and current -------------------------------------------------------
+def test_the_committed_parts_made_from_the_code_are_what_the_code_makes_now():
+    """GitHub shows docs/ as committed: the reference pages, the error list, the diagram and the
+    plots are in the files, and they must say what the code says today (the site makes them afresh)."""
+    generate = _generate()
+    assert {'reference/cli.md', 'reference/spec.md', 'reference/events.md', 'troubleshooting.md',
+            'architecture.md', 'performance.md', 'runs.md'} <= set(generate.pages())
+    stale = generate.stale()
+    assert not stale, f'stale in docs/: {", ".join(sorted(stale))}; `{generate.COMMAND}` rewrites them'
+
+
+def test_a_part_that_differs_from_the_code_is_stale_and_a_lone_opening_line_is_filled(tmp_path):
+    generate = _generate()
+    page = tmp_path / 'reference' / 'cli.md'
+    page.parent.mkdir()
+    current = (Path(REPO) / 'docs' / 'reference' / 'cli.md').read_text(encoding='utf-8')
+    page.write_text(current.replace('show program\'s version number and exit', 'an old help'), encoding='utf-8')
+    assert set(generate.stale(str(tmp_path))) == {'reference/cli.md', 'images/architecture.svg'}
+    assert generate.stale(str(tmp_path))['reference/cli.md'] == current
+    made = generate.filled('# Commands\n\n<!-- generated: cli -->\n\nAfter.\n', 'reference/cli.md')
+    assert 'usage: launch up' in made and made.endswith('<!-- end of generated: cli -->\n\nAfter.\n'), made
+    assert '<!--' not in generate.filled(made, 'reference/cli.md', committed=False)       # the site's page
+    with pytest.raises(ValueError, match="a.md: no generated part 'zz'"):
+        generate.filled('<!-- generated: zz -->\n', 'a.md')
+
+
 # -- the command line ----------------------------------------------------------------------------------
 def _subcommands(parser: argparse.ArgumentParser) -> dict[str, tuple[str | None, argparse.ArgumentParser]]:
     """name -> (its help in the command list, its parser)."""
