@@ -249,9 +249,9 @@ def test_the_site_builds_strict_with_the_reference_pages_made_from_the_code(tmp_
     done = mkdocs_build(tmp_path / 'site')
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     reference = tmp_path / 'site' / 'reference'
-    cli = (reference / 'cli' / 'index.html').read_text()
-    spec = (reference / 'spec' / 'index.html').read_text()
-    events = (reference / 'events' / 'index.html').read_text()
+    cli = (reference / 'cli.html').read_text()
+    spec = (reference / 'spec.html').read_text()
+    events = (reference / 'events.html').read_text()
     assert 'id="launch-up"' in cli and 'usage: launch render' in cli
     assert 'id="train.steps"' in spec and 'id="hosts.host.user"' in spec
     assert 'id="run_started"' in events and 'id="finished"' in events
