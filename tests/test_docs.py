@@ -256,6 +256,11 @@ def test_the_site_builds_strict_with_the_reference_pages_made_from_the_code(tmp_
     assert 'id="train.steps"' in spec and 'id="hosts.host.user"' in spec
     assert 'id="run_started"' in events and 'id="finished"' in events
     assert '<!-- generated:' not in cli + spec + events
+    # The 404 page links relative to the site's top, like every page: root-absolute links (MkDocs'
+    # default for an error page) lead nowhere from the file system or below a server's path.
+    missing = (tmp_path / 'site' / '404.html').read_text()
+    assert 'href="./index.html"' in missing and 'stylesheets/extra.css' in missing
+    assert not re.findall(r'(?:href|src)="/[^/][^"]*"', missing), re.findall(r'(?:href|src)="/[^"]*"', missing)
 
 
 # -- every command the docs show parses ---------------------------------------------------------------------

@@ -280,7 +280,10 @@ def test_every_page_shows_every_picture_and_asks_nothing_of_another_host(tmp_pat
 
 # Every link of a page that stays in the site (its file:// links), without the part after a #.
 SITE_LINKS = """[...new Set([...document.links].filter(a => a.protocol === 'file:').map(a => a.href.split('#')[0]))]"""
-SHOWN = """[document.title, !!document.querySelector('article.md-content__inner h1'), location.href]"""
+SHOWN = """[document.title, !!document.querySelector('article.md-content__inner h1'), location.href,
+         [...document.querySelectorAll('pre > code')].filter(c => c.scrollWidth > c.clientWidth + 1)
+                                                     .map(c => c.textContent.slice(0, 60))]"""
+NARROW = 800        # pixels: a small laptop's window, or half of a wide screen
 RESULTS = """new Promise(done => { const until = Date.now() + 30000; (function poll() {
   const items = [...document.querySelectorAll('.md-search-result__item a')].map(a => a.href);
   if (items.length || Date.now() > until)
@@ -293,7 +296,8 @@ def test_the_site_opened_from_the_file_system_navigates_and_searches(tmp_path):
     """As the README says to read it: site/index.html opened from the file system, no server.
     Every link of the home page and of a page one folder down (the navigation, the header, the
     footer, the text) leads to a page, a file, not a folder (which the browser would list); pages
-    followed from the top, into a folder and back up show their article; and typing in the search
+    followed from the top, into a folder and back up show their article, and in a window NARROW
+    pixels wide no code block of theirs hides the end of a line; and typing in the search
     box on a page in a folder lists results (the theme's search worker runs in a frame there,
     docs/javascripts/file-worker.js), each a page of the site."""
     binary = chromium()
@@ -307,6 +311,8 @@ def test_the_site_opened_from_the_file_system_navigates_and_searches(tmp_path):
     with serving(Refuse) as proxy:
         browser = DevTools(binary, str(tmp_path / 'profile'), proxy)
         try:
+            browser.call('Emulation.setDeviceMetricsOverride', browser.session, width=NARROW, height=900,
+                         deviceScaleFactor=1, mobile=False)
             links, shown = {}, {}
             for start in ('index.html', 'backends/ssh.html'):
                 browser.open(f'file://{site}/{start}')
@@ -325,8 +331,10 @@ def test_the_site_opened_from_the_file_system_navigates_and_searches(tmp_path):
         assert len(pages) >= 25, (start, pages)
         not_pages = sorted({p for p in pages if not (p.endswith('.html') and os.path.isfile(os.path.join(site, p)))})
         assert not not_pages, f'links of {start} that lead to no page (a folder is listed, not shown): {not_pages}'
-    for page, (title, article, url) in shown.items():
+    for page, (title, article, url, cut) in shown.items():
         assert article and not title.startswith('Index of') and page_of(url) == page, (page, title, url)
+        assert not cut, f'{page}: code blocks wider than their box at {NARROW} px (line ends hidden): {cut}'
+    assert 'getting-started.html' in shown      # its launch up sample has lines of 130 characters
     assert found, f'no search results from the file system: the search box says {said!r}'
     assert 'training.html' in {page_of(url) for url in found}, found
     assert all(os.path.isfile(os.path.join(site, page_of(url))) for url in found), found
