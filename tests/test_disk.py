@@ -344,6 +344,39 @@ def test_a_full_disk_at_a_checkpoint_ends_the_run_naming_it(small_fs, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_full_disk_at_a_pss_checkpoint_is_named_and_the_chief_not_started_into_it(small_fs, tmp_path):
+    """Issue 37 #2: a coordinator run whose train_dir lies on a 10 MB tmpfs, 4 MB a checkpoint:
+    those at steps 50 and 100 fit, the one at 150 does not, and once its half is removed the disk
+    has room again (statvfs sees nothing). The chief's line names the cause, the checkpoint and
+    the path (not TensorFlow's out-of-memory hint); the launcher names the disk at once (line and
+    `disk_full` event); the chief is not started again into it; the closing line keeps the cause
+    and resumes from step 100; no `_temp` is left."""
+    from tests.conftest import write_coordinator_spec
+    train_dir = small_fs('10m')
+    spec = write_coordinator_spec(tmp_path, evaluator=None, steps=400, checkpoint_steps=50, train_dir=train_dir,
+                                  top={'env': {'TFCLUSTER_TEST_BALLAST_FLOATS': 1_000_000}})
+    result = launch('up', spec, timeout=300)
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out
+    assert re.search(rf'E chief:0: SaveError: No space left on device \(ENOSPC\): cannot save checkpoint '
+                     rf'model\.ckpt-150 in {re.escape(train_dir)}$', out, re.M), out
+    assert 'Hint:' not in out and 'restart 1/' not in out, out
+    assert (f'warning: the disk under {train_dir} is full: No space left on device (ENOSPC), as chief:0\'s last error '
+            'says') in out, out
+    closing = [line for line in out.splitlines() if line.startswith('[launch]') and 'error:' in line][-1]
+    assert closing.startswith(f'[launch]   error: the disk under {train_dir} is full: No space left on device (ENOSPC); '
+                              'chief:0'), closing
+    assert 'no restart while the disk is full' in closing, closing
+    assert closing.endswith('a new `launch up` resumes from the checkpoint at global step 100'), closing
+    log = _events(train_dir)
+    assert [(e['path'], e['cause']) for e in log if e['event'] == 'disk_full'] == \
+        [(train_dir, 'No space left on device (ENOSPC)')], log
+    assert [e['step'] for e in log if e['event'] == 'checkpoint'] == [50, 100]
+    assert not [e for e in log if e['event'] == 'restart'] and log[-1]['result']['restarts'] == 0
+    assert not glob.glob(os.path.join(train_dir, '*_temp*')), os.listdir(train_dir)
+
+
+@pytest.mark.slow
 def test_a_full_disk_under_the_logs_is_named_first_and_the_training_goes_on(small_fs, tmp_path):
     """Issue 31 #2: the train_dir's tmpfs fills up while the cluster trains (the logs stop, no
     checkpoint fits). The launcher names the disk and ENOSPC at once, hears the steps in the
