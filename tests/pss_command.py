@@ -1,7 +1,8 @@
 """A ParameterServerStrategy script as people run it by hand: its cluster and its role from
 TF_CONFIG alone, its checkpoints in the directory its flag names (model.ckpt-<step>, as the
 launcher reads the resume step from), and its own print-outs (no progress lines of ours).
-`python tests/pss_command.py --train_dir DIR --steps N` on the chief of a coordinator run."""
+`python tests/pss_command.py --train_dir DIR --steps N` on the chief of a coordinator run
+(`--train_dir DIR/backup`: its files where no evaluator looks, as Keras' BackupAndRestore keeps its own)."""
 from __future__ import annotations
 
 import argparse
