@@ -70,5 +70,5 @@ def evaluate(ctx):
 
 def evaluate_broken(ctx):
     """An evaluator with a bug: it raises at the first checkpoint it is given."""
-    for path, at in ctx.checkpoints():
+    for path, _at in ctx.checkpoints():
         raise ValueError(f'this evaluator cannot read {os.path.basename(path)}')

@@ -180,7 +180,7 @@ def _evaluations(run: Run) -> str:
 def _unevaluated(run: Run) -> str:
     """A run that ended with an evaluator that reported no evaluation: said plainly ('' for a run
     with no evaluator, or one still going)."""
-    names = sorted({e.task for e in run.events if isinstance(e, TaskStarted) and (e.task or '').startswith('evaluator:')})
+    names = sorted({e.task for e in run.events if isinstance(e, TaskStarted) and e.task and e.task.startswith('evaluator:')})
     if not names or run.result.is_empty():
         return ''
     return ('<h2>Evaluation</h2>\n<p class="note">No checkpoint was evaluated: ' + _e(', '.join(names)) +

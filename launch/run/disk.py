@@ -197,3 +197,15 @@ class Refusals:
                 self.full = f'the disk under {found[0]} is full: {found[1]}'
                 return r.name, found[0], found[1]
         return None
+
+    def tell(self, failed: Sequence[TaskRecord], backends: Mapping[str, Backend], train_dir: str,
+             say: Callable[[str], None] | None, emit: Callable[[Event], None]) -> None:
+        """hear(), and a full disk heard first is one line (`say`: None when the launcher named the
+        disk already, from statvfs or a pulse) and one `disk_full` event, as DiskWatch gives."""
+        heard = self.hear(failed, backends, train_dir)
+        if heard is None or say is None:
+            return
+        task, path, cause = heard
+        say(f'warning: the disk under {path} is full: {cause}, as {task}\'s last error says; no checkpoint fits '
+            'there until space is freed')
+        emit(DiskFull(path=path, cause=cause))

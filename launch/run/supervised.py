@@ -32,7 +32,7 @@ from launch.run import faults
 from launch.run import policy as supervise
 from launch.run.attempt import Attempt
 from launch.run.faults import FaultHistory, TaskFailed
-from launch.records.event_types import DiskFull, Recovered
+from launch.records.event_types import Recovered
 from launch.records.result import MendedFault
 from launch.run.lifecycle import CHECKPOINT_GRACE_SECS, Failure, Lifecycle, Outcome, RunResult, Strategy
 from launch.run.mending import RecoveryClock
@@ -50,13 +50,25 @@ LEASE_RENEW_SECS = 1.0          # how often the launcher renews its tasks' lease
 SUPERVISE_SECS = 0.2            # how often the supervisor observes the tasks
 
 
-def evaluator_needs(spec: ClusterSpec) -> str:
-    """What a coordinator run's evaluator needs of a train.command, said as it starts: the launcher
-    cannot see what the command saves, and an evaluator that finds nothing waits in silence."""
+def evaluator_needs(spec: ClusterSpec) -> list[str]:
+    """What a coordinator run's evaluator needs of a train.command, said as it starts (no line
+    without both): the launcher cannot see what the command saves, and an evaluator that finds
+    nothing waits in silence."""
     names = ', '.join(t.name for t in spec.job_tasks('evaluator'))
-    return (f'note: {rundir.evaluator_waits_line(names, spec.train.train_dir)}: train.command must save its '
+    if not (names and spec.train.command):
+        return []
+    return [(f'note: {rundir.evaluator_waits_line(names, spec.train.train_dir)}: train.command must save its '
             f'checkpoints there by that name (tf.train.CheckpointManager(..., checkpoint_name=\'{rundir.CHECKPOINT_PREFIX}\')); '
-            'Keras\' BackupAndRestore files are none (docs/pss.md)')
+            'Keras\' BackupAndRestore files are none (docs/pss.md)')]
+
+
+def finish_hint(spec: ClusterSpec, life: Lifecycle) -> str:
+    """What to do about tasks still running --finish-timeout after the training ended: wait longer,
+    unless a coordinator run's evaluator has no checkpoint to evaluate (waiting could never help)."""
+    if spec.coordinator and life.checkpoint_step() is None:
+        return (f'no {rundir.CHECKPOINT_PREFIX}-<step> checkpoint is in {os.path.abspath(spec.train.train_dir)} '
+                'for an evaluator to evaluate: docs/pss.md')
+    return 'raise --finish-timeout'
 
 
 class SupervisedRun(Strategy):
@@ -81,8 +93,7 @@ class SupervisedRun(Strategy):
         self.members = Members(1, {i: 1 for i in range(workers or spec.num_workers)})
         self.policy = Policy.of(dataclasses.replace(spec, live=workers))
         self.records: list[TaskRecord] = []          # the current start of every task, in plan order
-        self.restarts = 0
-        self.evaluator_restarts = 0                  # a coordinator run's evaluator's own (launch/run/policy.py)
+        self.restarts = self.evaluator_restarts = 0  # the run's, and a coordinator run's evaluator's own
         self.attempt = Attempt()                     # what this attempt has seen; a new one for the next
         self.history = FaultHistory()                # the backoff streak and the fault before the last restart
         self.retired: set[str] = set()               # workers failed over: never started again
@@ -131,8 +142,8 @@ class SupervisedRun(Strategy):
         self.plans = [dataclasses.replace(p, attempt=life.attempt) for p in self.plans]
         if self._warn is not None and life.attempt == 1:
             self._warn()
-        if self.spec.train.command and self.spec.job_tasks('evaluator'):
-            self.say(evaluator_needs(self.spec))
+        for note in evaluator_needs(self.spec):
+            self.say(note)
         try:
             self._launch(t0)
             if not self.interrupted.is_set():
@@ -221,8 +232,7 @@ class SupervisedRun(Strategy):
             statuses = self._observe()
             self.scaling.step(statuses)
             waiting = frozenset(self.attempt.tolerated | set(self.attempt.due))     # lost, and let go or due back
-            decision = supervise.decide(self.policy, statuses, waiting, self.restarts, self._progress(),
-                                        self.evaluator_restarts)
+            decision = supervise.decide(self.policy, statuses, waiting, self.restarts, self._progress(), self.evaluator_restarts)
             if decision.action is Action.FINISH:
                 if decision.tasks:
                     done = 'the chief is done' if self.spec.coordinator else 'every worker is done'
@@ -243,20 +253,13 @@ class SupervisedRun(Strategy):
             time.sleep(SUPERVISE_SECS)
 
     def _observe(self) -> list[TaskStatus]:
-        """Every current task's state; a host that cannot be asked makes its tasks UNKNOWN. In a
-        coordinator run or a train.command's, a task lost with its own error saying the disk had no
-        room is a full disk (launch/run/disk.py Refusals): named at once, as the launcher's own
-        watch names one it sees."""
+        """Every current task's state; a host that cannot be asked makes its tasks UNKNOWN. A task lost
+        with its own error saying the disk had no room is a full disk (launch/run/disk.py Refusals)."""
         statuses = self.attempt.observe(self.records, self.backends, self.say)
         if self.spec.coordinator or self.spec.train.command:
             failed = {t.name for t in statuses if t.state is TaskState.FAILED}
-            heard = self.attempt.refusals.hear([r for r in self.records if r.name in failed], self.backends,
-                                               self.spec.train.train_dir)
-            if heard and not self.attempt.disk:
-                task, path, cause = heard
-                self.say(f'warning: the disk under {path} is full: {cause}, as {task}\'s last error says; no '
-                         'checkpoint fits there until space is freed')
-                self.life.emit(DiskFull(path=path, cause=cause))
+            self.attempt.refusals.tell([r for r in self.records if r.name in failed], self.backends,
+                                       self.spec.train.train_dir, None if self.attempt.disk else self.say, self.life.emit)
         return statuses
 
     def _progress(self) -> Progress:
@@ -293,12 +296,8 @@ class SupervisedRun(Strategy):
         if time.monotonic() > deadline:
             left = ', '.join(t.name for t in statuses if t.name not in finished)
             ended = 'chief' if self.spec.coordinator else 'workers' if workers_done else 'ps tasks'
-            hint = 'raise --finish-timeout'
-            if self.spec.coordinator and self.life.checkpoint_step() is None:     # waiting could never help
-                hint = (f'no {rundir.CHECKPOINT_PREFIX}-<step> checkpoint is in {os.path.abspath(self.spec.train.train_dir)} '
-                        'for an evaluator to evaluate: docs/pss.md')
             self.say(f'warning: {left} still running {self.finish_timeout:.0f}s after the {ended} finished; '
-                     f'stopping them ({hint})')
+                     f'stopping them ({finish_hint(self.spec, self.life)})')
             return -1
         return deadline
 
