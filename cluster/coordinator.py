@@ -96,7 +96,10 @@ class Checkpoints:
         self.saved_at = time.monotonic()
 
     def restore(self) -> int:
-        """Restore the newest checkpoint, if there is one; the global step training goes on from."""
+        """Restore the newest checkpoint, if there is one; the global step training goes on from.
+        What an earlier save left half-written (it died with its chief, or on a full disk) goes first."""
+        from cluster.runtime import session
+        session.remove_save_leftovers(str(self.manager.directory))
         path = self.manager.latest_checkpoint
         if not path:
             log.info('no checkpoint in %s: training starts at step 0', self.manager.directory)
@@ -108,8 +111,23 @@ class Checkpoints:
         return step
 
     def save(self) -> int:
+        """Save as of the counter's step. A save the disk or the OS refuses raises the TF1 trainer's
+        SaveError (the cause first, then the checkpoint and the directory: TensorFlow's own error
+        hides the cause under dozens of lines and an out-of-memory hint) and leaves nothing behind."""
+        from cluster.runtime import session
         step = int(self.counter.numpy())
-        self.manager.save(checkpoint_number=step)
+        directory = str(self.manager.directory)
+        name = f'{rundir.CHECKPOINT_PREFIX}-{step}'
+        before = set(os.listdir(directory)) if os.path.isdir(directory) else set()
+        try:
+            self.manager.save(checkpoint_number=step)
+        except (session.tf.errors.OpError, OSError) as e:
+            session.remove_save_leftovers(directory, name, before)
+            cause = rundir.os_cause(e)
+            if cause is None:
+                raise
+            raise session.SaveError(f'{cause}: cannot save checkpoint {name} in {directory}',
+                                    getattr(e, 'error_code', session.tf.errors.UNKNOWN)) from e
         self.saved_step, self.saved_at = step, time.monotonic()
         log.info('%s', rundir.checkpoint_line(step))
         return step
@@ -392,6 +410,7 @@ def run_evaluator(spec: ClusterSpec, task: TaskSpec, function: Callable[[Evaluat
     stop.install()
     ctx = EvaluatorContext(spec, task, stop)
     log.info('%s', rundir.started_line(task.name, f'the evaluator {spec.train.evaluator}', os.getpid()))
+    log.info('%s', rundir.evaluator_waits_line(task.name, spec.train.train_dir))
     function(ctx)
     log.info('evaluated up to global step %s', ctx.evaluated)
     return 128 + stop.signum if stop.signum else rundir.EXIT_OK

@@ -96,7 +96,8 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
     up.add_argument('-v', '--verbose', action='store_true',
                     help="also show TensorFlow's C++ start-up messages (always kept in the log files)")
     up.add_argument('--finish-timeout', type=float, default=60.0, metavar='SECS',
-                    help='how long ps tasks may take to exit after the workers finished (default 60)')
+                    help='how long the tasks left may run once one side finished: the ps tasks after the workers, '
+                         'an evaluator (its last evaluation) after the chief (default 60)')
     up.add_argument('--workers', type=int, default=None, metavar='N',
                     help='start the first N workers of the spec\'s list (a pool; default: all); '
                          '`launch scale` changes the number while the run goes on')

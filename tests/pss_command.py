@@ -2,7 +2,8 @@
 TF_CONFIG alone, its checkpoints in the directory its flag names (model.ckpt-<step>, as the
 launcher reads the resume step from), and its own print-outs (no progress lines of ours).
 `python tests/pss_command.py --train_dir DIR --steps N` on the chief of a coordinator run
-(`--pause SECS` between rounds of 10 steps, so a test's kill lands mid-run)."""
+(`--pause SECS` between rounds of 10 steps, so a test's kill lands mid-run; `--train_dir DIR/backup`:
+its files where no evaluator looks, as Keras' BackupAndRestore keeps its own)."""
 from __future__ import annotations
 
 import argparse

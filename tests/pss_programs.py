@@ -1,6 +1,9 @@
 """Small ParameterServerStrategy programs the coordinator-run tests run (a linear model: seconds,
-not minutes): `train` with checkpoints and progress, `evaluate` for the evaluator task.
-TFCLUSTER_TEST_STEP_SECS paces the steps so that a test can kill a task mid-run."""
+not minutes): `train` with checkpoints and progress, `evaluate` for the evaluator task, and
+`evaluate_broken`, an evaluator that fails at every checkpoint it gets.
+TFCLUSTER_TEST_STEP_SECS paces the steps so that a test can kill a task mid-run;
+TFCLUSTER_TEST_BALLAST_FLOATS adds a variable of that many floats to the checkpoints (4 bytes
+each), so that a test can size them against a small disk."""
 from __future__ import annotations
 
 import os
@@ -27,7 +30,8 @@ def train(ctx):
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     with strategy.scope():
         w, b, step = _model()
-    ctx.checkpoint(step, w=w, b=b, step=step)
+        ballast = tf.Variable(tf.zeros([int(os.environ.get('TFCLUSTER_TEST_BALLAST_FLOATS') or 1)]), name='ballast')
+    ctx.checkpoint(step, w=w, b=b, step=step, ballast=ballast)
     pace = float(os.environ.get('TFCLUSTER_TEST_STEP_SECS') or 0)
 
     def dataset_fn():
@@ -62,3 +66,9 @@ def evaluate(ctx):
         checkpoint.restore(path).expect_partial()
         loss = float(tf.reduce_mean(tf.square(tf.matmul(x, w) + b - y)))
         ctx.report(at, {'loss': loss})
+
+
+def evaluate_broken(ctx):
+    """An evaluator with a bug: it raises at the first checkpoint it is given."""
+    for path, _at in ctx.checkpoints():
+        raise ValueError(f'this evaluator cannot read {os.path.basename(path)}')

@@ -147,6 +147,54 @@ def test_a_coordinator_command_runs_with_tf_config_alone(tmp_path):
     assert [e['resumes_from'] for e in events(str(train_dir)) if e['event'] == 'run_started'] == [None, 60]
 
 
+def test_a_broken_evaluator_spends_its_own_restarts_and_never_the_runs(tmp_path):
+    """Issue 37 #4: an evaluator that raises at every checkpoint is started again on restarts of
+    its own (here 1), then let go; the training, which never stopped, ends done with none of the
+    run's restarts spent and no "training again"; the closing line and the report say plainly that
+    no checkpoint was evaluated."""
+    spec = write_coordinator_spec(tmp_path, evaluator='tests.pss_programs:evaluate_broken', steps=200,
+                                  checkpoint_steps=20, supervise={'max_restarts': 1}, top=PACED)
+    run = str(tmp_path / 'run')
+    result = launch('up', spec, timeout=300)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    assert re.search(r"evaluator restart 1/1 \(its own, not the run's\): evaluator:0 exited with code 1", out), out
+    assert 'training again' not in out and 'restart 1/1:' not in out, out
+    closing = [line for line in out.splitlines() if ' done in ' in line][-1]
+    assert closing.endswith('; no checkpoint was evaluated: evaluator:0 reported no evaluation (its log says why)'), \
+        closing
+    log = events(run)
+    assert log[-1]['result']['state'] == 'done' and log[-1]['result']['restarts'] == 0, log[-1]
+    assert not [e for e in log if e['event'] == 'evaluation']
+    launch('report', spec, '-o', str(tmp_path / 'report.html'))
+    page = (tmp_path / 'report.html').read_text()
+    assert 'No checkpoint was evaluated: evaluator:0 reported no evaluation' in page
+    assert '<tr><td>restarts</td><td>0</td></tr>' in page, page[:3000]
+
+
+def test_an_evaluator_beside_a_command_that_writes_no_model_ckpt_is_told_at_the_start(tmp_path):
+    """Issue 37 #5: the chief's command keeps its checkpoints in a folder of its own (as Keras'
+    BackupAndRestore does), so the evaluator has nothing to evaluate: the launcher says at the
+    start what the evaluator waits for and where, the evaluator's log says it too, and the run
+    ends saying that no such checkpoint was written, with no "raise --finish-timeout" hint."""
+    train_dir = tmp_path / 'run'
+    spec = write_coordinator_spec(tmp_path, program=None, evaluator='tests.pss_programs:evaluate', steps=40,
+                                  command=f'python {REPO}/tests/pss_command.py --train_dir {train_dir}/backup --steps 40')
+    result = launch('up', spec, '--finish-timeout', '3', timeout=300)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    waits = (f'evaluator:0 evaluates the checkpoints named model.ckpt-<step> in {train_dir} (TensorFlow\'s '
+             '`checkpoint` file there names the newest), and waits until the chief writes one')
+    start = out.index('started 5 tasks')
+    assert f'[launch]   note: {waits}: train.command must save' in out[:start], out
+    assert f'I {waits}' in out, out
+    assert 'raise --finish-timeout' not in out, out
+    assert f'stopping them (no model.ckpt-<step> checkpoint is in {train_dir} for an evaluator to evaluate' in out, out
+    closing = [line for line in out.splitlines() if ' done in ' in line][-1]
+    assert closing.endswith(f'; no checkpoint was evaluated: {train_dir} holds no model.ckpt-<step> checkpoint, '
+                            'which evaluator:0 waits for (docs/pss.md)'), closing
+
+
 def test_a_coordinator_run_by_hand_ends_by_itself(tmp_path):
     """Every task started as `python -m cluster.task --job J --index I`, with no launcher: the
     chief trains and ends, the evaluator follows it to the last checkpoint, and the servers, which

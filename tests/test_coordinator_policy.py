@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cluster.runtime.rundir import EXIT_NO_RESTART
-from launch.run.policy import Action, Policy, Progress, TaskState, TaskStatus, decide
+from launch.run.policy import Action, Policy, Progress, TaskState, TaskStatus, decide, evaluator_only
 
 R, S, F, U = TaskState.RUNNING, TaskState.SUCCEEDED, TaskState.FAILED, TaskState.UNKNOWN
 QUIET = Progress(step=10, total=100, quiet_secs=1.0)
@@ -92,3 +92,41 @@ def test_the_likely_cause_is_named_first():
     d = decide(policy(), tasks(chief=F, ps=F), frozenset(), 0, QUIET)
     assert d.reason.startswith('ps:0 was killed by SIGKILL') and 'then chief:0' in d.reason
     assert 'resumes from its checkpoint' in d.reason
+
+
+FULL = 'the disk under /runs/r is full: No space left on device (ENOSPC)'
+ON_FULL_DISK = Progress(step=10, total=100, quiet_secs=1.0, disk=FULL)
+
+
+@pytest.mark.parametrize('name, seen, action, about', [
+    ('the chief lost: not started again into the full disk', tasks(chief=F, code=1), Action.GIVE_UP, ('chief:0',)),
+    ('the ps lost: neither it nor the chief again', tasks(ps=F), Action.GIVE_UP, ('ps:0', 'chief:0')),
+    ('a worker lost: it alone again (it writes no checkpoint)', tasks(w1=F), Action.RESTART_TASKS, ('worker:1',)),
+])
+def test_a_coordinator_run_on_a_full_disk(name, seen, action, about):
+    """Issue 37 #2: the full-disk rule of the TF1 path (no cluster restart) holds for PSS's task
+    restarts too: a chief started again on a full disk fails at its next checkpoint."""
+    d = decide(policy(), seen, frozenset(), 0, ON_FULL_DISK)
+    assert (d.action, d.tasks, d.disk) == (action, about, FULL), (name, d)
+    if action is Action.GIVE_UP:
+        assert d.note.startswith('no restart while the disk is full') and 'resumes' not in d.reason, d
+    d = decide(policy(restart='never'), seen, frozenset(), 0, ON_FULL_DISK)     # no restart was possible: no note
+    assert d.note == '' and d.disk == FULL, d
+
+
+def test_the_evaluator_restarts_on_its_own_budget_and_never_ends_the_training():
+    """Issue 37 #4: the evaluator's restarts are its own: the run's spent do not stop it, its own
+    spent let it go (never giving up the run), and the run's are never asked for."""
+    spent = decide(policy(max_restarts=1), tasks(ev=F, code=1), frozenset(), 1, QUIET, evaluator_restarts=0)
+    assert (spent.action, spent.tasks) == (Action.RESTART_TASKS, ('evaluator:0',)), spent
+    own_spent = decide(policy(max_restarts=3), tasks(ev=F, code=1), frozenset(), 0, QUIET, evaluator_restarts=3)
+    assert (own_spent.action, own_spent.tasks) == (Action.TOLERATE, ('evaluator:0',)), own_spent
+    assert own_spent.note == 'its own 3 restart(s) are spent (supervise.max_restarts)'
+    for code in (1, EXIT_NO_RESTART):
+        assert decide(policy(), tasks(ev=F, code=code), frozenset(), 3, QUIET, evaluator_restarts=3).action \
+            is Action.TOLERATE
+    assert decide(policy(restart='never'), tasks(ev=F), frozenset(), 0, QUIET).action is Action.TOLERATE
+    # Lost with a worker: the worker is decided on (on the run's restarts), the evaluator the round after.
+    both = decide(policy(), tasks(w1=F, ev=F), frozenset(), 0, QUIET)
+    assert (both.action, both.tasks) == (Action.RESTART_TASKS, ('worker:1',)) and 'evaluator' not in both.reason
+    assert evaluator_only(spent) and not evaluator_only(both)

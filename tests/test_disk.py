@@ -112,6 +112,73 @@ def test_a_tasks_error_line_is_the_cause_not_tensorflows_preamble():
     assert rundir.cause_line('Graph execution error:') == 'Graph execution error:'
 
 
+DISK_FULL = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', 'disk-full')     # see its README
+OOM_HINT = ('Hint: If you want to see a list of allocated tensors when OOM happens, add report_tensor_allocations_'
+            'upon_oom to RunOptions for current allocation info. This isn\'t available when running in Eager mode.')
+
+
+def test_a_full_disk_under_a_pss_save_is_the_cause_line_never_the_oom_hint():
+    """Issue 37 #2: TensorFlow calls a full disk RESOURCE_EXHAUSTED, as it does memory, and adds its
+    out-of-memory hint. The line a task shows names the disk's refusal: from the recorded message
+    (two root errors), and from its one-error shape, whose cause follows the last frame directly."""
+    recorded = open(os.path.join(DISK_FULL, 'pss-save-message.txt')).read()
+    line = rundir.cause_line(recorded)
+    assert line.endswith('model.ckpt-160_temp/part-00000-of-00002.data-00000-of-00001.tempstate10141648925417585121; '
+                         'No space left on device'), line
+    second = recorded.index('Detected at node', recorded.index('Detected at node') + 1)
+    head = recorded[:second]        # the preamble and one block of frames, as a one-error message has them
+    one = head + ('/runs/r/model.ckpt-160_temp/part-00000-of-00001.data-00000-of-00001.tempstate1; No space left on '
+                  f'device\n\t [[{{{{node SaveV2}}}}]]\n{OOM_HINT}\n\n0 successful operations.')
+    assert rundir.cause_line(one).endswith('; No space left on device'), rundir.cause_line(one)
+    # A train.command's own traceback: the last error line with its cause from the message after it.
+    traceback = ['Traceback (most recent call last):', '  File "my_pss.py", line 9, in <module>',
+                 'tensorflow.python.framework.errors_impl.ResourceExhaustedError: Graph execution error:',
+                 *one.splitlines()[1:]]
+    assert rundir.last_error_line(traceback).endswith('; No space left on device')
+
+
+def test_a_tasks_own_error_of_a_full_disk_names_the_folder():
+    from launch.run import disk
+    cause = 'No space left on device (ENOSPC)'
+    assert disk.refused_space(f'SaveError: {cause}: cannot save checkpoint model.ckpt-150 in /runs/r', '/runs/r') == \
+        ('/runs/r', cause)
+    tf_words = ('ResourceExhaustedError: /mnt/c/ckpt/model.ckpt-160_temp/part-00000-of-00002.data-00000-of-00001'
+                '.tempstate1; No space left on device')
+    assert disk.refused_space(tf_words, '/runs/r') == ('/mnt/c/ckpt', cause)
+    assert disk.refused_space('OSError: [Errno 122] Disk quota exceeded', '/runs/r') == \
+        ('/runs/r', 'Disk quota exceeded (EDQUOT)')
+    for other in ('UnavailableError: Socket closed', 'PermissionError: [Errno 13] Permission denied: /x', None):
+        assert disk.refused_space(other, '/runs/r') is None
+
+
+def test_the_supervisor_reads_a_lost_tasks_own_full_disk_once(tmp_path):
+    """launch/run/disk.py Refusals, on real logs: the first lost task whose last error is a full
+    disk becomes Progress.disk's words; each start of a task is read once."""
+    from launch.backends.local import LocalBackend
+    from launch.run.disk import Refusals
+    train_dir = str(tmp_path)
+    chief, worker = _record(train_dir, 'chief:0', 21), _record(train_dir, 'worker:0', 22)
+    with open(worker.log, 'w') as f:
+        f.write('2026-11-27T23:45:27.474+00:00 E worker:0: UnavailableError: Socket closed\n')
+    with open(chief.log, 'w') as f:
+        f.write('2026-11-27T23:45:27.474+00:00 I step 140/300  loss 4.398\n2026-11-27T23:45:27.474+00:00 E chief:0: '
+                f'SaveError: No space left on device (ENOSPC): cannot save checkpoint model.ckpt-150 in {train_dir}\n')
+    refusals, backends = Refusals(), {'local': LocalBackend()}
+    assert refusals.hear([worker, chief], backends, train_dir) == ('chief:0', train_dir, 'No space left on device (ENOSPC)')
+    assert refusals.full == f'the disk under {train_dir} is full: No space left on device (ENOSPC)'
+    assert refusals.hear([worker, chief], backends, train_dir) is None       # said once
+
+
+def test_the_closing_line_keeps_a_refusal_of_the_disk_however_long_the_path():
+    from launch.run.faults import Verdict
+    path = '/runs/r/' + 'deep/' * 30 + 'model.ckpt-160_temp/part-00000-of-00002.data-00000-of-00001.tempstate1'
+    verdict = Verdict('chief:0 (pid 9 on localhost) exited with code 1', 1, [], True,
+                      error=f'ResourceExhaustedError: (0) RESOURCE_EXHAUSTED: {path}; No space left on device')
+    line = str(verdict.failed(lambda: 100))
+    assert 'its last error: No space left on device (ENOSPC): ResourceExhaustedError: (0)' in line, line
+    assert line.endswith('(see its log); a new `launch up` resumes from the checkpoint at global step 100'), line
+
+
 # -- checkpoints --------------------------------------------------------------------------------
 def _model(tf, floats: int):
     v1 = tf.compat.v1
@@ -341,6 +408,39 @@ def test_a_full_disk_at_a_checkpoint_ends_the_run_naming_it(small_fs, tmp_path):
     assert saved is not None and saved < int(refused.group(1)), out
     from tests.test_local import checkpoint_step
     assert checkpoint_step(train_dir) == saved          # the newest complete checkpoint, read back by TensorFlow
+
+
+@pytest.mark.slow
+def test_a_full_disk_at_a_pss_checkpoint_is_named_and_the_chief_not_started_into_it(small_fs, tmp_path):
+    """Issue 37 #2: a coordinator run whose train_dir lies on a 10 MB tmpfs, 4 MB a checkpoint:
+    those at steps 50 and 100 fit, the one at 150 does not, and once its half is removed the disk
+    has room again (statvfs sees nothing). The chief's line names the cause, the checkpoint and
+    the path (not TensorFlow's out-of-memory hint); the launcher names the disk at once (line and
+    `disk_full` event); the chief is not started again into it; the closing line keeps the cause
+    and resumes from step 100; no `_temp` is left."""
+    from tests.conftest import write_coordinator_spec
+    train_dir = small_fs('10m')
+    spec = write_coordinator_spec(tmp_path, evaluator=None, steps=400, checkpoint_steps=50, train_dir=train_dir,
+                                  top={'env': {'TFCLUSTER_TEST_BALLAST_FLOATS': 1_000_000}})
+    result = launch('up', spec, timeout=300)
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out
+    assert re.search(rf'E chief:0: SaveError: No space left on device \(ENOSPC\): cannot save checkpoint '
+                     rf'model\.ckpt-150 in {re.escape(train_dir)}$', out, re.M), out
+    assert 'Hint:' not in out and 'restart 1/' not in out, out
+    assert (f'warning: the disk under {train_dir} is full: No space left on device (ENOSPC), as chief:0\'s last error '
+            'says') in out, out
+    closing = [line for line in out.splitlines() if line.startswith('[launch]') and 'error:' in line][-1]
+    assert closing.startswith(f'[launch]   error: the disk under {train_dir} is full: No space left on device (ENOSPC); '
+                              'chief:0'), closing
+    assert 'no restart while the disk is full' in closing, closing
+    assert closing.endswith('a new `launch up` resumes from the checkpoint at global step 100'), closing
+    log = _events(train_dir)
+    assert [(e['path'], e['cause']) for e in log if e['event'] == 'disk_full'] == \
+        [(train_dir, 'No space left on device (ENOSPC)')], log
+    assert [e['step'] for e in log if e['event'] == 'checkpoint'] == [50, 100]
+    assert not [e for e in log if e['event'] == 'restart'] and log[-1]['result']['restarts'] == 0
+    assert not glob.glob(os.path.join(train_dir, '*_temp*')), os.listdir(train_dir)
 
 
 @pytest.mark.slow

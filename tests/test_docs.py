@@ -38,6 +38,41 @@ def _hook():
     return module
 
 
+def _generate():
+    """docs/hooks/generate.py, which writes the committed parts of the pages made from the code."""
+    spec = importlib.util.spec_from_file_location('docs_generate_hook', Path(REPO) / 'docs' / 'hooks' / 'generate.py')
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# -- what is generated is committed, and current -------------------------------------------------------
+def test_the_committed_parts_made_from_the_code_are_what_the_code_makes_now():
+    """GitHub shows docs/ as committed: the reference pages, the error list, the diagram and the
+    plots are in the files, and they must say what the code says today (the site makes them afresh)."""
+    generate = _generate()
+    assert {'reference/cli.md', 'reference/spec.md', 'reference/events.md', 'troubleshooting.md',
+            'architecture.md', 'performance.md', 'runs.md'} <= set(generate.pages())
+    stale = generate.stale()
+    assert not stale, f'stale in docs/: {", ".join(sorted(stale))}; `{generate.COMMAND}` rewrites them'
+
+
+def test_a_part_that_differs_from_the_code_is_stale_and_a_lone_opening_line_is_filled(tmp_path):
+    generate = _generate()
+    page = tmp_path / 'reference' / 'cli.md'
+    page.parent.mkdir()
+    current = (Path(REPO) / 'docs' / 'reference' / 'cli.md').read_text(encoding='utf-8')
+    page.write_text(current.replace('show program\'s version number and exit', 'an old help'), encoding='utf-8')
+    assert set(generate.stale(str(tmp_path))) == {'reference/cli.md', 'images/architecture.svg'}
+    assert generate.stale(str(tmp_path))['reference/cli.md'] == current
+    made = generate.filled('# Commands\n\n<!-- generated: cli -->\n\nAfter.\n', 'reference/cli.md')
+    assert 'usage: launch up' in made and made.endswith('<!-- end of generated: cli -->\n\nAfter.\n'), made
+    assert '<!--' not in generate.filled(made, 'reference/cli.md', committed=False)       # the site's page
+    with pytest.raises(ValueError, match="a.md: no generated part 'zz'"):
+        generate.filled('<!-- generated: zz -->\n', 'a.md')
+
+
 # -- the command line ----------------------------------------------------------------------------------
 def _subcommands(parser: argparse.ArgumentParser) -> dict[str, tuple[str | None, argparse.ArgumentParser]]:
     """name -> (its help in the command list, its parser)."""
@@ -75,6 +110,14 @@ def test_the_cli_reference_has_every_command_and_every_option():
             for option in action.option_strings:
                 assert f'`{option}' in page or f', {option}' in page, f'launch {name} {option}'
     assert 'Options of every command on a spec' in page and '`--set KEY=VALUE`' in page
+
+
+def test_the_finish_timeout_help_names_every_task_it_waits_for():
+    """The launcher gives the ps tasks --finish-timeout after the workers and an evaluator as long
+    after the chief (launch/run/supervised.py _check_tail): a PSS user must find the evaluator there."""
+    up = _subcommands(build_parser())['up'][1]
+    text = next(a.help for a in up._actions if '--finish-timeout' in a.option_strings) or ''
+    assert all(word in text for word in ('ps', 'workers', 'evaluator', 'chief')), text
 
 
 def test_the_help_a_command_opens_with_is_its_line_in_the_command_list():
@@ -214,13 +257,18 @@ def test_the_site_builds_strict_with_the_reference_pages_made_from_the_code(tmp_
     done = mkdocs_build(tmp_path / 'site')
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     reference = tmp_path / 'site' / 'reference'
-    cli = (reference / 'cli' / 'index.html').read_text()
-    spec = (reference / 'spec' / 'index.html').read_text()
-    events = (reference / 'events' / 'index.html').read_text()
+    cli = (reference / 'cli.html').read_text()
+    spec = (reference / 'spec.html').read_text()
+    events = (reference / 'events.html').read_text()
     assert 'id="launch-up"' in cli and 'usage: launch render' in cli
     assert 'id="train.steps"' in spec and 'id="hosts.host.user"' in spec
     assert 'id="run_started"' in events and 'id="finished"' in events
     assert '<!-- generated:' not in cli + spec + events
+    # The 404 page links relative to the site's top, like every page: root-absolute links (MkDocs'
+    # default for an error page) lead nowhere from the file system or below a server's path.
+    missing = (tmp_path / 'site' / '404.html').read_text()
+    assert 'href="./index.html"' in missing and 'stylesheets/extra.css' in missing
+    assert not re.findall(r'(?:href|src)="/[^/][^"]*"', missing), re.findall(r'(?:href|src)="/[^"]*"', missing)
 
 
 # -- every command the docs show parses ---------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """The site's pictures (docs/hooks/diagram.py): the architecture diagram is drawn from the code, so
-a layer, a module, a backend or a renderer added to the code is in the picture at the next build;
-the markers in the pages become the pictures, with paths that hold from any page's folder."""
+a layer, a module, a backend or a renderer added to the code is in the picture at the next build
+(and tests/test_docs.py fails until the committed copy is redrawn); the pages' parts show the
+pictures, with paths that hold from any page's folder."""
 from __future__ import annotations
 
 import importlib.util
@@ -8,13 +9,10 @@ import os
 import re
 import shutil
 import xml.etree.ElementTree as ET
-from types import SimpleNamespace
 
 import pytest
 
 from tests.conftest import REPO
-
-pytest.importorskip('mkdocs', reason='the docs extra is not installed')
 
 
 @pytest.fixture(scope='module')
@@ -66,11 +64,7 @@ def test_a_layer_added_to_the_contracts_is_drawn(hook, tmp_path):
     assert layers['launch'].index(['launch.records2', 'launch.extra']) == layers['launch'].index(['launch.records']) + 1
 
 
-def page(src_uri: str):
-    return SimpleNamespace(file=SimpleNamespace(src_uri=src_uri))
-
-
-def test_markers_become_pictures_with_paths_from_the_page_folder(hook, tmp_path, monkeypatch):
+def test_the_parts_show_the_pictures_with_paths_from_the_page_folder(hook, tmp_path, monkeypatch):
     docs = tmp_path / 'docs'
     (docs / 'images' / 'perf').mkdir(parents=True)
     monkeypatch.setattr(hook, 'DOCS', str(docs))
@@ -81,20 +75,15 @@ def test_markers_become_pictures_with_paths_from_the_page_folder(hook, tmp_path,
     plots.draw(figures, str(docs / 'images' / 'perf'), 'python benchmarks/bench.py --only bytes --plots D', '2026-11-26')
     assert os.listdir(docs / 'images' / 'perf') == ['5-placement.png']
 
-    md = hook.on_page_markdown('# A\n\n<!-- diagram -->\n\n<!-- plots -->\n', page('backends/local.md'), None, None)
+    md = hook.diagram_markdown('backends')
     assert '[![The packages' in md and '(../images/architecture.svg)](../images/architecture.svg)' in md
-    assert '![Variable placement: the bytes each ps task holds](../images/perf/5-placement.png)' in md
+    md = hook.plots_markdown('.')
+    assert '![Variable placement: the bytes each ps task holds](images/perf/5-placement.png)' in md
     assert re.search(r'Measured by `python benchmarks/bench.py --only bytes --plots D` on 2026-11-26\.', md), md
-    # one plot by name, the rest where <!-- plots --> is; a name with no picture says so
-    md = hook.on_page_markdown('<!-- plot placement -->\n<!-- plots -->\n<!-- plot links -->', page('performance.md'),
-                               None, None)
-    assert md.count('images/perf/5-placement.png') == 1 and '*No `links` plot in this checkout.*' in md
-    assert 'No performance plots' not in md and '<!-- plots -->' not in md     # all were placed by name
-    # the report's screenshot, once there is one
-    assert hook.on_page_markdown('<!-- report screenshot -->', page('runs.md'), None, None) == \
-        '<!-- report screenshot -->'
+    # the report's screenshot, once there is one; until then the part says how to take it
+    assert 'No report screenshot in this checkout' in hook.report_markdown('.')
     shutil.copy(docs / 'images' / 'perf' / '5-placement.png', docs / 'images' / 'report.png')
-    assert '](images/report.png)' in hook.on_page_markdown('<!-- report screenshot -->', page('runs.md'), None, None)
+    assert '](images/report.png)' in hook.report_markdown('.')
     # a checkout with no plots says how to draw them
     os.remove(docs / 'images' / 'perf' / '5-placement.png')
-    assert 'No performance plots in this checkout' in hook.on_page_markdown('<!-- plots -->', page('a.md'), None, None)
+    assert 'No performance plots in this checkout' in hook.plots_markdown('.')

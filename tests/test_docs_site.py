@@ -1,5 +1,6 @@
 """The documentation site in a real browser: built as a reader's `mkdocs build --strict` builds it,
-served over loopback HTTP, its pages opened in headless Chromium. Every picture on a page (the
+served over loopback HTTP, or opened from the file system as the README says to read it, its pages
+opened in headless Chromium. Every picture on a page (the
 architecture diagram drawn at build time, the benchmark's plots, the report's screenshot) must
 decode, and no page may ask anything of another host: the site is read offline (mkdocs.yml tells
 the theme to load no web fonts).
@@ -217,16 +218,21 @@ DECODE = """Promise.all(%s.map(src => new Promise(done => {
 })))"""
 
 
+def chromium() -> str:
+    binary = next((b for b in ('chromium', 'chromium-browser') if shutil.which(b)), None)
+    if binary is None:
+        unavailable('no chromium binary found (Debian: apt-get install -y chromium)',
+                    'the documentation site must be checked in a real browser')
+    return binary
+
+
 def test_every_page_shows_every_picture_and_asks_nothing_of_another_host(tmp_path):
     """Every page's HTML fetches nothing of another host; in the browser, the home page and every
     page with a picture load with every picture decoded, asking nothing of another host either
     (the theme's scripts included), and every picture file of the site decodes. The theme's
     assets are the same on every page: opening each of the ~30 pages would only repeat them, at
     over a second a page."""
-    binary = next((b for b in ('chromium', 'chromium-browser') if shutil.which(b)), None)
-    if binary is None:
-        unavailable('no chromium binary found (Debian: apt-get install -y chromium)',
-                    'the documentation site must be checked in a real browser')
+    binary = chromium()
     site = str(tmp_path / 'site')
     build_site(site)
     pages, pictures, fetched = {}, [], {}
@@ -240,15 +246,15 @@ def test_every_page_shows_every_picture_and_asks_nothing_of_another_host(tmp_pat
                 parser = Fetched()
                 parser.feed(text)
                 fetched[prefix + name] = parser.urls
-                if name == 'index.html' and not rel.startswith(('assets', 'search')):
-                    pages[prefix] = '<img' in text
+                if name != '404.html' and not rel.startswith(('assets', 'search')):
+                    pages[prefix + name] = '<img' in text
             elif rel.split('/')[0] == 'images' and name.endswith(('.png', '.svg', '.jpg')):
                 pictures.append(prefix + name)
-    assert '/' in pages and '/architecture/' in pages and len(pages) >= 20, sorted(pages)
+    assert '/index.html' in pages and '/architecture.html' in pages and len(pages) >= 20, sorted(pages)
     assert '/images/architecture.svg' in pictures, pictures        # drawn at build time by docs/hooks/diagram.py
     static = {page: bad for page, urls in fetched.items() if (bad := [u for u in urls if elsewhere(u, '')])}
     assert not static, f'pages that would fetch from another host: {static}'
-    opened = ['/'] + sorted(page for page, has_images in pages.items() if has_images and page != '/')
+    opened = ['/'] + sorted(page for page, has_images in pages.items() if has_images and page != '/index.html')
     with serving(site_handler(site)) as here, serving(Refuse) as proxy:
         browser = DevTools(binary, str(tmp_path / 'profile'), proxy)
         try:
@@ -270,3 +276,67 @@ def test_every_page_shows_every_picture_and_asks_nothing_of_another_host(tmp_pat
           f'{sum(len(i) for i in shown.values())} pictures on them decoded, and {len(decoded)} picture files '
           f'({", ".join(f"{src} {size}" for src, size in sorted(decoded.items()))}); '
           f'{len(browser.requests)} requests, none to another host')
+
+
+# Every link of a page that stays in the site (its file:// links), without the part after a #.
+SITE_LINKS = """[...new Set([...document.links].filter(a => a.protocol === 'file:').map(a => a.href.split('#')[0]))]"""
+SHOWN = """[document.title, !!document.querySelector('article.md-content__inner h1'), location.href,
+         [...document.querySelectorAll('pre > code')].filter(c => c.scrollWidth > c.clientWidth + 1)
+                                                     .map(c => c.textContent.slice(0, 60))]"""
+NARROW = 800        # pixels: a small laptop's window, or half of a wide screen
+RESULTS = """new Promise(done => { const until = Date.now() + 30000; (function poll() {
+  const items = [...document.querySelectorAll('.md-search-result__item a')].map(a => a.href);
+  if (items.length || Date.now() > until)
+    done([items, document.querySelector('.md-search-result__meta').textContent.trim()]);
+  else setTimeout(poll, 100);
+})(); })"""
+
+
+def test_the_site_opened_from_the_file_system_navigates_and_searches(tmp_path):
+    """As the README says to read it: site/index.html opened from the file system, no server.
+    Every link of the home page and of a page one folder down (the navigation, the header, the
+    footer, the text) leads to a page, a file, not a folder (which the browser would list); pages
+    followed from the top, into a folder and back up show their article, and in a window NARROW
+    pixels wide no code block of theirs hides the end of a line; and typing in the search
+    box on a page in a folder lists results (the theme's search worker runs in a frame there,
+    docs/javascripts/file-worker.js), each a page of the site."""
+    binary = chromium()
+    site = str(tmp_path / 'site')
+    build_site(site)
+
+    def page_of(url: str) -> str:
+        assert url.startswith('file://'), url
+        return os.path.relpath(url.removeprefix('file://').split('#')[0], site).replace(os.sep, '/')
+
+    with serving(Refuse) as proxy:
+        browser = DevTools(binary, str(tmp_path / 'profile'), proxy)
+        try:
+            browser.call('Emulation.setDeviceMetricsOverride', browser.session, width=NARROW, height=900,
+                         deviceScaleFactor=1, mobile=False)
+            links, shown = {}, {}
+            for start in ('index.html', 'backends/ssh.html'):
+                browser.open(f'file://{site}/{start}')
+                links[start] = [page_of(url) for url in browser.evaluate(SITE_LINKS)]
+            followed = ['getting-started.html', 'reference/cli.html', 'index.html']   # in, down a folder, back up
+            for page, came_from in zip(followed, ['index.html', 'index.html', 'backends/ssh.html']):
+                assert page in links[came_from], (page, came_from, links[came_from])
+                browser.open(f'file://{site}/{page}')
+                shown[page] = browser.evaluate(SHOWN)
+            browser.call('Runtime.evaluate', browser.session, expression="document.querySelector('.md-search__input').focus()")
+            browser.call('Input.insertText', browser.session, text='tensorboard')
+            found, said = browser.evaluate(RESULTS)
+        finally:
+            browser.close()
+    for start, pages in links.items():
+        assert len(pages) >= 25, (start, pages)
+        not_pages = sorted({p for p in pages if not (p.endswith('.html') and os.path.isfile(os.path.join(site, p)))})
+        assert not not_pages, f'links of {start} that lead to no page (a folder is listed, not shown): {not_pages}'
+    for page, (title, article, url, cut) in shown.items():
+        assert article and not title.startswith('Index of') and page_of(url) == page, (page, title, url)
+        assert not cut, f'{page}: code blocks wider than their box at {NARROW} px (line ends hidden): {cut}'
+    assert 'getting-started.html' in shown      # its launch up sample has lines of 130 characters
+    assert found, f'no search results from the file system: the search box says {said!r}'
+    assert 'training.html' in {page_of(url) for url in found}, found
+    assert all(os.path.isfile(os.path.join(site, page_of(url))) for url in found), found
+    print(f'from file://: {len(set(links["index.html"]))} pages linked from the top, {len(set(links["backends/ssh.html"]))}'
+          f' from backends/ssh.html, every one a file; followed {", ".join(shown)}; search "tensorboard": {said}')

@@ -347,6 +347,13 @@ def saved_step(line: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def evaluator_waits_line(name: str, train_dir: str) -> str:
+    """What an evaluator waits for and where, said when it starts: a chief that writes its
+    checkpoints elsewhere or by another name (Keras' BackupAndRestore files) leaves it nothing."""
+    return (f'{name} evaluates the checkpoints named {CHECKPOINT_PREFIX}-<step> in {os.path.abspath(train_dir)} '
+            f'(TensorFlow\'s `{CHECKPOINT_INDEX}` file there names the newest), and waits until the chief writes one')
+
+
 _EVALUATION = re.compile(r'\bevaluation at global step (\d+): (.*)$')
 _METRIC = re.compile(r'([A-Za-z_][\w./-]*)=(-?[\d.]+(?:e[-+]?\d+)?|nan|inf|-inf)')
 
@@ -377,7 +384,9 @@ _NOT_THE_CAUSE = re.compile(r"Graph execution error:|Detected at node|Node: '|Fi
                             # each `CODE: From /job:...:` with its cause on the next line
                             r"={5,}$|[A-Z][A-Z_]+: From /job:\S*:$|"
                             # the C++ log lines TensorFlow appends to a message
-                            r"Recent warning and error logs:|[IWEF]\d{4} [\d:.]+ +\d+ \S+\] ")
+                            r"Recent warning and error logs:|[IWEF]\d{4} [\d:.]+ +\d+ \S+\] |"
+                            # what TensorFlow appends to every RESOURCE_EXHAUSTED error, a full disk's too
+                            r"Hint: If you want to see a list of allocated tensors")
 # An error line's exception and its message: `worker:1: UnavailableError: Socket closed`.
 _ERROR_MESSAGE = re.compile(r'^(.*?\b[A-Za-z_][\w.]*(?:Error|Exception)):\s*(.*)$')
 # A message that only leads in to the cause, which TensorFlow puts on the lines after it.
@@ -386,7 +395,14 @@ _MESSAGE_LINES = 60         # of a traceback's message, after its exception line
 
 
 def _cause(lines: list[str]) -> str | None:
-    """The first line of an error message that says what happened (stripped lines, no blank ones)."""
+    """The first line of an error message that says what happened (stripped lines, no blank ones):
+    one that names a refusal of the OS (a full disk: TensorFlow calls it RESOURCE_EXHAUSTED, as it
+    does memory, and puts the words anywhere among its frames and banners), else the first after
+    TensorFlow's preamble."""
+    refused = next((line for line in lines if not _NOT_THE_CAUSE.match(line)
+                    and any(words in line for words in OS_CAUSES.values())), None)
+    if refused:
+        return refused
     start = 0
     if lines and lines[0].startswith('Graph execution error'):
         frames = [i for i, line in enumerate(lines) if line.startswith('File "')]

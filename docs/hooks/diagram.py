@@ -1,19 +1,19 @@
-"""MkDocs hook: the site's pictures.
+"""The site's pictures, made as parts of pages by docs/hooks/generate.py (which commits them).
 
-- The architecture diagram, drawn at build time as an SVG from the code itself, so it cannot
-  drift: the layers of `cluster` and `launch` come from setup.cfg's import-linter contracts (the
-  ones `lint-imports` enforces), each layer's modules from the files on disk, which `cluster`
-  modules `launch` imports from launch's own import statements, the backends and renderers
-  from the backend registry and the renderer table. It is added to the build as a generated
-  file (images/architecture.svg) and takes the place of a `<!-- diagram -->` line in a page.
+- The architecture diagram, drawn as an SVG from the code itself, so it cannot drift: the layers
+  of `cluster` and `launch` come from setup.cfg's import-linter contracts (the ones `lint-imports`
+  enforces), each layer's modules from the files on disk, which `cluster` modules `launch`
+  imports from launch's own import statements, the backends and renderers from the backend
+  registry and the renderer table. It is committed as docs/images/architecture.svg and drawn again
+  at each build; the part `diagram` shows it.
 - The benchmark's plots (docs/images/perf/N-name.png, drawn by `benchmarks/bench.py --plots`):
-  `<!-- plots -->` becomes every one of them, `<!-- plot NAME -->` one, each captioned from the
-  text the PNG carries (what it shows, the command that measured it and when).
+  the part `plots` is every one of them, each captioned from the text the PNG carries (what it
+  shows, the command that measured it and when).
 - A real run's report (docs/images/report.png, refreshed by tests/test_run_story.py with
-  TFCLUSTER_DOCS_IMAGES=1): `<!-- report screenshot -->` becomes the picture.
+  TFCLUSTER_DOCS_IMAGES=1): the part `report`.
 
-No network, no TensorFlow: the registry and the renderer table import the spec model and the
-planning code only (the build stays well under a second).
+No network, no TensorFlow, no MkDocs: the registry and the renderer table import the spec model
+and the planning code only (well under a second).
 """
 from __future__ import annotations
 
@@ -29,7 +29,6 @@ import textwrap
 import zlib
 from xml.sax.saxutils import escape
 
-from mkdocs.structure.files import File
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DOCS = os.path.join(REPO, 'docs')
@@ -37,10 +36,6 @@ ARCHITECTURE = 'images/architecture.svg'
 PERF = 'images/perf'
 REPORT = 'images/report.png'
 
-DIAGRAM_MARK = '<!-- diagram -->'
-PLOTS_MARK = '<!-- plots -->'
-PLOT_MARK = re.compile(r'<!-- plot ([\w-]+) -->')
-REPORT_MARK = '<!-- report screenshot -->'
 
 
 # ---------------------------------------------------------------------------------------------
@@ -378,36 +373,32 @@ def plot_markdown(uri: str, page_dir: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# The hook's events
+# The parts of pages (docs/hooks/generate.py puts each in its page): Markdown, its paths relative
+# to the page's folder (page_dir, relative to docs/; '.' at the top)
 
-def on_files(files, config):
-    files.append(File.generated(config, ARCHITECTURE, content=architecture_svg()))
-    return files
+def diagram_markdown(page_dir: str) -> str:
+    uri = posixpath.relpath(ARCHITECTURE, page_dir)
+    return (f'[![The packages cluster and launch, their layers top to bottom and how the tasks start]({uri})]({uri})'
+            '\n\n*Drawn from the code by `docs/hooks/generate.py` (again at each build of the site): from setup.cfg\'s '
+            'import contracts (the layers `lint-imports` enforces), the files of each package, launch\'s imports, the '
+            'backend registry and the renderer table.*\n')
 
 
-def on_page_markdown(markdown: str, page, config, files):
-    page_dir = posixpath.dirname(page.file.src_uri) or '.'
-    if DIAGRAM_MARK in markdown:
-        uri = posixpath.relpath(ARCHITECTURE, page_dir)
-        image = (f'[![The packages cluster and launch, their layers top to bottom and how the tasks start]'
-                 f'({uri})]({uri})\n\n*Drawn when the site is built, from setup.cfg\'s '
-                 'import contracts (the layers `lint-imports` enforces), the files of each package, launch\'s '
-                 'imports, the backend registry and the renderer table.*\n')
-        markdown = markdown.replace(DIAGRAM_MARK, image)
-    if PLOT_MARK.search(markdown) or PLOTS_MARK in markdown:
-        found = plots()
-        placed = set(PLOT_MARK.findall(markdown)) & set(found)
-        markdown = PLOT_MARK.sub(lambda m: plot_markdown(found[m.group(1)], page_dir) if m.group(1) in found
-                                 else f'*No `{m.group(1)}` plot in this checkout.*', markdown)
-        rest = '\n'.join(plot_markdown(uri, page_dir) for name, uri in found.items() if name not in placed)
-        markdown = markdown.replace(PLOTS_MARK, rest if found else '*No performance plots in this checkout: '
-                                    '`python benchmarks/bench.py --plots docs/images/perf` draws them.*')
-    if REPORT_MARK in markdown and os.path.isfile(os.path.join(DOCS, *REPORT.split('/'))):
-        uri = posixpath.relpath(REPORT, page_dir)
-        markdown = markdown.replace(REPORT_MARK, (
-            f'[![The report of a real run: ps:0 killed with SIGKILL and the cluster restarted, the launcher '
+def plots_markdown(page_dir: str) -> str:
+    """Every benchmark plot, in reading order, each with its caption."""
+    found = plots()
+    if not found:
+        return '*No performance plots in this checkout: `python benchmarks/bench.py --plots docs/images/perf` draws them.*\n'
+    return '\n'.join(plot_markdown(uri, page_dir) for uri in found.values())
+
+
+def report_markdown(page_dir: str) -> str:
+    if not os.path.isfile(os.path.join(DOCS, *REPORT.split('/'))):
+        return ('*No report screenshot in this checkout: `TFCLUSTER_DOCS_IMAGES=1 python -m pytest '
+                'tests/test_run_story.py` takes it.*\n')
+    uri = posixpath.relpath(REPORT, page_dir)
+    return (f'[![The report of a real run: ps:0 killed with SIGKILL and the cluster restarted, the launcher '
             f'interrupted with Ctrl-C, then resumed by a second launch up]({uri})]({uri})\n\n*The report of a real '
             'run on this machine, as headless Chromium shows it (tests/test_run_story.py: its ps task killed, the '
             'launcher interrupted, the run resumed; `TFCLUSTER_DOCS_IMAGES=1` makes the test refresh the '
-            'picture).*\n'))
-    return markdown
+            'picture).*\n')

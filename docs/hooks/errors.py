@@ -1,23 +1,19 @@
-"""MkDocs hook: the troubleshooting page's list of one-line errors, rendered from docs/errors.yaml.
+"""The troubleshooting page's list of one-line errors (its generated part `errors`), from docs/errors.yaml.
 
 docs/errors.yaml holds every one-line error the bad-input tests produce (tests/test_bad_input.py
 and the spec tables of tests/test_spec.py), each as the user sees it, with its cause and its fix;
 those tests check every line they get against its entry, so the page cannot drift from the code.
-This hook only renders: it replaces the `<!-- generated: errors -->` line of troubleshooting.md
-with one section per group and one heading per error, and fails the build when the file is
-malformed or the marker is missing (a page that silently lost its list would read as complete).
-It reads YAML only and imports nothing of the project, so the build stays fast and TensorFlow-free;
-the tests load this module for `load` and `pattern`, so it imports MkDocs only where the build calls it.
+This module only renders: one section per group and one heading per error, which
+docs/hooks/generate.py writes into troubleshooting.md (and fills afresh at each build); a malformed
+file fails both. It reads YAML only and imports nothing of the project, so the build stays fast
+and TensorFlow-free; the tests load it for `load` and `pattern`.
 """
 from __future__ import annotations
 
-import os
 import re
 
 import yaml
 
-PAGE = 'troubleshooting.md'
-MARKER = '<!-- generated: errors -->'
 FIELDS = ('id', 'title', 'error', 'cause', 'fix')
 PLACEHOLDER = re.compile(r'<([a-z_]+)>')
 
@@ -81,16 +77,3 @@ def pattern(error: str, placeholders: dict) -> re.Pattern:
     parts = PLACEHOLDER.split(error.strip())       # text, name, text, name, ..., text
     return re.compile(''.join(re.escape(part) if i % 2 == 0 else f'(?:{placeholders[part]["matches"]})'
                               for i, part in enumerate(parts)))
-
-
-def on_page_markdown(markdown: str, *, page, config, files) -> str:
-    from mkdocs.exceptions import PluginError
-    if page.file.src_uri != PAGE:
-        return markdown
-    if markdown.count(MARKER) != 1:
-        raise PluginError(f'{PAGE}: expected the line {MARKER} once, where the list of errors goes')
-    try:
-        data = load(os.path.join(config['docs_dir'], 'errors.yaml'))
-    except (OSError, ValueError, yaml.YAMLError) as e:
-        raise PluginError(str(e)) from None
-    return markdown.replace(MARKER, render(data))

@@ -1,7 +1,7 @@
-"""MkDocs hook: the reference pages, made from the code at build time so that they cannot drift.
+"""The reference pages' generated parts, made from the code so that they cannot drift.
 
-A page under docs/reference/ holds its hand-written introduction and one placeholder line,
-`<!-- generated: NAME -->`, which `on_page_markdown` replaces with the Markdown of GENERATORS[NAME]:
+A page under docs/reference/ holds its hand-written introduction and one generated part (see
+docs/hooks/generate.py, which writes it into the page and fills it afresh at each build):
   cli     every command of the real argparse parser (launch/cli.py build_parser): its usage, what
           it does, each argument with its default and help;
   spec    every key the spec accepts (cluster/spec/keys.py spec_keys: the model's fields and the
@@ -19,7 +19,7 @@ import html
 import inspect
 import re
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 
 # The code documented is the code of this checkout, whatever else is installed. MkDocs restores
@@ -284,17 +284,3 @@ def _first_sentence(text: str) -> str:
     match = re.match(r'(.+?[.:])(\s|$)', text)
     return match.group(1).rstrip(':') + '.' if match and match.group(1).endswith(':') else \
         (match.group(1) if match else text)
-
-
-GENERATORS: dict[str, Callable[[], str]] = {'cli': cli_markdown, 'spec': spec_markdown, 'events': events_markdown}
-PLACEHOLDER = re.compile(r'^<!-- generated: (' + '|'.join(GENERATORS) + r') -->$', re.MULTILINE)
-
-
-def render(markdown: str) -> str:
-    """`markdown` with each of these generators' placeholders replaced by what it makes (other
-    hooks' placeholders are theirs to fill)."""
-    return PLACEHOLDER.sub(lambda match: GENERATORS[match.group(1)](), markdown)
-
-
-def on_page_markdown(markdown: str, page, config, files) -> str:
-    return render(markdown)

@@ -28,7 +28,7 @@ from cluster.runtime.rundir import write_atomically
 from cluster.runtime.runjson import short
 from cluster.spec.environ import masked_spec_text
 from cluster.spec.reader import parse_yaml
-from launch.records.event_types import Checkpoint, Evaluation, Progress, Recovered, Restart, RunStarted, Stall
+from launch.records.event_types import Checkpoint, Evaluation, Progress, Recovered, Restart, RunStarted, Stall, TaskStarted
 from launch.records.jsonrecord import finite
 from launch.records.plots import TimeAxis, clock, progress_png, timeline_png
 from launch.records.result import PHASES, RunRecord
@@ -142,7 +142,8 @@ def _last(run: Run, key: str) -> Any:
 
 def _restarts(run: Run, r: RunRecord) -> str | None:
     """run.json counts the last `launch up`'s restarts; the event log has every attempt's."""
-    logged = sum(1 for e in run.events if isinstance(e, Restart))
+    logged = sum(1 for e in run.events if isinstance(e, Restart)       # an evaluator's restarts are its own
+                 and not (e.tasks and all(t.startswith('evaluator:') for t in e.tasks)))
     if not r.has('restarts'):
         return str(logged) if run.events else None
     return f'{r.restarts} (the last launch up); {logged} in the whole run' if logged != r.restarts else \
@@ -195,11 +196,23 @@ def _evaluations(run: Run) -> str:
     """A coordinator run's evaluator: its figures for each checkpoint it evaluated ('' for none)."""
     found = [e for e in run.events if isinstance(e, Evaluation)]
     if not found:
-        return ''
+        return _unevaluated(run)
     names = sorted({name for e in found for name in (e.metrics or {})})
     rows = [(clock(e.epoch, run.tz, True), e.attempt, e.step, *((e.metrics or {}).get(n) for n in names))
             for e in found]
     return '<h2>Evaluation</h2>\n' + _table(('time', 'attempt', 'global step', *names), rows)
+
+
+def _unevaluated(run: Run) -> str:
+    """A run that ended with an evaluator that reported no evaluation: said plainly ('' for a run
+    with no evaluator, or one still going)."""
+    names = sorted({e.task for e in run.events if isinstance(e, TaskStarted) and e.task and e.task.startswith('evaluator:')})
+    if not names or run.result.is_empty():
+        return ''
+    return ('<h2>Evaluation</h2>\n<p class="note">No checkpoint was evaluated: ' + _e(', '.join(names)) +
+            f' reported no evaluation. It evaluates the checkpoints named <code>{rundir.CHECKPOINT_PREFIX}-&lt;step&gt;'
+            '</code> in the train dir (TensorFlow\'s <code>checkpoint</code> index names the newest): its log says '
+            'whether it found none or failed on them.</p>')
 
 
 def _failures(run: Run) -> str:

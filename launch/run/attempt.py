@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from collections.abc import Callable, Mapping, Sequence
 
 from launch.backends.base import ENDED, UNKNOWN, Backend, TaskRecord
-from launch.run.disk import Pulses
+from launch.run.disk import Pulses, Refusals
 from launch.run.lifecycle import Failure
 from launch.run.policy import Progress, TaskState, TaskStatus
 from launch.run.state import StepSeen
@@ -30,6 +30,7 @@ class Attempt:
     from_step: int | None = None                                  # the checkpoint this attempt resumed from
     disk: str | None = None                                       # why the disk refuses the tasks' files, while it does
     pulses: Pulses = field(default_factory=Pulses)                # the tasks' pulses, as read so far
+    refusals: Refusals = field(default_factory=Refusals)          # tasks lost to a full disk, by their own error
     told_disk: bool = False                                       # a refusal only the tasks could see: said
     failed_seen: set[str] = field(default_factory=set)            # tasks seen ended badly at the last look
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
@@ -60,7 +61,8 @@ class Attempt:
 
     def progress(self, total: int) -> Progress:
         with self._lock:
-            return Progress(self.step, total, time.monotonic() - self.step_at, self.saved, self.disk)
+            return Progress(self.step, total, time.monotonic() - self.step_at, self.saved,
+                            self.disk or self.refusals.full)
 
     def progress_record(self, total: int) -> StepSeen | None:
         """The state file's `progress` (the step and when, in epoch seconds), None before a step."""

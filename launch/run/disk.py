@@ -13,18 +13,24 @@ training goes on. Three things keep it honest:
     and under its own (DiskWatch): one line and one event as soon as one is full, before any
     stall can be declared, and another once it has room again;
   - the policy (launch/run/policy.py) gets the refusal with the progress (Progress.disk): a fault
-    while the disk is full is named with it, first, and ends the run rather than restart it.
+    while the disk is full is named with it, first, and ends the run rather than restart it;
+  - in a coordinator run or a train.command's, the lost task's own last error (Refusals): a
+    checkpoint too big for the room left fails with ENOSPC while statvfs still shows room (the
+    half-written files go again), and a chief started again would fail at its next checkpoint
+    the same way. (The TF1 trainer's own SaveError keeps the repeat rule's one restart.)
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
 from cluster.runtime import pulse, rundir
-from launch.backends.base import Backend, TaskRecord
+from launch.backends.base import Backend, TaskRecord, tail
 from launch.records.event_types import DiskFree, DiskFull, Event
 from launch.records.events import EventLog
 
@@ -143,3 +149,63 @@ class DiskWatch:
                 log.debug('checking the disk under %s failed', self.path, exc_info=True)
             if stop.wait(LOOK_SECS):
                 return
+
+
+SPACE_CAUSES = (rundir.OS_CAUSES[errno.ENOSPC], rundir.OS_CAUSES[errno.EDQUOT])
+_PATH = re.compile(r"/[^\s;:,'\"{}()\[\]]+")
+_SAVE_FILE = re.compile(r'_temp|\.tempstate|^part-|^' + re.escape(rundir.CHECKPOINT_PREFIX))
+
+
+def refused_space(error: str | None, train_dir: str) -> tuple[str, str] | None:
+    """(the folder, the cause) when a task's last error says the disk had no room for what it
+    wrote: the train_dir if the error names a file under it, else the folder of the first path it
+    names (a checkpoint's temporary files left out); None for any other error."""
+    cause = rundir.os_cause(error) if error else None
+    if error is None or cause is None or not cause.startswith(SPACE_CAUSES):
+        return None
+    where = os.path.abspath(train_dir)
+    paths = _PATH.findall(error)
+    if not paths or any(p == where or p.startswith(where + os.sep) for p in paths):
+        return where, cause
+    path = paths[0]
+    while os.path.basename(path) and _SAVE_FILE.search(os.path.basename(path)):
+        path = os.path.dirname(path)
+    return path or where, cause
+
+
+class Refusals:
+    """A coordinator run's or a train.command's tasks lost with their own error saying the disk
+    had no room (read once per start of a task); `full` then says so in Progress.disk's words."""
+
+    def __init__(self) -> None:
+        self._read: set[tuple[str, int | None]] = set()
+        self.full: str | None = None
+
+    def hear(self, failed: Sequence[TaskRecord], backends: Mapping[str, Backend],
+             train_dir: str) -> tuple[str, str, str] | None:
+        """(task, folder, cause) the first time one of these failed tasks' last error is a full disk."""
+        for r in failed:
+            if (r.name, r.pid) in self._read:
+                continue
+            self._read.add((r.name, r.pid))
+            try:
+                lines = tail(backends[r.backend].read_log(r, offset=r.log_offset), 200)
+            except Exception:   # a log that cannot be read tells nothing here: the fault's own account says so
+                continue
+            found = refused_space(rundir.last_error_line(lines), train_dir)
+            if found and self.full is None:
+                self.full = f'the disk under {found[0]} is full: {found[1]}'
+                return r.name, found[0], found[1]
+        return None
+
+    def tell(self, failed: Sequence[TaskRecord], backends: Mapping[str, Backend], train_dir: str,
+             say: Callable[[str], None] | None, emit: Callable[[Event], None]) -> None:
+        """hear(), and a full disk heard first is one line (`say`: None when the launcher named the
+        disk already, from statvfs or a pulse) and one `disk_full` event, as DiskWatch gives."""
+        heard = self.hear(failed, backends, train_dir)
+        if heard is None or say is None:
+            return
+        task, path, cause = heard
+        say(f'warning: the disk under {path} is full: {cause}, as {task}\'s last error says; no checkpoint fits '
+            'there until space is freed')
+        emit(DiskFull(path=path, cause=cause))

@@ -263,7 +263,11 @@ class Verdict:
         if self.error:       # as much of it as fits the line
             room = max(70, FINAL_LINE - len(message) - len(self.after) - len(hint) - len('error: ; its last error: ; '))
             cut = short(self.error, room)
-            if cut != self.error:
+            refused = rundir.os_cause(self.error)
+            if cut != self.error and refused and refused.partition(' (')[0] not in cut:
+                # a refusal of the disk or the OS is the error's point: kept, however long the path before it
+                cut = f'{refused}: {short(self.error, room - len(refused) - len(": (see its log)"))} (see its log)'
+            elif cut != self.error:
                 cut = short(self.error, room - len(' (see its log)')) + ' (see its log)'
             message += f'; its last error: {cut}'
         return TaskFailed(f'{message}{self.after}; {hint}', code=self.code, failures=self.failures)

@@ -139,6 +139,7 @@ class Lifecycle:
         self._seen_lock = threading.Lock()   # log followers of every task report at once
         self._attempt_started = time.time()
         self._saved: int | None = None       # the newest checkpoint step logged
+        self._evaluated = False              # an evaluator reported an evaluation in this `launch up`
         self.interrupted = threading.Event()     # the first SIGINT/SIGTERM/SIGHUP
         self.signum = 0
         self._hurried = False
@@ -282,6 +283,7 @@ class Lifecycle:
         found = rundir.parse_progress(line) if worker else None
         evaluated = rundir.parse_evaluation(line) if task.startswith('evaluator:') else None
         if evaluated is not None:
+            self._evaluated = True
             self.emit(Evaluation(task=task, step=evaluated[0], metrics=evaluated[1]))
         if not (serving or saved is not None or found is not None):
             return None
@@ -323,7 +325,7 @@ class Lifecycle:
         result.recoveries = list(outcome.recoveries)
         if outcome.state == RunState.DONE:
             figures = self.summary(result, outcome.lost, asked=self.spec.train.steps, saved=self.checkpoint_step())
-            self.console.say(outcome.headline + figures)
+            self.console.say(outcome.headline + figures + self._unevaluated())
         elif outcome.state == RunState.INTERRUPTED:
             self.console.say(f'stopped; {resume_hint(self.checkpoint_step())}')
         self.emit(Finished(result=self._as_record(result)))
@@ -450,6 +452,17 @@ class Lifecycle:
         chief = [r for r in results if r.get('task') == self.spec.chief.name and 'loss' in r]
         if chief:
             result.loss = read_real(chief[0]['loss'])
+
+    def _unevaluated(self) -> str:
+        """'; no checkpoint was evaluated: why' for a finished run whose evaluator reported nothing
+        (a run that ends done says so plainly, not only by the report's missing table)."""
+        names = ', '.join(t.name for t in self.spec.job_tasks('evaluator'))
+        if not names or self._evaluated:
+            return ''
+        if self.checkpoint_step() is None:
+            return (f'; no checkpoint was evaluated: {os.path.abspath(self.spec.train.train_dir)} holds no '
+                    f'{rundir.CHECKPOINT_PREFIX}-<step> checkpoint, which {names} waits for (docs/pss.md)')
+        return f'; no checkpoint was evaluated: {names} reported no evaluation (its log says why)'
 
     @staticmethod
     def summary(result: RunResult, lost: tuple[str, ...] = (), asked: int | None = None,

@@ -32,10 +32,12 @@ A coordinator run (a `chief`: TF2 ParameterServerStrategy) follows PSS's own rec
 (`decide_coordinator`): a lost worker is started again alone at its address while the chief
 trains on (PSS re-queues its work and takes it back); a lost ps is started again with the chief,
 which resumes from its checkpoint; a lost chief or evaluator is started again alone. Without
-restarts a lost worker or evaluator is let go, a lost ps or chief ends the run. The run is done
-when the chief's process has ended and the evaluator (if any) has evaluated the last checkpoint;
-the servers, which never end by themselves, are then stopped, never before the chief has ended
-(a chief still talking to stopped servers logs a gRPC error per function it frees).
+restarts a lost worker or evaluator is let go, a lost ps or chief ends the run. The evaluator's
+restarts are its own (as many as supervise.max_restarts), never the run's, and it never ends the
+training. On a full disk neither the ps nor the chief is started again (the chief could not save).
+The run is done when the chief's process has ended and the evaluator (if any) has evaluated the
+last checkpoint; the servers, which never end by themselves, are then stopped, never before the
+chief has ended (a chief still talking to stopped servers logs a gRPC error per function it frees).
 """
 from __future__ import annotations
 
@@ -190,11 +192,15 @@ def how_lost(t: TaskStatus) -> str:
 
 
 def decide(policy: Policy, tasks: list[TaskStatus], tolerated: frozenset[str] | set[str],
-           restarts: int, progress: Progress) -> Decision:
+           restarts: int, progress: Progress, evaluator_restarts: int = 0) -> Decision:
     """What to do now. `tolerated`: workers already lost and let go (not counted again);
-    `restarts`: restarts made so far in this run."""
-    rule = decide_coordinator if policy.coordinator else _decide
-    return on_full_disk(rule(policy, tasks, tolerated, restarts, progress), progress)
+    `restarts`: restarts made so far in this run; `evaluator_restarts`: a coordinator run's
+    evaluator's, which are its own (decide_coordinator)."""
+    if policy.coordinator:
+        decision = decide_coordinator(policy, tasks, tolerated, restarts, progress, evaluator_restarts)
+    else:
+        decision = _decide(policy, tasks, tolerated, restarts, progress)
+    return on_full_disk(decision, progress)
 
 
 NO_RESTART_ON_FULL_DISK = ('no restart while the disk is full (the tasks started again could neither log nor '
@@ -281,12 +287,15 @@ def chief_done(progress: Progress) -> bool:
 
 
 def decide_coordinator(policy: Policy, tasks: list[TaskStatus], tolerated: frozenset[str] | set[str],
-                       restarts: int, progress: Progress) -> Decision:
+                       restarts: int, progress: Progress, evaluator_restarts: int = 0) -> Decision:
     """`decide` for a coordinator run (see the module's docstring)."""
     can_restart = policy.restart == 'on-failure' and restarts < policy.max_restarts
     stalled = progress.step is not None and progress.step < progress.total and progress.quiet_secs >= policy.stall_secs
     lost = sorted((t for t in tasks if is_lost(t, policy, stalled) and t.name not in tolerated),
                   key=lambda t: (_CAUSE_ORDER.get(t.job, 9), not (t.exit_code or 0) < 0))
+    if lost and all(t.job == 'evaluator' for t in lost):
+        return decide_evaluator(policy, lost, evaluator_restarts)
+    lost = [t for t in lost if t.job != 'evaluator']    # an evaluator lost with them is decided on next
     if lost:
         reason = how_lost(lost[0]) + (f' (then {", ".join(how_lost(t) for t in lost[1:])})' if len(lost) > 1 else '')
         if any(t.exit_code == EXIT_NO_RESTART for t in lost):
@@ -296,8 +305,10 @@ def decide_coordinator(policy: Policy, tasks: list[TaskStatus], tolerated: froze
         if vital:
             chiefs = [t.name for t in tasks if t.job == 'chief']
             names = tuple(dict.fromkeys([t.name for t in vital if t.job == 'ps'] + chiefs))
-            if not can_restart or not reachable:
-                return Decision(Action.GIVE_UP, names, reason)
+            if not can_restart or not reachable or progress.disk:
+                # A chief started again on a full disk fails at its next checkpoint as this one did.
+                note = NO_RESTART_ON_FULL_DISK if can_restart and reachable else ''
+                return Decision(Action.GIVE_UP, names, reason, note=note)
             why = ('; the chief resumes from its checkpoint' if any(t.job == 'ps' for t in vital)
                    else '; it resumes from its checkpoint')
             return Decision(Action.RESTART_TASKS, names, reason + why)
@@ -323,6 +334,28 @@ def decide_coordinator(policy: Policy, tasks: list[TaskStatus], tolerated: froze
         reason = f'no new global step for {progress.quiet_secs:.0f}s (stuck at {progress.step}/{progress.total})'
         return Decision(Action.RESTART if can_restart else Action.GIVE_UP, stuck, reason, stalled=True)
     return Decision(Action.CONTINUE)
+
+
+def decide_evaluator(policy: Policy, lost: list[TaskStatus], restarts: int) -> Decision:
+    """A coordinator run's evaluator lost (and nothing else): started again alone while its own
+    restarts last (supervise.max_restarts of them, never the run's: an evaluator that fails at every
+    checkpoint must not spend what a lost ps or chief needs), else let go. The training goes on
+    either way: an evaluator never ends it."""
+    reason = how_lost(lost[0]) + (f' (then {", ".join(how_lost(t) for t in lost[1:])})' if len(lost) > 1 else '')
+    names = tuple(t.name for t in lost)
+    reachable = all(t.state in (TaskState.FAILED, TaskState.RUNNING) for t in lost)
+    if policy.restart != 'on-failure' or not reachable or any(t.exit_code == EXIT_NO_RESTART for t in lost):
+        return Decision(Action.TOLERATE, names, reason)
+    if restarts >= policy.max_restarts:
+        return Decision(Action.TOLERATE, names, reason, note=f'its own {restarts} restart(s) are spent '
+                                                             '(supervise.max_restarts)')
+    return Decision(Action.RESTART_TASKS, names, reason)
+
+
+def evaluator_only(decision: Decision) -> bool:
+    """A decision about a coordinator run's evaluator alone: its restarts are its own, and the
+    training never stopped for it."""
+    return bool(decision.tasks) and all(name.startswith('evaluator:') for name in decision.tasks)
 
 
 # -- after the decision: how long to wait, and whether a restart can help -------------------------

@@ -30,6 +30,7 @@ class RecoveringRun(FailedOverRun, Protocol):
     what failover does."""
     history: FaultHistory
     clock: RecoveryClock
+    evaluator_restarts: int                 # a coordinator run's evaluator's own (never the run's)
     serving: dict[str, threading.Event]     # set once a task's own log says it serves
 
     @property
@@ -58,11 +59,13 @@ class Recovery:
         decision = self._account(decision, statuses)
         if decision.action is Action.GIVE_UP:
             raise self._give_up(decision)
-        if decision.action in (Action.RESTART, Action.RESTART_TASKS):
+        if decision.action in (Action.RESTART, Action.RESTART_TASKS) and not supervise.evaluator_only(decision):
             self.run.clock.fault(decision.tasks, decision.action is Action.RESTART, self.run.attempt.step, seen_at)
         if decision.action is Action.TOLERATE:
             if not fail_over(self.run, decision, statuses):
                 self._tolerate(decision)
+        elif decision.action is Action.RESTART_TASKS and supervise.evaluator_only(decision):
+            self._restart_evaluator(decision)
         elif decision.action is Action.RESTART_TASKS:
             self._restart_tasks(decision)
         elif decision.action is Action.RESTART:
@@ -78,6 +81,8 @@ class Recovery:
         decision = faults.dump_stacks(run.life, decision, run.records, run.backends, starting)   # before any stop
         errors, failures = faults.record_faults(run.life, decision, statuses, run.records, run.backends)
         run.attempt.failures.extend(failures)
+        if supervise.evaluator_only(decision):      # its own budget bounds it; the run's repeat rule is the training's
+            return decision
         return run.history.escalate(decision, errors, run.life.checkpoint_step)
 
     def _give_up(self, decision: Decision) -> TaskFailed:
@@ -98,8 +103,9 @@ class Recovery:
         run.attempt.tolerated.update(decision.tasks)
         for name in decision.tasks:
             run.life.emit('tolerated', task=name, cause=decision.reason)
-        if all(name.startswith('evaluator:') for name in decision.tasks):
-            run.say(f'{decision.reason}; training goes on without evaluation')
+        if supervise.evaluator_only(decision):
+            run.say(f'{decision.reason}{"; " + decision.note if decision.note else ""}; '
+                    'training goes on without evaluation')
             return
         if not run.spec.coordinator:    # ParameterServerStrategy fixed its workers when the chief built it
             run.members = run.members.without(rundir.parse_task_name(name)[1] for name in decision.tasks
@@ -121,6 +127,20 @@ class Recovery:
             stop_all(chief, run.backends, grace=0)
         if any(name.startswith('chief:') for name in decision.tasks):
             run.attempt.restarted_chief()       # it resumes from a checkpoint: an older step is progress
+        for name in decision.tasks:
+            run.attempt.due[name] = time.monotonic() + delay
+        run.start_due()
+
+    def _restart_evaluator(self, decision: Decision) -> None:
+        """Start the lost evaluator again once its backoff has passed, on its own restarts: the
+        training never stopped for it, so none of the run's is spent and no "training again" follows."""
+        run = self.run
+        run.evaluator_restarts += 1
+        delay = supervise.backoff_delay(run.policy, run.evaluator_restarts)
+        wait = f' in {delay:g}s (supervise.backoff_secs)' if delay else ''
+        run.say(f'evaluator restart {run.evaluator_restarts}/{run.policy.max_restarts} (its own, not the run\'s): '
+                f'{decision.reason}; starting {", ".join(decision.tasks)} again{wait}; the training goes on')
+        run.life.next_attempt(decision.reason, None, tasks=decision.tasks)
         for name in decision.tasks:
             run.attempt.due[name] = time.monotonic() + delay
         run.start_due()

@@ -50,6 +50,27 @@ LEASE_RENEW_SECS = 1.0          # how often the launcher renews its tasks' lease
 SUPERVISE_SECS = 0.2            # how often the supervisor observes the tasks
 
 
+def evaluator_needs(spec: ClusterSpec) -> list[str]:
+    """What a coordinator run's evaluator needs of a train.command, said as it starts (no line
+    without both): the launcher cannot see what the command saves, and an evaluator that finds
+    nothing waits in silence."""
+    names = ', '.join(t.name for t in spec.job_tasks('evaluator'))
+    if not (names and spec.train.command):
+        return []
+    return [(f'note: {rundir.evaluator_waits_line(names, spec.train.train_dir)}: train.command must save its '
+            f'checkpoints there by that name (tf.train.CheckpointManager(..., checkpoint_name=\'{rundir.CHECKPOINT_PREFIX}\')); '
+            'Keras\' BackupAndRestore files are none (docs/pss.md)')]
+
+
+def finish_hint(spec: ClusterSpec, life: Lifecycle) -> str:
+    """What to do about tasks still running --finish-timeout after the training ended: wait longer,
+    unless a coordinator run's evaluator has no checkpoint to evaluate (waiting could never help)."""
+    if spec.coordinator and life.checkpoint_step() is None:
+        return (f'no {rundir.CHECKPOINT_PREFIX}-<step> checkpoint is in {os.path.abspath(spec.train.train_dir)} '
+                'for an evaluator to evaluate: docs/pss.md')
+    return 'raise --finish-timeout'
+
+
 class SupervisedRun(Strategy):
     """The launcher runs every task itself, through the backends the plans name.
 
@@ -72,7 +93,7 @@ class SupervisedRun(Strategy):
         self.members = Members(1, {i: 1 for i in range(workers or spec.num_workers)})
         self.policy = Policy.of(dataclasses.replace(spec, live=workers))
         self.records: list[TaskRecord] = []          # the current start of every task, in plan order
-        self.restarts = 0
+        self.restarts = self.evaluator_restarts = 0  # the run's, and a coordinator run's evaluator's own
         self.attempt = Attempt()                     # what this attempt has seen; a new one for the next
         self.history = FaultHistory()                # the backoff streak and the fault before the last restart
         self.retired: set[str] = set()               # workers failed over: never started again
@@ -124,6 +145,8 @@ class SupervisedRun(Strategy):
                       for p in self.plans]
         if self._warn is not None and life.attempt == 1:
             self._warn()
+        for note in evaluator_needs(self.spec):
+            self.say(note)
         try:
             self._launch(t0)
             if not self.interrupted.is_set():
@@ -212,7 +235,7 @@ class SupervisedRun(Strategy):
             statuses = self._observe()
             self.scaling.step(statuses)
             waiting = frozenset(self.attempt.tolerated | set(self.attempt.due))     # lost, and let go or due back
-            decision = supervise.decide(self.policy, statuses, waiting, self.restarts, self._progress())
+            decision = supervise.decide(self.policy, statuses, waiting, self.restarts, self._progress(), self.evaluator_restarts)
             if decision.action is Action.FINISH:
                 if decision.tasks:
                     done = 'the chief is done' if self.spec.coordinator else 'every worker is done'
@@ -233,8 +256,14 @@ class SupervisedRun(Strategy):
             time.sleep(SUPERVISE_SECS)
 
     def _observe(self) -> list[TaskStatus]:
-        """Every current task's state; a host that cannot be asked makes its tasks UNKNOWN."""
-        return self.attempt.observe(self.records, self.backends, self.say)
+        """Every current task's state; a host that cannot be asked makes its tasks UNKNOWN. A task lost
+        with its own error saying the disk had no room is a full disk (launch/run/disk.py Refusals)."""
+        statuses = self.attempt.observe(self.records, self.backends, self.say)
+        if self.spec.coordinator or self.spec.train.command:
+            failed = {t.name for t in statuses if t.state is TaskState.FAILED}
+            self.attempt.refusals.tell([r for r in self.records if r.name in failed], self.backends,
+                                       self.spec.train.train_dir, None if self.attempt.disk else self.say, self.life.emit)
+        return statuses
 
     def _progress(self) -> Progress:
         return self.attempt.progress(self.spec.train.steps)
@@ -271,7 +300,7 @@ class SupervisedRun(Strategy):
             left = ', '.join(t.name for t in statuses if t.name not in finished)
             ended = 'chief' if self.spec.coordinator else 'workers' if workers_done else 'ps tasks'
             self.say(f'warning: {left} still running {self.finish_timeout:.0f}s after the {ended} finished; '
-                     'stopping them (raise --finish-timeout)')
+                     f'stopping them ({finish_hint(self.spec, self.life)})')
             return -1
         return deadline
 
