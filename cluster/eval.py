@@ -14,7 +14,7 @@ import types
 from collections.abc import Sequence
 
 from cluster.training import data, inputs
-from cluster.runtime import rundir
+from cluster.runtime import causes, rundir
 from cluster.spec import DEFAULT_SPEC, ClusterSpec, load_spec
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ def evaluate(spec: ClusterSpec, checkpoint: str | None = None) -> dict:
                     'trained on another data set?'
                 raise EvalError(f'{checkpoint} does not hold the built-in model for {data_set.name}\'s '
                                 f'{data_set.shape_text} images ({why}): '
-                                f'{rundir.cause_line(e.message, "restore failed")}') from None
+                                f'{causes.cause_line(e.message, "restore failed")}') from None
             right = total = 0
             while True:
                 try:

@@ -26,11 +26,12 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from cluster.runtime import masking, ports, pulse, stacks
+from cluster.runtime.causes import cause_line
 from cluster.runtime.membership import LIVE, Members
 from cluster.coordinator import check_keras
 from cluster.program import ProgramError, check_command, check_program, load_program, run_command, run_program
 from cluster.runtime.rundir import (EXIT_FAILED, EXIT_NO_RESTART, EXIT_OK, EXIT_USAGE, LEASE_ENV, LEASE_SECS_ENV,
-                            TaskLogFormatter, cause_line, read_text, serving_line)
+                            TaskLogFormatter, read_text, serving_line)
 from cluster.spec import (DEFAULT_SPEC, JOBS, TF_CONFIG_ENV, ClusterSpec, SpecError, TaskSpec, load_spec,
                           read_tf_config)
 from cluster.spec.environ import MASK

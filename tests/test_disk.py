@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from cluster.training import data
-from cluster.runtime import rundir
+from cluster.runtime import causes, rundir
 from tests.conftest import launch, write_spec
 
 MS_RDONLY, MS_REMOUNT, MNT_DETACH = 1, 32, 2
@@ -104,12 +104,12 @@ def test_a_tasks_error_line_is_the_cause_not_tensorflows_preamble():
     text = ("Graph execution error:\n\nDetected at node 'CheckNumerics' defined at (most recent call last):\n"
             '    File "train.py", line 5, in <module>\n      y = check(x)\nNode: \'CheckNumerics\'\n'
             'bad value : Tensor had NaN values\n\t [[{{node CheckNumerics}}]]')
-    assert rundir.cause_line(text) == 'bad value : Tensor had NaN values'
+    assert causes.cause_line(text) == 'bad value : Tensor had NaN values'
     remote = 'Graph execution error:\n\nFrom /job:ps/replica:0/task:0:\nWorker session gone\n\t [[{{node x}}]]'
-    assert rundir.cause_line(remote) == 'Worker session gone'
-    assert rundir.cause_line('Socket closed\nmore') == 'Socket closed'
-    assert rundir.cause_line('', '(no message)') == '(no message)'
-    assert rundir.cause_line('Graph execution error:') == 'Graph execution error:'
+    assert causes.cause_line(remote) == 'Worker session gone'
+    assert causes.cause_line('Socket closed\nmore') == 'Socket closed'
+    assert causes.cause_line('', '(no message)') == '(no message)'
+    assert causes.cause_line('Graph execution error:') == 'Graph execution error:'
 
 
 DISK_FULL = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', 'disk-full')     # see its README
@@ -122,19 +122,19 @@ def test_a_full_disk_under_a_pss_save_is_the_cause_line_never_the_oom_hint():
     out-of-memory hint. The line a task shows names the disk's refusal: from the recorded message
     (two root errors), and from its one-error shape, whose cause follows the last frame directly."""
     recorded = open(os.path.join(DISK_FULL, 'pss-save-message.txt')).read()
-    line = rundir.cause_line(recorded)
+    line = causes.cause_line(recorded)
     assert line.endswith('model.ckpt-160_temp/part-00000-of-00002.data-00000-of-00001.tempstate10141648925417585121; '
                          'No space left on device'), line
     second = recorded.index('Detected at node', recorded.index('Detected at node') + 1)
     head = recorded[:second]        # the preamble and one block of frames, as a one-error message has them
     one = head + ('/runs/r/model.ckpt-160_temp/part-00000-of-00001.data-00000-of-00001.tempstate1; No space left on '
                   f'device\n\t [[{{{{node SaveV2}}}}]]\n{OOM_HINT}\n\n0 successful operations.')
-    assert rundir.cause_line(one).endswith('; No space left on device'), rundir.cause_line(one)
+    assert causes.cause_line(one).endswith('; No space left on device'), causes.cause_line(one)
     # A train.command's own traceback: the last error line with its cause from the message after it.
     traceback = ['Traceback (most recent call last):', '  File "my_pss.py", line 9, in <module>',
                  'tensorflow.python.framework.errors_impl.ResourceExhaustedError: Graph execution error:',
                  *one.splitlines()[1:]]
-    assert rundir.last_error_line(traceback).endswith('; No space left on device')
+    assert causes.last_error_line(traceback).endswith('; No space left on device')
 
 
 def test_a_tasks_own_error_of_a_full_disk_names_the_folder():

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from cluster.runtime import rundir
+from cluster.runtime import causes, rundir
 from launch.run import policy as supervise
 from launch.run.faults import FaultHistory
 from launch.backends.base import Backend, Observation, TaskRecord
@@ -120,7 +120,7 @@ def test_reasons_say_how_a_task_was_lost():
     ([], None),
 ])
 def test_last_error_line(lines, expected):
-    assert rundir.last_error_line(lines) == expected
+    assert causes.last_error_line(lines) == expected
 
 
 PS_LOST = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', 'ps-lost')     # see its README
@@ -138,16 +138,16 @@ def test_the_error_of_a_lost_ps_is_its_cause_never_tensorflows_banner():
     with the banner still names the error without it."""
     message = _ps_lost('unavailable-message.txt')
     assert message.splitlines()[2] == '=' * 21          # the banner, as TensorFlow writes it
-    assert rundir.cause_line(message) == 'recvmsg:Connection reset by peer'
-    assert rundir.last_error_line(_ps_lost('async-worker-1.log').splitlines()) == 'worker:1: UnavailableError'
-    assert rundir.last_error_line(_ps_lost('sync-worker-0.log').splitlines()) == \
+    assert causes.cause_line(message) == 'recvmsg:Connection reset by peer'
+    assert causes.last_error_line(_ps_lost('async-worker-1.log').splitlines()) == 'worker:1: UnavailableError'
+    assert causes.last_error_line(_ps_lost('sync-worker-0.log').splitlines()) == \
         'the sync aggregator failed, so this chief cannot go on: UnavailableError'
     traceback = ['Traceback (most recent call last):', '  File "task.py", line 9, in <module>',
                  'tensorflow.python.framework.errors_impl.UnavailableError: Graph execution error:', '',
                  *message.splitlines()[2:]]      # an uncaught one: the rest of its message follows it
-    assert rundir.last_error_line(traceback) == \
+    assert causes.last_error_line(traceback) == \
         'tensorflow.python.framework.errors_impl.UnavailableError: recvmsg:Connection reset by peer'
-    assert rundir.last_error_line(['ValueError: File "x.py" not found']) == 'ValueError: File "x.py" not found'
+    assert causes.last_error_line(['ValueError: File "x.py" not found']) == 'ValueError: File "x.py" not found'
 
 
 def test_progress_and_checkpoint_parsing():

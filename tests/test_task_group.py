@@ -161,7 +161,7 @@ def test_a_task_started_by_hand_takes_its_command_along(tmp_path):
     task = subprocess.Popen([sys.executable, '-m', 'cluster.task', '--spec', spec, '--job', 'chief', '--index', '0'],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        line = read_until(task, ' runs ', timeout=60)[-1]
+        line = read_until(task, ' chief:0 started: ', timeout=60)[-1]
         command = int(re.search(r'\(pid (\d+)\)', line).group(1))
         task.kill()
         task.wait()

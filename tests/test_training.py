@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from cluster.runtime import rundir
+from cluster.runtime import causes, rundir
 from tests.conftest import REPO, launch, launch_bg, need_fashion_mnist, read_until, write_spec
 
 # The tests that train on real clusters are marked slow one by one; those of the TensorBoard figures'
@@ -335,7 +335,7 @@ def test_a_task_line_carries_the_full_time_with_its_utc_offset():
     assert rundir.step_of(line) == (57, 200) and rundir.logged_time(line) == m.group(1)
     error = formatter.format(logging.LogRecord('cluster.task', logging.ERROR, __file__, 1,
                                                'worker:1: UnavailableError: Socket closed', (), None))
-    assert rundir.last_error_line([error, line]) == 'worker:1: UnavailableError: Socket closed'
+    assert causes.last_error_line([error, line]) == 'worker:1: UnavailableError: Socket closed'
     assert rundir.logged_time('E1122 12:00:02.100 123 grpc.cc:1] chatter') is None
     assert rundir.logged_time('Traceback (most recent call last):') is None
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from cluster.runtime import rundir, session
+from cluster.runtime import causes, rundir, session
 from cluster.runtime.membership import LIVE, DoneTracker
 from cluster.spec import ClusterSpec, TaskSpec
 from cluster.training import model, summaries
@@ -95,7 +95,7 @@ class _Aggregator(threading.Thread):
             # Only this thread hands out tokens: without it the training loop would wait for one
             # for ever. End the task instead, so the launcher sees a lost chief and acts.
             log.error('the sync aggregator failed, so this chief cannot go on: %s: %s', type(e).__name__,
-                      rundir.cause_line(getattr(e, 'message', str(e)), '(no message)'))
+                      causes.cause_line(getattr(e, 'message', str(e)), '(no message)'))
             logging.shutdown()
             os._exit(rundir.EXIT_FAILED)
 
@@ -291,7 +291,7 @@ def run_retrying(run: Callable[[], Any], what: str, *args: Any, tries: int = ABO
             if attempt == tries:
                 raise
             log.warning('%s was aborted (%s); trying it again (%d of %d)', what % args if args else what,
-                        rundir.cause_line(e.message, '(no message)'), attempt + 1, tries)
+                        causes.cause_line(e.message, '(no message)'), attempt + 1, tries)
 
 
 def _skip_to_next_step(sess: tf.compat.v1.Session, g: TrainGraph, step: int, steps: int) -> int:

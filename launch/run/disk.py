@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from cluster.runtime import pulse, rundir
+from cluster.runtime import causes, pulse, rundir
 from launch.backends.base import Backend, TaskRecord, tail
 from launch.records.event_types import DiskFree, DiskFull, Event
 from launch.records.events import EventLog
@@ -192,7 +192,7 @@ class Refusals:
                 lines = tail(backends[r.backend].read_log(r, offset=r.log_offset), 200)
             except Exception:   # a log that cannot be read tells nothing here: the fault's own account says so
                 continue
-            found = refused_space(rundir.last_error_line(lines), train_dir)
+            found = refused_space(causes.last_error_line(lines), train_dir)
             if found and self.full is None:
                 self.full = f'the disk under {found[0]} is full: {found[1]}'
                 return r.name, found[0], found[1]

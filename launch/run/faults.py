@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from collections.abc import Callable, Collection, Mapping, Sequence
 
-from cluster.runtime import rundir
+from cluster.runtime import causes, rundir
 from cluster.runtime.rundir import EXIT_FAILED, EXIT_NO_RESTART
 from cluster.runtime.runjson import short
 from launch.backends.base import ENDED, Backend, TaskRecord, tail
@@ -65,7 +65,7 @@ def explaining_tail(record: TaskRecord, backends: Mapping[str, Backend], n: int 
     """A task's last log lines that may explain its end: its own error if it logged one, else
     its last lines without TensorFlow's start-up chatter."""
     lines = log_tail(record, backends, 200)
-    error = rundir.last_error_line(lines)
+    error = causes.last_error_line(lines)
     if error:
         return [error]
     return [line for line in lines if not is_chatter(line)][-n:]
@@ -73,7 +73,7 @@ def explaining_tail(record: TaskRecord, backends: Mapping[str, Backend], n: int 
 
 def last_error(record: TaskRecord, backends: Mapping[str, Backend]) -> str | None:
     """The task's last Python error line in this start's log (None: it logged none)."""
-    return rundir.last_error_line(log_tail(record, backends, 200))
+    return causes.last_error_line(log_tail(record, backends, 200))
 
 
 def own_error(name: str, error: str | None) -> str | None:

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from cluster.runtime import rundir
+from cluster.runtime import causes, rundir
 from cluster.runtime.rundir import EXIT_FAILED, EXIT_OK, EXIT_USAGE, write_atomically
 from cluster.env.slurm import rank_task
 from cluster.spec import ClusterSpec, TaskSpec
@@ -345,7 +345,7 @@ class SubmittedJob:
             task = first.split(' ', 1)[0].rstrip(',')
             job, index = rundir.parse_task_name(task)
             exit_code = re.search(r'exit code (\d+)', first)
-            error = rundir.last_error_line((self.strategy.read_file(rundir.attempt_log_path(
+            error = causes.last_error_line((self.strategy.read_file(rundir.attempt_log_path(
                 self.train_dir, self.life.attempt, job, index)) or '').splitlines())
             failures.append(Failure(task, first))
             self.life.emit(TaskLost(task=task, cause=first, exit_code=int(exit_code.group(1)) if exit_code else None,

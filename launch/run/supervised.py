@@ -71,12 +71,18 @@ def finish_hint(spec: ClusterSpec, life: Lifecycle) -> str:
     return 'raise --finish-timeout'
 
 
-class SupervisedRun(Strategy):
-    """The launcher runs every task itself, through the backends the plans name.
+def tell_own_refusals(run: SupervisedRun, statuses: list[TaskStatus]) -> None:
+    """Hand the tasks just lost to the disk watch, which reads their own last error (a coordinator
+    run's or a command's task saves where the launcher cannot see the disk refuse it)."""
+    failed = {t.name for t in statuses if t.state is TaskState.FAILED}
+    run.attempt.refusals.tell([r for r in run.records if r.name in failed], run.backends, run.spec.train.train_dir,
+                              None if run.attempt.disk else run.say, run.life.emit)
 
-    Its public attributes and methods besides the Strategy's are what its parts use of it:
-    launch/run/scaling.py ScaledRun and launch/run/recovery.py RecoveringRun (with
-    launch/run/failover.py FailedOverRun) say which."""
+
+class SupervisedRun(Strategy):
+    """The launcher runs every task itself, through the backends the plans name. Its public members
+    besides the Strategy's are what its parts use of it: launch/run/scaling.py ScaledRun and
+    launch/run/recovery.py RecoveringRun (with launch/run/failover.py FailedOverRun) say which."""
 
     life: Lifecycle             # the run's lifecycle, from run() on
 
@@ -260,9 +266,7 @@ class SupervisedRun(Strategy):
         with its own error saying the disk had no room is a full disk (launch/run/disk.py Refusals)."""
         statuses = self.attempt.observe(self.records, self.backends, self.say)
         if self.spec.coordinator or self.spec.train.command:
-            failed = {t.name for t in statuses if t.state is TaskState.FAILED}
-            self.attempt.refusals.tell([r for r in self.records if r.name in failed], self.backends,
-                                       self.spec.train.train_dir, None if self.attempt.disk else self.say, self.life.emit)
+            tell_own_refusals(self, statuses)
         return statuses
 
     def _progress(self) -> Progress:
