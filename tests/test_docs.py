@@ -29,22 +29,22 @@ from launch.records.event_types import EVENT_TYPES, HEADER, HEADER_DOCS, EventKi
 from tests.harness.parts import REPO, unavailable
 
 
-def _hook():
-    """docs/hooks/reference.py, the MkDocs hook that makes the reference pages, as a module."""
-    spec = importlib.util.spec_from_file_location('docs_reference_hook', Path(REPO) / 'docs' / 'hooks' / 'reference.py')
+def _docs_hook(name: str):
+    """docs/hooks/NAME.py as a module: `reference` makes the reference pages, `generate` writes
+    the committed parts of the pages made from the code."""
+    spec = importlib.util.spec_from_file_location(f'docs_{name}_hook', Path(REPO) / 'docs' / 'hooks' / f'{name}.py')
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _hook():
+    return _docs_hook('reference')
 
 
 def _generate():
-    """docs/hooks/generate.py, which writes the committed parts of the pages made from the code."""
-    spec = importlib.util.spec_from_file_location('docs_generate_hook', Path(REPO) / 'docs' / 'hooks' / 'generate.py')
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _docs_hook('generate')
 
 
 # -- what is generated is committed, and current -------------------------------------------------------

@@ -19,6 +19,7 @@ from cluster.program import ProgramError, check_command, check_program, command_
 from cluster.spec import SpecError, load_spec, read_tf_config
 from launch.run.policy import Action, Policy, Progress, TaskState, TaskStatus, decide
 from tests.conftest import REPO, launch, run_by_hand, write_spec
+from tests.harness.parts import GRPC_STANDIN
 from tests.test_training import summaries_in
 
 
@@ -224,20 +225,7 @@ def test_a_tf1_script_runs_unchanged_and_its_ps_is_stopped(tmp_path):
     assert abs(values['w'] - 3) < 0.2 and abs(values['b'] - 2) < 0.2, values
 
 
-FAILING = '''\
-import argparse, sys, time
-from concurrent import futures
-import grpc
-p = argparse.ArgumentParser()
-for flag in ('--job_name', '--task_index', '--ps_hosts', '--worker_hosts'):
-    p.add_argument(flag)
-a = p.parse_args()
-hosts = (a.ps_hosts if a.job_name == 'ps' else a.worker_hosts).split(',')
-server = grpc.server(futures.ThreadPoolExecutor(1))
-server.add_insecure_port('[::]:' + hosts[int(a.task_index)].rsplit(':', 1)[1])
-server.start()
-if a.job_name == 'ps':
-    server.wait_for_termination()
+FAILING = GRPC_STANDIN + '''\
 time.sleep(2)
 print('worker', a.task_index, 'giving up', flush=True)
 sys.exit(3 if a.task_index == '1' else 0)

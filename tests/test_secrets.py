@@ -20,6 +20,7 @@ import yaml
 from cluster.spec import load_spec
 from launch.cli import main
 from tests.conftest import write_spec
+from tests.harness.parts import GRPC_STANDIN
 
 SECRET = 'hunter2-s3cret'               # a literal in the spec, under a secret-looking name
 REFERENCED = 'from-the-environment-77'  # a value the spec takes from the launcher's environment
@@ -278,20 +279,7 @@ def test_launch_logs_shows_no_hidden_value_a_task_printed(tmp_path, launch):
 # A user's command (the classic TF1 flags) that serves on its port as a TensorFlow task would and
 # prints the token it was given every way a program does: print, a value in two writes with a
 # pause between, stderr; worker:1 then fails with it in its error. It starts no TensorFlow.
-PRINTING = '''\
-import argparse, os, sys, time
-from concurrent import futures
-import grpc
-p = argparse.ArgumentParser()
-for flag in ('--job_name', '--task_index', '--ps_hosts', '--worker_hosts'):
-    p.add_argument(flag)
-a = p.parse_args()
-hosts = (a.ps_hosts if a.job_name == 'ps' else a.worker_hosts).split(',')
-server = grpc.server(futures.ThreadPoolExecutor(1))
-server.add_insecure_port('[::]:' + hosts[int(a.task_index)].rsplit(':', 1)[1])
-server.start()
-if a.job_name == 'ps':
-    server.wait_for_termination()
+PRINTING = GRPC_STANDIN + '''\
 token, password = os.environ['API_TOKEN'], os.environ['DB_PASSWORD']
 time.sleep(1)       # the launcher sees every task serve first
 print('worker', a.task_index, 'has the token', token, 'and', password, flush=True)

@@ -27,6 +27,7 @@ import yaml
 
 from tests.conftest import REPO, launch, launch_bg, read_until, write_coordinator_spec
 from tests.harness.documented import check_documented
+from tests.harness.parts import processes_naming
 from tests.test_faults import finish, task_pid
 
 pytestmark = pytest.mark.slow     # real launchers, tasks and TensorFlow servers
@@ -48,24 +49,6 @@ def until_own_line(proc, step: int) -> list[str]:
         lines += read_until(proc, 'my own line: at ')
         if int(re.search(r'at (\d+),', lines[-1]).group(1)) >= step:
             return lines
-
-
-def processes_naming(text: str) -> dict[int, str]:
-    """pid -> command line of every live process whose command line holds `text`."""
-    out = {}
-    for entry in os.listdir('/proc'):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f'/proc/{entry}/cmdline', 'rb') as f:
-                command = f.read().replace(b'\0', b' ').decode(errors='replace')
-            with open(f'/proc/{entry}/stat') as f:
-                state = f.read().rsplit(')', 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if state != 'Z' and text in command:
-            out[int(entry)] = command
-    return out
 
 
 def none_left(text: str, timeout: float = 15) -> dict[int, str]:

@@ -39,9 +39,9 @@ def unavailable(message: str, ci_note: str):
 TASK_MARKERS = ('cluster.task', 'cluster/task.py', 'launch.cli', 'bin/launch ', '-m launch ')
 
 
-def task_processes(within: str) -> dict[int, str]:
-    """pid -> command line of every live (not zombie) task or launcher whose command line names
-    `within` (a folder its spec lies below), from /proc: psutil may not be installed."""
+def processes_naming(text: str) -> dict[int, str]:
+    """pid -> command line of every live (not zombie) process whose command line holds `text`,
+    from /proc: psutil may not be installed."""
     out = {}
     for entry in os.listdir('/proc'):
         if not entry.isdigit() or int(entry) == os.getpid():
@@ -53,6 +53,31 @@ def task_processes(within: str) -> dict[int, str]:
                 state = f.read().rsplit(')', 1)[1].split()[0]
         except (OSError, IndexError):
             continue
-        if state != 'Z' and within in cmd and any(m in cmd for m in TASK_MARKERS):
+        if state != 'Z' and text in cmd:
             out[int(entry)] = cmd
     return out
+
+
+def task_processes(within: str) -> dict[int, str]:
+    """pid -> command line of every live task or launcher whose command line names `within` (a
+    folder its spec lies below)."""
+    return {pid: cmd for pid, cmd in processes_naming(within).items() if any(m in cmd for m in TASK_MARKERS)}
+
+
+# The head of a user's command that speaks the classic TF1 flags and serves on its port over gRPC
+# as a TensorFlow task would, without TensorFlow: a ps serves for ever, a worker goes on below it.
+GRPC_STANDIN = '''\
+import argparse, os, sys, time
+from concurrent import futures
+import grpc
+p = argparse.ArgumentParser()
+for flag in ('--job_name', '--task_index', '--ps_hosts', '--worker_hosts'):
+    p.add_argument(flag)
+a = p.parse_args()
+hosts = (a.ps_hosts if a.job_name == 'ps' else a.worker_hosts).split(',')
+server = grpc.server(futures.ThreadPoolExecutor(1))
+server.add_insecure_port('[::]:' + hosts[int(a.task_index)].rsplit(':', 1)[1])
+server.start()
+if a.job_name == 'ps':
+    server.wait_for_termination()
+'''
