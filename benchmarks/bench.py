@@ -79,7 +79,8 @@ def single_process(batch_size: int, steps: int) -> dict:
     its images/s, and the CPU time (every thread, user + system) one batch costs."""
     code = f'''
 import os, time, tempfile, tensorflow as tf
-from cluster.training import data, inputs
+from cluster.checks import data
+from cluster.training import inputs
 from cluster.training import model
 v1 = tf.compat.v1
 v1.disable_eager_execution()

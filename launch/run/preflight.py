@@ -8,7 +8,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 
-from cluster.training import model
+from cluster.checks import memory
 from cluster.spec import ClusterSpec
 from launch.run import exposure
 from launch.backends import netns
@@ -87,7 +87,7 @@ def check_user_code(spec: ClusterSpec, plans: list[TaskPlan]) -> None:
     """A `train.program` or `train.command` can be found where local tasks run (remote tasks check
     on their own host as they start). Whether the backend can run it at all is decided before
     (registry.check_user_code_place, for every command that places tasks)."""
-    from cluster.task import check_user_code as check
+    from cluster.checks.code import check_user_code as check
     for plan in plans:
         if registry.kind(plan.backend).on_this_machine:
             check(spec, plan.task, plan.cwd)
@@ -99,7 +99,7 @@ def prepare_data(spec: ClusterSpec, plans: list[TaskPlan], write: bool = True) -
     if spec.train.program or spec.train.command or (not write and spec.train.data == 'synthetic'):
         return      # the user's code reads its own data
     if any(registry.kind(p.backend).on_this_machine and p.task.job == 'worker' for p in plans):
-        from cluster.training import data
+        from cluster.checks import data
         data.resolve_spec_data(spec)
 
 
@@ -133,7 +133,7 @@ def preflight(spec: ClusterSpec, plans: list[TaskPlan], backends: Mapping[str, B
                          f'{running.launcher_pid}, state in {state_path(spec)}); '
                          f'stop it with `launch down {spec.path}`')
     check_user_code(spec, plans)
-    model.check_batch_memory(spec, [p.task for p in plans if registry.kind(p.backend).on_this_machine])
+    memory.check_batch_memory(spec, [p.task for p in plans if registry.kind(p.backend).on_this_machine])
     if show is not None:
         verdicts = {name: b.check([p for p in plans if p.backend == name], imports=True)
                     for name, b in backends.items()}
