@@ -20,6 +20,7 @@ from launch.planning.plan import TaskPlan, state_path
 from launch.records import ownership
 from launch.records.lock import TrainDirLock, in_use
 from launch.run.state import LaunchState
+from launch.system import poll_until
 
 
 def launcher_alive(state: LaunchState) -> bool:
@@ -151,15 +152,20 @@ def preflight(spec: ClusterSpec, plans: list[TaskPlan], backends: Mapping[str, B
 def _host_checks(spec: ClusterSpec, plans: list[TaskPlan], backend: Backend, took_over: bool) -> None:
     """One backend's hosts for `launch up`; after a take-over, the stopped tasks' ports are
     waited for a moment (their processes ended, the kernel frees the ports just after)."""
-    deadline = time.monotonic() + (TAKE_OVER_SECS if took_over else 0)
-    while True:
+    if not took_over:
+        backend.preflight(spec, plans)
+        return
+    refused: list[UsageError] = []
+
+    def passes() -> bool:
         try:
             backend.preflight(spec, plans)
-            return
-        except UsageError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+            return True
+        except UsageError as e:
+            refused[:] = [e]
+            return False
+    if not poll_until(passes, time.monotonic() + TAKE_OVER_SECS, poll=0.2):
+        raise refused[0]
 
 
 def checks_before_up(spec: ClusterSpec, plans: list[TaskPlan], backends: Mapping[str, Backend],
