@@ -220,7 +220,7 @@ def tf1_cluster(mode: str, steps: int, batch: int, ps: int = 1, workers: int = 2
 
 def free_ports(n: int) -> list[int]:
     """n ports nobody listens on now, below the range the kernel hands to outgoing connections."""
-    from cluster.task import port_in_use
+    from cluster.runtime.ports import port_in_use
     out = list(itertools.islice((p for p in range(22400, 32000) if not port_in_use(p)), n))
     if len(out) < n:
         raise SystemExit('no free ports in 22400-32000')
