@@ -46,7 +46,8 @@ def train_single(spec_path: str, steps: int, batch: int, every: int, seed: int) 
     import tensorflow as tf
 
     from cluster.spec import load_spec
-    from cluster.training import data, inputs, model
+    from cluster.checks import data
+    from cluster.training import inputs, model
     v1 = tf.compat.v1
     v1.disable_eager_execution()
     spec = load_spec(spec_path)
@@ -203,7 +204,7 @@ LABELS = {'single': 'one process', 'sync': '1 ps + 2 workers, sync', 'async': '1
 
 def bench(args: Any, tmp: str, free_ports: Callable[[int], list[int]]) -> dict:
     """The runs of args.accuracy_kinds for args.accuracy_epochs epochs each, and their table."""
-    from cluster.training import data
+    from cluster.checks import data
     if not os.path.isdir(data.FASHION_MNIST_DIR):
         print(f'\n== accuracy: skipped, {data.FASHION_MNIST_DIR} is missing (apt-get install '
               f'{data.FASHION_MNIST_PACKAGE})')

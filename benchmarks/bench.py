@@ -79,7 +79,8 @@ def single_process(batch_size: int, steps: int) -> dict:
     its images/s, and the CPU time (every thread, user + system) one batch costs."""
     code = f'''
 import os, time, tempfile, tensorflow as tf
-from cluster.training import data, inputs
+from cluster.checks import data
+from cluster.training import inputs
 from cluster.training import model
 v1 = tf.compat.v1
 v1.disable_eager_execution()
@@ -219,7 +220,7 @@ def tf1_cluster(mode: str, steps: int, batch: int, ps: int = 1, workers: int = 2
 
 def free_ports(n: int) -> list[int]:
     """n ports nobody listens on now, below the range the kernel hands to outgoing connections."""
-    from cluster.task import port_in_use
+    from cluster.runtime.ports import port_in_use
     out = list(itertools.islice((p for p in range(22400, 32000) if not port_in_use(p)), n))
     if len(out) < n:
         raise SystemExit('no free ports in 22400-32000')

@@ -8,7 +8,7 @@ One process per task, as in TensorFlow's own distributed-training how-to: a `tf.
 `MonitoredTrainingSession` on each worker. Sync mode wraps the optimizer in
 `SyncReplicasOptimizer` aggregating every worker's gradient per step, with its hook; async mode
 applies each worker's update as it comes. It trains the same model on the same input pipeline as
-the launcher's workers (`cluster.training.model`, `cluster.training.data`, one tower) and keeps what the launcher's
+the launcher's workers (`cluster.training.model`, `cluster.checks.data`, one tower) and keeps what the launcher's
 cluster keeps: the moving averages of the weights (the classic CIFAR-10 trainer's way: after every
 update) and no summaries in the step.
 
@@ -27,7 +27,8 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
 import tensorflow as tf  # noqa: E402
 
-from cluster.training import data, inputs  # noqa: E402
+from cluster.checks import data  # noqa: E402
+from cluster.training import inputs  # noqa: E402
 from cluster.training import model  # noqa: E402
 
 v1 = tf.compat.v1

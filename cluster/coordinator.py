@@ -17,8 +17,6 @@ The launcher's side of these rules (who restarts what) is launch/run/policy.py's
 """
 from __future__ import annotations
 
-import ast
-import importlib.util
 import logging
 import os
 import re
@@ -31,7 +29,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from cluster.program import ProgramError, connects
+from cluster.program import connects
 from cluster.runtime import rundir, runjson
 from cluster.runtime.pulse import PULSE
 from cluster.spec import ClusterSpec, TaskSpec, TrainConfig
@@ -41,15 +39,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-KERAS_ENV = {'TF_USE_LEGACY_KERAS': '1'}      # tf.keras is then Keras 2 (tf-keras): the only Keras with PSS
-FAIL_FAST_ENV = {'GRPC_FAIL_FAST': 'use_caller'}     # PSS tolerates a lost worker only with this
 CHECKPOINT_POLL_SECS = 1.0
 _CKPT_STEP = re.compile(r'-(\d+)$')
-
-
-def coordinator_env() -> dict[str, str]:
-    """What every task of a coordinator run needs in its environment before TensorFlow starts."""
-    return {**FAIL_FAST_ENV, **KERAS_ENV}
 
 
 class StopSignal:
@@ -310,43 +301,6 @@ class EvaluatorContext:
         self._writer.flush()
         self.evaluated = max(step, self.evaluated or 0)
         log.info('%s', rundir.evaluation_line(step, values))
-
-
-def uses_keras(ref: str, search_path: list[str] | None = None) -> bool:
-    """Whether the program's module imports Keras or reaches for `tf.keras` (read from its source,
-    nothing run): under ParameterServerStrategy that must be Keras 2 (tf-keras)."""
-    module, _ = ref.partition(":")[::2]
-    saved = sys.path[:]
-    if search_path is not None:
-        sys.path[:0] = search_path
-    try:
-        found = importlib.util.find_spec(module)
-    except (ImportError, ValueError):
-        return False
-    finally:
-        sys.path[:] = saved
-    if found is None or not found.origin or not found.origin.endswith('.py'):
-        return False
-    try:
-        with open(found.origin, 'rb') as f:
-            tree = ast.parse(f.read(), found.origin)
-    except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
-        return False
-    for node in ast.walk(tree):
-        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-            [node.module or ''] if isinstance(node, ast.ImportFrom) else []
-        if any(n.split('.')[0] in ('keras', 'tf_keras') for n in names):
-            return True
-        if isinstance(node, ast.Attribute) and node.attr == 'keras':
-            return True
-    return False
-
-
-def check_keras(ref: str, search_path: list[str] | None = None) -> None:
-    """A Keras program under ParameterServerStrategy needs tf-keras installed (Keras 3 has no PSS)."""
-    if uses_keras(ref, search_path) and importlib.util.find_spec('tf_keras') is None:
-        raise ProgramError(f'{ref} uses Keras, and Keras under ParameterServerStrategy needs Keras 2: '
-                           "install tf-keras (pip install -e '.[keras]')")
 
 
 # -- the task side ---------------------------------------------------------------------------------

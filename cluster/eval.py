@@ -13,7 +13,8 @@ import sys
 import types
 from collections.abc import Sequence
 
-from cluster.training import data, inputs
+from cluster.checks import data
+from cluster.training import inputs
 from cluster.runtime import causes, rundir
 from cluster.spec import DEFAULT_SPEC, ClusterSpec, load_spec
 

@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import errno
 import logging
 import os
 import signal
-import socket
 import sys
 import threading
 import time
@@ -25,11 +23,12 @@ import types
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from cluster.runtime import masking, ports, pulse, stacks
+from cluster.runtime import masking, ports, pulse, stacks, tfenv
 from cluster.runtime.causes import cause_line
+from cluster.runtime.ports import port_in_use
 from cluster.runtime.membership import LIVE, Members
-from cluster.coordinator import check_keras
-from cluster.program import ProgramError, check_command, check_program, load_program, run_command, run_program
+from cluster.checks.code import ProgramError, check_user_code, user_code
+from cluster.program import load_program, run_command, run_program
 from cluster.runtime.rundir import (EXIT_FAILED, EXIT_NO_RESTART, EXIT_OK, EXIT_USAGE, LEASE_ENV, LEASE_SECS_ENV,
                             TaskLogFormatter, read_text, serving_line)
 from cluster.spec import (DEFAULT_SPEC, JOBS, TF_CONFIG_ENV, ClusterSpec, SpecError, TaskSpec, load_spec,
@@ -40,7 +39,7 @@ from cluster.spec.load import take_overrides
 if TYPE_CHECKING:
     import subprocess
 
-    from cluster.training.data import DataSet
+    from cluster.checks.data import DataSet
 
 log = logging.getLogger('cluster.task')
 
@@ -102,21 +101,6 @@ def resolve_task(args: argparse.Namespace) -> tuple[ClusterSpec, TaskSpec]:
     return spec, spec.task(job, index)
 
 
-def port_in_use(port: int) -> bool:
-    """True when something already listens on `port` (TF's server binds every interface)."""
-    try:
-        s = socket.socket(socket.AF_INET6)      # dual-stack: sees a listener on either family
-    except OSError:                             # IPv6 disabled on this host (EAFNOSUPPORT)
-        s = socket.socket(socket.AF_INET)
-    with s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(('', port))
-        except OSError as e:
-            return e.errno == errno.EADDRINUSE
-    return False
-
-
 def watch_lease(path: str, secs: float, poll: float = 1.0, pool: int = 0) -> None:
     """End this task (SIGTERM to itself, so a chief still saves its checkpoint) once `path` has
     not been touched for `secs` seconds. A missing file counts from the task's start. What the
@@ -159,35 +143,6 @@ def watch_lease(path: str, secs: float, poll: float = 1.0, pool: int = 0) -> Non
                 os._exit(EXIT_FAILED)
 
     threading.Thread(target=watch, name='lease', daemon=True).start()
-
-
-def user_code(spec: ClusterSpec, task: TaskSpec) -> tuple[str, str | tuple[str, ...] | None]:
-    """The spec key and what `task` runs of the user's: a program, a command, or None (it serves,
-    or runs the built-in trainer). A coordinator run's chief runs train.program or train.command,
-    its evaluator train.evaluator, its ps and workers nothing; else every worker runs the program
-    and every task the command."""
-    train = spec.train
-    if spec.coordinator:
-        if task.job == 'chief':
-            return ('train.program', train.program) if train.program else ('train.command', train.command)
-        return ('train.evaluator', train.evaluator) if task.job == 'evaluator' else ('train.program', None)
-    if train.program:
-        return 'train.program', train.program if task.job == 'worker' else None
-    return 'train.command', train.command
-
-
-def check_user_code(spec: ClusterSpec, task: TaskSpec, cwd: str = '.') -> None:
-    """What the task runs of the user's (user_code) can be found here: else SpecError."""
-    key, code = user_code(spec, task)
-    try:
-        if isinstance(code, str):
-            check_program(code, [os.path.abspath(cwd)])
-            if spec.coordinator:
-                check_keras(code, [os.path.abspath(cwd)])
-        elif code is not None:
-            check_command(code, cwd)
-    except ProgramError as e:
-        raise spec.error(key, str(e)) from None
 
 
 def import_tensorflow(keras: bool) -> types.ModuleType:
@@ -241,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         spec, task = resolve_task(args)
         masking.install(masking.task_masker(spec, task.job, os.environ))     # before anything prints
         check_user_code(spec, task)
-        from cluster.training import data   # no TensorFlow at import time
+        from cluster.checks import data   # no TensorFlow at import time
         builtin = not (spec.train.program or spec.train.command)
         data_set = data.resolve_spec_data(spec) if task.job == 'worker' and builtin else None
     except ValueError as e:       # SpecError
@@ -276,7 +231,7 @@ def run_coordinator_task(spec: ClusterSpec, task: TaskSpec) -> int:
     """A task of a coordinator run (cluster/coordinator.py): ps and workers serve, the chief runs
     the program or command, the evaluator train.evaluator."""
     from cluster import coordinator
-    for name, value in coordinator.coordinator_env().items():     # also when started by hand
+    for name, value in tfenv.coordinator_env().items():     # also when started by hand
         os.environ.setdefault(name, value)
     key, code = user_code(spec, task)
     if isinstance(code, tuple):     # TF_CONFIG alone tells a TF2 program its place

@@ -174,7 +174,7 @@ def write_coordinator_spec(path, program: str = 'tests.pss_programs:train',
 def need_fashion_mnist() -> str:
     """The Debian package's Fashion-MNIST folder; a one-line skip where dataset-fashion-mnist is
     not installed, a failure under CI=true (whose command installs it)."""
-    from cluster.training import data
+    from cluster.checks import data
     if not os.path.isdir(data.FASHION_MNIST_DIR):
         unavailable(f'{data.FASHION_MNIST_DIR} is missing: apt-get install {data.FASHION_MNIST_PACKAGE}',
                     'the CI command installs dataset-fashion-mnist')
@@ -194,7 +194,7 @@ def write_idx_set(directory, train: int = 12, test: int = 6, side: int = 28, gz:
     0..9 in turn; gzip-compressed (`.gz`) or plain."""
     import gzip
     import numpy as np
-    from cluster.training import idx
+    from cluster.checks import idx
     os.makedirs(directory, exist_ok=True)
     rng = np.random.default_rng(seed)
     for split, count in (('train', train), ('test', test)):

@@ -53,7 +53,7 @@ def _state(tmp_path, text: str) -> str:
 
 
 def _cut_data(tmp_path) -> str:
-    from cluster.training import data
+    from cluster.checks import data
     directory = tmp_path / 'cifar'
     data.write_synthetic(str(directory), records_per_file=4, test_records=4)
     os.remove(directory / data.SYNTHETIC_MANIFEST)        # as a copy of the real data set would be
@@ -273,7 +273,7 @@ def _unreadable_idx(tmp_path) -> tuple[str, str]:
 
 
 def _unreadable_cifar(tmp_path) -> tuple[str, str]:
-    from cluster.training import data
+    from cluster.checks import data
     directory = tmp_path / 'cifar'
     data.write_synthetic(str(directory), records_per_file=4, test_records=4)
     batch = str(directory / data.TRAIN_FILES[2])

@@ -9,10 +9,11 @@ import sys
 import pytest
 import yaml
 
-from cluster.coordinator import checkpoint_step, uses_keras
+from cluster.checks.code import uses_keras
+from cluster.coordinator import checkpoint_step
 from cluster.runtime import rundir
 from cluster.spec import SpecError, load_spec
-from cluster.task import check_user_code, user_code
+from cluster.checks.code import check_user_code, user_code
 from launch.planning.plan import plan_cluster
 
 CLUSTER = {'chief': ['localhost:3001'], 'ps': ['localhost:3002'], 'worker': ['localhost:3003', 'localhost:3004'],

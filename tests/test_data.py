@@ -1,4 +1,4 @@
-"""Tests for cluster/training/data.py: real files, real tf.data graphs, small sizes."""
+"""Tests for cluster/checks/data.py: real files, real tf.data graphs, small sizes."""
 
 import json
 import os
@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from cluster.training import data, inputs
-from cluster.training.data import DataError
+from cluster.checks import data
+from cluster.training import inputs
+from cluster.checks.data import DataError
 
 tf.compat.v1.disable_eager_execution()
 
@@ -65,7 +66,7 @@ def run_batches(tensors, count):
 
 @pytest.mark.slow
 def test_import_does_not_load_tensorflow():
-    code = 'import sys, cluster.training.data; assert "tensorflow" not in sys.modules'
+    code = 'import sys, cluster.checks.data; assert "tensorflow" not in sys.modules'
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     subprocess.run([sys.executable, '-c', code], check=True, cwd=root)
 

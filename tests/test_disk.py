@@ -19,7 +19,7 @@ import re
 import numpy as np
 import pytest
 
-from cluster.training import data
+from cluster.checks import data
 from cluster.runtime import causes, rundir
 from tests.conftest import launch, write_spec
 

@@ -11,8 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from cluster.training import data
-from cluster.training.download import ARCHIVE_DIR, WANTED
+from cluster.checks import data
+from cluster.checks.download import ARCHIVE_DIR, WANTED
 from tests.conftest import launch
 
 pytestmark = pytest.mark.slow     # every test runs `launch download`

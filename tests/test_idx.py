@@ -1,4 +1,4 @@
-"""Fashion-MNIST and IDX data sets (cluster/training/idx.py, data.py, inputs.py): the reader on the
+"""Fashion-MNIST and IDX data sets (cluster/checks/idx.py, data.py, inputs.py): the reader on the
 Debian package's real files, one-line errors for missing and damaged files (small IDX files written
 here), the model and the memory estimate on 28x28x1 images, and the tf.data pipelines on them."""
 from __future__ import annotations
@@ -15,8 +15,10 @@ import pytest
 import tensorflow as tf
 
 from cluster.spec import SpecError, load_spec
-from cluster.training import data, idx, inputs, model
-from cluster.training.data import DataError
+from cluster.checks import data, idx
+from cluster.checks import memory
+from cluster.training import inputs, model
+from cluster.checks.data import DataError
 from tests.conftest import idx_bytes, need_fashion_mnist, write_idx_set, write_spec
 
 tf.compat.v1.disable_eager_execution()
@@ -186,18 +188,18 @@ def test_the_model_follows_the_images_shape():
     assert shapes['cifar10/conv1/weights'] == [5, 5, 1, 64]
     assert shapes['cifar10/local3/weights'] == [7 * 7 * 64, 384]
     assert logits.shape.as_list() == [1, 10]
-    assert floats == model.activation_floats_per_example((28, 28, 1)) == 104_858
-    assert model.bytes_per_example((28, 28, 1)) == 419_432
+    assert floats == memory.activation_floats_per_example((28, 28, 1)) == 104_858
+    assert memory.bytes_per_example((28, 28, 1)) == 419_432
 
 
 def test_the_memory_estimate_uses_the_spec_data_set(tmp_path, monkeypatch):
     """The launcher's estimate takes the data set's image shape from its description (the
     package's headers, or MNIST's 28x28 where they cannot be read)."""
-    monkeypatch.setattr(model, 'host_memory_bytes', lambda meminfo=None: 8 << 30)
-    monkeypatch.setattr(model, 'gpus_here', lambda: 0)
+    monkeypatch.setattr(memory, 'host_memory_bytes', lambda meminfo=None: 8 << 30)
+    monkeypatch.setattr(memory, 'gpus_here', lambda: 0)
     spec = load_spec(write_spec(tmp_path, data='fashion-mnist', batch_size=10_000_000))
     with pytest.raises(SpecError) as caught:
-        model.check_batch_memory(spec, spec.tasks)
+        memory.check_batch_memory(spec, spec.tasks)
     assert 'needs at least 3906.8 GiB' in one_line(caught.value)
     assert '419 KB of activations per 28x28x1 example' in str(caught.value)
 

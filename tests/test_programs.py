@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from cluster.runtime import rundir
-from cluster.program import ProgramError, check_command, check_program, command_argv
+from cluster.checks.code import ProgramError, check_command, check_program
+from cluster.program import command_argv
 from cluster.spec import SpecError, load_spec, read_tf_config
 from launch.run.policy import Action, Policy, Progress, TaskState, TaskStatus, decide
 from tests.conftest import REPO, launch, run_by_hand, write_spec

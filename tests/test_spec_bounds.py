@@ -16,9 +16,11 @@ import time
 import pytest
 import yaml
 
+from cluster.checks import memory
 from cluster.training import model
 from cluster.spec import reader as spec_module      # its limits, patched lower here
-from cluster.program import ProgramError, check_program, load_program, signature_problem
+from cluster.checks.code import ProgramError, check_program
+from cluster.program import load_program, signature_problem
 from cluster.spec import MAX_SPEC_BYTES, SpecError, load_spec, parse_override
 from tests.conftest import REPO, free_ports, launch, project_processes
 
@@ -208,8 +210,8 @@ def test_the_estimate_counts_the_layers_of_the_model(tf):
                                    if op.type in ('Relu', 'MaxPool', 'LRN')]
         floats = sum(t.shape.num_elements() for t in kept)
     assert len(kept) == 2 + 4 + 2 + 2
-    assert floats == model.activation_floats_per_example() == 78_346
-    assert model.BYTES_PER_EXAMPLE == 313_384
+    assert floats == memory.activation_floats_per_example() == 78_346
+    assert memory.BYTES_PER_EXAMPLE == 313_384
 
 
 @pytest.mark.parametrize('batch, towers, host, refused', [
@@ -222,48 +224,48 @@ def test_the_estimate_counts_the_layers_of_the_model(tf):
     (1, 1, 256 << 20, True),                # not even TensorFlow fits
 ])
 def test_batch_memory_refusal(batch, towers, host, refused):
-    why = model.batch_memory_refusal(batch, towers, host)
+    why = memory.batch_memory_refusal(batch, towers, host)
     assert (why is not None) == refused, why
     if why:
         assert '\n' not in why and f'a batch of {batch:,}' in why and 'at most about' in why
 
 
 def test_the_refusal_says_what_would_fit():
-    why = model.batch_memory_refusal(10_000_000, 1, 24 << 30)
+    why = memory.batch_memory_refusal(10_000_000, 1, 24 << 30)
     most = int(why.split('at most about ')[1].split()[0].replace(',', ''))
-    assert model.worker_bytes(most, 1) <= 24 << 30 < model.worker_bytes(most + 1, 1)
+    assert memory.worker_bytes(most, 1) <= 24 << 30 < memory.worker_bytes(most + 1, 1)
     assert 'needs at least 2919.1 GiB' in why and 'this machine has 24.0 GiB' in why
 
 
 def test_host_memory_is_read_from_meminfo(tmp_path):
     path = _write(tmp_path, 'MemTotal:       24684096 kB\nMemFree:         1000 kB\n', 'meminfo')
-    assert model.host_memory_bytes(path) == 24684096 * 1024
-    assert model.host_memory_bytes(str(tmp_path / 'none')) is None
-    assert model.host_memory_bytes() is None or model.host_memory_bytes() > 0
+    assert memory.host_memory_bytes(path) == 24684096 * 1024
+    assert memory.host_memory_bytes(str(tmp_path / 'none')) is None
+    assert memory.host_memory_bytes() is None or memory.host_memory_bytes() > 0
 
 
 @pytest.mark.parametrize('devices, gpus, towers', [
     ('auto', 0, 1), ('auto', 2, 0), (3, 0, 3), (('gpu:0', 'gpu:1'), 2, 0), (('cpu:0', 'gpu:0', 'cpu:1'), 1, 2)])
 def test_host_towers(devices, gpus, towers):
-    assert model.host_towers(devices, gpus) == towers
+    assert memory.host_towers(devices, gpus) == towers
 
 
 def test_check_batch_memory_names_the_line_or_the_set(tmp_path, monkeypatch):
-    monkeypatch.setattr(model, 'host_memory_bytes', lambda meminfo=None: 8 << 30)
-    monkeypatch.setattr(model, 'gpus_here', lambda: 0)
+    monkeypatch.setattr(memory, 'host_memory_bytes', lambda meminfo=None: 8 << 30)
+    monkeypatch.setattr(memory, 'gpus_here', lambda: 0)
     path = _valid(tmp_path, batch_size=10_000_000)
     spec = load_spec(path)
     line = next(i for i, text in enumerate(open(path), 1) if 'batch_size' in text)
     with pytest.raises(SpecError) as e:
-        model.check_batch_memory(spec, spec.tasks)
+        memory.check_batch_memory(spec, spec.tasks)
     assert _one_line(e).startswith(f'{path}:{line}: train.batch_size: a batch of 10,000,000 needs at least')
     spec = load_spec(_valid(tmp_path), ['train.batch_size=10000000'])
     with pytest.raises(SpecError, match=r'^--set train.batch_size=10000000: train.batch_size: a batch of'):
-        model.check_batch_memory(spec, spec.tasks)
-    model.check_batch_memory(spec, spec.job_tasks('ps'))          # no worker on this machine
-    model.check_batch_memory(load_spec(_valid(tmp_path), ['train.batch_size=128']), spec.tasks)
+        memory.check_batch_memory(spec, spec.tasks)
+    memory.check_batch_memory(spec, spec.job_tasks('ps'))          # no worker on this machine
+    memory.check_batch_memory(load_spec(_valid(tmp_path), ['train.batch_size=128']), spec.tasks)
     program = load_spec(_valid(tmp_path, batch_size=10_000_000, program='examples.linear_program:train'))
-    model.check_batch_memory(program, program.tasks)               # the user's memory is the user's
+    memory.check_batch_memory(program, program.tasks)               # the user's memory is the user's
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,8 +10,10 @@ looked into without root: their sockets are counted, their pids unknown (None).
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
+import socket
 from collections.abc import Iterable
 
 # Set by the launcher in every task's environment (and so in everything a task starts): the run's
@@ -20,6 +22,22 @@ RUN_ENV = 'TFCLUSTER_RUN'
 
 LISTEN = '0A'       # TCP_LISTEN, as /proc/net/tcp writes a socket's state
 TABLES = ('/proc/net/tcp', '/proc/net/tcp6')
+
+
+def port_in_use(port: int) -> bool:
+    """True when something already listens on `port` (TF's server binds every interface): the bind
+    test, which the launcher runs for its local tasks before it starts them and a task again."""
+    try:
+        s = socket.socket(socket.AF_INET6)      # dual-stack: sees a listener on either family
+    except OSError:                             # IPv6 disabled on this host (EAFNOSUPPORT)
+        s = socket.socket(socket.AF_INET)
+    with s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(('', port))
+        except OSError as e:
+            return e.errno == errno.EADDRINUSE
+    return False
 
 
 def listening_inodes(port: int, tables: Iterable[str] = TABLES) -> set[int]:

@@ -13,7 +13,7 @@ A run directory (`train.train_dir`) holds:
     events.out.tfevents.*  TensorBoard: the chief's loss, learning rate, images/s, restarts
     worker-<index>/        TensorBoard: that worker's own steps (cluster/training/summaries.py)
     eval/                  TensorBoard: `launch eval`'s precision@1 at each checkpoint's step
-    synthetic-data/        `train.data: synthetic`: the generated set (cluster/training/data.py)
+    synthetic-data/        `train.data: synthetic`: the generated set (cluster/checks/data.py)
     launch-state.json      which tasks a running launcher started (`launch status|logs|down`)
     launch.lock            one launcher per run directory (an flock, with its holder's name)
     launcher.lease         touched by the launcher; a task whose lease goes stale stops itself

@@ -12,6 +12,7 @@ import os
 import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, TypeVar, cast
 
 import yaml
@@ -66,29 +67,50 @@ class TaskSpec:
         return is_chief(self.job, self.index)
 
 
-def setting(default: Any, doc: str, *, yaml_type: str | None = None, allowed: tuple[str, ...] = ()) -> Any:
-    """A spec key's field: its default, and what the key does, in the words of the spec reference
-    page (docs/reference/spec.md, made from these at build time; cluster/spec/keys.py reads them).
+class Value(str, Enum):
+    """How the validator reads a setting's YAML value (cluster/spec/validate.py, one rule per kind,
+    with the field's bounds and choices from `setting`): a key added to a config class is parsed
+    by its kind, or by a parser of its own (OWN, which validate.OWN_PARSERS must hold), never
+    dropped."""
+    SWITCH = 'switch'           # true or false
+    COUNT = 'count'             # a whole number >= 1
+    WHOLE = 'whole'             # a whole number >= 0
+    INTEGER = 'integer'         # any whole number
+    POSITIVE = 'positive'       # a finite number > 0, kept as a float
+    NONNEGATIVE = 'nonnegative'     # a finite number >= 0, kept as a float
+    PATH = 'path'               # a string that is not blank
+    TEXT = 'text'               # a string
+    CHOICE = 'choice'           # one of `allowed`
+    OWN = 'own'                 # a parser of its own
+
+
+def setting(default: Any, doc: str, value: Value, *, yaml_type: str | None = None, allowed: tuple[str, ...] = (),
+            unit: str = '', nullable: bool = False) -> Any:
+    """A spec key's field: its default, what the key does, in the words of the spec reference page
+    (docs/reference/spec.md, made from these at build time; cluster/spec/keys.py reads them), and
+    how its YAML value is checked (`value`, with `unit` in its errors, `nullable`: null gives None).
     `yaml_type` where the YAML a user writes is not the field's Python type; `allowed` where the
-    key takes one of a few words (the same tuple the validator checks against)."""
-    return field(default=default, metadata={'doc': doc, 'yaml_type': yaml_type, 'allowed': allowed})
+    key takes one of a few words (a CHOICE)."""
+    return field(default=default, metadata={'doc': doc, 'yaml_type': yaml_type, 'allowed': allowed, 'value': value,
+                                            'unit': unit, 'nullable': nullable})
 
 
 @dataclass(frozen=True)
 class HostConfig:
     """How to reach a host over SSH; None means "ask ~/.ssh/config, then the defaults"."""
     name: str
-    user: str | None = setting(None, 'The SSH user; null: as ~/.ssh/config says, else your own user name.')
-    port: int | None = setting(None, 'The SSH port; null: as ~/.ssh/config says, else 22.')
+    user: str | None = setting(None, 'The SSH user; null: as ~/.ssh/config says, else your own user name.', Value.TEXT)
+    port: int | None = setting(None, 'The SSH port; null: as ~/.ssh/config says, else 22.', Value.OWN)
     key: str | None = setting(None, 'The private key file to log in with; null: as ~/.ssh/config and the SSH agent '
-                                    'say.')
+                                    'say.', Value.TEXT)
     python: str | None = setting(None, 'The Python that runs the tasks on this host: TensorFlow and tfcluster must '
-                                       'import there (`launch check` tries); null: python3.')
+                                       'import there (`launch check` tries); null: python3.', Value.TEXT)
     workdir: str | None = setting(None, "The directory the tasks run in on this host, where the spec's relative paths "
-                                        "(train.train_dir, train.data) point; null: tfcluster, in the SSH user's home.")
+                                        "(train.train_dir, train.data) point; null: tfcluster, in the SSH user's home.",
+                                  Value.TEXT)
     address: str | None = setting(None, 'The host name or IP address the other tasks reach this host at (TF_CONFIG), '
                                         "when it differs from the name SSH uses; null: the ssh config's HostName, "
-                                        'else the name itself.')
+                                        'else the name itself.', Value.OWN)
 
 
 HOST_SETTINGS = ('user', 'port', 'key', 'python', 'workdir', 'address')
@@ -108,53 +130,57 @@ class TrainConfig:
     """What the tasks train and how: the built-in CIFAR-10 trainer's settings, or your own program."""
     sync: bool = setting(True, 'Synchronous training: each global step aggregates one gradient from each of '
                                'train.replicas_to_aggregate workers (SyncReplicasOptimizer); false: every worker '
-                               'updates the parameters on its own (asynchronous).')
+                               'updates the parameters on its own (asynchronous).', Value.SWITCH)
     steps: int = setting(2000, 'The global step the training runs to; a resumed run trains up to it, not that many '
-                               'more.')
-    batch_size: int = setting(128, 'Examples per tower in each step (a worker with N towers takes N batches a step).')
+                               'more.', Value.COUNT)
+    batch_size: int = setting(128, 'Examples per tower in each step (a worker with N towers takes N batches a step).',
+                              Value.COUNT)
     devices: Any = setting('auto', 'The towers of each worker: auto (every GPU the worker is given, else one CPU '
                                    'tower), a number of CPU towers, or a list of devices such as [gpu:0, gpu:1].',
+                           Value.OWN,
                            yaml_type='auto, integer or list of cpu:N / gpu:N')
     data: str = setting('synthetic', "What to train on: synthetic (learnable images in CIFAR-10's format, written "
                                      "under the train_dir), fashion-mnist (Debian's dataset-fashion-mnist package), "
                                      "or a directory of CIFAR-10's binary batches or of the four IDX files of "
-                                     'MNIST or Fashion-MNIST.')
+                                     'MNIST or Fashion-MNIST.', Value.PATH)
     train_dir: str = setting('runs/default', "The run's directory: checkpoints, summaries, task logs, events.jsonl, "
                                              "run.json and the launcher's state. Absolute, or relative to the working "
-                                             "directory (a remote host's workdir); ~ is refused.")
+                                             "directory (a remote host's workdir); ~ is refused.", Value.OWN)
     learning_rate: float | None = setting(None, 'The initial learning rate, decayed x0.1 every 350 epochs; null: 0.1 '
                                                 'per 128 examples one update averages (0.1 for sync 2 x 64, 0.05 for '
-                                                'async 64).')
+                                                'async 64).', Value.POSITIVE, nullable=True)
     replicas_to_aggregate: int | None = setting(None, 'Sync: the gradients one global step aggregates, 1 to the '
                                                       'number of workers; fewer than the workers makes the rest '
-                                                      'backup workers. null: every worker.')
+                                                      'backup workers. null: every worker.', Value.COUNT, nullable=True)
     checkpoint_steps: int = setting(0, 'The chief saves a checkpoint every this many global steps; 0: only by time '
-                                       '(train.checkpoint_secs) and at the end.')
+                                       '(train.checkpoint_secs) and at the end.', Value.WHOLE)
     checkpoint_secs: float = setting(60.0, 'The chief saves a checkpoint at least this often, in seconds, and at the '
-                                           'end.')
+                                           'end.', Value.POSITIVE)
     log_every_secs: float = setting(2.0, 'How often the chief prints a progress line (step, loss, images/s), which '
-                                         'the launcher follows; supervise.stall_secs must be at least 3 times this.')
+                                         'the launcher follows; supervise.stall_secs must be at least 3 times this.',
+                                    Value.POSITIVE)
     seed: int | None = setting(None, 'The graph-level random seed (initial weights, input order, distortions); '
-                                     'null: a new one each run.')
+                                     'null: a new one each run.', Value.INTEGER, nullable=True)
     deterministic: bool = setting(False, 'Plain record order and no distortions, worker w reading batches w, w+W, '
-                                         '...: for exactness checks, not for training well.')
+                                         '...: for exactness checks, not for training well.', Value.SWITCH)
     transfer_dtype: str = setting('float32', 'What weights and gradients cross between the ps tasks and the workers '
                                              'as; bfloat16 sends half the bytes (the variables and their updates stay '
-                                             'float32 on the ps).', allowed=TRANSFER_DTYPES)
+                                             'float32 on the ps).', Value.CHOICE, allowed=TRANSFER_DTYPES)
     # The user's own training instead of the built-in CIFAR-10 trainer (at most one of the two):
     program: str | None = setting(None, 'Your own training instead of the built-in trainer: a '
                                         'package.module:function called in each worker (cluster/program.py), or in '
                                         'the chief of a coordinator run (cluster/coordinator.py). Excludes '
-                                        'train.command.', yaml_type='string (package.module:function)')
+                                        'train.command.', Value.OWN, yaml_type='string (package.module:function)')
     command: tuple[str, ...] | None = setting(None, 'Your own training as a command run in every task with TF_CONFIG '
                                                     'and the TF1 flags (in a coordinator run: in the chief only, with '
                                                     'TF_CONFIG alone); a string is split into words as a POSIX shell '
                                                     'splits them, without expansion. Excludes train.program.',
+                                              Value.OWN,
                                               yaml_type='string or list of strings')
     evaluator: str | tuple[str, ...] | None = setting(
         None, 'What the evaluator task runs: a package.module:function (called with an EvaluatorContext) or a '
               'command line; its TF_CONFIG names only the evaluator. Needed by, and only allowed with, a '
-              'cluster.evaluator task.', yaml_type='string or list of strings')
+              'cluster.evaluator task.', Value.OWN, yaml_type='string or list of strings')
 
 
 @dataclass(frozen=True)
@@ -162,17 +188,18 @@ class SuperviseConfig:
     """What the launcher does when a task is lost or the run stops making progress."""
     restart: str = setting('never', 'What a fault does: never ends the run (exit 1; a worker the training can do '
                                     'without is let go); on-failure brings the cluster back from its newest '
-                                    'checkpoint, or starts a lost worker again alone.', allowed=RESTART_POLICIES)
+                                    'checkpoint, or starts a lost worker again alone.',
+                           Value.CHOICE, allowed=RESTART_POLICIES)
     max_restarts: int = setting(3, 'Restarts per run, all tasks together; once they are made, the next fault ends '
-                                   'the run as with never.')
+                                   'the run as with never.', Value.WHOLE)
     stall_secs: float = setting(60.0, 'No new global step for this long (after the first) is a fault: the tasks '
                                       'that answer dump their Python stacks, then restart says what follows. At '
-                                      'least 3 times train.log_every_secs.')
+                                      'least 3 times train.log_every_secs.', Value.POSITIVE, unit='seconds')
     backoff_secs: float = setting(1.0, 'The wait before a restart, doubling with each restart in a row that did not '
-                                       'bring the training back; 0: none.')
-    backoff_max_secs: float = setting(30.0, 'The longest wait before a restart.')
+                                       'bring the training back; 0: none.', Value.NONNEGATIVE, unit='seconds')
+    backoff_max_secs: float = setting(30.0, 'The longest wait before a restart.', Value.POSITIVE, unit='seconds')
     unreachable_secs: float = setting(30.0, 'A host that cannot be asked about its tasks for this long (SSH) has '
-                                            'lost them.')
+                                            'lost them.', Value.POSITIVE, unit='seconds')
 
 
 def _empty() -> Mapping:

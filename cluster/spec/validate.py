@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from cluster.spec.model import (HOST_SETTINGS, ISOLATION_MODES, JOB_SETTINGS, JOBS, LOOPBACK_NAMES, REQUIRED_JOBS,
-                                RESTART_POLICIES, SINGLE_JOBS, TRANSFER_DTYPES, ClusterSpec, HostConfig, SuperviseConfig, TaskSpec, TrainConfig,
+                                SINGLE_JOBS, ClusterSpec, HostConfig, SuperviseConfig, TaskSpec, TrainConfig, Value,
                                 same_machine_key)
 from cluster.spec import environ as environ_
 from cluster.spec.errors import Origins
@@ -161,55 +161,84 @@ def _expect(value: Any, kinds: tuple[type, ...], key: str, origins: Origins, wha
 def _parse_train(train: Any, origins: Origins) -> TrainConfig:
     if not isinstance(train, dict):
         raise origins.error('train', 'expected a mapping of training settings')
-    fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    _no_unknown(train, sorted(fields), 'train', origins)
-    values = {}
-    for name, value in train.items():
-        key = f'train.{name}'
-        if name in ('sync', 'deterministic'):
-            values[name] = _expect(value, (bool,), key, origins, 'true or false')
-        elif name in ('steps', 'batch_size'):
-            values[name] = _positive_int(value, key, origins)
-        elif name in ('checkpoint_steps',):
-            v = _expect(value, (int,), key, origins, 'a whole number >= 0')
-            if v < 0:
-                raise origins.error(key, f'expected a whole number >= 0, got {v}')
-            values[name] = v
-        elif name == 'learning_rate' and value is None:
-            values[name] = None
-        elif name in ('learning_rate', 'checkpoint_secs', 'log_every_secs'):
-            v = _expect(value, (int, float), key, origins, 'a positive number')
-            if not v > 0 or v == float('inf'):
-                raise origins.error(key, f'expected a positive number, got {v}')
-            values[name] = float(v)
-        elif name == 'replicas_to_aggregate':
-            values[name] = None if value is None else _positive_int(value, key, origins)
-        elif name == 'seed':
-            values[name] = None if value is None else _expect(value, (int,), key, origins, 'an integer')
-        elif name in ('data', 'train_dir'):
-            v = _expect(value, (str,), key, origins, 'a path')
-            if not v.strip():
-                raise origins.error(key, 'must not be empty')
-            if name == 'train_dir' and v.startswith('~'):
-                raise origins.error(key, f'{v!r}: give an absolute path or one relative to the working '
-                                         'directory (~ would mean another home on each remote host)')
-            values[name] = v
-        elif name == 'devices':
-            values[name] = _parse_devices(value, key, origins)
-        elif name == 'transfer_dtype':
-            if value not in TRANSFER_DTYPES:
-                raise origins.error(key, f'expected one of {", ".join(TRANSFER_DTYPES)}, got {value!r}')
-            values[name] = value
-        elif name == 'program':
-            values[name] = _parse_program(value, key, origins)
-        elif name == 'command':
-            values[name] = _parse_command(value, key, origins)
-        elif name == 'evaluator':
-            values[name] = _parse_evaluator(value, key, origins)
+    _no_unknown(train, sorted(f.name for f in dataclasses.fields(TrainConfig)), 'train', origins)
+    values = _parse_settings(TrainConfig, train, 'train', origins)
     if values.get('program') and values.get('command'):
         raise origins.error('train.command', 'train.program and train.command exclude each other: a program is '
                                              'called inside the worker task, a command replaces the task; keep one')
     return TrainConfig(**values)
+
+
+def _parse_settings(cls: type, raw: dict, prefix: str, origins: Origins) -> dict[str, Any]:
+    """Each of `raw`'s keys (already known to be fields of `cls`) parsed, in the order written, by
+    its field's `setting` metadata: one rule per model.Value, or the field's own parser."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    return {name: parse_setting(cls, fields[name], value, f'{prefix}.{name}', origins) for name, value in raw.items()}
+
+
+def parse_setting(cls: type, field: dataclasses.Field, value: Any, key: str, origins: Origins) -> Any:
+    """One setting's YAML value checked and converted as its field says (model.setting): SpecError,
+    naming `key`, where it does not fit. A field of kind OWN has its parser in OWN_PARSERS; one
+    without is a programming error, raised, never a value dropped."""
+    meta = field.metadata
+    kind = meta['value']
+    if kind is Value.OWN:
+        parser = OWN_PARSERS.get((cls, field.name))
+        if parser is None:
+            raise LookupError(f'{cls.__name__}.{field.name} is Value.OWN but has no parser in OWN_PARSERS')
+        return parser(value, key, origins)
+    if value is None and meta['nullable']:
+        return None
+    if kind is Value.CHOICE:
+        if value not in meta['allowed']:
+            raise origins.error(key, f'expected one of {", ".join(meta["allowed"])}, got {value!r}')
+        return value
+    if kind in (Value.POSITIVE, Value.NONNEGATIVE):
+        return _number(value, kind, meta['unit'], key, origins)
+    if kind is Value.COUNT:
+        return _positive_int(value, key, origins)
+    if kind is Value.WHOLE:
+        return _whole(value, key, origins)
+    if kind is Value.PATH:
+        return _path(value, key, origins)
+    kinds, what = _PLAIN[kind]
+    return _expect(value, kinds, key, origins, what)
+
+
+_PLAIN = {Value.SWITCH: ((bool,), 'true or false'), Value.INTEGER: ((int,), 'an integer'),
+          Value.TEXT: ((str,), 'a string')}
+
+
+def _number(value: Any, kind: Value, unit: str, key: str, origins: Origins) -> float:
+    """A finite number, > 0 (POSITIVE) or >= 0 (NONNEGATIVE), as a float."""
+    of = f' of {unit}' if unit else ''
+    what = f'a positive number{of}' if kind is Value.POSITIVE else f'a number{of} >= 0'
+    v = _expect(value, (int, float), key, origins, what)
+    if not (v > 0 if kind is Value.POSITIVE else v >= 0) or v == float('inf'):
+        raise origins.error(key, f'expected {what}, got {v}')
+    return float(v)
+
+
+def _whole(value: Any, key: str, origins: Origins) -> int:
+    v = _expect(value, (int,), key, origins, 'a whole number >= 0')
+    if v < 0:
+        raise origins.error(key, f'expected a whole number >= 0, got {v}')
+    return v
+
+
+def _path(value: Any, key: str, origins: Origins) -> str:
+    v = _expect(value, (str,), key, origins, 'a path')
+    if not v.strip():
+        raise origins.error(key, 'must not be empty')
+    return v
+
+
+def _parse_train_dir(value: Any, key: str, origins: Origins) -> str:
+    v = _path(value, key, origins)
+    if v.startswith('~'):
+        raise origins.error(key, f'{v!r}: give an absolute path or one relative to the working '
+                                 'directory (~ would mean another home on each remote host)')
+    return v
 
 
 _PROGRAM = re.compile(r'^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$')
@@ -252,30 +281,8 @@ def _parse_supervise(supervise: Any, origins: Origins) -> SuperviseConfig:
     if not isinstance(supervise, dict):
         raise origins.error('supervise', 'expected a mapping with any of ' + ', '.join(
             f.name for f in dataclasses.fields(SuperviseConfig)))
-    fields = [f.name for f in dataclasses.fields(SuperviseConfig)]
-    _no_unknown(supervise, fields, 'supervise', origins)
-    values = {}
-    for name, value in supervise.items():
-        key = f'supervise.{name}'
-        if name == 'restart':
-            if value not in RESTART_POLICIES:    # YAML reads a bare `no`/`off` as false: say so
-                raise origins.error(key, f'expected one of {", ".join(RESTART_POLICIES)}, got {value!r}')
-            values[name] = value
-        elif name == 'max_restarts':
-            v = _expect(value, (int,), key, origins, 'a whole number >= 0')
-            if v < 0:
-                raise origins.error(key, f'expected a whole number >= 0, got {v}')
-            values[name] = v
-        elif name in ('stall_secs', 'backoff_max_secs', 'unreachable_secs'):
-            v = _expect(value, (int, float), key, origins, 'a positive number of seconds')
-            if not v > 0 or v == float('inf'):
-                raise origins.error(key, f'expected a positive number of seconds, got {v}')
-            values[name] = float(v)
-        elif name == 'backoff_secs':
-            v = _expect(value, (int, float), key, origins, 'a number of seconds >= 0')
-            if not v >= 0 or v == float('inf'):
-                raise origins.error(key, f'expected a number of seconds >= 0, got {v}')
-            values[name] = float(v)
+    _no_unknown(supervise, [f.name for f in dataclasses.fields(SuperviseConfig)], 'supervise', origins)
+    values = _parse_settings(SuperviseConfig, supervise, 'supervise', origins)
     return SuperviseConfig(**values)
 
 
@@ -450,18 +457,32 @@ def _parse_hosts(hosts: Any, origins: Origins) -> dict[str, HostConfig]:
         if not isinstance(settings, dict):
             raise origins.error(prefix, f'expected a mapping with any of {", ".join(allowed)}')
         _no_unknown(settings, allowed, prefix, origins)
-        values = {}
-        for k, v in settings.items():
-            if k == 'port':
-                v = _positive_int(v, f'{prefix}.port', origins)
-                if v > 65535:
-                    raise origins.error(f'{prefix}.port', f'port must be between 1 and 65535, got {v}')
-            elif k == 'address':
-                v = _expect(v, (str,), f'{prefix}.address', origins, 'a host name or IP address')
-                if not _valid_host(v):
-                    raise origins.error(f'{prefix}.address', f'invalid host name or IP address {v!r}')
-            else:
-                v = _expect(v, (str,), f'{prefix}.{k}', origins, 'a string')
-            values[k] = v
+        values = _parse_settings(HostConfig, settings, prefix, origins)
         out[str(name)] = HostConfig(name=str(name), **values)
     return out
+
+
+def _parse_host_port(value: Any, key: str, origins: Origins) -> int:
+    v = _positive_int(value, key, origins)
+    if v > 65535:
+        raise origins.error(key, f'port must be between 1 and 65535, got {v}')
+    return v
+
+
+def _parse_host_address(value: Any, key: str, origins: Origins) -> str:
+    v = _expect(value, (str,), key, origins, 'a host name or IP address')
+    if not _valid_host(v):
+        raise origins.error(key, f'invalid host name or IP address {v!r}')
+    return v
+
+
+# The settings whose YAML no Value rule reads (model.Value.OWN): (config class, field) -> parser.
+OWN_PARSERS: dict[tuple[type, str], Callable[[Any, str, Origins], Any]] = {
+    (TrainConfig, 'devices'): _parse_devices,
+    (TrainConfig, 'train_dir'): _parse_train_dir,
+    (TrainConfig, 'program'): _parse_program,
+    (TrainConfig, 'command'): _parse_command,
+    (TrainConfig, 'evaluator'): _parse_evaluator,
+    (HostConfig, 'port'): _parse_host_port,
+    (HostConfig, 'address'): _parse_host_address,
+}

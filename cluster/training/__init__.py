@@ -1,3 +1,3 @@
-"""The built-in TensorFlow training: the data sets (CIFAR-10, synthetic, Fashion-MNIST and other IDX
-files) and their input pipelines, the CIFAR-10 tutorial model, the worker graph and its placement,
-the training loop, summaries, the profiler. It knows nothing of launching."""
+"""The built-in TensorFlow training: the input pipelines of the data sets (cluster/checks/data.py
+describes them), the CIFAR-10 tutorial model, the worker graph and its placement, the training
+loop, summaries, the profiler. It knows nothing of launching."""

@@ -15,8 +15,9 @@ import tensorflow as tf
 from cluster.runtime import session
 from cluster.runtime.membership import LIVE
 from cluster.spec import ClusterSpec, TaskSpec
-from cluster.training import data, inputs, model
-from cluster.training.data import DataSet
+from cluster.checks import data
+from cluster.training import inputs, model
+from cluster.checks.data import DataSet
 from cluster.training.placement import ByteBalance, WeightReads, ps_index, tower_devices
 
 v1 = tf.compat.v1

@@ -1,4 +1,4 @@
-"""tf.data input pipelines of every data set (cluster/training/data.py describes them): endless
+"""tf.data input pipelines of every data set (cluster/checks/data.py describes them): endless
 shuffled, distorted training batches, one pass over the test split, and plain-order batches for
 exactness checks.
 
@@ -15,8 +15,8 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from cluster.training import data, idx
-from cluster.training.data import RAW_SIZE, RECORD_BYTES, Augment, DataSet, Layout
+from cluster.checks import data, idx
+from cluster.checks.data import RAW_SIZE, RECORD_BYTES, Augment, DataSet, Layout
 
 if TYPE_CHECKING:
     import tensorflow as tf

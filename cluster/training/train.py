@@ -26,8 +26,9 @@ import tensorflow as tf
 from cluster.runtime import causes, rundir, session
 from cluster.runtime.membership import LIVE, DoneTracker
 from cluster.spec import ClusterSpec, TaskSpec
-from cluster.training import model, summaries
-from cluster.training.data import DataSet
+from cluster.checks import memory
+from cluster.training import summaries
+from cluster.checks.data import DataSet
 from cluster.training.graph import TrainGraph, build_graph, ps_bytes
 from cluster.training.placement import cpu_device_count, tower_devices
 from cluster.training.profiler import StepProfiler
@@ -106,7 +107,7 @@ def check_memory(spec: ClusterSpec, task: TaskSpec, data_set: DataSet) -> None:
     launcher checks workers on its machine before anything starts), not after a minute of
     silence and a ResourceExhaustedError. No restart can help."""
     towers = sum(1 for d in tower_devices(spec, task) if '/device:CPU:' in d)
-    refusal = model.batch_memory_refusal(spec.train.batch_size, towers, model.host_memory_bytes(),
+    refusal = memory.batch_memory_refusal(spec.train.batch_size, towers, memory.host_memory_bytes(),
                                          host=f'{task.name}\'s host ({socket.gethostname()})',
                                          shape=data_set.image_shape)
     if refusal:

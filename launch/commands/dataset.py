@@ -64,7 +64,7 @@ def cmd_eval(spec: ClusterSpec, req: Request[EvalFlags]) -> int:
 
 def cmd_download(flags: DownloadFlags) -> int:
     """Fetch, verify and unpack CIFAR-10 into DEST; an interrupted download resumes when run again."""
-    from cluster.training import download
+    from cluster.checks import download
     url, md5 = flags.url or download.CIFAR10_URL, flags.md5 or download.CIFAR10_MD5
     try:
         download.check_arguments(url, md5)

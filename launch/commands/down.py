@@ -16,6 +16,7 @@ from launch.planning.plan import TaskPlan, state_path
 from launch.run import registry
 from launch.run.preflight import launcher_alive
 from launch.run.state import LaunchState
+from launch.system import poll_until
 
 STOP_LAUNCHER_SECS = 45         # the chief's checkpoint (25 s), then the rest (5 + 5 s)
 
@@ -55,9 +56,7 @@ def _stop_launcher(state: LaunchState) -> None:
         os.kill(state.launcher_pid, signal.SIGTERM)
     except ProcessLookupError:
         pass
-    deadline = time.monotonic() + STOP_LAUNCHER_SECS
-    while launcher_alive(state) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    poll_until(lambda: not launcher_alive(state), time.monotonic() + STOP_LAUNCHER_SECS, poll=0.1)
 
 
 def _release(backends: Mapping[str, Backend], plans: list[TaskPlan]) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from cluster.spec import LOOPBACK_NAMES, ClusterSpec, HostConfig, SpecError, TaskSpec, address
 from cluster.spec.model import emptied
-from cluster.coordinator import coordinator_env
+from cluster.runtime.tfenv import coordinator_env
 from cluster.runtime import rundir
 from cluster.runtime.rundir import LEASE_ENV, LEASE_SECS_ENV
 from launch.planning import gpus as gpu_slots

@@ -7,6 +7,7 @@ import os
 import time
 
 from cluster.runtime.rundir import lock_path
+from launch.system import poll_until
 
 
 class LockBusy(Exception):
@@ -69,27 +70,27 @@ class TrainDirLock:
     def _take(fd: int, wait: float = 0.1) -> bool:
         """The exclusive lock, retried briefly: `launch list` and `launch status` probe it with a
         shared lock for a moment (`held`), which must not refuse a launcher."""
-        deadline = time.monotonic() + wait
-        while True:
+        def locked() -> bool:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 return True
             except BlockingIOError:
-                if time.monotonic() > deadline:
-                    return False
-                time.sleep(0.005)
+                return False
+        return poll_until(locked, time.monotonic() + wait, poll=0.005)
 
     @staticmethod
     def _holder(fd: int, wait: float = 2.0) -> str:
         """Who holds the lock, as the holder wrote it. The holder writes its name just after it
         takes the lock, so a launcher refused in between finds the file still empty: it waits
         for the name (briefly) rather than report 'another launcher'."""
-        deadline = time.monotonic() + wait
-        while True:
+        text = ''
+
+        def named() -> bool:
+            nonlocal text
             text = os.pread(fd, 4096, 0).decode('utf-8', 'replace').strip()
-            if text or time.monotonic() > deadline:
-                return text or 'another launcher'
-            time.sleep(0.01)
+            return bool(text)
+        poll_until(named, time.monotonic() + wait, poll=0.01)
+        return text or 'another launcher'
 
     def release(self, remove: bool = False) -> None:
         if self._fd is None:

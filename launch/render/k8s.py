@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import yaml
 
-from cluster.coordinator import coordinator_env
+from cluster.runtime.tfenv import coordinator_env
 from cluster.env.jobset import DNS1035, MAX_LABEL  # noqa: F401  (a label's rules, one definition)
 from cluster.spec import ClusterSpec, TrainConfig
 from launch.render.compose import DEFAULT_IMAGE
@@ -159,7 +159,7 @@ def _pods(spec: ClusterSpec) -> str:
 
 def container_env(spec: ClusterSpec, job: str) -> dict[str, str]:
     """A container's own variables: in a coordinator run what ParameterServerStrategy needs in every
-    task before TensorFlow starts (cluster/coordinator.py coordinator_env: GRPC_FAIL_FAST=use_caller,
+    task before TensorFlow starts (cluster/runtime/tfenv.py coordinator_env: GRPC_FAIL_FAST=use_caller,
     TF_USE_LEGACY_KERAS=1; cluster.task sets them too, but a pod should say what it runs with), then
     the spec's `env:` for `job`, which cannot name those (the spec refuses them)."""
     return {**(coordinator_env() if spec.coordinator else {}), **spec.task_env(job)}

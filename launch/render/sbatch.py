@@ -24,7 +24,7 @@ import sys
 from collections.abc import Mapping
 
 import cluster
-from cluster.coordinator import coordinator_env
+from cluster.runtime.tfenv import coordinator_env
 from cluster.runtime.rundir import attempt_dirname
 from cluster.env.slurm import DEFAULT_PORT_BASE, RANK_ORDER, counts_text
 from cluster.spec import ClusterSpec

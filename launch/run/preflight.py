@@ -8,7 +8,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 
-from cluster.training import model
+from cluster.checks import memory
 from cluster.spec import ClusterSpec
 from launch.run import exposure
 from launch.backends import netns
@@ -20,6 +20,7 @@ from launch.planning.plan import TaskPlan, state_path
 from launch.records import ownership
 from launch.records.lock import TrainDirLock, in_use
 from launch.run.state import LaunchState
+from launch.system import poll_until
 
 
 def launcher_alive(state: LaunchState) -> bool:
@@ -87,7 +88,7 @@ def check_user_code(spec: ClusterSpec, plans: list[TaskPlan]) -> None:
     """A `train.program` or `train.command` can be found where local tasks run (remote tasks check
     on their own host as they start). Whether the backend can run it at all is decided before
     (registry.check_user_code_place, for every command that places tasks)."""
-    from cluster.task import check_user_code as check
+    from cluster.checks.code import check_user_code as check
     for plan in plans:
         if registry.kind(plan.backend).on_this_machine:
             check(spec, plan.task, plan.cwd)
@@ -99,7 +100,7 @@ def prepare_data(spec: ClusterSpec, plans: list[TaskPlan], write: bool = True) -
     if spec.train.program or spec.train.command or (not write and spec.train.data == 'synthetic'):
         return      # the user's code reads its own data
     if any(registry.kind(p.backend).on_this_machine and p.task.job == 'worker' for p in plans):
-        from cluster.training import data
+        from cluster.checks import data
         data.resolve_spec_data(spec)
 
 
@@ -133,7 +134,7 @@ def preflight(spec: ClusterSpec, plans: list[TaskPlan], backends: Mapping[str, B
                          f'{running.launcher_pid}, state in {state_path(spec)}); '
                          f'stop it with `launch down {spec.path}`')
     check_user_code(spec, plans)
-    model.check_batch_memory(spec, [p.task for p in plans if registry.kind(p.backend).on_this_machine])
+    memory.check_batch_memory(spec, [p.task for p in plans if registry.kind(p.backend).on_this_machine])
     if show is not None:
         verdicts = {name: b.check([p for p in plans if p.backend == name], imports=True)
                     for name, b in backends.items()}
@@ -151,15 +152,20 @@ def preflight(spec: ClusterSpec, plans: list[TaskPlan], backends: Mapping[str, B
 def _host_checks(spec: ClusterSpec, plans: list[TaskPlan], backend: Backend, took_over: bool) -> None:
     """One backend's hosts for `launch up`; after a take-over, the stopped tasks' ports are
     waited for a moment (their processes ended, the kernel frees the ports just after)."""
-    deadline = time.monotonic() + (TAKE_OVER_SECS if took_over else 0)
-    while True:
+    if not took_over:
+        backend.preflight(spec, plans)
+        return
+    refused: list[UsageError] = []
+
+    def passes() -> bool:
         try:
             backend.preflight(spec, plans)
-            return
-        except UsageError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+            return True
+        except UsageError as e:
+            refused[:] = [e]
+            return False
+    if not poll_until(passes, time.monotonic() + TAKE_OVER_SECS, poll=0.2):
+        raise refused[0]
 
 
 def checks_before_up(spec: ClusterSpec, plans: list[TaskPlan], backends: Mapping[str, Backend],

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from contextlib import AbstractContextManager as ContextManager
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
-from cluster.program import PYTHON_NAMES
+from cluster.checks.code import PYTHON_NAMES
 from cluster.runtime.masking import spec_masker
 from cluster.spec import ClusterSpec, TaskSpec
 from launch.backends.base import Backend
@@ -317,7 +317,7 @@ def check_user_code_place(spec: ClusterSpec, command: str, name: str | None) -> 
     k = kind('compose' if command == 'compose' else name)
     if not k.user_code_refusal:
         return
-    from cluster.task import user_code
+    from cluster.checks.code import user_code
     for task in spec.tasks:
         key, code = user_code(spec, task)
         missing = None if code is None else _not_shipped(code, k.ships)

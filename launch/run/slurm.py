@@ -190,7 +190,7 @@ class SlurmRun(Strategy):
         """The batch script and the effective spec in the train_dir, seen from here: the tasks
         write their logs there (a shared filesystem on a multi-node cluster)."""
         if self.spec.train.data != 'synthetic':      # the tasks write the synthetic set themselves
-            from cluster.training import data
+            from cluster.checks import data
             data.resolve_spec_data(self.spec)   # seen from here: train_dir and data are on a shared filesystem
         if self.spec.supervise.restart != 'never':
             print('launch: WARNING: supervise.restart is not applied under Slurm: a failed task ends the job '

@@ -19,7 +19,7 @@ import urllib.request
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from cluster.training.data import SYNTHETIC_MANIFEST, TEST_FILE, TRAIN_FILES, DataError, check_data_set
+from cluster.checks.data import SYNTHETIC_MANIFEST, TEST_FILE, TRAIN_FILES, DataError, check_data_set
 
 if TYPE_CHECKING:
     import urllib.response

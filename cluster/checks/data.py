@@ -3,7 +3,7 @@ pipelines (cluster/training/inputs.py), evaluation and the memory estimate.
 
 `data` is `synthetic` (learnable images written in CIFAR-10's binary format under the train_dir),
 `fashion-mnist` (Debian's package dataset-fashion-mnist), or a directory holding either CIFAR-10's
-binary batches or the four IDX files of MNIST or Fashion-MNIST (cluster/training/idx.py). Whatever
+binary batches or the four IDX files of MNIST or Fashion-MNIST (cluster/checks/idx.py). Whatever
 it names becomes a `DataSet`: its image shape, split sizes, classes, how its files are laid out and
 which distortions train on it, so nothing downstream needs to know which set it is.
 
@@ -24,7 +24,7 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from cluster.runtime import rundir, runjson
-from cluster.training import idx
+from cluster.checks import idx
 
 if TYPE_CHECKING:
     import numpy as np
