@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from collections.abc import Callable, Iterable
 
-from cluster.runtime import rundir, runjson
+from cluster.runtime import contract, rundir, runjson
 from cluster.runtime.rundir import EXIT_OK, write_atomically
 from cluster.spec import ClusterSpec
 from launch.errors import UsageError
@@ -278,13 +278,13 @@ class Lifecycle:
     def saw_line(self, task: str, line: str, worker: bool, chief: bool) -> dict | None:
         """What a task's log line tells the event log: that it is up, this attempt's first step,
         and (the chief's lines, at the console's cadence) progress. Returns a worker's progress."""
-        serving = rundir.says_ready(line, task)
-        saved = rundir.saved_step(line) if chief else None
-        found = rundir.parse_progress(line) if worker else None
-        evaluated = rundir.parse_evaluation(line) if task.startswith('evaluator:') else None
-        if evaluated is not None:
+        said = contract.read(line)
+        serving = contract.says_ready(said, task)
+        saved = said.step if chief and isinstance(said, contract.Checkpoint) else None
+        found = said.facts() if worker and isinstance(said, contract.Progress) else None
+        if isinstance(said, contract.Evaluation) and contract.job_of(task) == 'evaluator':
             self._evaluated = True
-            self.emit(Evaluation(task=task, step=evaluated[0], metrics=evaluated[1]))
+            self.emit(Evaluation(task=task, step=said.step, metrics=said.metrics))
         if not (serving or saved is not None or found is not None):
             return None
         with self._seen_lock:
