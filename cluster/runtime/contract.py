@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import sys
@@ -30,6 +31,7 @@ from typing import ClassVar, Protocol
 
 from cluster.env import places
 from cluster.env.slurm import DEFAULT_PORT_BASE
+from cluster.runtime import runjson
 from cluster.spec import DEFAULT_SPEC, JOBS, TF_CONFIG_ENV
 from cluster.spec.load import take_overrides
 
@@ -244,8 +246,13 @@ Message = Serving | Started | Progress | Checkpoint | Evaluation
 MESSAGES: dict[Kind, type[Message]] = {m.KIND: m for m in (Serving, Started, Progress, Checkpoint, Evaluation)}
 
 
-def say(log: _Logger, message: Message) -> None:
-    """The one writer: the message's human line in the task's log, where people and the launcher read it."""
+def say(log: _Logger, message: Message, environ: Mapping[str, str] = os.environ) -> None:
+    """The one writer: the message as its record, for the launcher, then as its human line, for
+    people. The record is written only for a launcher that reads it (LEASE_ENV set: `launch up`
+    started the task), which hides it wherever it shows a log; a task started by hand, by Slurm
+    or by Kubernetes logs the human line alone, as before, and the reader reads that."""
+    if environ.get(LEASE_ENV):
+        log.info('%s', to_record(message))
     log.info('%s', message.human())
 
 
@@ -255,23 +262,50 @@ RECORD_TAG = '@tfcluster '
 
 def to_record(message: Message) -> str:
     """`@tfcluster {"kind": "checkpoint", "step": 40}`: the message as one line of compact JSON."""
-    return RECORD_TAG + json.dumps({'kind': message.KIND.value, **asdict(message)}, separators=(',', ':'),
-                                   sort_keys=True)
+    data = {'kind': message.KIND.value, **{k: _finite(v) for k, v in asdict(message).items()}}
+    return RECORD_TAG + runjson.dumps(data, separators=(',', ':'), sort_keys=True)
+
+
+_NOT_FINITE = ('nan', 'inf', '-inf')     # standard JSON has no NaN: a diverged loss goes as its word
+
+
+def _finite(value: object) -> object:
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    return {k: _finite(v) for k, v in value.items()} if isinstance(value, dict) else value
+
+
+def _number(value: object) -> object:
+    if isinstance(value, str) and value in _NOT_FINITE:
+        return float(value)
+    return {k: _number(v) for k, v in value.items()} if isinstance(value, dict) else value
 
 
 def _from_record(text: str) -> Message | None:
     try:
-        data = json.loads(text)
+        data = {k: _number(v) for k, v in json.loads(text).items()}
         kind = Kind(data.pop('kind'))
     except (ValueError, TypeError, KeyError, AttributeError):
         return None
     cls = MESSAGES[kind]
-    if set(data) != {f.name for f in fields(cls)}:
+    if set(data) != {f.name for f in fields(cls)} or not all(_fits(data[f.name], str(f.type)) for f in fields(cls)):
         return None
-    try:
-        return cls(**data)
-    except TypeError:
-        return None
+    return cls(**data)
+
+
+def _fits(value: object, annotation: str) -> bool:
+    """Whether a record's value is of its field's type (the annotations of the messages above)."""
+    if annotation.endswith(' | None'):
+        return value is None or _fits(value, annotation[:-len(' | None')])
+    if annotation == 'int':
+        return isinstance(value, int) and not isinstance(value, bool)
+    if annotation == 'float':
+        return isinstance(value, (int, float)) and not isinstance(value, bool)    # a word of _NOT_FINITE is read already
+    if annotation == 'str':
+        return isinstance(value, str)
+    if annotation == 'dict[str, float]':
+        return isinstance(value, dict) and all(isinstance(k, str) and _fits(v, 'float') for k, v in value.items())
+    raise AssertionError(f'a message field of type {annotation} has no check')
 
 
 # -- the one reader ---------------------------------------------------------------------------------
@@ -286,15 +320,41 @@ _EVALUATION = re.compile(r'\bevaluation at global step (\d+): (.*)$')
 _METRIC = re.compile(r'([A-Za-z_][\w./-]*)=(-?[\d.]+(?:e[-+]?\d+)?|nan|inf|-inf)')
 
 
+def is_record(line: str) -> bool:
+    """Whether a line of a task's log is a message's record: never shown to people (the console,
+    `launch logs`, a failure's last lines)."""
+    return _record_of(line) is not None
+
+
 def read(line: str) -> Message | None:
     """The message a line of a task's log carries (a record, or a human line as `say` writes it,
-    or as a user's `train.command` prints one itself), else None. Never raises."""
+    or as a user's `train.command` prints one itself), else None. Never raises. Reading a whole
+    log, use a Reader: it does not take a message twice, from its record and its line."""
+    return _record_of(line) or _from_human(line)
+
+
+class Reader:
+    """The one reader of a task's log, line by line: each line's message, or None. Once a kind
+    of message has come as a record, the human lines of that kind are the records' words and
+    are not read again; a kind that never comes as a record (a `train.command` that prints its
+    own progress lines, a task of an older tfcluster) is read from its human lines. Reading a
+    line twice gives the same answer."""
+
+    def __init__(self) -> None:
+        self._recorded: set[Kind] = set()
+
+    def read(self, line: str) -> Message | None:
+        recorded = _record_of(line)
+        if recorded is not None:
+            self._recorded.add(recorded.KIND)
+            return recorded
+        heard = _from_human(line)
+        return None if heard is None or heard.KIND in self._recorded else heard
+
+
+def _record_of(line: str) -> Message | None:
     at = line.find(RECORD_TAG)
-    if at >= 0:
-        found = _from_record(line[at + len(RECORD_TAG):])
-        if found is not None:
-            return found
-    return _from_human(line)
+    return _from_record(line[at + len(RECORD_TAG):]) if at >= 0 else None
 
 
 def _from_human(line: str) -> Message | None:

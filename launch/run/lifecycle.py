@@ -146,6 +146,7 @@ class Lifecycle:
         self._strategy: Strategy | None = None
         self.disk: DiskWatch | None = None       # the disk under the run's own files (from _begin)
         self._followers: dict[str, tuple[threading.Thread, threading.Event]] = {}
+        self._readers: dict[str, contract.Reader] = {}     # each task's messages, read once (contract.Reader)
 
     # -- the lock -----------------------------------------------------------------------------
     def _lock(self) -> tuple[TrainDirLock, list[str]]:
@@ -275,10 +276,14 @@ class Lifecycle:
             self._serving.discard(task)
         self.emit(EventKind.TASK_STARTED, task=task, **where)
 
+    def said(self, task: str, line: str) -> contract.Message | None:
+        """The message a line of `task`'s log carries (the contract's one reader, one per task)."""
+        return self._readers.setdefault(task, contract.Reader()).read(line)
+
     def saw_line(self, task: str, line: str, worker: bool, chief: bool) -> dict | None:
         """What a task's log line tells the event log: that it is up, this attempt's first step,
         and (the chief's lines, at the console's cadence) progress. Returns a worker's progress."""
-        said = contract.read(line)
+        said = self.said(task, line)
         serving = contract.says_ready(said, task)
         saved = said.step if chief and isinstance(said, contract.Checkpoint) else None
         found = said.facts() if worker and isinstance(said, contract.Progress) else None
@@ -402,7 +407,8 @@ class Lifecycle:
                         on_line(line)
                     except Exception:       # a line the parsers trip on must not silence the task
                         log.debug('reading a line of %s failed', name, exc_info=True)
-                self.console.line(name, line)
+                if not contract.is_record(line):    # a message's record is the launcher's, not people's
+                    self.console.line(name, line)
         t = threading.Thread(target=pump, name=f'follow-{name}', daemon=True)
         t.start()
         self._followers[name] = (t, stop)

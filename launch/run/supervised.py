@@ -411,7 +411,7 @@ class SupervisedRun(Strategy):
         chief = self.is_chief(record)
 
         def seen(line: str) -> None:
-            said = contract.read(line)
+            said = self.life.said(record.name, line)
             if not serving.is_set() and contract.says_ready(said, record.name):
                 serving.set()
                 self.clock.served(record.name)
