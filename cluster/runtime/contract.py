@@ -27,7 +27,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from enum import Enum
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from cluster.env import places
 from cluster.env.slurm import DEFAULT_PORT_BASE
@@ -275,7 +275,7 @@ def _finite(value: object) -> object:
     return {k: _finite(v) for k, v in value.items()} if isinstance(value, dict) else value
 
 
-def _number(value: object) -> object:
+def _number(value: Any) -> Any:
     if isinstance(value, str) and value in _NOT_FINITE:
         return float(value)
     return {k: _number(v) for k, v in value.items()} if isinstance(value, dict) else value

@@ -12,7 +12,7 @@ from cluster.runtime.contract import (Checkpoint, Evaluation, Progress, Reader, 
                                       parse_task_argv, task_argv)
 from cluster.spec import JOBS
 
-MESSAGES = [
+MESSAGES: list[contract.Message] = [
     Serving('ps:0', 'localhost:2222', 4242),
     Serving('worker:12', '[::1]:2223', 1),
     Started('chief:0', 'the program examples.pss_loop:main', 77),
@@ -90,8 +90,9 @@ def test_progress_facts_are_what_the_line_shows(line, facts):
 
 def test_a_written_progress_says_in_its_record_what_its_line_shows():
     message = contract.progress(7, 10, 0.123456, '  99 images/s')
-    assert message.facts() == contract.read(message.human()).facts() == \
-        {'step': 7, 'total': 10, 'loss': 0.123, 'images_per_sec': 99.0}
+    heard = contract.read(message.human())
+    assert isinstance(heard, Progress)
+    assert message.facts() == heard.facts() == {'step': 7, 'total': 10, 'loss': 0.123, 'images_per_sec': 99.0}
 
 
 @pytest.mark.parametrize('line', [
