@@ -246,13 +246,12 @@ Message = Serving | Started | Progress | Checkpoint | Evaluation
 MESSAGES: dict[Kind, type[Message]] = {m.KIND: m for m in (Serving, Started, Progress, Checkpoint, Evaluation)}
 
 
-def say(log: _Logger, message: Message, environ: Mapping[str, str] = os.environ) -> None:
-    """The one writer: the message as its record, for the launcher, then as its human line, for
-    people. The record is written only for a launcher that reads it (LEASE_ENV set: `launch up`
-    started the task), which hides it wherever it shows a log; a task started by hand, by Slurm
-    or by Kubernetes logs the human line alone, as before, and the reader reads that."""
-    if environ.get(LEASE_ENV):
-        log.info('%s', to_record(message))
+def say(log: _Logger, message: Message) -> None:
+    """The one writer: the message's human line in the task's log, where people read it and the
+    launcher's Reader reads it back. The log itself carries no record: `launch logs` shows a task's
+    log byte for byte as the file holds it, and users read the files (Slurm's, `kubectl logs`)
+    directly, so a record there would be seen. A channel of records (a file beside the log, as the
+    pulse is) would carry `to_record`'s lines, which the same Reader already takes first."""
     log.info('%s', message.human())
 
 

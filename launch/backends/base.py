@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import grpc
 
 from cluster.spec import address as host_port, is_chief
-from cluster.runtime import contract, rundir
+from cluster.runtime import rundir
 from cluster.runtime.masking import NO_MASK, Masker
 from cluster.runtime.rundir import LEASE_ENV, read_text, write_atomically
 from launch.errors import UsageError
@@ -318,11 +318,9 @@ class Backend(abc.ABC):
     def lines(self, record: TaskRecord, follow: bool = False,
               stop: threading.Event | None = None, offset: int = 0) -> Iterator[str]:
         """read_log's lines as the launcher may show or keep them: each value the spec hides
-        (cluster/runtime/masking.py) as `***`, wherever it came from (the user's code printed it);
-        without the messages' records (cluster/runtime/contract.py), which are the launcher's."""
+        (cluster/runtime/masking.py) as `***`, wherever it came from (the user's code printed it)."""
         for line in self.read_log(record, follow=follow, stop=stop, offset=offset):
-            if not contract.is_record(line):
-                yield self.masker.text(line)
+            yield self.masker.text(line)
 
     @abc.abstractmethod
     def read_file(self, record: TaskRecord, path: str) -> str | None:

@@ -407,8 +407,7 @@ class Lifecycle:
                         on_line(line)
                     except Exception:       # a line the parsers trip on must not silence the task
                         log.debug('reading a line of %s failed', name, exc_info=True)
-                if not contract.is_record(line):    # a message's record is the launcher's, not people's
-                    self.console.line(name, line)
+                self.console.line(name, line)
         t = threading.Thread(target=pump, name=f'follow-{name}', daemon=True)
         t.start()
         self._followers[name] = (t, stop)

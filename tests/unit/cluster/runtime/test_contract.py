@@ -113,16 +113,12 @@ def test_the_reader_refuses_garbage_and_other_lines(line):
 
 
 def test_a_reader_takes_a_message_once_from_its_record_and_its_line():
-    reader, log = Reader(), []
-
-    class Capture:
-        def info(self, msg: str, *args: object) -> None:
-            log.append(msg % args)
-    for message in MESSAGES[:4]:
-        contract.say(Capture(), message, environ={contract.LEASE_ENV: 'lease'})
-    heard = [reader.read(line) for line in log]
+    """A channel that carries a message's record and its human line gives the message once."""
+    reader = Reader()
+    lines = [line for m in MESSAGES[:4] for line in (STAMP + contract.to_record(m), STAMP + m.human())]
+    heard = [reader.read(line) for line in lines]
     assert heard == [MESSAGES[0], None, MESSAGES[1], None, MESSAGES[2], None, MESSAGES[3], None]
-    assert [reader.read(line) for line in log] == heard       # reading a line again: the same answer
+    assert [reader.read(line) for line in lines] == heard       # reading a line again: the same answer
 
 
 def test_a_reader_reads_the_human_lines_of_kinds_that_never_come_as_records():
@@ -133,11 +129,14 @@ def test_a_reader_reads_the_human_lines_of_kinds_that_never_come_as_records():
     assert isinstance(reader.read('worker:0: step 3/10  loss 0.5'), Progress)
 
 
-def test_without_a_launcher_a_task_logs_its_human_line_alone(caplog):
+def test_the_writer_logs_the_human_line_alone(caplog):
+    """The log holds what people read, byte for byte as before: no record in it."""
     log = logging.getLogger('test-contract')
     with caplog.at_level(logging.INFO, logger='test-contract'):
-        contract.say(log, Checkpoint(4), environ={})
-    assert [r.getMessage() for r in caplog.records] == ['saved a checkpoint at global step 4']
+        for message in MESSAGES:
+            contract.say(log, message)
+    assert [r.getMessage() for r in caplog.records] == [m.human() for m in MESSAGES]
+    assert [Reader().read(r.getMessage()) is not None for r in caplog.records] == [True] * len(MESSAGES)
 
 
 def test_says_ready_names_the_task():
