@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from collections.abc import Callable, Iterable
 
-from cluster.runtime import rundir, runjson
+from cluster.runtime import contract, rundir, runjson
 from cluster.runtime.rundir import EXIT_OK, write_atomically
 from cluster.spec import ClusterSpec
 from launch.errors import UsageError
@@ -146,6 +146,7 @@ class Lifecycle:
         self._strategy: Strategy | None = None
         self.disk: DiskWatch | None = None       # the disk under the run's own files (from _begin)
         self._followers: dict[str, tuple[threading.Thread, threading.Event]] = {}
+        self._readers: dict[str, contract.Reader] = {}     # each task's messages, read once (contract.Reader)
 
     # -- the lock -----------------------------------------------------------------------------
     def _lock(self) -> tuple[TrainDirLock, list[str]]:
@@ -275,16 +276,20 @@ class Lifecycle:
             self._serving.discard(task)
         self.emit(EventKind.TASK_STARTED, task=task, **where)
 
+    def said(self, task: str, line: str) -> contract.Message | None:
+        """The message a line of `task`'s log carries (the contract's one reader, one per task)."""
+        return self._readers.setdefault(task, contract.Reader()).read(line)
+
     def saw_line(self, task: str, line: str, worker: bool, chief: bool) -> dict | None:
         """What a task's log line tells the event log: that it is up, this attempt's first step,
         and (the chief's lines, at the console's cadence) progress. Returns a worker's progress."""
-        serving = rundir.says_ready(line, task)
-        saved = rundir.saved_step(line) if chief else None
-        found = rundir.parse_progress(line) if worker else None
-        evaluated = rundir.parse_evaluation(line) if task.startswith('evaluator:') else None
-        if evaluated is not None:
+        said = self.said(task, line)
+        serving = contract.says_ready(said, task)
+        saved = said.step if chief and isinstance(said, contract.Checkpoint) else None
+        found = said.facts() if worker and isinstance(said, contract.Progress) else None
+        if isinstance(said, contract.Evaluation) and contract.job_of(task) == 'evaluator':
             self._evaluated = True
-            self.emit(Evaluation(task=task, step=evaluated[0], metrics=evaluated[1]))
+            self.emit(Evaluation(task=task, step=said.step, metrics=said.metrics))
         if not (serving or saved is not None or found is not None):
             return None
         with self._seen_lock:
