@@ -468,7 +468,7 @@ def test_compose_plan_and_up_accept_what_the_image_holds(tmp_path, capsys):
     and the PSS examples are accepted by all three (`up` as far as the decision goes: it would
     start containers)."""
     from cluster.spec import load_spec
-    from launch.run import registry
+    from launch.run import launching
     (tmp_path / 'pss').mkdir()
     (tmp_path / 'inline').mkdir()
     specs = (os.path.join(REPO, 'examples', 'tf1-command.yaml'),
@@ -478,7 +478,7 @@ def test_compose_plan_and_up_accept_what_the_image_holds(tmp_path, capsys):
         for argv in (['compose', spec, '-o', str(tmp_path / 'compose.yaml')], ['plan', spec, '--backend', 'compose']):
             code, out, err = _main(capsys, *argv)
             assert code == 0 and err == '', (argv, err)
-        registry.check_user_code_place(load_spec(spec), 'up', 'compose')
+        launching.check_user_code_place(load_spec(spec), 'up', 'compose')
 
 
 def test_eval_of_a_coordinator_run_says_what_its_checkpoints_hold(tmp_path, capsys):

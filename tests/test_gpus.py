@@ -14,7 +14,7 @@ from cluster.spec import SpecError, load_spec
 from cluster.task import environment_line
 from launch.planning import gpus
 from launch.render import sbatch as slurm
-from launch.run import slurm as slurm_run
+from launch.backends.slurm import job as slurm_run
 from launch.render import tfjob
 from launch.cli import main
 from launch.render.compose import render as render_compose

@@ -85,7 +85,7 @@ def test_the_spec_copy_holds_references_is_0600_and_still_gives_tasks_their_valu
     still starts (the value is then not set)."""
     from launch.backends.local import LocalBackend
     from launch.planning.plan import plan_cluster
-    from launch.run.registry import Options, tasks_spec_yaml
+    from launch.run.launching import Options, tasks_spec_yaml
     monkeypatch.setenv('TFC_TEST_SOURCE', REFERENCED)
     spec = load_spec(write_spec(tmp_path, top=ENV))
     plans = list(plan_cluster(spec))

@@ -17,7 +17,7 @@ import pytest
 from cluster.env.slurm import SlurmEnvError, expand_hostlist, expand_tasks_per_node, resolve
 from cluster.spec import load_spec
 from launch.render import sbatch as slurm
-from launch.run.slurm import first_failure, name_ranks
+from launch.backends.slurm.job import first_failure, name_ranks
 from launch.records.events import read_events
 from tests.conftest import REPO, TASK_ENV, environment_words, launch, launch_bg, project_processes, read_until, write_spec
 

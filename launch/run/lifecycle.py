@@ -6,13 +6,12 @@
 
 Two strategies run on it: supervised (launch/run/supervised.py: the launcher starts, observes and
 stops every task through a Backend, and decides with launch/run/policy.py) and delegated (a
-scheduler owns the tasks: launch/run/slurm.py submits, watches and cancels a Slurm job). What the
+scheduler owns the tasks: launch/backends/slurm/job.py submits, watches and cancels a Slurm job). What the
 user sees at the edges — the lock message, Ctrl-C twice, the resume line, the closing summary —
 is written once, here.
 """
 from __future__ import annotations
 
-import abc
 import hashlib
 import logging
 import os
@@ -21,7 +20,6 @@ import shlex
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 from collections.abc import Callable, Iterable
 
@@ -33,69 +31,18 @@ from launch.records.event_types import (Checkpoint, Evaluation, Event, EventKind
                                         RunStarted, Serving)
 from launch.records.events import EventLog, read_events, read_run_record
 from launch.records.jsonrecord import read_real, read_whole
-from launch.records.result import Failure, MendedFault, RunRecord, RunResult, RunState     # the strategies import them from here
+from launch.records.result import Failure, RunRecord, RunResult, RunState  # noqa: F401 (the strategies import them from here)
 from launch.records.result import steps_note
 from cluster.runtime.masking import spec_masker
 from launch.records.lock import LockBusy, TrainDirLock, in_use
 from launch.run.console import Console
+from launch.backends.strategy import CHECKPOINT_GRACE_SECS, Outcome, Strategy, resume_hint  # noqa: F401 (theirs, re-exported)
 from launch.run.disk import DiskWatch
 from launch.records import index, ownership
 
 log = logging.getLogger(__name__)
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)     # SIGHUP: the terminal went away
-CHECKPOINT_GRACE_SECS = 25.0    # a stopping chief's time to write its checkpoint before the rest stop
-
-@dataclass
-class Outcome:
-    """What a strategy's run came to; the lifecycle turns it into the RunResult and closing line."""
-    exit_code: int
-    headline: str = ''                  # done: 'done in 12.3s (sync, 2 workers)'; else empty
-    restarts: int = 0
-    failures: list[Failure] = field(default_factory=list)
-    lost: tuple[str, ...] = ()          # workers the training went on without (their figures left out)
-    global_step: int | None = None      # the newest step the launcher knows of (a failed run's run.json keeps it)
-    recoveries: list[MendedFault] = field(default_factory=list)     # the faults mended, with their times
-
-    @property
-    def state(self) -> RunState:
-        if self.exit_code == EXIT_OK:
-            return RunState.DONE
-        return RunState.INTERRUPTED if self.exit_code in (128 + signal.SIGINT, 128 + signal.SIGTERM,
-                                                          128 + signal.SIGHUP) else RunState.FAILED
-
-
-class Strategy(abc.ABC):
-    """How one backend runs the tasks of a run: the part of `launch up` that differs."""
-
-    def prepare(self, life: Lifecycle) -> None:  # noqa: B027 (optional hook: most strategies need none)
-        """Everything that can go wrong before anything starts (raise UsageError or SpecError:
-        exit 2, and the lifecycle leaves no trace of the run); writes what the tasks need.
-        life.run_id and life.attempt are known by then."""
-
-    def stale_files(self) -> list[str]:
-        """An earlier run's files in the train_dir that must not pass for this run's."""
-        return [rundir.result_path(self.spec.train.train_dir, i) for i in range(self.spec.num_workers)]
-
-    @abc.abstractmethod
-    def run(self, life: Lifecycle) -> Outcome:
-        """Start, watch and end the tasks; return only once nothing of them is left running."""
-
-    def hurry(self) -> None:  # noqa: B027 (optional hook)
-        """A second Ctrl-C or SIGTERM: end everything now, no checkpoint."""
-
-    @abc.abstractmethod
-    def read_file(self, path: str) -> str | None:
-        """A small file of the run (relative to the working directory) where the chief wrote it."""
-
-    spec: ClusterSpec
-
-
-def resume_hint(step: int | None) -> str:
-    """What a new `launch up` of a run that stopped here would do."""
-    if step is None:
-        return 'no checkpoint was written: a new `launch up` starts from step 0'
-    return f'a new `launch up` resumes from the checkpoint at global step {step}'
 
 
 def identify(spec: ClusterSpec) -> tuple[str, int]:

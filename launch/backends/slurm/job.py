@@ -28,7 +28,7 @@ from launch.errors import UsageError
 from launch.backends.base import follow_file
 from launch.records.event_types import Interrupted, TaskLost
 from launch.records.result import Failure
-from launch.run.lifecycle import CHECKPOINT_GRACE_SECS, Lifecycle, Outcome, Strategy, resume_hint
+from launch.backends.strategy import CHECKPOINT_GRACE_SECS, Life, Outcome, Strategy, resume_hint
 from launch.render.options import RenderOptions
 from launch.render.sbatch import heterogeneous
 
@@ -176,7 +176,7 @@ def make_strategy(spec: ClusterSpec, opts: RenderOptions) -> SlurmRun:
     return SlurmRun(spec, lambda attempt: slurm.render(spec, opts, attempt), slurm.slurm_spec(spec).to_yaml())
 
 
-class SlurmRun(Strategy):
+class SlurmRun(Strategy[Life]):
     """The delegated strategy: Slurm owns the tasks; the launcher submits, watches and cancels."""
 
     def __init__(self, spec: ClusterSpec, script: Callable[[int], str], effective_spec: str) -> None:
@@ -186,7 +186,7 @@ class SlurmRun(Strategy):
         self.logs = rundir.logs_dir(self.train_dir)
         self.hurried = threading.Event()
 
-    def prepare(self, life: Lifecycle) -> None:
+    def prepare(self, life: Life) -> None:
         """The batch script and the effective spec in the train_dir, seen from here: the tasks
         write their logs there (a shared filesystem on a multi-node cluster)."""
         if self.spec.train.data != 'synthetic':      # the tasks write the synthetic set themselves
@@ -209,7 +209,7 @@ class SlurmRun(Strategy):
     def hurry(self) -> None:
         self.hurried.set()       # a second Ctrl-C: cancel now, no checkpoint
 
-    def run(self, life: Lifecycle) -> Outcome:
+    def run(self, life: Life) -> Outcome:
         t0 = time.monotonic()
         try:
             job = submit(self.script_path)
@@ -224,7 +224,7 @@ class SlurmRun(Strategy):
 class SubmittedJob:
     """One submitted job of a SlurmRun, followed to its end (or cancelled) for one lifecycle."""
 
-    def __init__(self, strategy: SlurmRun, life: Lifecycle, job: str) -> None:
+    def __init__(self, strategy: SlurmRun, life: Life, job: str) -> None:
         self.strategy, self.life, self.job = strategy, life, job
         self.spec, self.train_dir = strategy.spec, strategy.train_dir
         self.state = 'PENDING'      # the job's state when last seen

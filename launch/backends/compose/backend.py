@@ -40,7 +40,7 @@ from launch.planning.plan import TaskPlan, compose_spec, effective_spec_path, se
 
 log = logging.getLogger(__name__)
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))     # above launch/backends/
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))     # above launch/backends/compose/
 BUILD_SCRIPT = os.path.join(REPO, 'docker', 'build-offline.sh')
 PROJECT_LABEL = 'com.docker.compose.project'      # set by Compose v1 and v2 alike
 SERVICE_LABEL = 'com.docker.compose.service'
@@ -207,7 +207,7 @@ class ComposeBackend(Backend):
     # -- pre-flight -----------------------------------------------------------------------
     def gpu_counts(self, plans: list[TaskPlan]) -> dict[str, int]:
         """Every container runs on this machine (the docker engine's)."""
-        from launch.backends.local import gpu_count
+        from launch.backends.local.backend import gpu_count
         return {'localhost': gpu_count()} if plans else {}
 
     def check(self, plans: list[TaskPlan], imports: bool = False) -> list[HostCheck]:
