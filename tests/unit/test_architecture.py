@@ -234,7 +234,7 @@ def plugin_process_fixtures() -> frozenset[str]:
     return frozenset(found)
 
 
-def test_files() -> list[Path]:
+def tier_test_files() -> list[Path]:
     """Every test module: tests/unit and tests/system mirror the packages (docs/contributing.md)."""
     return sorted(path for tier in TIERS for path in (REPO / 'tests' / tier).rglob('test_*.py'))
 
@@ -263,7 +263,7 @@ def test_every_test_that_starts_processes_is_marked_slow():
     assert 'launch' in process_helpers('tests.conftest'), process_helpers('tests.conftest')
     assert 'ssh_hosts' in plugin_process_fixtures(), plugin_process_fixtures()
     offenders = []
-    for path in test_files():
+    for path in tier_test_files():
         offenders += unmarked_process_tests(path)
     if offenders:
         pytest.fail(f'{len(offenders)} test(s) start processes but are not marked @pytest.mark.slow '
@@ -309,7 +309,7 @@ def misplaced_tests(path: Path) -> list[str]:
 
 
 def test_the_fast_tests_are_in_tests_unit_and_the_slow_ones_in_tests_system():
-    files = test_files()
+    files = tier_test_files()
     assert len(files) > 40 and {p.relative_to(REPO / 'tests').parts[0] for p in files} == set(TIERS), files
     strays = sorted(p.relative_to(REPO).as_posix() for p in (REPO / 'tests').glob('test_*.py'))
     offenders = [line for path in files for line in misplaced_tests(path)]
@@ -349,7 +349,7 @@ def imports_of_tests(path: Path) -> list[str]:
 def test_no_test_module_imports_another():
     """A helper two test modules need lives in tests/harness: a test module that imports another
     makes the fast tier depend on a slow module (and its fixtures) and hides what is shared."""
-    files = test_files() + sorted((REPO / 'tests' / 'harness').rglob('*.py'))
+    files = tier_test_files() + sorted((REPO / 'tests' / 'harness').rglob('*.py'))
     offenders = [line for path in files for line in imports_of_tests(path)]
     if offenders:
         pytest.fail(f'{len(offenders)} import(s) of a test module (move what they share into tests/harness):\n'
