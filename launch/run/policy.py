@@ -2,7 +2,7 @@
 
 `launch/run/supervised.py` observes the tasks (through their backends) and the global step (from the workers'
 progress lines), and asks `decide` what to do; it never decides itself. So every rule here is
-tested in milliseconds with plain values (tests/test_supervise.py), and the real-cluster tests
+tested in milliseconds with plain values (tests/unit/launch/run/test_supervise.py), and the real-cluster tests
 only check that the decisions are carried out.
 
 The rules, in order:
