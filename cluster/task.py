@@ -10,7 +10,6 @@ bad invocation fails in a fraction of a second with exit code 2 and nothing star
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import logging
 import os
@@ -29,12 +28,12 @@ from cluster.runtime.ports import port_in_use
 from cluster.runtime.membership import LIVE, Members
 from cluster.checks.code import ProgramError, check_user_code, user_code
 from cluster.program import load_program, run_command, run_program
-from cluster.runtime.rundir import (EXIT_FAILED, EXIT_NO_RESTART, EXIT_OK, EXIT_USAGE, LEASE_ENV, LEASE_SECS_ENV,
-                            TaskLogFormatter, read_text, serving_line)
-from cluster.spec import (DEFAULT_SPEC, JOBS, TF_CONFIG_ENV, ClusterSpec, SpecError, TaskSpec, load_spec,
-                          read_tf_config)
+from cluster.runtime.contract import (EXIT_FAILED, EXIT_NO_RESTART, EXIT_OK, EXIT_USAGE, LEASE_ENV, LEASE_SECS_ENV,
+                                      Serving, TaskArgs, parse_task_argv, say)
+from cluster.runtime.rundir import TaskLogFormatter, read_text
+from cluster.env import places
+from cluster.spec import DEFAULT_SPEC, ClusterSpec, SpecError, TaskSpec, load_spec
 from cluster.spec.environ import MASK
-from cluster.spec.load import take_overrides
 
 if TYPE_CHECKING:
     import subprocess
@@ -46,59 +45,25 @@ log = logging.getLogger('cluster.task')
 CHILDREN: list[subprocess.Popen] = []     # the train.command process this task runs, if any (killed with the task)
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    from cluster.env.slurm import DEFAULT_PORT_BASE
-    p = argparse.ArgumentParser(prog='python -m cluster.task', description=__doc__.splitlines()[0])
-    p.add_argument('--spec', help=f'cluster spec (default: $CLUSTER_SPEC, else {DEFAULT_SPEC})')
-    p.add_argument('--job', choices=list(JOBS), help='the task\'s job (default: from $TF_CONFIG)')
-    p.add_argument('--index', type=int, help="the task's position in its job's list (default: from $TF_CONFIG)")
-    p.add_argument('--set', dest='overrides', action='append', default=[], metavar='KEY=VALUE',
-                   help='override a spec key, e.g. --set train.steps=50')
-    p.add_argument('--slurm', action='store_true',
-                   help="inside an srun step: every task's job, index, host and port from Slurm's environment "
-                        '(ranks in node order, the spec\'s ps tasks first)')
-    p.add_argument('--port-base', type=int, default=DEFAULT_PORT_BASE, metavar='PORT',
-                   help=f'with --slurm: the first port on each node (default {DEFAULT_PORT_BASE})')
-    p.add_argument('--jobset', action='store_true',
-                   help="in a pod of a JobSet (launch render --format jobset|trainjob): every task's job, index "
-                        "and DNS name from the pod's labels and the rendered TFCLUSTER_JOBSET_* variables")
-    rest, overrides = take_overrides(sys.argv[1:] if argv is None else list(argv))
-    args = p.parse_args(rest)       # without the --set options: argparse is quadratic in them
-    args.overrides = overrides + args.overrides
-    if args.slurm and args.jobset:
-        p.error('give --slurm or --jobset, not both')
-    for flag, where in (('slurm', 'Slurm\'s environment'), ('jobset', 'the JobSet pod\'s environment')):
-        if getattr(args, flag) and (args.job is not None or args.index is not None):
-            p.error(f'--{flag} takes the task from {where}: drop --job and --index')
-    if (args.job is None) != (args.index is None):
-        p.error('give --job and --index together (or neither, to take both from $TF_CONFIG)')
-    if args.job is None and not (args.slurm or args.jobset) and not os.environ.get(TF_CONFIG_ENV):
-        p.error(f'--job and --index are required unless ${TF_CONFIG_ENV} names the task')
-    return args
+def parse_args(argv: Sequence[str] | None = None) -> TaskArgs:
+    """The task's command line, by the contract's one parser (the launcher builds it with task_argv)."""
+    return parse_task_argv(argv, __doc__.splitlines()[0])
 
 
-def resolve_task(args: argparse.Namespace) -> tuple[ClusterSpec, TaskSpec]:
+def resolve_task(args: TaskArgs) -> tuple[ClusterSpec, TaskSpec]:
     """The spec and this process's task. --job/--index name the task in the spec's cluster (how
-    `launch up` starts tasks); without them $TF_CONFIG names both the cluster and the task, as
-    Kubeflow's TFJob, SageMaker and Vertex set it, and the spec (if any) gives the train settings;
-    with --slurm, Slurm's environment places every task (cluster/env/slurm.py); with --jobset, a
-    JobSet pod's labels and variables (cluster/env/jobset.py), the spec (if any) again giving only
-    the train settings."""
+    `launch up` starts tasks); without them a placement source (cluster/env/places.py) places it:
+    $TF_CONFIG names both the cluster and the task, as Kubeflow's TFJob, SageMaker and Vertex set
+    it, and the spec (if any) gives the train settings; --place slurm (--slurm), Slurm's
+    environment places every task (cluster/env/slurm.py); --place jobset (--jobset), a JobSet
+    pod's labels and variables (cluster/env/jobset.py), the spec (if any) again giving only the
+    train settings."""
     path = args.spec or os.environ.get('CLUSTER_SPEC')
-    if args.slurm:      # the spec's ps/worker counts, placed where srun started the ranks
-        from cluster.env import slurm as slurm_env
-        return slurm_env.resolve(load_spec(path or DEFAULT_SPEC, args.overrides), os.environ, args.port_base)
-    if args.jobset:
-        from cluster.env import jobset as jobset_env
-        place = jobset_env.place(os.environ)
-        spec = load_spec(path, args.overrides, cluster=place.cluster, cluster_source='the JobSet environment')
-        return spec, spec.task(place.job, place.index)
-    if args.job is not None:
-        spec = load_spec(path or DEFAULT_SPEC, args.overrides)
-        return spec, spec.task(args.job, args.index)
-    cluster, job, index = read_tf_config(os.environ[TF_CONFIG_ENV])
-    spec = load_spec(path, args.overrides, cluster=cluster)
-    return spec, spec.task(job, index)
+    if args.task is not None:
+        spec = load_spec(path or DEFAULT_SPEC, list(args.overrides))
+        return spec, spec.task(args.task.job, args.task.index)
+    source = places.SOURCES[args.place or places.TF_CONFIG]
+    return source.resolve(path, args.overrides, os.environ, args.port_base)
 
 
 def watch_lease(path: str, secs: float, poll: float = 1.0, pool: int = 0) -> None:
@@ -296,7 +261,7 @@ def serve_and_train(spec: ClusterSpec, task: TaskSpec, data_set: DataSet | None)
         server = train.make_server(spec, task)
     except tf.errors.OpError as e:      # lost a race for the port after the check in main
         return cannot_serve(task, session.first_line(e.message, '(no message)'))
-    log.info('%s', serving_line(task.name, task.address, os.getpid()))
+    say(log, Serving(task.name, task.address, os.getpid()))
     try:
         if task.job == 'ps':
             train.run_ps(server, spec, task)

@@ -1,12 +1,11 @@
 """The `launch` command line: argparse and dispatch. cli.py turns argparse's namespace into typed
 flags (launch/commands/flags.py) and nothing past it sees the namespace; the commands themselves
-are in launch/commands/, what each backend can do is in launch/run/registry.py, and the formats
-of `launch render` are in launch/render/__init__.py."""
+are in launch/commands/; each backend the registry lists (launch/run/registry.py) adds and reads
+its own flags, and the formats of `launch render` are in launch/render/__init__.py."""
 from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import sys
 from collections.abc import Callable
@@ -18,10 +17,12 @@ from cluster.spec.load import take_overrides
 from launch.commands import COMMANDS, Request, check_request, cmd_download, cmd_list, load_target
 from launch.commands.flags import (DownloadFlags, EvalFlags, JsonFlags, ListFlags, LogsFlags, NoFlags, OutputFlags,
                                    RenderFlags, ScaleFlags, UpFlags)
-from launch.errors import LaunchError, NoSuchRun, UsageError
+from launch.errors import LaunchError, NoSuchRun
 from launch.records.runs import RunNotFound
 from launch.render import RENDERERS, RenderOptions, takers
+from launch.backends.kind import FlagPlace
 from launch.run import registry
+from launch.run.launching import backend_help
 
 
 RUN_COMMANDS = ('status', 'down', 'logs', 'eval', 'report', 'scale', 'debug')     # they take a run id or train_dir too
@@ -37,23 +38,14 @@ def _spec_args(p: argparse.ArgumentParser, run: bool = False) -> None:
                                                                   'its train_dir' if run else ''))
     p.add_argument('--set', dest='overrides', action='append', default=[], metavar='KEY=VALUE',
                    help='override a spec key, e.g. --set train.steps=50 (repeatable)')
-    p.add_argument('--ssh-config', metavar='FILE', default=None,
-                   help='OpenSSH client config for remote hosts (default ~/.ssh/config); its '
-                        'UserKnownHostsFile is where host keys are checked')
-    p.add_argument('--insecure-accept-any-host-key', action='store_true',
-                   help='DANGEROUS: do not check SSH host keys (accepts unknown and changed keys)')
-    p.add_argument('--backend', choices=registry.names(), default=None,
-                   help='compose: every task in a container of one compose project on this machine; '
-                        'slurm (up only): one batch job of a Slurm cluster, which places the tasks; '
-                        'local or ssh (the default): chosen per host, local processes for localhost')
+    _backend_flags(p, FlagPlace.SPEC)
+    p.add_argument('--backend', choices=registry.names(), default=None, help=backend_help())
 
 
-def _slurm_args(p: argparse.ArgumentParser, what: str) -> None:
-    from cluster.env.slurm import DEFAULT_PORT_BASE
-    p.add_argument('--partition', help=f'{what}the Slurm partition (default: the cluster\'s default)')
-    p.add_argument('--time-limit', metavar='TIME', help=f'{what}the job\'s time limit, e.g. 1:00:00')
-    p.add_argument('--port-base', type=int, default=None, metavar='PORT',
-                   help=f'{what}each node\'s tasks listen on PORT, PORT+1, ... (default {DEFAULT_PORT_BASE})')
+def _backend_flags(p: argparse.ArgumentParser, place: FlagPlace) -> None:
+    """Each backend's own flags at this place of a command, in the registry's order."""
+    for backend in registry.BACKENDS:
+        backend.add_flags(p, place)
 
 
 def _readers(option: str) -> str:
@@ -101,7 +93,7 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
     up.add_argument('--workers', type=int, default=None, metavar='N',
                     help='start the first N workers of the spec\'s list (a pool; default: all); '
                          '`launch scale` changes the number while the run goes on')
-    _slurm_args(up, 'with --backend slurm: ')
+    _backend_flags(up, FlagPlace.UP)
     sc = sub.add_parser('scale', help='change the number of running workers of a run (async: live)')
     _spec_args(sc, run=True)
     sc.add_argument('--workers', type=int, required=True, metavar='M', help='how many workers should run (1..the pool)')
@@ -176,7 +168,7 @@ def _add_render(sub: argparse._SubParsersAction) -> None:
                      help=f'{_readers("pvc")}the workers\' train_dir on this PersistentVolumeClaim (ReadWriteMany '
                           'when workers can land on different nodes), so checkpoints outlive the pods (default: an '
                           'emptyDir)')
-    _slurm_args(ren, _readers('partition'))
+    _backend_flags(ren, FlagPlace.RENDER)
 
 
 def _json_arg(p: argparse.ArgumentParser) -> None:
@@ -239,13 +231,12 @@ def dispatch(args: argparse.Namespace) -> int:
         return cmd_download(DownloadFlags(args.dest, args.url, args.md5))
     if args.command == 'list':
         return cmd_list(ListFlags(args.dir, args.json))
-    if args.ssh_config is not None and not os.path.isfile(args.ssh_config):
-        raise UsageError(f'--ssh-config {args.ssh_config}: file not found')
+    given = options(args)       # each backend reads its flags (and refuses a bad one) before the spec is read
     spec, remembered = _target(args)
     if args.command in VALUE_COMMANDS:
         spec.check_references()
     flags = FLAGS[args.command](args)
-    request = check_request(spec, Request(args.command, args.backend or remembered, options(args), flags))
+    request = check_request(spec, Request(args.command, args.backend or remembered, given, flags))
     return COMMANDS[args.command](spec, request)
 
 
@@ -262,9 +253,10 @@ def _target(args: argparse.Namespace) -> tuple[ClusterSpec, str | None]:
 
 
 def options(args: argparse.Namespace) -> registry.Options:
-    """The backend options of the command line (the Slurm ones only where the command has them)."""
-    slurm = {f: getattr(args, f, None) for f in ('partition', 'time_limit', 'port_base')}
-    return registry.Options(ssh_config=args.ssh_config, accept_any_host_key=args.insecure_accept_any_host_key, **slurm)
+    """Every backend's options, each read by the backend from its own flags (a flag the command
+    lacks: that option's default)."""
+    read = {k.name: k.read_flags(args) for k in registry.BACKENDS}
+    return registry.Options({name: value for name, value in read.items() if value is not None})
 
 
 def _render_flags(args: argparse.Namespace) -> RenderFlags:

@@ -16,11 +16,16 @@ import time
 import pytest
 import yaml
 
-from tests.harness.parts import REPO, free_ports, task_processes, unavailable     # tests import REPO, free_ports from here
+# The helpers in tests/harness/ assert as tests do: pytest's rewriting gives their failures the same detail.
+pytest.register_assert_rewrite('tests.harness')
+
+from tests.harness.parts import REPO, free_ports, task_processes, unavailable  # noqa: E402 (tests import REPO, free_ports from here)
 
 # The harness modules that define fixtures (sshd: ssh_hosts; slurm: slurm_cluster; dockerd:
-# docker_engine, compose_image, compose_project): a test names the fixture as an argument, imports nothing.
-pytest_plugins = ['tests.harness.sshd', 'tests.harness.slurm', 'tests.harness.dockerd']
+# docker_engine, compose_image, compose_project; data: synth_dir; disk: small_fs): a test names the
+# fixture as an argument, imports nothing.
+pytest_plugins = ['tests.harness.sshd', 'tests.harness.slurm', 'tests.harness.dockerd', 'tests.harness.data',
+                  'tests.harness.disk']
 
 _session_dir = ''    # this pytest session's temporary root: every spec a test writes lies below it
 
@@ -75,8 +80,8 @@ def no_stray_processes():
 # the session records them while a test not marked `slow` runs; the test then fails naming each.
 SPAWN_EVENTS = frozenset({'subprocess.Popen', 'os.system', 'os.posix_spawn', 'os.spawn', 'os.fork', 'os.forkpty'})
 _spawned: list[str] | None = None    # a list while a fast test runs, else None
-# The static checkers the fast tier runs over the source (tests/test_architecture.py) and the docs
-# (tests/test_docs.py: mkdocs build): short processes that read files and start no server, so they
+# The static checkers the fast tier runs over the source (tests/unit/test_architecture.py) and the docs
+# (tests/unit/docs/test_docs.py: mkdocs build): short processes that read files and start no server, so they
 # belong in the fast tier.
 STATIC_CHECKERS = frozenset({'ruff', 'mypy', 'lint-imports', 'mkdocs'})
 
@@ -151,8 +156,8 @@ def _write(path, spec: dict, hosts: dict | None, top: dict | None) -> str:
     return str(file)
 
 
-def write_coordinator_spec(path, program: str = 'tests.pss_programs:train',
-                           evaluator: str | None = 'tests.pss_programs:evaluate', host: str = 'localhost',
+def write_coordinator_spec(path, program: str = 'tests.harness.pss_programs:train',
+                           evaluator: str | None = 'tests.harness.pss_programs:evaluate', host: str = 'localhost',
                            worker_hosts: tuple[str, str] | None = None, hosts: dict | None = None,
                            supervise: dict | None = None, top: dict | None = None, **train) -> str:
     """A coordinator spec (TF2 ParameterServerStrategy): 1 chief, 1 ps, 2 workers and, with an

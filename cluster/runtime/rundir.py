@@ -38,7 +38,7 @@ import os
 import re
 import signal
 
-from cluster.runtime import runjson
+from cluster.runtime import contract, runjson
 
 log = logging.getLogger(__name__)
 
@@ -56,18 +56,10 @@ EVENTS_FILE = 'events.jsonl'
 RUN_FILE = 'run.json'
 REPORT_FILE = 'report.html'
 
-# Set by the launcher in each task's environment: a file it touches every second or so. A task
-# whose lease is older than LEASE_SECS_ENV seconds has lost its launcher (killed, or cut off from
-# its host) and stops itself. Tasks started by hand, by Slurm or by a TFJob have none.
-LEASE_ENV, LEASE_SECS_ENV = 'TFCLUSTER_LEASE', 'TFCLUSTER_LEASE_SECS'
-
-# Set by the launcher on the tasks it starts again after a fault: one line saying why, e.g.
-# `restart 1/3: ps:0 was killed by SIGKILL`. The chief records it in TensorBoard (a text summary).
-RESTART_ENV = 'TFCLUSTER_RESTART'
-
-# Exit codes, of a task and of the launcher alike.
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-EXIT_NO_RESTART = 3     # a task failed in a way a restart cannot mend (no checkpoint restores)
+# The environment's names and the exit codes both sides use: cluster/runtime/contract.py.
+LEASE_ENV, LEASE_SECS_ENV, RESTART_ENV = contract.LEASE_ENV, contract.LEASE_SECS_ENV, contract.RESTART_ENV
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_RESTART = (contract.EXIT_OK, contract.EXIT_FAILED, contract.EXIT_USAGE,
+                                                     contract.EXIT_NO_RESTART)
 
 # How a task's log lines look (logging's format, with TaskLogFormatter's time), e.g.
 #   2026-11-23T21:08:43.123+00:00 I step 57/200  loss 3.1
@@ -77,25 +69,19 @@ _LOG_TIME = r'(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?|\d\
 _LOGGED_ERROR = re.compile(rf'^{_LOG_TIME} E (.+)$')
 _LOGGED = re.compile(rf'^{_LOG_TIME} [DIWEC] ')
 _PY_ERROR = re.compile(r'^([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)|KeyboardInterrupt)(:\s.*)?$')
-_STEP = re.compile(r'\bstep (\d+)/(\d+)\b')
 _CHECKPOINT = re.compile(r'^model_checkpoint_path:\s*"(?:.*?)-(\d+)"\s*$', re.M)
 
 
 # -- paths ----------------------------------------------------------------------------------
-_TASK_NAME = re.compile(r'([A-Za-z_][\w-]*):([0-9]+)')
-
-
 def task_name(job: str, index: int) -> str:
-    """A task's name in logs, events and messages: `worker:3`."""
-    return f'{job}:{index}'
+    """A task's name in logs, events and messages: `worker:3` (contract.TaskName)."""
+    return str(contract.TaskName(job, index))
 
 
 def parse_task_name(name: str) -> tuple[str, int]:
     """(job, index) of a task's name (`worker:3` -> ('worker', 3)); ValueError for anything else."""
-    m = _TASK_NAME.fullmatch(name)
-    if m is None:
-        raise ValueError(f'not a task name (JOB:INDEX): {name!r}')
-    return m.group(1), int(m.group(2))
+    task = contract.TaskName.parse(name)
+    return task.job, task.index
 
 
 def spec_path(train_dir: str) -> str:
@@ -287,64 +273,52 @@ def logged_time(line: str) -> str | None:
     return m.group(1) if m else None
 
 
+# The lines of the messages a task sends its launcher, and their reading, are the contract's
+# (cluster/runtime/contract.py: one writer, one reader); these say them as lines, for the
+# benchmarks and the older tests that read lines.
 def serving_line(name: str, address: str, pid: int) -> str:
-    """What a task logs once its gRPC server is bound: the launcher's proof that the port it
-    probes is this task's, not a stranger's."""
-    return f'{name} serving on {address} (pid {pid})'
-
-
-def says_serving(line: str, name: str) -> bool:
-    return f' {name} serving on ' in line
+    return contract.Serving(name, address, pid).human()
 
 
 def started_line(name: str, what: str, pid: int) -> str:
-    """What a task that serves no port of its own logs once it runs: a coordinator run's chief
-    (its program, or the command `pid` is) and its evaluator. The launcher takes it as the
-    task's word that it has started, as it takes a server's `serving_line`."""
-    return f'{name} started: {what} (pid {pid})'
-
-
-def says_ready(line: str, name: str) -> bool:
-    """Whether the line is the task's word that it is up: serving (a server), or started (a
-    chief or an evaluator, which serve nothing)."""
-    return says_serving(line, name) or f' {name} started: ' in line
+    return contract.Started(name, what, pid).human()
 
 
 def progress_line(step: int, total: int, loss: float, rate: str = '') -> str:
-    """The chief's progress line `step G/TOTAL  loss L<rate>`; the supervisor reads G from it."""
-    return f'step {step}/{total}  loss {loss:.3f}{rate}'
-
-
-_LOSS = re.compile(r'\bloss (-?[\d.]+|nan|inf)\b')
-_RATE = re.compile(r'\b([\d.]+) images/s\b')
-_LIVE = re.compile(r'\b(\d+) of \d+ workers\b')
-
-
-def parse_progress(line: str) -> dict | None:
-    """step, total, loss and images/s (None where the line has none) from a progress line."""
-    found = step_of(line)
-    if found is None:
-        return None
-    loss, rate, live = _LOSS.search(line), _RATE.search(line), _LIVE.search(line)
-    out = {'step': found[0], 'total': found[1], 'loss': float(loss.group(1)) if loss else None,
-           'images_per_sec': float(rate.group(1)) if rate else None}
-    if live:        # part of the pool runs (launch up --workers, launch scale)
-        out['workers'] = int(live.group(1))
-    return out
-
-
-_SAVED = re.compile(r'\bsaved a checkpoint at global step (\d+)\b')
+    return contract.progress(step, total, loss, rate).human()
 
 
 def checkpoint_line(step: int) -> str:
-    """What the chief logs after each checkpoint (the launcher's event log records it)."""
-    return f'saved a checkpoint at global step {step}'
+    return contract.Checkpoint(step).human()
+
+
+def evaluation_line(step: int, metrics: dict[str, float]) -> str:
+    return contract.Evaluation(step, metrics).human()
+
+
+def says_ready(line: str, name: str) -> bool:
+    return contract.says_ready(contract.read(line), name)
+
+
+def step_of(line: str) -> tuple[int, int] | None:
+    """(global step, total) from a progress line."""
+    found = contract.read(line)
+    return (found.step, found.total) if isinstance(found, contract.Progress) else None
+
+
+def parse_progress(line: str) -> dict | None:
+    found = contract.read(line)
+    return found.facts() if isinstance(found, contract.Progress) else None
 
 
 def saved_step(line: str) -> int | None:
-    """The step of a checkpoint a chief's line says it saved, else None."""
-    m = _SAVED.search(line)
-    return int(m.group(1)) if m else None
+    found = contract.read(line)
+    return found.step if isinstance(found, contract.Checkpoint) else None
+
+
+def parse_evaluation(line: str) -> tuple[int, dict[str, float]] | None:
+    found = contract.read(line)
+    return (found.step, found.metrics) if isinstance(found, contract.Evaluation) else None
 
 
 def evaluator_waits_line(name: str, train_dir: str) -> str:
@@ -352,29 +326,6 @@ def evaluator_waits_line(name: str, train_dir: str) -> str:
     checkpoints elsewhere or by another name (Keras' BackupAndRestore files) leaves it nothing."""
     return (f'{name} evaluates the checkpoints named {CHECKPOINT_PREFIX}-<step> in {os.path.abspath(train_dir)} '
             f'(TensorFlow\'s `{CHECKPOINT_INDEX}` file there names the newest), and waits until the chief writes one')
-
-
-_EVALUATION = re.compile(r'\bevaluation at global step (\d+): (.*)$')
-_METRIC = re.compile(r'([A-Za-z_][\w./-]*)=(-?[\d.]+(?:e[-+]?\d+)?|nan|inf|-inf)')
-
-
-def evaluation_line(step: int, metrics: dict[str, float]) -> str:
-    """What an evaluator logs for each checkpoint it evaluated (the launcher's event log records it)."""
-    return f'evaluation at global step {step}: ' + ' '.join(f'{k}={v:.6g}' for k, v in sorted(metrics.items()))
-
-
-def parse_evaluation(line: str) -> tuple[int, dict[str, float]] | None:
-    """(step, metrics) from an evaluation line, else None."""
-    m = _EVALUATION.search(line)
-    if not m:
-        return None
-    return int(m.group(1)), {k: float(v) for k, v in _METRIC.findall(m.group(2))}
-
-
-def step_of(line: str) -> tuple[int, int] | None:
-    """(global step, total) from a progress line."""
-    m = _STEP.search(line)
-    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 # The refusals of the disk and the OS that only the machine's owner can mend, as their messages

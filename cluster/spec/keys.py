@@ -3,7 +3,7 @@
 
 The keys of `train`, `supervise` and `hosts.<host>` are the fields of TrainConfig, SuperviseConfig
 and HostConfig, documented where they are declared (`model.setting`). The other sections' keys are
-no dataclass's fields, so their text is here. tests/test_docs.py holds the keys `spec_keys` lists
+no dataclass's fields, so their text is here. tests/unit/docs/test_docs.py holds the keys `spec_keys` lists
 to those the validator accepts (asking it, not a list): a key added without its text fails there.
 """
 from __future__ import annotations

@@ -9,7 +9,7 @@
 - The benchmark's plots (docs/images/perf/N-name.png, drawn by `benchmarks/bench.py --plots`):
   the part `plots` is every one of them, each captioned from the text the PNG carries (what it
   shows, the command that measured it and when).
-- A real run's report (docs/images/report.png, refreshed by tests/test_run_story.py with
+- A real run's report (docs/images/report.png, refreshed by tests/system/launch/records/test_run_story.py with
   TFCLUSTER_DOCS_IMAGES=1): the part `report`.
 
 No network, no TensorFlow, no MkDocs: the registry and the renderer table import the spec model
@@ -395,10 +395,10 @@ def plots_markdown(page_dir: str) -> str:
 def report_markdown(page_dir: str) -> str:
     if not os.path.isfile(os.path.join(DOCS, *REPORT.split('/'))):
         return ('*No report screenshot in this checkout: `TFCLUSTER_DOCS_IMAGES=1 python -m pytest '
-                'tests/test_run_story.py` takes it.*\n')
+                'tests/system/launch/records/test_run_story.py` takes it.*\n')
     uri = posixpath.relpath(REPORT, page_dir)
     return (f'[![The report of a real run: ps:0 killed with SIGKILL and the cluster restarted, the launcher '
             f'interrupted with Ctrl-C, then resumed by a second launch up]({uri})]({uri})\n\n*The report of a real '
-            'run on this machine, as headless Chromium shows it (tests/test_run_story.py: its ps task killed, the '
+            'run on this machine, as headless Chromium shows it (tests/system/launch/records/test_run_story.py: its ps task killed, the '
             'launcher interrupted, the run resumed; `TFCLUSTER_DOCS_IMAGES=1` makes the test refresh the '
             'picture).*\n')

@@ -1,7 +1,7 @@
 """The troubleshooting page's list of one-line errors (its generated part `errors`), from docs/errors.yaml.
 
-docs/errors.yaml holds every one-line error the bad-input tests produce (tests/test_bad_input.py
-and the spec tables of tests/test_spec.py), each as the user sees it, with its cause and its fix;
+docs/errors.yaml holds every one-line error the bad-input tests produce (tests/unit/launch/test_bad_input.py
+and the spec tables of tests/unit/cluster/spec/test_spec.py), each as the user sees it, with its cause and its fix;
 those tests check every line they get against its entry, so the page cannot drift from the code.
 This module only renders: one section per group and one heading per error, which
 docs/hooks/generate.py writes into troubleshooting.md (and fills afresh at each build); a malformed

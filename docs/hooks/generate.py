@@ -13,7 +13,7 @@ there); the cost is that they can go stale, so:
     python docs/hooks/generate.py           rewrites every part (and the diagram) that differs
     python docs/hooks/generate.py --check   lists the stale ones and exits 1 if there are any
 
-tests/test_docs.py fails, naming the command, when a committed part is not what the code makes
+tests/unit/docs/test_docs.py fails, naming the command, when a committed part is not what the code makes
 now. A lone opening line (no end line yet) is a part still to be written: the script fills it.
 
 As an MkDocs hook (mkdocs.yml) it fills every block afresh at build time and draws the diagram

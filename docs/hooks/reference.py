@@ -8,7 +8,7 @@ docs/hooks/generate.py, which writes it into the page and fills it afresh at eac
           other sections' keys), with its type, default, allowed values and what it does;
   events  the event log's common keys and, for each EventKind, its class's docstring and fields
           (launch/records/event_types.py).
-tests/test_docs.py imports this file (by its path) to check what it makes. Nothing here imports
+tests/unit/docs/test_docs.py imports this file (by its path) to check what it makes. Nothing here imports
 TensorFlow: the build stays a few seconds.
 """
 from __future__ import annotations

@@ -16,7 +16,7 @@ from launch.render import RENDERERS, option_refusal
 def cmd_compose(spec: ClusterSpec, req: Request[OutputFlags]) -> int:
     from launch.planning.plan import compose_spec, plan_compose
     from launch.render.compose import render
-    from launch.run.registry import check_limits
+    from launch.run.launching import check_limits
     output = req.flags.output
     plans = list(plan_compose(spec))
     check_limits(spec, plans)

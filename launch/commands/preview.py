@@ -12,7 +12,7 @@ from launch.backends.base import HostCheck
 from launch.commands.flags import JsonFlags
 from launch.commands.request import Request, backends_for, plans_of
 from launch.planning.plan import TaskPlan, effective_spec_path
-from launch.run import registry
+from launch.run import launching, registry
 from launch.run.preflight import preflight, warn_exposure
 
 
@@ -21,9 +21,9 @@ def cmd_check(spec: ClusterSpec, req: Request[JsonFlags]) -> int:
     verdict shown (its Python imports TensorFlow and tfcluster for real, where up only finds
     them). Exit code 0 when all is ready; else 2, with the one line `launch up` would end with."""
     plans = plans_of(spec, req)
-    registry.check_limits(spec, plans)
+    launching.check_limits(spec, plans)
     with backends_for(spec, req, plans) as backends:
-        placed = registry.with_gpus(spec, req.backend, req.options, plans, backends)   # too few: up's line
+        placed = launching.with_gpus(spec, req.backend, req.options, plans, backends)   # too few: up's line
 
         def show(verdicts: dict[str, list[HostCheck]]) -> None:
             checks = [c for found in verdicts.values() for c in found] + _gpu_lines(placed)
@@ -68,7 +68,7 @@ def _coordinator_lines(spec: ClusterSpec) -> None:
 
 def cmd_plan(spec: ClusterSpec, req: Request[JsonFlags]) -> int:
     plans = plans_of(spec, req)
-    registry.check_limits(spec, plans)
+    launching.check_limits(spec, plans)
     if req.flags.json:
         print(runjson.dumps([_plan_json(spec, task, plan, req) for task, plan in zip(spec.tasks, plans)], indent=1))
         return 0

@@ -12,7 +12,7 @@ from launch.planning.plan import TaskPlan, state_path
 from launch.records import runs
 from launch.records.event_types import RunStarted
 from launch.records.events import typed_events
-from launch.run import registry
+from launch.run import launching, registry
 from launch.run.preflight import check_isolation
 from launch.run.state import LaunchState
 
@@ -59,9 +59,9 @@ def load_target(ref: str, overrides: list[str]) -> tuple[ClusterSpec, str | None
 def check_request(spec: ClusterSpec, req: Request[F]) -> Request[F]:
     """Options a backend does not take, commands it cannot serve, isolation it cannot give:
     UsageError. Returns the request with the backend the state file remembers filled in."""
-    registry.check_options(spec, req.command, req.backend, req.options)
+    launching.check_options(spec, req.command, req.backend, req.options)
     check_isolation(spec, req.command, req.backend)
-    registry.check_user_code_place(spec, req.command, req.backend)
+    launching.check_user_code_place(spec, req.command, req.backend)
     if req.backend is None and req.command in REMEMBERING:
         state = LaunchState.load(state_path(spec))
         remembered = registry.remembered({r.backend for r in state.tasks}) if state else None
@@ -72,11 +72,11 @@ def check_request(spec: ClusterSpec, req: Request[F]) -> Request[F]:
 
 def plans_of(spec: ClusterSpec, req: Request[F]) -> list[TaskPlan]:
     """What every task of the spec runs where, for the request's backend."""
-    return registry.plans(spec, req.backend, req.options)
+    return launching.plans(spec, req.backend, req.options)
 
 
 def backends_for(spec: ClusterSpec, req: Request[F], plans: list[TaskPlan],
-                 state: LaunchState | None = None) -> registry.Backends:
+                 state: LaunchState | None = None) -> launching.Backends:
     """The backends the plans need, and those of any task the state file remembers."""
     names = {p.backend for p in plans} | {r.backend for r in (state.tasks if state else [])}
-    return registry.make_backends(spec, req.options, names)
+    return launching.make_backends(spec, req.options, names)

@@ -5,6 +5,7 @@ import os
 import time
 
 from cluster.runtime import runjson
+from cluster.runtime.contract import job_of
 from cluster.runtime.rundir import EXIT_FAILED, EXIT_OK
 from cluster.spec import ClusterSpec
 from launch.backends.base import BackendError, Observation, stop_all
@@ -52,7 +53,7 @@ def cmd_status(spec: ClusterSpec, req: Request[JsonFlags]) -> int:
     for t in tasks:
         shown = {True: 'yes', False: 'no', None: '?'}[t['alive']]
         # An evaluator serves no port: its LISTENING means nothing.
-        listening = '-' if t['task'].startswith('evaluator:') else 'yes' if t['listening'] else 'no'
+        listening = '-' if job_of(t['task']) == 'evaluator' else 'yes' if t['listening'] else 'no'
         print(f'{t["task"]:<{width}} {t["address"]:<22} {t["backend"]:<7} {t["pid"] or "-":>7}  '
               f'{shown:<5}  {listening:<9}  {t["note"]}'.rstrip())
     return code

@@ -1,8 +1,7 @@
 """`launch up` (start a run and supervise it to the end) and `launch scale` (change the number of
-workers of a running one). How a backend runs the tasks is the registry's (launch/run/registry.py)."""
+workers of a running one). How a backend runs the tasks is its own (launch/run/launching.py makes the strategy)."""
 from __future__ import annotations
 
-import functools
 import os
 import time
 
@@ -13,10 +12,9 @@ from launch.commands.flags import ScaleFlags, UpFlags
 from launch.commands.request import Request
 from launch.errors import CommandFailed, UsageError
 from launch.planning.plan import state_path
-from launch.run import registry
+from launch.run import launching, registry
 from launch.run.console import Console
 from launch.run.lifecycle import Lifecycle
-from launch.run.preflight import checks_before_up, warn_exposure
 
 
 def check_workers(spec: ClusterSpec, workers: int | None, flag: str = '--workers') -> None:
@@ -54,10 +52,9 @@ def cmd_up(spec: ClusterSpec, req: Request[UpFlags]) -> int:
     console = Console(verbose=flags.verbose)
     if flags.workers not in (None, spec.num_workers):
         _check_fewer_workers(spec, registry.kind(req.backend), flags.workers)
-    settings = registry.UpSettings(workers=flags.workers, start_timeout=flags.start_timeout,
-                                   finish_timeout=flags.finish_timeout, say=console.say, checks=checks_before_up,
-                                   warn=functools.partial(warn_exposure, short=True))
-    with registry.strategy(spec, req.backend, req.options, settings) as launch:
+    settings = launching.UpSettings(workers=flags.workers, start_timeout=flags.start_timeout,
+                                    finish_timeout=flags.finish_timeout, say=console.say)
+    with launching.strategy(spec, req.backend, req.options, settings) as launch:
         recorded = [recorded_override(o) for o in flags.overrides]     # no secret in events.jsonl
         life = Lifecycle(spec, console, launch.backend, launch.spec_yaml, overrides=recorded)
         return life.up(launch.strategy).exit_code

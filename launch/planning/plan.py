@@ -14,7 +14,7 @@ from cluster.spec import LOOPBACK_NAMES, ClusterSpec, HostConfig, SpecError, Tas
 from cluster.spec.model import emptied
 from cluster.runtime.tfenv import coordinator_env
 from cluster.runtime import rundir
-from cluster.runtime.rundir import LEASE_ENV, LEASE_SECS_ENV
+from cluster.runtime.contract import LEASE_ENV, LEASE_SECS_ENV, TaskName, task_argv
 from launch.planning import gpus as gpu_slots
 from launch.planning.gpus import Slot
 
@@ -130,7 +130,7 @@ def plan_task(spec: ClusterSpec, task: TaskSpec, python: str | None = None, cwd:
         python = host.python or DEFAULT_REMOTE_PYTHON
         cwd = host.workdir or DEFAULT_REMOTE_WORKDIR
     spec_file = effective_spec_path(spec)
-    argv = (python, '-m', 'cluster.task', '--spec', spec_file, '--job', task.job, '--index', str(task.index))
+    argv = task_argv(python, spec_file, TaskName(task.job, task.index))
     backend = 'local' if local else 'ssh'
     netns = netns_name(spec, cwd) if local and spec.isolation == 'netns' else None
     return TaskPlan(task=task, backend=backend, argv=argv, env=task_env(net, reach, backend, slot),

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import os
 
-from cluster.runtime import rundir
+from cluster.runtime import contract, rundir
 from cluster.spec import ClusterSpec
 from launch.records.event_types import EventKind
 from launch.records.result import RESULT_STATES
@@ -92,7 +92,7 @@ def written_by_task(path: str) -> bool:
     if not isinstance(record, dict) or not isinstance(record.get('task'), str):
         return False
     try:
-        rundir.parse_task_name(record['task'])
+        contract.TaskName.parse(record['task'])
     except ValueError:
         return False
     return True

@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 import yaml
 
 from cluster.runtime import rundir, runjson
+from cluster.runtime.contract import job_of
 from cluster.runtime.rundir import write_atomically
 from cluster.runtime.runjson import short
 from cluster.spec.environ import masked_spec_text
@@ -143,7 +144,7 @@ def _last(run: Run, key: str) -> Any:
 def _restarts(run: Run, r: RunRecord) -> str | None:
     """run.json counts the last `launch up`'s restarts; the event log has every attempt's."""
     logged = sum(1 for e in run.events if isinstance(e, Restart)       # an evaluator's restarts are its own
-                 and not (e.tasks and all(t.startswith('evaluator:') for t in e.tasks)))
+                 and not (e.tasks and all(job_of(t) == 'evaluator' for t in e.tasks)))
     if not r.has('restarts'):
         return str(logged) if run.events else None
     return f'{r.restarts} (the last launch up); {logged} in the whole run' if logged != r.restarts else \
@@ -206,7 +207,7 @@ def _evaluations(run: Run) -> str:
 def _unevaluated(run: Run) -> str:
     """A run that ended with an evaluator that reported no evaluation: said plainly ('' for a run
     with no evaluator, or one still going)."""
-    names = sorted({e.task for e in run.events if isinstance(e, TaskStarted) and e.task and e.task.startswith('evaluator:')})
+    names = sorted({e.task for e in run.events if isinstance(e, TaskStarted) and e.task and job_of(e.task) == 'evaluator'})
     if not names or run.result.is_empty():
         return ''
     return ('<h2>Evaluation</h2>\n<p class="note">No checkpoint was evaluated: ' + _e(', '.join(names)) +

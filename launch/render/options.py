@@ -1,5 +1,6 @@
-"""What a renderer takes beyond the spec: the options of `launch render` (and of `launch up
---backend slurm`, whose batch script is the sbatch renderer's), typed once by launch/cli.py."""
+"""What a renderer takes beyond the spec: the options of `launch render`, typed once by
+launch/cli.py. `launch up --backend slurm` renders its batch script with the sbatch renderer's
+(the Slurm backend's own options, launch/backends/slurm/, make them)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -13,7 +13,7 @@ from typing import Protocol
 from collections.abc import Callable, Mapping, Sequence
 
 from cluster.runtime.membership import Members
-from cluster.runtime.rundir import parse_task_name
+from cluster.runtime.contract import TaskName
 from cluster.spec import ClusterSpec
 from launch.backends.base import Backend, TaskRecord, stop_all
 from launch.planning.plan import TaskPlan
@@ -61,8 +61,8 @@ def members_after(members: Members, moves: Mapping[str, str]) -> Members:
     epoch = members.epoch + 1
     workers = dict(members.workers)
     for lost, spare in moves.items():
-        workers.pop(parse_task_name(lost)[1], None)
-        workers[parse_task_name(spare)[1]] = epoch
+        workers.pop(TaskName.parse(lost).index, None)
+        workers[TaskName.parse(spare).index] = epoch
     return Members(epoch, workers)
 
 

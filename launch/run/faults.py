@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from collections.abc import Callable, Collection, Mapping, Sequence
 
 from cluster.runtime import causes, rundir
+from cluster.runtime.contract import job_of
 from cluster.runtime.rundir import EXIT_FAILED, EXIT_NO_RESTART
 from cluster.runtime.runjson import short
 from launch.backends.base import ENDED, Backend, TaskRecord, tail
@@ -83,7 +84,7 @@ def own_error(name: str, error: str | None) -> str | None:
 
 def holds_variables(name: str) -> bool:
     """The ps tasks hold the variables, the chief writes the checkpoint: both for a save."""
-    return name.startswith('ps:') or name == 'worker:0'
+    return job_of(name) == 'ps' or name == 'worker:0'
 
 
 @dataclass
@@ -228,7 +229,7 @@ def _followers(decision: Decision, by_name: Mapping[str, TaskStatus]) -> set[str
     session failed), or that still runs and is only restarted with it (a coordinator run's chief).
     Those are one fault with the ps, not faults of their own; a task killed by a signal, or one
     that ended another way, is its own."""
-    if not decision.tasks or not decision.tasks[0].startswith('ps:') or decision.stalled:
+    if not decision.tasks or job_of(decision.tasks[0]) != 'ps' or decision.stalled:
         return set()
     out = set()
     for name in decision.tasks[1:]:

@@ -6,13 +6,12 @@
 
 Two strategies run on it: supervised (launch/run/supervised.py: the launcher starts, observes and
 stops every task through a Backend, and decides with launch/run/policy.py) and delegated (a
-scheduler owns the tasks: launch/run/slurm.py submits, watches and cancels a Slurm job). What the
+scheduler owns the tasks: launch/backends/slurm/job.py submits, watches and cancels a Slurm job). What the
 user sees at the edges — the lock message, Ctrl-C twice, the resume line, the closing summary —
 is written once, here.
 """
 from __future__ import annotations
 
-import abc
 import hashlib
 import logging
 import os
@@ -21,11 +20,10 @@ import shlex
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 from collections.abc import Callable, Iterable
 
-from cluster.runtime import rundir, runjson
+from cluster.runtime import contract, rundir, runjson
 from cluster.runtime.rundir import EXIT_OK, write_atomically
 from cluster.spec import ClusterSpec
 from launch.errors import UsageError
@@ -33,69 +31,18 @@ from launch.records.event_types import (Checkpoint, Evaluation, Event, EventKind
                                         RunStarted, Serving)
 from launch.records.events import EventLog, typed_events, typed_run_record
 from launch.records.jsonrecord import read_real, read_whole
-from launch.records.result import Failure, MendedFault, RunRecord, RunResult, RunState     # the strategies import them from here
+from launch.records.result import Failure, RunRecord, RunResult, RunState  # noqa: F401 (the strategies import them from here)
 from launch.records.result import steps_note
 from cluster.runtime.masking import spec_masker
 from launch.records.lock import LockBusy, TrainDirLock, in_use
 from launch.run.console import Console
+from launch.backends.strategy import CHECKPOINT_GRACE_SECS, Outcome, Strategy, resume_hint  # noqa: F401 (theirs, re-exported)
 from launch.run.disk import DiskWatch
 from launch.records import index, ownership
 
 log = logging.getLogger(__name__)
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)     # SIGHUP: the terminal went away
-CHECKPOINT_GRACE_SECS = 25.0    # a stopping chief's time to write its checkpoint before the rest stop
-
-@dataclass
-class Outcome:
-    """What a strategy's run came to; the lifecycle turns it into the RunResult and closing line."""
-    exit_code: int
-    headline: str = ''                  # done: 'done in 12.3s (sync, 2 workers)'; else empty
-    restarts: int = 0
-    failures: list[Failure] = field(default_factory=list)
-    lost: tuple[str, ...] = ()          # workers the training went on without (their figures left out)
-    global_step: int | None = None      # the newest step the launcher knows of (a failed run's run.json keeps it)
-    recoveries: list[MendedFault] = field(default_factory=list)     # the faults mended, with their times
-
-    @property
-    def state(self) -> RunState:
-        if self.exit_code == EXIT_OK:
-            return RunState.DONE
-        return RunState.INTERRUPTED if self.exit_code in (128 + signal.SIGINT, 128 + signal.SIGTERM,
-                                                          128 + signal.SIGHUP) else RunState.FAILED
-
-
-class Strategy(abc.ABC):
-    """How one backend runs the tasks of a run: the part of `launch up` that differs."""
-
-    def prepare(self, life: Lifecycle) -> None:  # noqa: B027 (optional hook: most strategies need none)
-        """Everything that can go wrong before anything starts (raise UsageError or SpecError:
-        exit 2, and the lifecycle leaves no trace of the run); writes what the tasks need.
-        life.run_id and life.attempt are known by then."""
-
-    def stale_files(self) -> list[str]:
-        """An earlier run's files in the train_dir that must not pass for this run's."""
-        return [rundir.result_path(self.spec.train.train_dir, i) for i in range(self.spec.num_workers)]
-
-    @abc.abstractmethod
-    def run(self, life: Lifecycle) -> Outcome:
-        """Start, watch and end the tasks; return only once nothing of them is left running."""
-
-    def hurry(self) -> None:  # noqa: B027 (optional hook)
-        """A second Ctrl-C or SIGTERM: end everything now, no checkpoint."""
-
-    @abc.abstractmethod
-    def read_file(self, path: str) -> str | None:
-        """A small file of the run (relative to the working directory) where the chief wrote it."""
-
-    spec: ClusterSpec
-
-
-def resume_hint(step: int | None) -> str:
-    """What a new `launch up` of a run that stopped here would do."""
-    if step is None:
-        return 'no checkpoint was written: a new `launch up` starts from step 0'
-    return f'a new `launch up` resumes from the checkpoint at global step {step}'
 
 
 def identify(spec: ClusterSpec) -> tuple[str, int]:
@@ -139,6 +86,7 @@ class Lifecycle:
         self._strategy: Strategy | None = None
         self.disk: DiskWatch | None = None       # the disk under the run's own files (from _begin)
         self._followers: dict[str, tuple[threading.Thread, threading.Event]] = {}
+        self._readers: dict[str, contract.Reader] = {}     # each task's messages, read once (contract.Reader)
 
     # -- the lock -----------------------------------------------------------------------------
     def _lock(self) -> tuple[TrainDirLock, list[str]]:
@@ -268,16 +216,20 @@ class Lifecycle:
             self._serving.discard(task)
         self.emit(EventKind.TASK_STARTED, task=task, **where)
 
+    def said(self, task: str, line: str) -> contract.Message | None:
+        """The message a line of `task`'s log carries (the contract's one reader, one per task)."""
+        return self._readers.setdefault(task, contract.Reader()).read(line)
+
     def saw_line(self, task: str, line: str, worker: bool, chief: bool) -> dict | None:
         """What a task's log line tells the event log: that it is up, this attempt's first step,
         and (the chief's lines, at the console's cadence) progress. Returns a worker's progress."""
-        serving = rundir.says_ready(line, task)
-        saved = rundir.saved_step(line) if chief else None
-        found = rundir.parse_progress(line) if worker else None
-        evaluated = rundir.parse_evaluation(line) if task.startswith('evaluator:') else None
-        if evaluated is not None:
+        said = self.said(task, line)
+        serving = contract.says_ready(said, task)
+        saved = said.step if chief and isinstance(said, contract.Checkpoint) else None
+        found = said.facts() if worker and isinstance(said, contract.Progress) else None
+        if isinstance(said, contract.Evaluation) and contract.job_of(task) == 'evaluator':
             self._evaluated = True
-            self.emit(Evaluation(task=task, step=evaluated[0], metrics=evaluated[1]))
+            self.emit(Evaluation(task=task, step=said.step, metrics=said.metrics))
         if not (serving or saved is not None or found is not None):
             return None
         with self._seen_lock:

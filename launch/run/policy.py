@@ -2,7 +2,7 @@
 
 `launch/run/supervised.py` observes the tasks (through their backends) and the global step (from the workers'
 progress lines), and asks `decide` what to do; it never decides itself. So every rule here is
-tested in milliseconds with plain values (tests/test_supervise.py), and the real-cluster tests
+tested in milliseconds with plain values (tests/unit/launch/run/test_supervise.py), and the real-cluster tests
 only check that the decisions are carried out.
 
 The rules, in order:
@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from cluster.runtime.contract import job_of
 from cluster.runtime.rundir import EXIT_NO_RESTART
 from cluster.spec import ClusterSpec, is_chief
 
@@ -355,7 +356,7 @@ def decide_evaluator(policy: Policy, lost: list[TaskStatus], restarts: int) -> D
 def evaluator_only(decision: Decision) -> bool:
     """A decision about a coordinator run's evaluator alone: its restarts are its own, and the
     training never stopped for it."""
-    return bool(decision.tasks) and all(name.startswith('evaluator:') for name in decision.tasks)
+    return bool(decision.tasks) and all(job_of(name) == 'evaluator' for name in decision.tasks)
 
 
 # -- after the decision: how long to wait, and whether a restart can help -------------------------

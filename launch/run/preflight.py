@@ -87,7 +87,7 @@ def check_isolation(spec: ClusterSpec, command: str, backend: str | None) -> Non
 def check_user_code(spec: ClusterSpec, plans: list[TaskPlan]) -> None:
     """A `train.program` or `train.command` can be found where local tasks run (remote tasks check
     on their own host as they start). Whether the backend can run it at all is decided before
-    (registry.check_user_code_place, for every command that places tasks)."""
+    (launching.check_user_code_place, for every command that places tasks)."""
     from cluster.checks.code import check_user_code as check
     for plan in plans:
         if registry.kind(plan.backend).on_this_machine:
@@ -110,7 +110,7 @@ def preflight(spec: ClusterSpec, plans: list[TaskPlan], backends: Mapping[str, B
     """The one pre-flight of `launch up` and `launch check`: everything that can be wrong before
     anything starts, in the same order, each problem the same one line (UsageError or SpecError:
     exit 2). The spec itself, its plans' limits and the GPUs are checked before it (the command
-    line, registry.check_limits, registry.with_gpus); this is the rest: the train_dir, a run
+    line, launching.check_limits, launching.with_gpus); this is the rest: the train_dir, a run
     already going, the user's code, the batch's memory, every host, the data set.
 
     `launch up` runs it under the train_dir's lock (its train_dir checked as it took the lock):
@@ -170,8 +170,8 @@ def _host_checks(spec: ClusterSpec, plans: list[TaskPlan], backend: Backend, too
 
 def checks_before_up(spec: ClusterSpec, plans: list[TaskPlan], backends: Mapping[str, Backend],
                      say: Callable[[str], None] = print) -> None:
-    """The supervised `launch up`'s pre-flight, which the registry's strategy runs under the
-    train_dir's lock."""
+    """The supervised `launch up`'s pre-flight, which launching's supervised strategy runs under
+    the train_dir's lock."""
     preflight(spec, plans, backends, say=say)
 
 

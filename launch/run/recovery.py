@@ -14,6 +14,7 @@ from typing import Protocol
 from collections.abc import Mapping
 
 from cluster.runtime import rundir
+from cluster.runtime.contract import TaskName, job_of
 from cluster.runtime.rundir import EXIT_FAILED
 from launch.backends.base import stop_all
 from launch.run import faults
@@ -108,8 +109,8 @@ class Recovery:
                     'training goes on without evaluation')
             return
         if not run.spec.coordinator:    # ParameterServerStrategy fixed its workers when the chief built it
-            run.members = run.members.without(rundir.parse_task_name(name)[1] for name in decision.tasks
-                                              if name.startswith('worker:'))
+            run.members = run.members.without(TaskName.parse(name).index for name in decision.tasks
+                                              if job_of(name) == 'worker')
         left = sum(f'worker:{i}' not in run.attempt.tolerated for i in run.members.indices)
         run.say(f'{decision.reason}; training goes on with {left} worker(s)')
 
@@ -121,11 +122,11 @@ class Recovery:
         run.say(f'restart {run.restarts}/{run.policy.max_restarts}: {decision.reason}; '
                 f'starting {", ".join(decision.tasks)} again{wait}, it rejoins the training')
         run.life.next_attempt(decision.reason, None, tasks=decision.tasks)
-        if any(name.startswith('ps:') for name in decision.tasks):
+        if any(job_of(name) == 'ps' for name in decision.tasks):
             # A coordinator without its ps cannot save: end it now rather than after a grace.
             chief = [r for r in run.records if r.job == 'chief' and r.name in decision.tasks]
             stop_all(chief, run.backends, grace=0)
-        if any(name.startswith('chief:') for name in decision.tasks):
+        if any(job_of(name) == 'chief' for name in decision.tasks):
             run.attempt.restarted_chief()       # it resumes from a checkpoint: an older step is progress
         for name in decision.tasks:
             run.attempt.due[name] = time.monotonic() + delay

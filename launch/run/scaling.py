@@ -16,7 +16,8 @@ from typing import Protocol
 from collections.abc import Callable, Mapping, Sequence
 
 from cluster.runtime.membership import Members
-from cluster.runtime.rundir import EXIT_OK, parse_task_name
+from cluster.runtime.contract import TaskName
+from cluster.runtime.rundir import EXIT_OK
 from cluster.spec import ClusterSpec
 from launch.run import control
 from launch.run import policy as supervise
@@ -106,7 +107,7 @@ class ScaleMove:
     def of(cls, now: Members, pool: int, retired: set[str], want: int) -> ScaleMove:
         epoch = now.epoch + 1
         workers = dict(now.workers)
-        add, remove = supervise.scale_moves(pool, now.indices, {parse_task_name(n)[1] for n in retired}, want)
+        add, remove = supervise.scale_moves(pool, now.indices, {TaskName.parse(n).index for n in retired}, want)
         for i in add:
             workers[i] = epoch
         for i in remove:

@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from cluster.runtime import ports, rundir
+from cluster.runtime import contract, ports, rundir
 from cluster.runtime.membership import Members
 from cluster.runtime.rundir import EXIT_OK
 from cluster.spec import ClusterSpec
@@ -411,13 +411,13 @@ class SupervisedRun(Strategy):
         chief = self.is_chief(record)
 
         def seen(line: str) -> None:
-            if not serving.is_set() and rundir.says_ready(line, record.name):
+            said = self.life.said(record.name, line)
+            if not serving.is_set() and contract.says_ready(said, record.name):
                 serving.set()
                 self.clock.served(record.name)
             found = self.life.saw_line(record.name, line, record.job == 'worker' or chief, chief)
-            saved = rundir.saved_step(line) if chief else None
-            if saved is not None:
-                self.attempt.saw_saved(saved)
+            if chief and isinstance(said, contract.Checkpoint):
+                self.attempt.saw_saved(said.step)
             if found is not None and (chief or not self.spec.coordinator):
                 self.attempt.saw_step(found['step'])
                 self.stepped.add(record.name)

@@ -57,13 +57,14 @@ from collections.abc import Callable
 import yaml
 
 from cluster.runtime import rundir
+from cluster.runtime.ports import listening_inodes
 from launch.records.events import read_events, read_run_record
 from tests.harness.parts import REPO, free_ports, task_processes
 
 TASKS = ('ps:0', 'worker:0', 'worker:1')
 KINDS = {'local': ('kill', 'stop'), 'ssh': ('kill', 'stop'), 'compose': ('kill', 'pause', 'disconnect')}
 FREEZES = ('stop', 'pause', 'disconnect')
-SSH_LAYOUT = ('127.0.0.2', '127.0.0.2', '127.0.0.3')      # ps:0, worker:0, worker:1 (as tests/test_ssh.py)
+SSH_LAYOUT = ('127.0.0.2', '127.0.0.2', '127.0.0.3')      # ps:0, worker:0, worker:1 (as tests/system/launch/backends/test_ssh.py)
 POLL = 0.25
 
 
@@ -229,19 +230,9 @@ def event_time(event: dict) -> float:
 
 # -- what is left of a run -----------------------------------------------------------------------
 def listeners(ports: list[int]) -> list[int]:
-    """The ports among `ports` that something on this machine listens on (/proc/net/tcp{,6})."""
-    found = set()
-    for table in ('/proc/net/tcp', '/proc/net/tcp6'):
-        try:
-            with open(table) as f:
-                rows = f.read().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            fields = row.split()
-            if len(fields) > 3 and fields[3] == '0A':
-                found.add(int(fields[1].rsplit(':', 1)[1], 16))
-    return sorted(found & set(ports))
+    """The ports among `ports` that something on this machine listens on (/proc/net/tcp{,6}, read as
+    the task side reads it for a busy port's line)."""
+    return sorted({port for port in ports if listening_inodes(port)})
 
 
 # -- backends ------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""Checks of rendered Kubernetes objects without a cluster, for tests/test_jobset.py and
-tests/test_trainjob.py: the JobSet CRD's published schema made strict, the kubernetes client's
+"""Checks of rendered Kubernetes objects without a cluster, for tests/unit/launch/render/test_jobset.py and
+tests/unit/launch/render/test_trainjob.py: the JobSet CRD's published schema made strict, the kubernetes client's
 models for what the schema leaves to Kubernetes (object metadata, Job and pod templates), and the
 kubeflow-trainer-api package's pydantic models for JobSets, TrainingRuntimes and TrainJobs."""
 from __future__ import annotations

@@ -1,0 +1,45 @@
+"""Helpers of the tests of faults, used by
+tests/system/cluster/runtime/test_task_group.py, tests/system/cluster/test_coordinator.py,
+tests/system/launch/records/test_run_story.py, tests/system/launch/run/test_disk.py,
+tests/system/launch/run/test_elastic.py, tests/system/launch/run/test_faults.py,
+tests/system/launch/run/test_recovery.py: here, since no test module imports another."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+
+
+from tests.conftest import read_until
+
+
+def task_pid(train_dir, name: str) -> int:
+    with open(os.path.join(train_dir, 'launch-state.json')) as f:
+        return next(t['pid'] for t in json.load(f)['tasks'] if t['name'] == name)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 300) -> str:
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    finally:
+        proc.kill()
+    return out
+
+
+def until_step(proc, step: int) -> list[str]:
+    """Output up to the first progress line at global step `step` or later."""
+    lines = []
+    while True:
+        lines += read_until(proc, '  loss ')
+        found = re.findall(r'step (\d+)/', lines[-1])
+        if found and int(found[0]) >= step:
+            return lines
+
+
+def kill_when(proc, train_dir, step: int, name: str, sig=signal.SIGKILL) -> list[str]:
+    lines = until_step(proc, step)
+    os.kill(task_pid(train_dir, name), sig)
+    return lines
+
