@@ -10,7 +10,7 @@ from launch.commands.flags import NoFlags
 from launch.commands.request import Request, backends_for, plans_of
 from launch.errors import UsageError
 from launch.planning.plan import state_path
-from launch.records.events import read_events
+from launch.records.events import typed_events
 from launch.run import stacks
 from launch.run.preflight import launcher_alive
 from launch.run.state import LaunchState
@@ -32,6 +32,4 @@ def cmd_debug(spec: ClusterSpec, req: Request[NoFlags]) -> int:
 
 def current_attempt(train_dir: str) -> int | None:
     """The attempt the run's launcher is at: its newest event's (None: no event yet)."""
-    attempts = [e.get('attempt') for e in read_events(rundir.events_path(train_dir))]
-    numbers = [a for a in attempts if isinstance(a, int) and not isinstance(a, bool)]
-    return max(numbers) if numbers else None
+    return max((e.attempt for e in typed_events(rundir.events_path(train_dir))), default=None)

@@ -10,8 +10,8 @@ from cluster.runtime import rundir
 from cluster.spec import ClusterSpec, load_spec
 from launch.planning.plan import TaskPlan, state_path
 from launch.records import runs
-from launch.records.events import read_events
-from launch.records.jsonrecord import read_text, read_texts
+from launch.records.event_types import RunStarted
+from launch.records.events import typed_events
 from launch.run import launching, registry
 from launch.run.preflight import check_isolation
 from launch.run.state import LaunchState
@@ -40,17 +40,17 @@ def load_target(ref: str, overrides: list[str]) -> tuple[ClusterSpec, str | None
     if os.path.isfile(ref) or ref.endswith(('.yaml', '.yml')):
         return load_spec(ref, overrides), None
     train_dir = runs.resolve(ref)
-    started = [e for e in read_events(rundir.events_path(train_dir)) if e.get('event') == 'run_started']
-    first = started[-1] if started else {}
-    remembered = registry.remembered([first.get('backend')])
-    recorded = read_text(first.get('spec'))     # typed: the events are anyone's to edit
+    started = [e for e in typed_events(rundir.events_path(train_dir)) if isinstance(e, RunStarted)]
+    first = started[-1] if started else RunStarted()
+    remembered = registry.remembered([first.backend])
+    recorded = first.spec
     if recorded and os.path.isfile(recorded):
-        path, given = recorded, (read_texts(first.get('overrides')) or []) + overrides
+        path, given = recorded, (first.overrides or []) + overrides
     else:
         path, given = rundir.spec_path(train_dir), list(overrides)
     given.append(f'train.train_dir={train_dir}')
     spec = load_spec(path, given)
-    cwd = read_text(first.get('cwd')) or ''
+    cwd = first.cwd or ''
     if spec.train.data != 'synthetic' and not os.path.isabs(spec.train.data) and os.path.isdir(cwd):
         spec = load_spec(path, given + [f'train.data={os.path.join(cwd, spec.train.data)}'])
     return spec, remembered

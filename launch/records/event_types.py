@@ -72,8 +72,8 @@ def read_attempt(value: Any) -> int:
 @dataclass(frozen=True, kw_only=True)
 class Event(JsonRecord):
     """One line of the event log: the header every event has; a subclass adds its kind's fields."""
-    time: str = ''              # ISO-8601 with the UTC offset, as written
-    run: str = ''
+    time: str = ''              # ISO-8601 with the UTC offset, as written ('' where it is no text)
+    run: str = ''               # '' where it is no text
     attempt: int = 1
 
     kind: ClassVar[EventKind | None] = None
@@ -105,9 +105,8 @@ class Event(JsonRecord):
         """The event of one line (its kind's class: see parse_event). ValueError if its attempt is no number."""
         payload = {k: v for k, v in data.items() if k not in HEADER}
         values, extra = read_fields(cls, payload)
-        return cls(**values, **given, time=str(data['time']) if 'time' in data else '',
-                   run=str(data['run']) if data.get('run') else '', attempt=read_attempt(data.get('attempt')),
-                   keys=tuple(payload), extra=extra)
+        return cls(**values, **given, time=read_text(data.get('time')) or '', run=read_text(data.get('run')) or '',
+                   attempt=read_attempt(data.get('attempt')), keys=tuple(payload), extra=extra)
 
 
 @dataclass(frozen=True, kw_only=True)

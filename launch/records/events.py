@@ -6,7 +6,9 @@ Every event has `time`, `run`, `attempt` and `event` (its kind), then its kind's
 launch/records/event_types.py types them (`EventKind`, one dataclass per kind, `parse_event` for a
 line read) and says what each holds; the site's event log reference is made from it.
 A reader skips a torn or damaged line (a launcher killed mid-write) with one warning, never a
-traceback.
+traceback. Every command reads the log through `typed_events` and run.json through
+`typed_run_record`: one reading of a record, whoever reads it (`read_events` gives the raw
+objects, for checking the file itself).
 """
 from __future__ import annotations
 
@@ -17,11 +19,12 @@ import os
 import sys
 import threading
 import time
-from typing import Any
-from collections.abc import Iterator
+from typing import Any, TypeVar
+from collections.abc import Callable, Iterator
 
 from cluster.runtime import rundir, runjson
 from launch.records.event_types import Event, EventKind, parse_event  # noqa: F401 (re-exported)
+from launch.records.result import RunRecord
 
 log = logging.getLogger(__name__)
 
@@ -111,15 +114,46 @@ def _append_whole(path: str, data: bytes) -> None:
 
 
 def read_events(path: str) -> list[dict]:
-    """Every event of the file that parses; a torn, damaged or hostile line is skipped, all of them
-    in one warning."""
+    """Every event of the file that parses, as the JSON object written (tests and users' scripts
+    that check the file itself); a torn, damaged or hostile line is skipped, all of them in one
+    warning. The launcher's commands read typed_events instead."""
     return list(iter_events(path))
 
 
 def iter_events(path: str) -> Iterator[dict]:
-    """read_events, one event at a time (the warning comes once the file is read). A line longer
-    than runjson.MAX_BYTES is read past, never held; one nested deeper than runjson.MAX_DEPTH is
-    damaged: neither takes the reader's memory or stack."""
+    """read_events, one event at a time (the warning comes once the file is read)."""
+    return _iter_lines(path, _as_read)
+
+
+def typed_events(path: str) -> list[Event]:
+    """Every event of the file, typed (parse_event): the one reading of the log that every command
+    shares, so that `launch list`, `status`, `debug`, `report` and the next `launch up` agree on
+    what a hand-edited line says. A line skipped by read_events, or whose attempt is no number,
+    is skipped, all of them in one warning."""
+    return list(iter_typed_events(path))
+
+
+def iter_typed_events(path: str) -> Iterator[Event]:
+    """typed_events, one event at a time (a run's id is in its first line: no need to read on)."""
+    return _iter_lines(path, parse_event)
+
+
+def typed_run_record(path: str) -> RunRecord:
+    """run.json, typed: an empty record where read_run_record gives {}."""
+    return RunRecord.from_json(read_run_record(path))
+
+
+T = TypeVar('T')
+
+
+def _as_read(event: dict) -> dict:
+    return event
+
+
+def _iter_lines(path: str, parse: Callable[[dict], T]) -> Iterator[T]:
+    """`parse` of each line's JSON object with an `event` key. A line longer than
+    runjson.MAX_BYTES is read past, never held; one nested deeper than runjson.MAX_DEPTH, or one
+    `parse` refuses (ValueError), is damaged: neither takes the reader's memory or stack."""
     try:
         f = open(path, 'rb')
     except FileNotFoundError:
@@ -135,13 +169,13 @@ def iter_events(path: str) -> Iterator[dict]:
                 continue
             try:
                 event = runjson.loads(line.decode('utf-8', 'replace'))
+                parsed = parse(event) if isinstance(event, dict) and 'event' in event else None
             except ValueError:
+                parsed = None
+            if parsed is None:
                 damaged.append(number)
                 continue
-            if isinstance(event, dict) and 'event' in event:
-                yield event
-            else:
-                damaged.append(number)
+            yield parsed
     if damaged or long:
         parts = [_lines(damaged, 'damaged'), _lines(long, runjson.OVER)]
         runjson.warn_once(log, f'{path}: skipped {" and ".join(p for p in parts if p)}')

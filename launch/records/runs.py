@@ -21,15 +21,12 @@ from collections.abc import Iterator
 from cluster.runtime import rundir
 from launch.errors import UsageError
 from launch.records import index
-from launch.records.event_types import EventKind
-from launch.records.events import iter_events, read_events, read_run_record
-from launch.records.jsonrecord import read_whole
-from launch.records.result import RESULT_STATES, RunState, read_epoch   # noqa: F401 (re-exported)
+from launch.records.event_types import Event, Finished, FirstStep, Progress, RunStarted
+from launch.records.events import iter_typed_events, typed_events, typed_run_record
+from launch.records.result import RESULT_STATES, RunRecord, RunState, read_epoch   # noqa: F401 (re-exported)
 from launch.records.lock import TrainDirLock
 
 log = logging.getLogger(__name__)
-
-STEP_EVENTS = (EventKind.PROGRESS, EventKind.FIRST_STEP)
 
 # Never searched for runs: a run's own output (task logs, checkpoints) and the usual big trees.
 # Hidden directories (.git, .venv, ...) are skipped as well, except the root a user names.
@@ -97,27 +94,25 @@ def describe(train_dir: str) -> RunInfo | None:
     if not holds_run(train_dir):
         return None
     events = _events(train_dir)
-    record = read_run_record(rundir.run_path(train_dir))
-    started_event = next((e for e in events if e.get('event') == EventKind.RUN_STARTED), {})
-    attempts = max([_int(e.get('attempt')) or 0 for e in events] + [_int(record.get('attempt')) or 0])
-    run_id = (_str(started_event.get('run')) or next((_str(e.get('run')) for e in events if _str(e.get('run'))), '')
-              or _str(record.get('id')) or os.path.basename(train_dir))
-    started = _str(events[0].get('time')) if events else ''
-    started = started or _str(record.get('started'))
+    record = typed_run_record(rundir.run_path(train_dir))
+    started_event = next((e for e in events if isinstance(e, RunStarted)), RunStarted())
+    attempts = max([e.attempt for e in events] + [record.attempt or 0])
+    run_id = started_event.run or next((e.run for e in events if e.run), '') or record.id or os.path.basename(train_dir)
+    started = (events[0].time if events else '') or record.started or ''
 
     result, result_attempt = _latest_result(record, events, attempts)
     holder = TrainDirLock.held(train_dir)
     step = _newest_step(events)
     if holder is not None:
         state, exit_code, ended = RunState.RUNNING, None, None
-        step = step if step is not None else _int(result.get('global_step'))
-    elif result and result_attempt >= attempts and _str(result.get('state')) in RESULT_STATES:
-        state, exit_code, ended = RunState(result['state']), _int(result.get('exit_code')), _epoch(result.get('ended'))
-        step = _int(result.get('global_step')) if _int(result.get('global_step')) is not None else step
+        step = step if step is not None else result.global_step
+    elif not result.is_empty() and result_attempt >= attempts and result.state in RESULT_STATES:
+        state, exit_code, ended = RunState(result.state), result.exit_code, _epoch(result.ended)
+        step = result.global_step if result.global_step is not None else step
     else:       # the latest attempt left no result
         state, exit_code = RunState.UNKNOWN, None
-        ended = _epoch(events[-1].get('time')) if events else None
-        step = step if step is not None else _int(result.get('global_step'))
+        ended = _epoch(events[-1].time) if events else None
+        step = step if step is not None else result.global_step
 
     start = _epoch(started)
     if start is None:
@@ -126,54 +121,42 @@ def describe(train_dir: str) -> RunInfo | None:
         duration = max(0.0, time.time() - start)
     else:
         duration = max(0.0, ended - start) if ended is not None else None
-    return RunInfo(id=run_id, train_dir=train_dir,
-                   spec=_str(started_event.get('spec')) or _str(record.get('spec')),
-                   backend=_str(started_event.get('backend')) or _str(record.get('backend')),
+    return RunInfo(id=run_id, train_dir=train_dir, spec=started_event.spec or record.spec or '',
+                   backend=started_event.backend or record.backend or '',
                    state=state, global_step=step, attempts=attempts, started=started,
                    duration_secs=None if duration is None else round(duration, 3), exit_code=exit_code)
 
 
-def _latest_result(record: dict, events: list[dict], attempts: int) -> tuple[dict, int]:
+def _latest_result(record: RunRecord, events: list[Event], attempts: int) -> tuple[RunRecord, int]:
     """The newest attempt's result and that attempt: run.json's, unless a `finished` event is of a
     newer attempt (run.json could not be written). A run.json without an attempt is taken for the
     latest attempt's."""
-    result, result_attempt = record, ((_int(record.get('attempt')) or attempts) if record else 0)
+    result, result_attempt = record, ((record.attempt or attempts) if not record.is_empty() else 0)
     for e in events:
-        if e.get('event') == EventKind.FINISHED and isinstance(e.get('result'), dict):
-            attempt = _int(e.get('attempt')) or _int(e['result'].get('attempt')) or 0
-            if not result or attempt > result_attempt:
-                result, result_attempt = e['result'], attempt
+        if isinstance(e, Finished) and e.result is not None:
+            if result.is_empty() or e.attempt > result_attempt:
+                result, result_attempt = e.result, e.attempt
     return result, result_attempt
 
 
-def _events(train_dir: str) -> list[dict]:
+def _events(train_dir: str) -> list[Event]:
     path = rundir.events_path(train_dir)
     try:
-        return read_events(path)
+        return typed_events(path)
     except OSError as e:
         log.warning('%s: cannot read it (%s); skipped', path, e.strerror or e)
         return []
 
 
-def _newest_step(events: list[dict]) -> int | None:
+def _newest_step(events: list[Event]) -> int | None:
     """The global step of the newest event that tells one (a resumed attempt may go back a little
     behind the previous attempt's last progress: its checkpoint's step is the truth then)."""
     for e in reversed(events):
-        kind = e.get('event')
-        if kind in STEP_EVENTS and _int(e.get('step')) is not None:
-            return _int(e.get('step'))
-        done = e.get('result') if kind == EventKind.FINISHED else None
-        step = _int(done.get('global_step')) if isinstance(done, dict) else None
-        if step is not None:
-            return step
+        if isinstance(e, (Progress, FirstStep)) and e.step is not None:
+            return e.step
+        if isinstance(e, Finished) and e.result is not None and e.result.global_step is not None:
+            return e.result.global_step
     return None
-
-
-_int = read_whole      # a damaged file's number: a whole one, else None
-
-
-def _str(value: Any) -> str:
-    return value if isinstance(value, str) else ''
 
 
 _epoch = read_epoch    # an ISO-8601 time's epoch seconds, else None
@@ -226,9 +209,9 @@ def _quick_id(train_dir: str) -> str:
     """The run's id, reading no further than the first event that names it (events.jsonl of a long
     run is big); run.json's, else the directory's name, as describe() would."""
     try:
-        for event in iter_events(rundir.events_path(train_dir)):
-            if _str(event.get('run')):
-                return event['run']
+        for event in iter_typed_events(rundir.events_path(train_dir)):
+            if event.run:
+                return event.run
     except OSError:
         pass
     info = describe(train_dir)

@@ -11,14 +11,12 @@ import dataclasses
 import datetime
 import logging
 from dataclasses import dataclass, field
-from typing import Any
 from collections.abc import Iterable
 
 from cluster.runtime import rundir
 from launch.records.event_types import (Checkpoint, DiskFull, Event, Failover, Finished, FirstStep, Interrupted, Progress,
-                                        Restart, RunStarted, Scale, Serving, Stall, TaskLost, TaskStarted, Tolerated,
-                                        parse_event)
-from launch.records.events import read_events, read_run_record
+                                        Restart, RunStarted, Scale, Serving, Stall, TaskLost, TaskStarted, Tolerated)
+from launch.records.events import typed_events, typed_run_record
 from launch.records.result import RunRecord, RunState
 
 log = logging.getLogger(__name__)
@@ -39,8 +37,8 @@ class Run:
 
 
 def load(train_dir: str) -> Run:
-    events = _timed(read_events(rundir.events_path(train_dir)), rundir.events_path(train_dir))
-    result, source = RunRecord.from_json(read_run_record(rundir.run_path(train_dir))), 'run.json'
+    events = _timed(typed_events(rundir.events_path(train_dir)), rundir.events_path(train_dir))
+    result, source = typed_run_record(rundir.run_path(train_dir)), 'run.json'
     if result.is_empty():
         finished = [e.result for e in events if isinstance(e, Finished) and e.result is not None]
         result, source = (finished[-1], 'the last finished event') if finished else (result, '')
@@ -48,20 +46,20 @@ def load(train_dir: str) -> Run:
     return Run(train_dir, events, result, source, rundir.read_text(rundir.spec_path(train_dir)), tz)
 
 
-def _timed(lines: Iterable[dict[str, Any]], path: str) -> list[Event]:
-    """The events with a readable time and attempt, in time order: a hand-edited or foreign line
-    with neither cannot be placed on a time axis, so it is left out (one warning, as for a torn line)."""
+def _timed(events: Iterable[Event], path: str) -> list[Event]:
+    """The events with a readable time, in time order: a hand-edited or foreign line without one
+    cannot be placed on a time axis, so it is left out (one warning, as for a torn line; a line
+    whose attempt is no number is one typed_events skipped already)."""
     out, bad = [], 0
-    for line in lines:
+    for event in events:
         try:
-            event = parse_event(line)
             event.epoch         # noqa: B018 (a time that does not parse raises here)
         except ValueError:
             bad += 1
             continue
         out.append(event)
     if bad:
-        log.warning('%s: left out %d event(s) without a readable time or attempt', path, bad)
+        log.warning('%s: left out %d event(s) without a readable time', path, bad)
     out.sort(key=lambda e: e.epoch)       # stable: events of one instant keep the order they were written in
     return out
 

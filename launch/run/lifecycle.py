@@ -29,7 +29,7 @@ from cluster.spec import ClusterSpec
 from launch.errors import UsageError
 from launch.records.event_types import (Checkpoint, Evaluation, Event, EventKind, Finished, FirstStep, Progress, Restart,
                                         RunStarted, Serving)
-from launch.records.events import EventLog, read_events, read_run_record
+from launch.records.events import EventLog, typed_events, typed_run_record
 from launch.records.jsonrecord import read_real, read_whole
 from launch.records.result import Failure, RunRecord, RunResult, RunState  # noqa: F401 (the strategies import them from here)
 from launch.records.result import steps_note
@@ -51,22 +51,15 @@ def identify(spec: ClusterSpec) -> tuple[str, int]:
     from the spec file's name and the time."""
     train_dir = spec.train.train_dir
     try:
-        events = read_events(rundir.events_path(train_dir))
+        events = typed_events(rundir.events_path(train_dir))
     except OSError as e:        # unreadable, not missing: a new id would split the run in two
         raise UsageError(f'{rundir.events_path(train_dir)}: cannot read it: {e.strerror}') from None
-    before = read_run_record(rundir.run_path(train_dir))
-    known = [e.get('run') for e in events if isinstance(e.get('run'), str) and e.get('run')]
-    run = known[0] if known else before.get('id') if isinstance(before.get('id'), str) else None
+    before = typed_run_record(rundir.run_path(train_dir))
+    run = next((e.run for e in events if e.run), None) or before.id
     if run:
-        attempts = [_int(e.get('attempt')) for e in events] + [_int(before.get('attempt'))]
-        return run, max(attempts) + 1
+        return run, max([e.attempt for e in events] + [before.attempt or 0]) + 1
     stem = re.sub(r'[^A-Za-z0-9._-]', '_', os.path.splitext(os.path.basename(spec.path))[0]) or 'run'
     return f'{stem}-{time.strftime("%Y%m%d-%H%M%S")}', 1
-
-
-def _int(value: Any) -> int:
-    """An attempt number as a damaged file may hold it: anything but a whole number counts as 0."""
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 class Lifecycle:

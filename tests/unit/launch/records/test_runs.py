@@ -219,8 +219,9 @@ def test_garbage_everywhere_still_describes_a_run(tmp_path, caplog):
     (train_dir / 'run.json').write_text('["a list"]')
     with caplog.at_level(logging.WARNING):
         info = describe(str(train_dir))
+    # attempts 1, not 0: `"attempt": true` reads as every reader reads it now, the typed way (read_attempt)
     assert (info.id, info.state, info.global_step, info.attempts, info.duration_secs) == \
-        ('run', 'unknown', None, 0, None)
+        ('run', 'unknown', None, 1, None)
     assert len([r for r in caplog.records if r.levelno >= logging.WARNING]) == 2, caplog.text
     assert 'run  ' in table([info])
 
