@@ -21,6 +21,7 @@ import pytest
 
 from cluster.training import data
 from cluster.runtime import causes, rundir
+from launch.records.event_types import FirstStep, OtherEvent, Progress
 from tests.conftest import launch, write_spec
 
 MS_RDONLY, MS_REMOUNT, MNT_DETACH = 1, 32, 2
@@ -345,13 +346,13 @@ def test_the_event_log_on_a_full_disk_warns_once_and_keeps_whole_lines(small_fs,
     from launch.records.events import EventLog, read_events
     train_dir = small_fs('64k')
     events = EventLog(rundir.events_path(train_dir), 'run-1', 1)
-    events.emit('progress', step=1, total=9, loss=2.0, images_per_sec=None)
+    events.emit(Progress(step=1, total=9, loss=2.0, images_per_sec=None))
     fill(train_dir)
     with caplog.at_level(logging.WARNING, logger='launch.records.events'):
         for step in range(2, 40):
-            events.emit('progress', step=step, total=9, loss=2.0, images_per_sec=None, pad='x' * 300)
+            events.emit(Progress(step=step, total=9, loss=2.0, images_per_sec=None, extra={'pad': 'x' * 300}))
         os.remove(os.path.join(train_dir, 'ballast'))
-        events.emit('finished', result={})
+        events.emit(OtherEvent(event='finished', extra={'result': {}}))
     lines = open(rundir.events_path(train_dir)).read().splitlines()
     assert all(json.loads(line) for line in lines)          # whole lines only, none glued to the next
     written = read_events(rundir.events_path(train_dir))
@@ -568,17 +569,17 @@ def test_the_event_log_keeps_room_for_the_events_of_a_full_disk(small_fs):
     from launch.records.events import RESERVE_BYTES, EventLog, read_events
     train_dir = small_fs('1m')
     events = EventLog(rundir.events_path(train_dir), 'run-1', 1)
-    events.emit('first_step', step=1)
+    events.emit(FirstStep(step=1))
     fill(train_dir)
     events.emit(DiskFull(path=train_dir, cause='No space left on device (ENOSPC)'))
     for step in range(2, 22):
-        events.emit('progress', step=step, total=99, loss=2.0, images_per_sec=None)
+        events.emit(Progress(step=step, total=99, loss=2.0, images_per_sec=None))
     assert events.refused is None
     written = read_events(rundir.events_path(train_dir))
     assert [e['event'] for e in written] == ['first_step', 'disk_full'] + ['progress'] * 20
     assert written[1]['path'] == train_dir and written[1]['cause'] == 'No space left on device (ENOSPC)'
     for _ in range(RESERVE_BYTES // 100):       # the reserve spent: refused, whole lines kept
-        events.emit('progress', step=1, total=99, loss=2.0, images_per_sec=None, pad='x' * 100)
+        events.emit(Progress(step=1, total=99, loss=2.0, images_per_sec=None, extra={'pad': 'x' * 100}))
     assert events.refused == 'No space left on device (ENOSPC)'
     assert all(json.loads(line) for line in open(rundir.events_path(train_dir)).read().splitlines())
 
@@ -588,7 +589,7 @@ def test_the_launchers_watch_names_a_full_disk_once_and_its_room_again(small_fs)
     from launch.run.disk import DiskWatch
     train_dir = small_fs('1m')
     events = EventLog(rundir.events_path(train_dir), 'run-1', 1)
-    events.emit('first_step', step=1)
+    events.emit(FirstStep(step=1))
     said: list[str] = []
     watch = DiskWatch(train_dir, said.append, events.emit, events)
     assert watch.check() is None and said == []

@@ -29,8 +29,8 @@ from cluster.runtime import rundir, runjson
 from cluster.runtime.rundir import EXIT_OK, write_atomically
 from cluster.spec import ClusterSpec
 from launch.errors import UsageError
-from launch.records.event_types import (Checkpoint, Evaluation, Event, EventKind, Finished, FirstStep, Progress, Restart,
-                                        RunStarted, Serving)
+from launch.records.event_types import (Checkpoint, Evaluation, Event, Finished, FirstStep, Progress, Restart,
+                                        RunStarted, Serving, TaskStarted)
 from launch.records.events import EventLog, read_events, read_run_record
 from launch.records.jsonrecord import read_real, read_whole
 from launch.records.result import Failure, MendedFault, RunRecord, RunResult, RunState     # the strategies import them from here
@@ -238,13 +238,13 @@ class Lifecycle:
                              launcher_pid=os.getpid(), resumes_from=step))
         index.remember(self.run_id, train_dir, self.spec.path)     # its id then works from anywhere
 
-    def emit(self, event: Event | EventKind | str, **fields: Any) -> None:
-        """Append an event to the run's log (a typed one, or a kind and its fields: EventLog.emit);
-        a log that cannot be written is a warning, not a crash."""
+    def emit(self, event: Event) -> None:
+        """Append an event to the run's log (EventLog.emit); a log that cannot be written is a
+        warning, not a crash."""
         if self.events is None:
             return
         try:
-            self.events.emit(event, **fields)
+            self.events.emit(event)
         except OSError as e:
             log.warning('cannot write %s: %s', self.events.path, e.strerror)
 
@@ -273,7 +273,7 @@ class Lifecycle:
         """`where`: host, and pid, container or job (the backend's words, in its order: the event keeps it)."""
         with self._seen_lock:
             self._serving.discard(task)
-        self.emit(EventKind.TASK_STARTED, task=task, **where)
+        self.emit(TaskStarted(task=task, **where, keys=('task', *where)))
 
     def saw_line(self, task: str, line: str, worker: bool, chief: bool) -> dict | None:
         """What a task's log line tells the event log: that it is up, this attempt's first step,
