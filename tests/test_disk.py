@@ -171,7 +171,7 @@ def test_the_supervisor_reads_a_lost_tasks_own_full_disk_once(tmp_path):
 
 
 def test_the_closing_line_keeps_a_refusal_of_the_disk_however_long_the_path():
-    from launch.run.faults import Verdict
+    from launch.run.supervised.faults import Verdict
     path = '/runs/r/' + 'deep/' * 30 + 'model.ckpt-160_temp/part-00000-of-00002.data-00000-of-00001.tempstate1'
     verdict = Verdict('chief:0 (pid 9 on localhost) exited with code 1', 1, [], True,
                       error=f'ResourceExhaustedError: (0) RESOURCE_EXHAUSTED: {path}; No space left on device')
@@ -617,7 +617,7 @@ def test_the_supervisor_hears_steps_from_the_pulses_and_sees_the_full_disk(small
     under the tasks' logs becomes the policy's Progress.disk."""
     from cluster.runtime import pulse
     from launch.backends.local import LocalBackend
-    from launch.run.attempt import Attempt
+    from launch.run.supervised.attempt import Attempt
     train_dir = small_fs('1m')
     records = [_record(train_dir, 'ps:0', 11), _record(train_dir, 'worker:0', 12), _record(train_dir, 'worker:1', 13)]
     backends = {'local': LocalBackend()}
@@ -688,7 +688,7 @@ def test_a_stall_on_a_full_disk_is_the_disks_and_ends_the_run():
 
 
 def test_a_fault_on_a_full_disk_names_it_first_and_restarts_no_cluster():
-    from launch.run import faults
+    from launch.run.supervised import faults
     from launch.run.policy import Action, Progress, decide
     on_failure = _policy(restart='on-failure')
     d = decide(on_failure, _tasks('worker:0'), set(), 0, Progress(40, 100, 1.0, 20, disk=FULL))
@@ -700,7 +700,7 @@ def test_a_fault_on_a_full_disk_names_it_first_and_restarts_no_cluster():
 
 
 def test_the_words_of_a_stall_blame_the_training_only_when_the_disk_has_room():
-    from launch.run.faults import StallView, first, stall_words
+    from launch.run.supervised.faults import StallView, first, stall_words
     answering = StallView([], [], ['ps:0', 'worker:0'], None)
     assert stall_words(answering).endswith('the cause is inside the training (a lost gradient, a deadlock)')
     answering.disk = FULL

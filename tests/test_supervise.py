@@ -8,7 +8,7 @@ import pytest
 
 from cluster.runtime import causes, rundir
 from launch.run import policy as supervise
-from launch.run.faults import FaultHistory
+from launch.run.supervised.faults import FaultHistory
 from launch.backends.base import Backend, Observation, TaskRecord
 from launch.run.policy import Action, Policy, Progress, TaskState, TaskStatus, decide
 

@@ -34,7 +34,7 @@ from launch.records.event_types import Interrupted, Recovered
 from launch.records.result import MendedFault
 from launch.run.lifecycle import CHECKPOINT_GRACE_SECS, Failure, Lifecycle, Outcome, RunResult, Strategy
 from launch.run.supervised.mending import RecoveryClock
-from launch.run.supervised.notes import evaluator_needs, finish_hint
+from launch.run.supervised.notes import check_tail, evaluator_needs
 from launch.run.policy import Action, Policy, Progress, TaskState, TaskStatus
 from launch.run.supervised.recovery import Recovery
 from launch.run.supervised.scaling import Scaling
@@ -60,10 +60,19 @@ def tell_own_refusals(run: SupervisedRun, statuses: list[TaskStatus]) -> None:
                           None if attempt.disk else run.say, run.life.emit)
 
 
+def let_go(plan: Plan, records: Sequence[TaskRecord], backends: Mapping[str, Backend]) -> None:
+    """The tasks a plan stops: at once, or in the background (a lost host may not answer)."""
+    if plan.kill:
+        stop_all([r for r in records if r.name in plan.kill], backends, grace=0)
+    gone = [r for r in records if r.name in plan.drop]
+    if gone:
+        threading.Thread(target=lambda: stop_all(gone, backends, grace=1), name='failover-stop', daemon=True).start()
+
+
 class SupervisedRun(Strategy):
-    """The launcher runs every task itself, through the backends the plans name. Its public members
-    besides the Strategy's are what its parts use of it: launch/run/scaling.py ScaledRun and
-    launch/run/recovery.py RecoveringRun (with launch/run/failover.py FailedOverRun) say which."""
+    """The launcher runs every task itself, through the backends the plans name. `state` is the
+    run's (state.py), written here; the procedures a restart of the cluster and a sync scale use
+    of the loop are what scaling.py ScaledRun and recovery.py RecoveringRun say."""
 
     life: Lifecycle             # the run's lifecycle, from run() on
 
@@ -223,7 +232,8 @@ class SupervisedRun(Strategy):
                 return
             if decision.action is Action.CONTINUE:
                 self._warn_quiet()
-                tail_deadline = self._check_tail(statuses, tail_deadline)
+                tail_deadline = check_tail(self.spec, self.life, statuses, tail_deadline, self._progress(),
+                                           self.finish_timeout)
                 if tail_deadline == -1:
                     return
             elif self.recovery.act(decision, statuses):
@@ -268,29 +278,6 @@ class SupervisedRun(Strategy):
         self.say(f'warning: no new global step for {p.quiet_secs:.0f}s (at {p.step}/{p.total}); {text}; '
                  f'a stall is declared at {self.state.policy.stall_secs:g}s (supervise.stall_secs)')
 
-    def _check_tail(self, statuses: list[TaskStatus], deadline: float | None) -> float | None:
-        """Once one side (all workers, or all ps tasks) has finished, the other gets --finish-timeout
-        to follow; returns the deadline, or -1 once it has passed (what is left is then stopped)."""
-        finished = {t.name for t in statuses if t.state is TaskState.SUCCEEDED}
-        if self.spec.coordinator:       # the chief is done: the evaluator's last evaluation is waited for
-            workers_done = any(t.job == 'chief' and t.name in finished for t in statuses) \
-                or policy.chief_done(self._progress())
-            ps_done = False
-        else:
-            workers_done = all(t.name in finished for t in statuses if t.job == 'worker')
-            ps_done = all(t.name in finished for t in statuses if t.job == 'ps')
-        if not (workers_done or ps_done):
-            return None
-        if deadline is None:
-            return time.monotonic() + self.finish_timeout
-        if time.monotonic() > deadline:
-            left = ', '.join(t.name for t in statuses if t.name not in finished)
-            ended = 'chief' if self.spec.coordinator else 'workers' if workers_done else 'ps tasks'
-            self.say(f'warning: {left} still running {self.finish_timeout:.0f}s after the {ended} finished; '
-                     f'stopping them ({finish_hint(self.spec, self.life)})')
-            return -1
-        return deadline
-
     def check_run_dir(self) -> None:
         """The run's own directory (its state, events, and for local tasks their logs and
         checkpoints) removed under a running launcher: one line, and every task stopped.
@@ -324,7 +311,7 @@ class SupervisedRun(Strategy):
             self.life.next_attempt(plan.restart_reason, None, tasks=plan.restart_tasks)
         for event in plan.events:
             self.life.emit(event)
-        self._let_go(plan)
+        let_go(plan, self.state.records, self.backends)
         if plan.restarted_chief:
             state.attempt.restarted_chief()
         for name in plan.unserved:
@@ -333,22 +320,12 @@ class SupervisedRun(Strategy):
         if plan.start:
             self.start_due()
 
-    def _let_go(self, plan: Plan) -> None:
-        """The tasks a plan stops: at once, or in the background (a lost host may not answer)."""
-        if plan.kill:
-            stop_all([r for r in self.state.records if r.name in plan.kill], self.backends, grace=0)
-        gone = [r for r in self.state.records if r.name in plan.drop]
-        if gone:
-            backends = self.backends
-            threading.Thread(target=lambda: stop_all(gone, backends, grace=1), name='failover-stop',
-                             daemon=True).start()
-
     def new_attempt(self, reason: str, step: int | None, ended: RunResult,
                     env: Mapping[str, str] | None = None) -> None:
         """End this attempt (`ended` goes to run.json) and begin the next from nothing seen: its
         logs are files of their own; `env`: what its tasks are told besides."""
         self.life.next_attempt(reason, step, ended=ended)
-        # Workers let go (launch/run/recovery.py _tolerate) stay out of the live set: their records
+        # Workers let go (recovery.py tolerate) stay out of the live set: their records
         # (stopped with the rest) go, and the policy counts the workers that train now.
         self.resize(self.state.members, [r.name for r in self.state.records if r.job == 'worker' and not self.spec.coordinator
                                    and r.index not in self.state.members.workers])

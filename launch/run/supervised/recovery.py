@@ -152,7 +152,7 @@ class Recovery:
         return run.state.history.escalate(decision, errors, run.life.checkpoint_step)
 
     def _give_up(self, decision: Decision) -> TaskFailed:
-        """The one line a lost run ends with (launch/run/faults.py Verdict), once every task is
+        """The one line a lost run ends with (faults.py Verdict), once every task is
         stopped: the chief's checkpoint first, so the step a new `launch up` resumes from is current."""
         run = self.run
         verdict = faults.judge(decision, run.state.records, run.backends, run.state.policy, run.state.restarts)
