@@ -17,7 +17,7 @@ import pytest
 
 from cluster.runtime import rundir
 from cluster.spec import load_spec
-from launch.run import supervised
+from launch.run.supervised import loop as supervised
 from launch.backends.base import ENDED, RUNNING, Backend, Observation, TaskRecord, planned_record
 from launch.run.console import Console
 from launch.run.lifecycle import Lifecycle, resume_hint
