@@ -349,7 +349,7 @@ def run_chief(spec: ClusterSpec, task: TaskSpec, program: Callable[[CoordinatorC
     os.makedirs(spec.train.train_dir, exist_ok=True)
     ctx = CoordinatorContext(spec, task, stop)
     # The chief serves no task of the cluster: the launcher waits for this line instead of a
-    # server (launch/run/startup.py probes no port of a chief or an evaluator).
+    # server (launch/run/supervised/startup.py probes no port of a chief or an evaluator).
     contract.say(log, contract.Started(task.name, f'the program {spec.train.program}', os.getpid()))
     program(ctx)
     ctx.finish()

@@ -8,7 +8,7 @@ find its port taken. Two guarantees close that, one on each side:
   PR_SET_PDEATHSIG): the kernel sends it SIGKILL the moment the task's process ends, however it
   ends (a program that starts processes of its own passes them nothing: see the next point);
 - the launcher's side stops the whole process group and session of a task it sees ended (local:
-  launch/backends/local.py; SSH: the wrapper in launch/backends/ssh/scripts.py; compose: a
+  launch/backends/local/backend.py; SSH: the wrapper in launch/backends/ssh/scripts.py; compose: a
   container's processes all end with its main one).
 """
 from __future__ import annotations

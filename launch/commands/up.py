@@ -104,6 +104,6 @@ def cmd_scale(spec: ClusterSpec, req: Request[ScaleFlags]) -> int:
         lock.release()
     if reply is None:
         raise CommandFailed(f'the launcher of {spec.path} ended before it carried out the change')
-    for line in reply['lines']:
+    for line in reply.lines:
         print(line)
-    return EXIT_OK if reply['state'] == control.DONE else EXIT_FAILED
+    return EXIT_OK if reply.state == control.DONE else EXIT_FAILED

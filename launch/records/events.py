@@ -40,16 +40,11 @@ class EventLog:
         self._lost = 0      # events the disk refused since the last one written
         self.refused: str | None = None     # why the disk refuses the log, while it does (os_cause)
 
-    def emit(self, event: Event | EventKind | str, **fields: Any) -> dict[str, Any]:
-        """Append one event: a typed one (its time, run and attempt are the log's), or a kind and
-        its fields, in the order given. The log is a record of the run, not the run: a disk that
+    def emit(self, event: Event) -> dict[str, Any]:
+        """Append one event (its time, run and attempt are the log's; its keys in its own order). The log is a record of the run, not the run: a disk that
         refuses it (full, read-only) costs one warning naming the file and the cause, and one more
         saying how many events were lost once it takes them again; never a crash, never half a line."""
-        if isinstance(event, Event):
-            assert not fields, fields
-            name, fields = event.name, event.payload()
-        else:
-            name = str(event)
+        name, fields = event.name, event.payload()
         assert name in EVENTS, name
         record = {'time': rundir.iso_time(time.time()), 'run': self.run, 'attempt': self.attempt, 'event': name,
                   **fields}

@@ -39,7 +39,7 @@ from launch.records.timeline import RUN_ROW, Attempt, Fault, Run, Story, attempt
 STACK_FILES = 200              # stack dump files the page lists at most
 STACK_CHARS = 1 << 20          # of each, read at most (a dump is a few kilobytes)
 # A field of the run's files is shown to this many characters, as the console cuts a task's last
-# error (launch/run/faults.py ERROR_CHARS): a foreign event log's 50 MB field makes no 50 MB page.
+# error (launch/run/supervised/faults.py ERROR_CHARS): a foreign event log's 50 MB field makes no 50 MB page.
 CELL_CHARS = 300
 ALT_FAULTS = 10         # faults the timeline's alt text names (the plot's legend names as many)
 

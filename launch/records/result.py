@@ -93,7 +93,7 @@ PHASES = ('stop', 'backoff', 'start', 'step')      # a restart's, in the order a
 class MendedFault(JsonRecord):
     """One fault mended: the tasks restarted for it, the seconds from the supervisor seeing it to
     the next global step trained, the steps trained again, and how long each phase of the restart
-    took (launch/run/mending.py)."""
+    took (launch/run/supervised/mending.py)."""
     tasks: list[str] | None = json_field(read_texts)
     seconds: float | None = json_field(read_real)
     steps_redone: int | None = json_field(read_whole)

@@ -1,5 +1,5 @@
 """The Slurm batch script of a spec: `launch render SPEC --format sbatch` prints it, and
-`launch up SPEC --backend slurm` (launch/run/slurm.py) submits it and follows the job.
+`launch up SPEC --backend slurm` (launch/backends/slurm/job.py) submits it and follows the job.
 
 The script stands on its own (plain `sbatch FILE` runs it too): it carries the effective spec and
 writes it into the train_dir, then one `srun` step runs `python -m cluster.task --slurm` on every

@@ -17,7 +17,9 @@ import enum
 import os
 import time
 import uuid
-from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from collections.abc import Callable, Mapping
 
 from cluster.runtime import runjson
 from cluster.runtime.rundir import read_text, write_atomically
@@ -38,6 +40,43 @@ class Reply(str, enum.Enum):
 
 
 DONE, REFUSED, FAILED = Reply.DONE, Reply.REFUSED, Reply.FAILED
+
+
+@dataclass(frozen=True)
+class ScaleRequest:
+    """`scale.request`: `workers` running workers, asked by the `launch scale` of pid `pid`, of
+    the launcher `launcher` (this_launcher(): its pid and start time; None in a request of a
+    version that named none)."""
+    id: str
+    workers: int
+    pid: Any = None         # as sent (an int)
+    launcher: Any = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {'id': self.id, 'workers': self.workers, 'pid': self.pid, 'launcher': self.launcher}
+
+    @classmethod
+    def from_json(cls, data: Any) -> ScaleRequest:
+        """ValueError if it is no request (no whole `workers`, no text `id`)."""
+        if not isinstance(data, dict) or not isinstance(data.get('workers'), int) \
+                or not isinstance(data.get('id'), str):
+            raise ValueError('not a scale request')
+        return cls(data['id'], data['workers'], data.get('pid'), data.get('launcher'))
+
+
+@dataclass(frozen=True)
+class ScaleReply:
+    """`scale.reply`: the launcher's final word on the request `id`, and what it said of it."""
+    id: str
+    state: Reply | str
+    lines: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {'id': self.id, 'state': str(self.state), 'lines': list(self.lines)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ScaleReply:
+        return cls(str(data.get('id')), str(data.get('state')), [str(line) for line in data.get('lines') or []])
 
 
 def path(train_dir: str, name: str) -> str:
@@ -65,11 +104,11 @@ def send(train_dir: str, workers: int, launcher: dict) -> str:
     except FileNotFoundError:
         pass
     write_atomically(path(train_dir, REQUEST_FILE),
-                     runjson.dumps({'id': ident, 'workers': workers, 'pid': os.getpid(), 'launcher': launcher}))
+                     runjson.dumps(ScaleRequest(ident, workers, os.getpid(), launcher).to_json()))
     return ident
 
 
-def take(train_dir: str, launcher: dict) -> dict | None:
+def take(train_dir: str, launcher: dict) -> ScaleRequest | None:
     """The launcher's side (`launcher`: this_launcher()): a request to it waiting, or None. One
     that cannot be read is removed, so it is never read again. One sent to another launcher (an
     earlier one of the run, or a request of a version that named none) is answered "refused" and
@@ -78,13 +117,11 @@ def take(train_dir: str, launcher: dict) -> dict | None:
     if text is None:
         return None
     try:
-        request = runjson.loads(text)
-        if not isinstance(request.get('workers'), int) or not isinstance(request.get('id'), str):
-            raise ValueError
-    except (ValueError, AttributeError, RecursionError):
+        request = ScaleRequest.from_json(runjson.loads(text))
+    except (ValueError, RecursionError):
         _remove(train_dir, text)
         return None
-    sent_to = request.get('launcher')
+    sent_to = request.launcher
     if sent_to != launcher:
         pid = sent_to.get('pid') if isinstance(sent_to, dict) else None
         answer(train_dir, request, Reply.REFUSED,
@@ -95,24 +132,24 @@ def take(train_dir: str, launcher: dict) -> dict | None:
     return request
 
 
-def answer(train_dir: str, request: dict, state: Reply, lines: list[str]) -> None:
+def answer(train_dir: str, request: ScaleRequest, state: Reply, lines: list[str]) -> None:
     """The launcher's final word on `request` (the request is then gone)."""
-    write_atomically(path(train_dir, REPLY_FILE), runjson.dumps({'id': request['id'], 'state': state, 'lines': lines}))
+    write_atomically(path(train_dir, REPLY_FILE), runjson.dumps(ScaleReply(request.id, state, lines).to_json()))
     _remove(train_dir, request)
 
 
-def _remove(train_dir: str, request: dict | str) -> None:
+def _remove(train_dir: str, request: ScaleRequest | str) -> None:
     """Remove the request file if it still holds `request` (a dict, or the text read): a `scale`
     may have sent a new one since it was read (an earlier launcher's request being refused)."""
     text = read_text(path(train_dir, REQUEST_FILE))
     if text is None:
         return
-    if isinstance(request, dict):
+    if isinstance(request, ScaleRequest):
         try:
             now = runjson.loads(text)
         except ValueError:
             now = None
-        if not isinstance(now, dict) or now.get('id') != request.get('id'):
+        if not isinstance(now, dict) or now.get('id') != request.id:
             return
     elif text != request:
         return
@@ -122,7 +159,7 @@ def _remove(train_dir: str, request: dict | str) -> None:
         pass
 
 
-def wait(train_dir: str, ident: str, running: Callable[[], bool], poll: float = 0.2) -> dict | None:
+def wait(train_dir: str, ident: str, running: Callable[[], bool], poll: float = 0.2) -> ScaleReply | None:
     """The reply to request `ident`, or None once `running()` says the launcher is gone."""
     while True:
         text = read_text(path(train_dir, REPLY_FILE))
@@ -132,7 +169,7 @@ def wait(train_dir: str, ident: str, running: Callable[[], bool], poll: float = 
             except ValueError:
                 reply = None
             if isinstance(reply, dict) and reply.get('id') == ident:
-                return reply
+                return ScaleReply.from_json(reply)
         if not running():
             return None
         time.sleep(poll)

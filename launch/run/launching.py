@@ -94,7 +94,7 @@ def strategy(spec: ClusterSpec, name: str | None, opts: Options, up: UpSettings)
 
 @contextmanager
 def _supervised(spec: ClusterSpec, name: str | None, opts: Options, up: UpSettings) -> Iterator[Launch]:
-    """The supervised strategy (launch/run/supervised.py) over the backends the plans need, with
+    """The supervised strategy (launch/run/supervised/loop.py) over the backends the plans need, with
     the GPUs their hosts say they have (too few: SpecError, nothing started)."""
     from launch.run.supervised import SupervisedRun
     planned = plans(spec, name, opts)

@@ -4,7 +4,7 @@
     earlier run's figures -> two-stage signals -> the strategy runs -> every log line shown ->
     one closing line -> a typed RunResult
 
-Two strategies run on it: supervised (launch/run/supervised.py: the launcher starts, observes and
+Two strategies run on it: supervised (launch/run/supervised/loop.py: the launcher starts, observes and
 stops every task through a Backend, and decides with launch/run/policy.py) and delegated (a
 scheduler owns the tasks: launch/backends/slurm/job.py submits, watches and cancels a Slurm job). What the
 user sees at the edges — the lock message, Ctrl-C twice, the resume line, the closing summary —
@@ -27,8 +27,8 @@ from cluster.runtime import contract, rundir, runjson
 from cluster.runtime.rundir import EXIT_OK, write_atomically
 from cluster.spec import ClusterSpec
 from launch.errors import UsageError
-from launch.records.event_types import (Checkpoint, Evaluation, Event, EventKind, Finished, FirstStep, Progress, Restart,
-                                        RunStarted, Serving)
+from launch.records.event_types import (Checkpoint, Evaluation, Event, Finished, FirstStep, Progress, Restart,
+                                        RunStarted, Serving, TaskStarted)
 from launch.records.events import EventLog, typed_events, typed_run_record
 from launch.records.jsonrecord import read_real, read_whole
 from launch.records.result import Failure, RunRecord, RunResult, RunState  # noqa: F401 (the strategies import them from here)
@@ -179,13 +179,13 @@ class Lifecycle:
                              launcher_pid=os.getpid(), resumes_from=step))
         index.remember(self.run_id, train_dir, self.spec.path)     # its id then works from anywhere
 
-    def emit(self, event: Event | EventKind | str, **fields: Any) -> None:
-        """Append an event to the run's log (a typed one, or a kind and its fields: EventLog.emit);
-        a log that cannot be written is a warning, not a crash."""
+    def emit(self, event: Event) -> None:
+        """Append an event to the run's log (EventLog.emit); a log that cannot be written is a
+        warning, not a crash."""
         if self.events is None:
             return
         try:
-            self.events.emit(event, **fields)
+            self.events.emit(event)
         except OSError as e:
             log.warning('cannot write %s: %s', self.events.path, e.strerror)
 
@@ -214,7 +214,7 @@ class Lifecycle:
         """`where`: host, and pid, container or job (the backend's words, in its order: the event keeps it)."""
         with self._seen_lock:
             self._serving.discard(task)
-        self.emit(EventKind.TASK_STARTED, task=task, **where)
+        self.emit(TaskStarted(task=task, **where, keys=('task', *where)))
 
     def said(self, task: str, line: str) -> contract.Message | None:
         """The message a line of `task`'s log carries (the contract's one reader, one per task)."""

@@ -1,6 +1,6 @@
 """The supervisor's decisions, as a pure function of task states and training progress.
 
-`launch/run/supervised.py` observes the tasks (through their backends) and the global step (from the workers'
+`launch/run/supervised/loop.py` observes the tasks (through their backends) and the global step (from the workers'
 progress lines), and asks `decide` what to do; it never decides itself. So every rule here is
 tested in milliseconds with plain values (tests/unit/launch/run/test_supervise.py), and the real-cluster tests
 only check that the decisions are carried out.
@@ -18,7 +18,7 @@ The rules, in order:
     left running then are only waiting for reports that will never come.
   - a restart waits first: `backoff_secs`, doubling with each restart in a row up to
     `backoff_max_secs`; a run whose training came back after its last restart, or that went
-    HEALTHY_SECS without a fault, starts again at 1x (launch/run/faults.py FaultHistory).
+    HEALTHY_SECS without a fault, starts again at 1x (launch/run/supervised/faults.py FaultHistory).
   - a fault that repeats the one before the last restart (the same task, the same error of its
     own, no newer checkpoint in between) ends the run: another restart would fail the same way.
     A fault with no error of its own (a kill, a lost host) comes from outside and never repeats.

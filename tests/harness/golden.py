@@ -25,7 +25,7 @@ from cluster.runtime import rundir
 from cluster.spec import load_spec
 from launch.backends.base import ENDED, RUNNING, Backend, Observation, TaskRecord, planned_record
 from launch.planning.plan import plan_cluster
-from launch.run import supervised
+from launch.run.supervised import loop as supervised
 from launch.run.console import Console
 from launch.run.lifecycle import Lifecycle
 from launch.run.supervised import SupervisedRun

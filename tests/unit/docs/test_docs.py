@@ -115,7 +115,7 @@ def test_the_cli_reference_has_every_command_and_every_option():
 
 def test_the_finish_timeout_help_names_every_task_it_waits_for():
     """The launcher gives the ps tasks --finish-timeout after the workers and an evaluator as long
-    after the chief (launch/run/supervised.py _check_tail): a PSS user must find the evaluator there."""
+    after the chief (launch/run/supervised/loop.py _check_tail): a PSS user must find the evaluator there."""
     up = _subcommands(build_parser())['up'][1]
     text = next(a.help for a in up._actions if '--finish-timeout' in a.option_strings) or ''
     assert all(word in text for word in ('ps', 'workers', 'evaluator', 'chief')), text

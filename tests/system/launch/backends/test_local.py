@@ -182,7 +182,7 @@ def test_check_imports_tensorflow_and_names_a_busy_port(tmp_path):
 @pytest.mark.slow
 def test_a_local_task_gets_the_spec_env_and_only_an_allow_list_of_the_launchers(tmp_path, monkeypatch):
     """The spec's env: reaches each task as given (per job), while the launcher's own environment
-    reaches it only through launch/backends/local.py INHERITED: the same spec behaves alike on every backend."""
+    reaches it only through launch/backends/local/backend.py INHERITED: the same spec behaves alike on every backend."""
     from cluster.spec import load_spec
     from launch.backends.local import LocalBackend
     from launch.planning.plan import plan_cluster

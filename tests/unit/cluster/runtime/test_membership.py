@@ -142,7 +142,7 @@ def test_scale_asks_the_running_launcher_and_says_what_it_answered(tmp_path, cap
         while not stop.is_set():
             request = control.take(train_dir, control.this_launcher())
             if request:
-                control.answer(train_dir, request, control.REFUSED, [f'not now ({request["workers"]})'])
+                control.answer(train_dir, request, control.REFUSED, [f'not now ({request.workers})'])
                 return
             stop.wait(0.05)
     helper = threading.Thread(target=answer)
@@ -195,9 +195,9 @@ def test_a_launcher_takes_only_the_requests_sent_to_it(tmp_path):
     ident = control.send(train_dir, 2, me)
     assert not reply_file.exists()
     taken = control.take(train_dir, me)
-    assert (taken['id'], taken['workers'], taken['launcher']) == (ident, 2, me)
+    assert taken is not None and (taken.id, taken.workers, taken.launcher) == (ident, 2, me)
     assert request_file.exists()            # until it is answered
-    control.answer(train_dir, {'id': 'old'}, control.REFUSED, ['an earlier request'])
+    control.answer(train_dir, control.ScaleRequest('old', 3), control.REFUSED, ['an earlier request'])
     assert request_file.exists()            # not the request the file holds now
     control.answer(train_dir, taken, control.DONE, ['2 worker(s) train already'])
     assert not request_file.exists()

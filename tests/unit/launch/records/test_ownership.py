@@ -10,6 +10,7 @@ import pytest
 
 from cluster.runtime import rundir
 from launch.records import ownership
+from launch.records.event_types import OtherEvent
 from launch.records.events import EventLog
 from launch.records.result import RunResult, RunState
 from tests.conftest import write_spec
@@ -34,7 +35,7 @@ def test_up_on_a_directory_of_someone_elses_files_is_refused_and_touches_nothing
 def _earlier_run(train_dir) -> None:
     """What a tfcluster run leaves: its event log, its result, its tasks' files."""
     os.makedirs(train_dir / 'logs' / 'attempt-1')
-    EventLog(rundir.events_path(str(train_dir)), 'spec-20260101-000000', 1).emit('run_started', launcher_pid=1)
+    EventLog(rundir.events_path(str(train_dir)), 'spec-20260101-000000', 1).emit(OtherEvent(event='run_started', extra={'launcher_pid': 1}))
     (train_dir / 'checkpoint').write_text('model_checkpoint_path: "model.ckpt-40"\n')
     (train_dir / 'worker-0.json').write_text(json.dumps({'task': 'worker:0', 'global_step': 40}))
 

@@ -17,7 +17,7 @@ from launch.backends.base import link_attempt_log
 from launch.cli import main
 from launch.planning.plan import plan_cluster
 from launch.records import index
-from launch.run import supervised
+from launch.run.supervised import loop as supervised
 from launch.run.console import Console
 from launch.run.lifecycle import Lifecycle
 from launch.run.supervised import SupervisedRun

@@ -20,6 +20,7 @@ import pytest
 
 from cluster.checks import data
 from cluster.runtime import causes, rundir
+from launch.records.event_types import FirstStep, OtherEvent, Progress
 from tests.conftest import REPO, write_spec
 from tests.harness.disk import _free, fill
 NOBODY = 65534
@@ -125,7 +126,7 @@ def test_the_supervisor_reads_a_lost_tasks_own_full_disk_once(tmp_path):
 
 
 def test_the_closing_line_keeps_a_refusal_of_the_disk_however_long_the_path():
-    from launch.run.faults import Verdict
+    from launch.run.supervised.faults import Verdict
     path = '/runs/r/' + 'deep/' * 30 + 'model.ckpt-160_temp/part-00000-of-00002.data-00000-of-00001.tempstate1'
     verdict = Verdict('chief:0 (pid 9 on localhost) exited with code 1', 1, [], True,
                       error=f'ResourceExhaustedError: (0) RESOURCE_EXHAUSTED: {path}; No space left on device')
@@ -300,13 +301,13 @@ def test_the_event_log_on_a_full_disk_warns_once_and_keeps_whole_lines(small_fs,
     from launch.records.events import EventLog, read_events
     train_dir = small_fs('64k')
     events = EventLog(rundir.events_path(train_dir), 'run-1', 1)
-    events.emit('progress', step=1, total=9, loss=2.0, images_per_sec=None)
+    events.emit(Progress(step=1, total=9, loss=2.0, images_per_sec=None))
     fill(train_dir)
     with caplog.at_level(logging.WARNING, logger='launch.records.events'):
         for step in range(2, 40):
-            events.emit('progress', step=step, total=9, loss=2.0, images_per_sec=None, pad='x' * 300)
+            events.emit(Progress(step=step, total=9, loss=2.0, images_per_sec=None, extra={'pad': 'x' * 300}))
         os.remove(os.path.join(train_dir, 'ballast'))
-        events.emit('finished', result={})
+        events.emit(OtherEvent(event='finished', extra={'result': {}}))
     lines = open(rundir.events_path(train_dir)).read().splitlines()
     assert all(json.loads(line) for line in lines)          # whole lines only, none glued to the next
     written = read_events(rundir.events_path(train_dir))
@@ -392,17 +393,17 @@ def test_the_event_log_keeps_room_for_the_events_of_a_full_disk(small_fs):
     from launch.records.events import RESERVE_BYTES, EventLog, read_events
     train_dir = small_fs('1m')
     events = EventLog(rundir.events_path(train_dir), 'run-1', 1)
-    events.emit('first_step', step=1)
+    events.emit(FirstStep(step=1))
     fill(train_dir)
     events.emit(DiskFull(path=train_dir, cause='No space left on device (ENOSPC)'))
     for step in range(2, 22):
-        events.emit('progress', step=step, total=99, loss=2.0, images_per_sec=None)
+        events.emit(Progress(step=step, total=99, loss=2.0, images_per_sec=None))
     assert events.refused is None
     written = read_events(rundir.events_path(train_dir))
     assert [e['event'] for e in written] == ['first_step', 'disk_full'] + ['progress'] * 20
     assert written[1]['path'] == train_dir and written[1]['cause'] == 'No space left on device (ENOSPC)'
     for _ in range(RESERVE_BYTES // 100):       # the reserve spent: refused, whole lines kept
-        events.emit('progress', step=1, total=99, loss=2.0, images_per_sec=None, pad='x' * 100)
+        events.emit(Progress(step=1, total=99, loss=2.0, images_per_sec=None, extra={'pad': 'x' * 100}))
     assert events.refused == 'No space left on device (ENOSPC)'
     assert all(json.loads(line) for line in open(rundir.events_path(train_dir)).read().splitlines())
 
@@ -412,7 +413,7 @@ def test_the_launchers_watch_names_a_full_disk_once_and_its_room_again(small_fs)
     from launch.run.disk import DiskWatch
     train_dir = small_fs('1m')
     events = EventLog(rundir.events_path(train_dir), 'run-1', 1)
-    events.emit('first_step', step=1)
+    events.emit(FirstStep(step=1))
     said: list[str] = []
     watch = DiskWatch(train_dir, said.append, events.emit, events)
     assert watch.check() is None and said == []
@@ -440,7 +441,7 @@ def test_the_supervisor_hears_steps_from_the_pulses_and_sees_the_full_disk(small
     under the tasks' logs becomes the policy's Progress.disk."""
     from cluster.runtime import pulse
     from launch.backends.local import LocalBackend
-    from launch.run.attempt import Attempt
+    from launch.run.supervised.attempt import Attempt
     train_dir = small_fs('1m')
     records = [_record(train_dir, 'ps:0', 11), _record(train_dir, 'worker:0', 12), _record(train_dir, 'worker:1', 13)]
     backends = {'local': LocalBackend()}
@@ -511,7 +512,7 @@ def test_a_stall_on_a_full_disk_is_the_disks_and_ends_the_run():
 
 
 def test_a_fault_on_a_full_disk_names_it_first_and_restarts_no_cluster():
-    from launch.run import faults
+    from launch.run.supervised import faults
     from launch.run.policy import Action, Progress, decide
     on_failure = _policy(restart='on-failure')
     d = decide(on_failure, _tasks('worker:0'), set(), 0, Progress(40, 100, 1.0, 20, disk=FULL))
@@ -523,7 +524,7 @@ def test_a_fault_on_a_full_disk_names_it_first_and_restarts_no_cluster():
 
 
 def test_the_words_of_a_stall_blame_the_training_only_when_the_disk_has_room():
-    from launch.run.faults import StallView, first, stall_words
+    from launch.run.supervised.faults import StallView, first, stall_words
     answering = StallView([], [], ['ps:0', 'worker:0'], None)
     assert stall_words(answering).endswith('the cause is inside the training (a lost gradient, a deadlock)')
     answering.disk = FULL

@@ -17,7 +17,7 @@ import pytest
 
 from cluster.runtime import rundir
 from cluster.spec import load_spec
-from launch.run import supervised
+from launch.run.supervised import loop as supervised
 from launch.backends.base import ENDED, RUNNING, Observation, TaskRecord
 from launch.run.console import Console
 from launch.run.lifecycle import Lifecycle, resume_hint
@@ -378,11 +378,12 @@ def test_a_joiner_lost_and_started_again_is_a_change_done_and_scale_says_so(tmp_
 def test_a_scale_request_left_by_an_earlier_launcher_is_refused_not_carried_out(tmp_path):
     """A launcher killed before it answered leaves `scale.request` behind: the next launcher of
     the run answers it "refused" and starts no worker nobody asked it for."""
+    from launch.records.event_types import OtherEvent
     from launch.records.events import EventLog
     from launch.run import control
     train_dir = tmp_path / 'run'
     train_dir.mkdir()
-    EventLog(str(train_dir / rundir.EVENTS_FILE), 'spec-1', 1).emit('run_started', launcher_pid=4242)
+    EventLog(str(train_dir / rundir.EVENTS_FILE), 'spec-1', 1).emit(OtherEvent(event='run_started', extra={'launcher_pid': 4242}))
     stale = 'e0a1b2c3d4e5'        # as `launch scale` wrote it for the launcher pid 4242
     (train_dir / control.REQUEST_FILE).write_text(json.dumps({'id': stale, 'workers': 3, 'pid': 4343,
                                                               'launcher': {'pid': 4242, 'ident': '12345'}}))

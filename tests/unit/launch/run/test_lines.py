@@ -17,7 +17,7 @@ from launch.cli import main
 from launch.planning.plan import plan_cluster, state_path
 from launch.records import report
 from launch.records.events import EventLog, read_events
-from launch.run import faults
+from launch.run.supervised import faults
 from launch.run.console import Console
 from launch.run.lifecycle import Lifecycle
 from launch.run.policy import Policy, Progress, TaskState, TaskStatus, decide

@@ -1,4 +1,4 @@
-"""The recovery clock (launch/run/mending.py): how long a fault takes to mend, phase by phase, and
+"""The recovery clock (launch/run/supervised/mending.py): how long a fault takes to mend, phase by phase, and
 how many steps the cluster trains again; pure logic, on the real clock."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import time
 
 from launch.records.event_types import Recovered, parse_event
 from launch.records.result import RunRecord, RunResult, RunState
-from launch.run.mending import RecoveryClock
+from launch.run.supervised.mending import RecoveryClock
 
 
 def clock() -> tuple[RecoveryClock, list]:

@@ -8,7 +8,7 @@ import pytest
 
 from cluster.runtime import causes, rundir
 from launch.run import policy as supervise
-from launch.run.faults import FaultHistory
+from launch.run.supervised.faults import FaultHistory
 from launch.backends.base import Backend, Observation, TaskRecord
 from launch.run.policy import Action, Policy, Progress, TaskState, TaskStatus, decide
 from tests.conftest import REPO
@@ -202,12 +202,12 @@ def test_observing_over_a_fake_backend_turns_observations_into_states(tmp_path):
     backend = FakeBackend({'ps:0': None, 'worker:0': None, 'worker:1': -9, 'worker:2': 'down'})
     run = SupervisedRun(spec, '', [], {'fake': backend})
     run.life = Lifecycle(spec, Console(stream=open(tmp_path / 'out', 'w')))
-    run.records = [TaskRecord(t.name, t.job, t.index, t.host, t.port, 'fake', 100 + i, 'log')
+    run.state.records = [TaskRecord(t.name, t.job, t.index, t.host, t.port, 'fake', 100 + i, 'log')
                    for i, t in enumerate(spec.tasks)]
     states = {t.name: (t.state, t.exit_code) for t in run._observe()}
     assert states == {'ps:0': (R, None), 'worker:0': (R, None), 'worker:1': (F, -9), 'worker:2': (U, None)}
     # One lost backup worker is tolerated; the unreachable one is not lost yet.
-    decision = decide(run.policy, run._observe(), frozenset(), 0, QUIET)
+    decision = decide(run.state.policy, run._observe(), frozenset(), 0, QUIET)
     assert (decision.action, decision.tasks) == (Action.TOLERATE, ('worker:1',))
     backend.script['worker:2'] = None
     assert [t.state for t in run._observe()] == [R, R, F, R]

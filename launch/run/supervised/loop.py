@@ -1,16 +1,14 @@
-"""The supervised strategy of `launch up` (local processes, SSH, compose): start every task
-through its Backend, wait for every server, observe, supervise, tear down.
+"""The supervisor's loop (the supervised strategy of `launch up`: local processes, SSH, compose):
+start every task through its Backend, wait for every server, then each round observe, decide
+(launch/run/policy.py), apply the plan for the decision, until the run ends; whichever way it
+ends, nothing is left running. Every stop asks the chief for a checkpoint first, while the ps
+tasks still hold the variables.
 
-What happens when a task is lost or the run stops making progress is decided by
-`launch/run/policy.py` (tolerate, restart, give up); this module observes the tasks, carries the
-decisions out, and makes sure nothing is left running whichever way the run ends. Every stop asks
-the chief for a checkpoint first, while the ps tasks still hold the variables.
-
-The loop is here (start, observe, decide, act, tear down); its parts have modules of their own:
-the wait for the servers (launch/run/startup.py), what one attempt has seen
-(launch/run/attempt.py), what is done about a fault (launch/run/recovery.py, with failover onto
-spares in launch/run/failover.py), the words of a fault (launch/run/faults.py) and live scaling
-(launch/run/scaling.py).
+The run's facts are one state object (state.py) that only this loop writes, applying plans
+(plan.py) made by recovery.py, failover.py and scaling.py; a restart of the whole cluster is a
+procedure of recovery.py over the loop's start and stop. Its other parts: the wait for the
+servers (startup.py), what one attempt has seen (attempt.py), the words of a fault (faults.py),
+how long a fault took to mend (mending.py), the lines said at the start and end (notes.py).
 """
 from __future__ import annotations
 
@@ -21,26 +19,29 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from cluster.runtime import contract, ports, rundir
+from cluster.runtime import contract, ports
 from cluster.runtime.membership import Members
 from cluster.runtime.rundir import EXIT_OK
 from cluster.spec import ClusterSpec
 from launch.backends.base import Backend, BackendError, TaskRecord, stop_all
 from launch.backends.procstat import process_ident
 from launch.planning.plan import TaskPlan, state_path
-from launch.run import faults
-from launch.run import policy as supervise
-from launch.run.attempt import Attempt
-from launch.run.faults import FaultHistory, TaskFailed
-from launch.records.event_types import Recovered
+from launch.run.supervised import faults
+from launch.run import policy
+from launch.run.supervised.attempt import Attempt
+from launch.run.supervised.faults import TaskFailed
+from launch.records.event_types import Interrupted, Recovered
 from launch.records.result import MendedFault
 from launch.run.lifecycle import CHECKPOINT_GRACE_SECS, Failure, Lifecycle, Outcome, RunResult, Strategy
-from launch.run.mending import RecoveryClock
+from launch.run.supervised.mending import RecoveryClock
+from launch.run.supervised.notes import check_tail, evaluator_needs
 from launch.run.policy import Action, Policy, Progress, TaskState, TaskStatus
-from launch.run.recovery import Recovery
-from launch.run.scaling import Scaling
-from launch.run.startup import wait_for_servers
+from launch.run.supervised.recovery import Recovery
+from launch.run.supervised.scaling import Scaling
+from launch.run.supervised.startup import wait_for_servers
 from launch.run.state import LaunchState, WorkerPool
+from launch.run.supervised.plan import Plan
+from launch.run.supervised.state import SupervisorState
 
 __all__ = ['SupervisedRun', 'TaskFailed', 'wait_for_servers']
 
@@ -50,39 +51,28 @@ LEASE_RENEW_SECS = 1.0          # how often the launcher renews its tasks' lease
 SUPERVISE_SECS = 0.2            # how often the supervisor observes the tasks
 
 
-def evaluator_needs(spec: ClusterSpec) -> list[str]:
-    """What a coordinator run's evaluator needs of a train.command, said as it starts (no line
-    without both): the launcher cannot see what the command saves, and an evaluator that finds
-    nothing waits in silence."""
-    names = ', '.join(t.name for t in spec.job_tasks('evaluator'))
-    if not (names and spec.train.command):
-        return []
-    return [(f'note: {rundir.evaluator_waits_line(names, spec.train.train_dir)}: train.command must save its '
-            f'checkpoints there by that name (tf.train.CheckpointManager(..., checkpoint_name=\'{rundir.CHECKPOINT_PREFIX}\')); '
-            'Keras\' BackupAndRestore files are none (docs/pss.md)')]
-
-
-def finish_hint(spec: ClusterSpec, life: Lifecycle) -> str:
-    """What to do about tasks still running --finish-timeout after the training ended: wait longer,
-    unless a coordinator run's evaluator has no checkpoint to evaluate (waiting could never help)."""
-    if spec.coordinator and life.checkpoint_step() is None:
-        return (f'no {rundir.CHECKPOINT_PREFIX}-<step> checkpoint is in {os.path.abspath(spec.train.train_dir)} '
-                'for an evaluator to evaluate: docs/pss.md')
-    return 'raise --finish-timeout'
-
-
 def tell_own_refusals(run: SupervisedRun, statuses: list[TaskStatus]) -> None:
     """Hand the tasks just lost to the disk watch, which reads their own last error (a coordinator
     run's or a command's task saves where the launcher cannot see the disk refuse it)."""
     failed = {t.name for t in statuses if t.state is TaskState.FAILED}
-    run.attempt.refusals.tell([r for r in run.records if r.name in failed], run.backends, run.spec.train.train_dir,
-                              None if run.attempt.disk else run.say, run.life.emit)
+    attempt = run.state.attempt
+    attempt.refusals.tell([r for r in run.state.records if r.name in failed], run.backends, run.spec.train.train_dir,
+                          None if attempt.disk else run.say, run.life.emit)
+
+
+def let_go(plan: Plan, records: Sequence[TaskRecord], backends: Mapping[str, Backend]) -> None:
+    """The tasks a plan stops: at once, or in the background (a lost host may not answer)."""
+    if plan.kill:
+        stop_all([r for r in records if r.name in plan.kill], backends, grace=0)
+    gone = [r for r in records if r.name in plan.drop]
+    if gone:
+        threading.Thread(target=lambda: stop_all(gone, backends, grace=1), name='failover-stop', daemon=True).start()
 
 
 class SupervisedRun(Strategy):
-    """The launcher runs every task itself, through the backends the plans name. Its public members
-    besides the Strategy's are what its parts use of it: launch/run/scaling.py ScaledRun and
-    launch/run/recovery.py RecoveringRun (with launch/run/failover.py FailedOverRun) say which."""
+    """The launcher runs every task itself, through the backends the plans name. `state` is the
+    run's (state.py), written here; the procedures a restart of the cluster and a sync scale use
+    of the loop are what scaling.py ScaledRun and recovery.py RecoveringRun say."""
 
     life: Lifecycle             # the run's lifecycle, from run() on
 
@@ -90,27 +80,19 @@ class SupervisedRun(Strategy):
                  start_timeout: float = 120.0, finish_timeout: float = 60.0,
                  checks: Callable[[], None] | None = None, warn: Callable[[], None] | None = None,
                  workers: int | None = None) -> None:
-        self.spec, self.spec_yaml, self.plans, self.backends = spec, spec_yaml, plans, backends
+        self.spec, self.spec_yaml, self.backends = spec, spec_yaml, backends
         self.start_timeout, self.finish_timeout = start_timeout, finish_timeout
         self._checks = checks                        # the pre-flight, run by prepare()
         self._warn = warn                            # once per run: what the user should know (exposure)
-        # The spec's workers are a pool; these run (cluster/runtime/membership.py), each with the epoch
-        # of its start. `launch scale` changes the set while the run goes on (launch/run/scaling.py).
-        self.members = Members(1, {i: 1 for i in range(workers or spec.num_workers)})
-        self.policy = Policy.of(dataclasses.replace(spec, live=workers))
-        self.records: list[TaskRecord] = []          # the current start of every task, in plan order
-        self.restarts = self.evaluator_restarts = 0  # the run's, and a coordinator run's evaluator's own
-        self.attempt = Attempt()                     # what this attempt has seen; a new one for the next
-        self.history = FaultHistory()                # the backoff streak and the fault before the last restart
-        self.retired: set[str] = set()               # workers failed over: never started again
-        self.stepped: set[str] = set()               # workers whose current start logged a step
-        self.serving: dict[str, threading.Event] = {}    # set once a task's own log says it serves
+        # Every mutable fact of the run; only this loop writes it, applying plans (plan.py). The
+        # spec's workers are a pool; `workers` of them run at first (cluster/runtime/membership.py).
+        self.state = SupervisorState.new(spec, plans, workers)
         self.scaling = Scaling(self)
         self.recovery = Recovery(self)
         self.clock = RecoveryClock(self._mended)         # how long each fault takes to mend
         self._run_dir_fd: int | None = None          # the run's directory, held open (check_run_dir)
         self._done = threading.Event()
-        self._state = LaunchState.new(spec.path, process_ident(os.getpid()) or '')
+        self._launch_state = LaunchState.new(spec.path, process_ident(os.getpid()) or '')
         self._state_error = False
 
     @property
@@ -126,9 +108,9 @@ class SupervisedRun(Strategy):
             self._checks()
 
     def read_file(self, path: str) -> str | None:
-        chief = next((r for r in self.records if self.is_chief(r)), None)
+        chief = next((r for r in self.state.records if self.is_chief(r)), None)
         if chief is None:       # before any start: where the chief will run (a finished run starts nothing)
-            plan = next((p for p in self.plans if p.name == self.spec.chief.name), None)
+            plan = next((p for p in self.state.plans if p.name == self.spec.chief.name), None)
             chief = self.backends[plan.backend].log_record(plan) if plan is not None else None
         if chief is None:
             return None
@@ -137,7 +119,7 @@ class SupervisedRun(Strategy):
     def hurry(self) -> None:
         self.say(f'{self.life.signal_name} again: killing every task now (SIGKILL, no checkpoint)')
         try:
-            stop_all(list(self.records), self.backends, grace=0)
+            stop_all(list(self.state.records), self.backends, grace=0)
         except BackendError as e:
             self.say(f'error: {e}')
 
@@ -147,8 +129,8 @@ class SupervisedRun(Strategy):
         t0 = time.monotonic()
         # The run's id in every task's environment (and its command's): a task that finds its port
         # taken names the run holding it from there (cluster/runtime/ports.py).
-        self.plans = [dataclasses.replace(p, attempt=life.attempt, env={**p.env, ports.RUN_ENV: life.run_id})
-                      for p in self.plans]
+        self.state.plans = [dataclasses.replace(p, attempt=life.attempt, env={**p.env, ports.RUN_ENV: life.run_id})
+                      for p in self.state.plans]
         if self._warn is not None and life.attempt == 1:
             self._warn()
         for note in evaluator_needs(self.spec):
@@ -156,16 +138,16 @@ class SupervisedRun(Strategy):
         try:
             self._launch(t0)
             if not self.interrupted.is_set():
-                self.say(f'all {len(self.records)} servers are up after {time.monotonic() - t0:.1f}s')
+                self.say(f'all {len(self.state.records)} servers are up after {time.monotonic() - t0:.1f}s')
                 self._supervise()
             if self.interrupted.is_set():
                 self.say(f'{life.signal_name} received: stopping every task (the chief saves a checkpoint first)')
-                life.emit('interrupted', signal=life.signal_name)
+                life.emit(Interrupted(signal=life.signal_name))
                 return self._outcome(128 + life.signum)
             mode = ('coordinator' if self.spec.coordinator else 'command' if self.spec.train.command
                     else 'sync' if self.spec.train.sync else 'async')
             return self._outcome(EXIT_OK, f'done in {time.monotonic() - t0:.1f}s ({mode}, '
-                                          f'{self.members.count} workers)')
+                                          f'{self.state.members.count} workers)')
         except TaskFailed as e:
             return self._failed(e)
         except (BackendError, OSError) as e:    # OSError: e.g. a train_dir we cannot write
@@ -178,13 +160,13 @@ class SupervisedRun(Strategy):
         every live task and wait for their servers."""
         self._run_dir_fd = os.open(self.spec.train.train_dir, os.O_RDONLY | os.O_DIRECTORY)
         for name, backend in self.backends.items():
-            backend.prepare([p for p in self.plans if p.backend == name], self.spec_yaml)
+            backend.prepare([p for p in self.state.plans if p.backend == name], self.spec_yaml)
         for name in self.backends:      # one thread each: a slow SSH host never delays local leases
             self._renew(name)
             threading.Thread(target=self._renew_leases, args=(name,), name=f'lease-{name}', daemon=True).start()
         self._start(self._active_plans())
-        spares = self.spec.num_workers - self.members.count
-        self.say(f'started {len(self.records)} tasks; waiting for their servers'
+        spares = self.spec.num_workers - self.state.members.count
+        self.say(f'started {len(self.state.records)} tasks; waiting for their servers'
                  + (f' ({spares} more worker(s) of the pool can join: `launch scale`)' if spares else ''))
         self.wait_ready(t0)
 
@@ -205,7 +187,7 @@ class SupervisedRun(Strategy):
             os.close(self._run_dir_fd)
             self._run_dir_fd = None
         self._done.set()
-        unknown = [r.name for r in self.records if self.backends[r.backend].status(r).alive]
+        unknown = [r.name for r in self.state.records if self.backends[r.backend].status(r).alive]
         if not unknown:
             try:
                 os.remove(state_path(self.spec))
@@ -218,16 +200,16 @@ class SupervisedRun(Strategy):
     def _outcome(self, code: int, headline: str = '', failures: Sequence[Failure] = ()) -> Outcome:
         """Every task lost on the way (tolerated, restarted or fatal), the fatal one's words last."""
         seen = {f.task for f in failures}
-        every = [f for f in self.attempt.failures if f.task not in seen] + list(failures)
-        return Outcome(code, headline, self.restarts, every, tuple(sorted(self.attempt.tolerated)),
-                       global_step=self.attempt.global_step, recoveries=list(self.clock.done))
+        every = [f for f in self.state.attempt.failures if f.task not in seen] + list(failures)
+        return Outcome(code, headline, self.state.restarts, every, tuple(sorted(self.state.attempt.tolerated)),
+                       global_step=self.state.attempt.global_step, recoveries=list(self.clock.done))
 
     def _mended(self, mended: MendedFault) -> None:
         """The training is back after a fault: one line, and the event."""
         phases = ', '.join(f'{name} {secs:.1f}s' for name, secs in (mended.phases or {}).items())
         redone = f'; {mended.steps_redone} step(s) trained again' if mended.steps_redone else ''
         self.say(f'training again {mended.seconds:.1f}s after the fault ({phases}{redone})')
-        self.history.trained_again()
+        self.state.history.trained_again()
         self.life.emit(Recovered.of(mended))
 
     # -- supervision ---------------------------------------------------------------------------
@@ -239,74 +221,62 @@ class SupervisedRun(Strategy):
             self.check_run_dir()
             self.start_due()
             statuses = self._observe()
-            self.scaling.step(statuses)
-            waiting = frozenset(self.attempt.tolerated | set(self.attempt.due))     # lost, and let go or due back
-            decision = supervise.decide(self.policy, statuses, waiting, self.restarts, self._progress(), self.evaluator_restarts)
+            self._scale(statuses)
+            waiting = frozenset(self.state.attempt.tolerated | set(self.state.attempt.due))     # lost, and let go or due back
+            decision = policy.decide(self.state.policy, statuses, waiting, self.state.restarts, self._progress(), self.state.evaluator_restarts)
             if decision.action is Action.FINISH:
                 if decision.tasks:
                     done = 'the chief is done' if self.spec.coordinator else 'every worker is done'
                     self.say(f'{done}; stopping {", ".join(decision.tasks)}: {decision.reason}')
-                    self._stop([r for r in self.records if r.name in decision.tasks])
+                    self._stop([r for r in self.state.records if r.name in decision.tasks])
                 return
             if decision.action is Action.CONTINUE:
                 self._warn_quiet()
-                tail_deadline = self._check_tail(statuses, tail_deadline)
+                tail_deadline = check_tail(self.spec, self.life, statuses, tail_deadline, self._progress(),
+                                           self.finish_timeout)
                 if tail_deadline == -1:
                     return
             elif self.recovery.act(decision, statuses):
                 tail_deadline = None
-            first_step = self._state.progress is None and self.attempt.step is not None
+            first_step = self._launch_state.progress is None and self.state.attempt.step is not None
             if first_step or time.monotonic() - last_saved > 1:     # `launch status` shows the step
                 self.save_state()
                 last_saved = time.monotonic()
             time.sleep(SUPERVISE_SECS)
 
+    def _scale(self, statuses: list[TaskStatus]) -> None:
+        """The scale request under way, or a new one; a task lost while a sync scale started the
+        cluster again is a fault like any other, under the run's policy."""
+        try:
+            self.scaling.step(statuses)
+        except TaskFailed as e:
+            if e.task is None:      # not a task lost on the way (the run's directory gone): as before
+                raise
+            self.recovery.lost_while_starting(e)
+
     def _observe(self) -> list[TaskStatus]:
         """Every current task's state; a host that cannot be asked makes its tasks UNKNOWN. A task lost
         with its own error saying the disk had no room is a full disk (launch/run/disk.py Refusals)."""
-        statuses = self.attempt.observe(self.records, self.backends, self.say)
+        statuses = self.state.attempt.observe(self.state.records, self.backends, self.say)
         if self.spec.coordinator or self.spec.train.command:
             tell_own_refusals(self, statuses)
         return statuses
 
     def _progress(self) -> Progress:
-        return self.attempt.progress(self.spec.train.steps)
+        return self.state.attempt.progress(self.spec.train.steps)
 
     def _warn_quiet(self) -> None:
         """Half way to the stall limit with no new global step: say so once, and what the
         training waits for, so a long silence is never a mystery."""
         p = self._progress()
-        if p.step is None or p.step >= p.total or p.quiet_secs < self.policy.stall_secs / 2 \
-                or self.attempt.warned_step == p.step:
+        if p.step is None or p.step >= p.total or p.quiet_secs < self.state.policy.stall_secs / 2 \
+                or self.state.attempt.warned_step == p.step:
             return
-        self.attempt.warned_step = p.step
-        names = tuple(r.name for r in self.records if self.backends[r.backend].status(r).alive)
-        text, _ = faults.explain_stall(self.records, self.backends, names)
+        self.state.attempt.warned_step = p.step
+        names = tuple(r.name for r in self.state.records if self.backends[r.backend].status(r).alive)
+        text, _ = faults.explain_stall(self.state.records, self.backends, names)
         self.say(f'warning: no new global step for {p.quiet_secs:.0f}s (at {p.step}/{p.total}); {text}; '
-                 f'a stall is declared at {self.policy.stall_secs:g}s (supervise.stall_secs)')
-
-    def _check_tail(self, statuses: list[TaskStatus], deadline: float | None) -> float | None:
-        """Once one side (all workers, or all ps tasks) has finished, the other gets --finish-timeout
-        to follow; returns the deadline, or -1 once it has passed (what is left is then stopped)."""
-        finished = {t.name for t in statuses if t.state is TaskState.SUCCEEDED}
-        if self.spec.coordinator:       # the chief is done: the evaluator's last evaluation is waited for
-            workers_done = any(t.job == 'chief' and t.name in finished for t in statuses) \
-                or supervise.chief_done(self._progress())
-            ps_done = False
-        else:
-            workers_done = all(t.name in finished for t in statuses if t.job == 'worker')
-            ps_done = all(t.name in finished for t in statuses if t.job == 'ps')
-        if not (workers_done or ps_done):
-            return None
-        if deadline is None:
-            return time.monotonic() + self.finish_timeout
-        if time.monotonic() > deadline:
-            left = ', '.join(t.name for t in statuses if t.name not in finished)
-            ended = 'chief' if self.spec.coordinator else 'workers' if workers_done else 'ps tasks'
-            self.say(f'warning: {left} still running {self.finish_timeout:.0f}s after the {ended} finished; '
-                     f'stopping them ({finish_hint(self.spec, self.life)})')
-            return -1
-        return deadline
+                 f'a stall is declared at {self.state.policy.stall_secs:g}s (supervise.stall_secs)')
 
     def check_run_dir(self) -> None:
         """The run's own directory (its state, events, and for local tasks their logs and
@@ -321,33 +291,57 @@ class SupervisedRun(Strategy):
                              'stopping every task (nothing of the run can be kept there any more)')
 
     # -- attempts and restarts -----------------------------------------------------------------
-    def count_restart(self) -> float:
-        """One more restart of supervise.max_restarts; returns the wait before it (the backoff)."""
-        self.restarts += 1
-        return self.history.backoff(self.policy)
+    def apply(self, plan: Plan) -> None:
+        """Carry out a plan (plan.py), in its order: the one place the state changes for a fault
+        tolerated, tasks restarted, a failover or a scale."""
+        state = self.state
+        if plan.restart is not None:
+            state.restarts += 1
+            state.history.commit(plan.restart)
+        state.evaluator_restarts += plan.evaluator_restart
+        state.retired |= plan.retire
+        state.attempt.tolerated = (state.attempt.tolerated | plan.tolerate) - plan.welcome
+        if plan.members is not None:
+            state.members = plan.members
+            if plan.publish:
+                self.publish()
+        for line in plan.say:
+            self.say(line)
+        if plan.restart_tasks:
+            self.life.next_attempt(plan.restart_reason, None, tasks=plan.restart_tasks)
+        for event in plan.events:
+            self.life.emit(event)
+        let_go(plan, self.state.records, self.backends)
+        if plan.restarted_chief:
+            state.attempt.restarted_chief()
+        for name in plan.unserved:
+            state.serving.pop(name, None)
+        state.attempt.due.update(plan.due)
+        if plan.start:
+            self.start_due()
 
     def new_attempt(self, reason: str, step: int | None, ended: RunResult,
                     env: Mapping[str, str] | None = None) -> None:
         """End this attempt (`ended` goes to run.json) and begin the next from nothing seen: its
         logs are files of their own; `env`: what its tasks are told besides."""
         self.life.next_attempt(reason, step, ended=ended)
-        # Workers let go (launch/run/recovery.py _tolerate) stay out of the live set: their records
+        # Workers let go (recovery.py tolerate) stay out of the live set: their records
         # (stopped with the rest) go, and the policy counts the workers that train now.
-        self.resize(self.members, [r.name for r in self.records if r.job == 'worker' and not self.spec.coordinator
-                                   and r.index not in self.members.workers])
-        plans = [dataclasses.replace(p, attempt=self.life.attempt) for p in self.plans]
+        self.resize(self.state.members, [r.name for r in self.state.records if r.job == 'worker' and not self.spec.coordinator
+                                   and r.index not in self.state.members.workers])
+        plans = [dataclasses.replace(p, attempt=self.life.attempt) for p in self.state.plans]
         if env:
             plans = [dataclasses.replace(p, env={**p.env, **env}) for p in plans]
-        self.plans = plans
-        self.attempt = Attempt(from_step=step)
-        self._state.progress = None
+        self.state.plans = plans
+        self.state.attempt = Attempt(from_step=step)
+        self._launch_state.progress = None
 
     def resize(self, members: Members, leaving: Sequence[str]) -> None:
         """A new live set, between two attempts: the leaving workers' records go, and the policy
         counts the workers that train now."""
-        self.members = members
-        self.records = [r for r in self.records if r.name not in leaving]
-        self.policy = Policy.of(dataclasses.replace(self.spec, live=members.count))
+        self.state.members = members
+        self.state.records = [r for r in self.state.records if r.name not in leaving]
+        self.state.policy = Policy.of(dataclasses.replace(self.spec, live=members.count))
 
     # -- starting, following and stopping tasks ------------------------------------------------
     def _start(self, plans: list[TaskPlan]) -> None:
@@ -357,11 +351,11 @@ class SupervisedRun(Strategy):
                 break
             self.life.unfollow([plan.name])     # the earlier start's lines are all read before this one writes
             record = self.backends[plan.backend].start(plan)
-            same = [i for i, r in enumerate(self.records) if r.name == record.name]
+            same = [i for i, r in enumerate(self.state.records) if r.name == record.name]
             if same:
-                self.records[same[0]] = record
+                self.state.records[same[0]] = record
             else:
-                self.records.append(record)
+                self.state.records.append(record)
             self.save_state()
             self.life.task_started(record.name, host=record.host, **self.backends[record.backend].locate(record))
             self._follow(record)
@@ -374,38 +368,34 @@ class SupervisedRun(Strategy):
         self._start(plans if restart is None else [dataclasses.replace(p, restart=restart) for p in plans])
         self.wait_ready(t0)
 
-    def recover_start(self, e: TaskFailed) -> None:
-        """A task lost while the cluster started for a sync scale: a fault like any other."""
-        self.recovery.lost_while_starting(e)
-
     def _active_plans(self) -> list[TaskPlan]:
         """The ps tasks and the live workers."""
-        return [p for p in self.plans if p.task.job == 'ps' or p.task.index in self.members.workers]
+        return [p for p in self.state.plans if p.task.job == 'ps' or p.task.index in self.state.members.workers]
 
     def wait_ready(self, t0: float) -> None:
-        wait_for_servers(self.records, self.backends, t0 + self.start_timeout, self.interrupted,
-                         reported=lambda name: self.serving[name].is_set(), stall_secs=self.policy.stall_secs)
+        wait_for_servers(self.state.records, self.backends, t0 + self.start_timeout, self.interrupted,
+                         reported=lambda name: self.state.serving[name].is_set(), stall_secs=self.state.policy.stall_secs)
 
     def start_due(self) -> None:
         """Start the tasks whose backoff has passed (a worker that rejoins)."""
-        for name, due in sorted(self.attempt.due.items(), key=lambda item: item[1]):
+        for name, due in sorted(self.state.attempt.due.items(), key=lambda item: item[1]):
             if time.monotonic() < due or self.interrupted.is_set():
                 continue
-            del self.attempt.due[name]
-            earlier = [r for r in self.records if r.name == name and self.backends[r.backend].status(r).alive]
+            del self.state.attempt.due[name]
+            earlier = [r for r in self.state.records if r.name == name and self.backends[r.backend].status(r).alive]
             if earlier:         # a frozen copy still holds its port: it goes first
                 stop_all(earlier, self.backends)
-            self.attempt.frozen_since.pop(name, None)
+            self.state.attempt.frozen_since.pop(name, None)
             self.clock.phase('backoff')
             try:
-                self._start([dataclasses.replace(p, restart=self.restarts) for p in self.plans if p.name == name])
+                self._start([dataclasses.replace(p, restart=self.state.restarts) for p in self.state.plans if p.name == name])
             except BackendError as e:
-                self.attempt.tolerated.add(name)
+                self.state.attempt.tolerated.add(name)
                 self.say(f'could not start {name} again ({e}); training goes on without it')
 
     def _follow(self, record: TaskRecord) -> None:
-        serving = self.serving[record.name] = threading.Event()
-        self.stepped.discard(record.name)
+        serving = self.state.serving[record.name] = threading.Event()
+        self.state.stepped.discard(record.name)
         backend = self.backends[record.backend]
 
         chief = self.is_chief(record)
@@ -417,10 +407,10 @@ class SupervisedRun(Strategy):
                 self.clock.served(record.name)
             found = self.life.saw_line(record.name, line, record.job == 'worker' or chief, chief)
             if chief and isinstance(said, contract.Checkpoint):
-                self.attempt.saw_saved(said.step)
+                self.state.attempt.saw_saved(said.step)
             if found is not None and (chief or not self.spec.coordinator):
-                self.attempt.saw_step(found['step'])
-                self.stepped.add(record.name)
+                self.state.attempt.saw_step(found['step'])
+                self.state.stepped.add(record.name)
                 self.clock.stepped(record.name, found['step'], by_chief=chief and self.spec.coordinator)
         self.life.follow(record.name,
                          lambda stop: backend.read_log(record, follow=True, stop=stop, offset=record.log_offset),
@@ -434,7 +424,7 @@ class SupervisedRun(Strategy):
         """Stop these tasks: the chief first, with time to write its checkpoint while the ps tasks
         still run (only then can it save; `checkpoint`: and they answer), then everything else at once."""
         live = [r for r in records if self.backends[r.backend].status(r).alive]
-        ps_alive = all(self.backends[r.backend].status(r).alive for r in self.records if r.job == 'ps')
+        ps_alive = all(self.backends[r.backend].status(r).alive for r in self.state.records if r.job == 'ps')
         first = [r for r in live if self.is_chief(r)] if ps_alive and checkpoint else []
         if first:
             self.backends[first[0].backend].stop(first, grace=CHECKPOINT_GRACE_SECS)
@@ -442,8 +432,8 @@ class SupervisedRun(Strategy):
 
     def teardown(self, checkpoint: bool = True) -> None:
         """Stop every task and stop following their logs once all is read."""
-        self._stop(self.records, checkpoint)
-        self.life.unfollow([r.name for r in self.records])
+        self._stop(self.state.records, checkpoint)
+        self.life.unfollow([r.name for r in self.state.records])
 
     # -- the tasks' leases and the state file --------------------------------------------------
     def publish(self) -> None:
@@ -452,9 +442,9 @@ class SupervisedRun(Strategy):
             self._renew(name)
 
     def _renew(self, name: str) -> None:
-        plans = [p for p in self.plans if p.backend == name]
+        plans = [p for p in self.state.plans if p.backend == name]
         if plans:
-            self.backends[name].renew(plans, text=self.members.to_text())
+            self.backends[name].renew(plans, text=self.state.members.to_text())
 
     def _renew_leases(self, name: str) -> None:
         while not self._done.wait(LEASE_RENEW_SECS):
@@ -465,14 +455,14 @@ class SupervisedRun(Strategy):
 
     def save_state(self) -> None:
         """The state file `launch status` reads: the tasks, the newest step, the restarts, the workers."""
-        self._state.tasks = list(self.records)
-        progress = self.attempt.progress_record(self.spec.train.steps)
+        self._launch_state.tasks = list(self.state.records)
+        progress = self.state.attempt.progress_record(self.spec.train.steps)
         if progress is not None:
-            self._state.progress = progress
-        self._state.restarts = self.restarts
-        self._state.workers = WorkerPool(self.spec.num_workers, list(self.members.indices), self.scaling.asked)
+            self._launch_state.progress = progress
+        self._launch_state.restarts = self.state.restarts
+        self._launch_state.workers = WorkerPool(self.spec.num_workers, list(self.state.members.indices), self.scaling.asked)
         try:
-            self._state.save(state_path(self.spec))
+            self._launch_state.save(state_path(self.spec))
             self._state_error = False
         except OSError as e:        # a full disk (named by the disk's watch), or a train_dir removed (checked apart)
             if not self._state_error and not (self.life.disk and self.life.disk.check()):

@@ -21,12 +21,13 @@ from cluster.runtime.rundir import EXIT_FAILED, EXIT_NO_RESTART
 from cluster.runtime.runjson import short
 from launch.backends.base import ENDED, Backend, TaskRecord, tail
 from launch.run import disk
-from launch.records.event_types import TaskLost
-from launch.run import policy as supervise
+from launch.records.event_types import Stall, TaskLost
+from launch.run import policy
 from launch.run import stacks
 from launch.run.console import is_chatter
 from launch.run.lifecycle import Failure, Lifecycle, resume_hint
 from launch.run.policy import Action, Decision, Policy, TaskState, TaskStatus
+from launch.run.supervised.plan import Backoff
 
 PROBE_SECS = 3.0                # a stall probe's deadline for each task's gRPC server
 FINAL_LINE = 295                # characters the line a failed run ends with keeps to (its cause's detail: the log)
@@ -194,10 +195,13 @@ def record_faults(life: Lifecycle, decision: Decision, statuses: Sequence[TaskSt
     task's last error line (None: it logged none) and the failures run.json keeps of them."""
     if decision.stalled:
         dump = decision.stacks
-        where = {} if dump is None else {
-            'stacks': dump.relative(life.spec.train.train_dir) if dump.written else None,
-            'no_stacks': [name for name, _ in dump.silent]}
-        life.emit('stall', tasks=list(decision.tasks), cause=first(decision.disk, decision.reason), **where)
+        tasks, why = list(decision.tasks), first(decision.disk, decision.reason)
+        if dump is None:
+            life.emit(Stall(tasks=tasks, cause=why))
+        else:       # `stacks` is null when none was written
+            life.emit(Stall(tasks=tasks, cause=why, stacks=dump.relative(life.spec.train.train_dir) if dump.written
+                            else None, no_stacks=[name for name, _ in dump.silent],
+                            keys=('tasks', 'cause', 'stacks', 'no_stacks')))
         return {}, []
     by_name = {t.name: t for t in statuses}
     errors: dict[str, str | None] = {}
@@ -210,12 +214,12 @@ def record_faults(life: Lifecycle, decision: Decision, statuses: Sequence[TaskSt
         error = errors[name] = last_error(record, backends) if record else None
         lost = t is not None and t.state is not TaskState.RUNNING
         after = decision.tasks[0] if name in followers else None
-        why = supervise.how_lost(t) if t and lost else f'{name} stopped with {after}' if after else decision.reason
+        why = policy.how_lost(t) if t and lost else f'{name} stopped with {after}' if after else decision.reason
         why = first(decision.disk, why)
         life.emit(TaskLost(task=name, cause=why, exit_code=code, signal=_signal_name(code), error=error, after=after))
         if after is not None:
             continue        # its words join the cause's failure
-        then = [supervise.how_lost(by_name[f]) for f in followers if by_name[f].state is not TaskState.RUNNING]
+        then = [policy.how_lost(by_name[f]) for f in followers if by_name[f].state is not TaskState.RUNNING]
         if lost and then:       # (a task not lost, a frozen one, has the decision's whole reason already)
             why += f' (then {", ".join(then)})'
         failures.append(Failure(name, why + (f'; its last error: {short(error, ERROR_CHARS)}' if error else ''),
@@ -275,7 +279,7 @@ class Verdict:
 
 
 def judge(decision: Decision, records: Sequence[TaskRecord], backends: Mapping[str, Backend],
-          policy: Policy, restarts: int) -> Verdict:
+          rules: Policy, restarts: int) -> Verdict:
     """Giving up: which task, how, its last Python error, and why no restart was made. A user
     command's run ends with its worker's own exit code."""
     full, message, can_save = _cause(decision, records, backends)
@@ -286,7 +290,7 @@ def judge(decision: Decision, records: Sequence[TaskRecord], backends: Mapping[s
         seen = backends[lost.backend].status(lost)
         exit_code = seen.exit_code if seen.state == ENDED else None
         verdict.no_restore = exit_code == EXIT_NO_RESTART
-        if policy.user_command and lost.job == 'worker' and exit_code is not None and exit_code > 0:
+        if rules.user_command and lost.job == 'worker' and exit_code is not None and exit_code > 0:
             verdict.code = exit_code
         verdict.message = first(full, message.replace(lost.name, f'{lost.name} (pid {lost.pid} on {lost.host})', 1))
         error = last_error(lost, backends)
@@ -295,7 +299,7 @@ def judge(decision: Decision, records: Sequence[TaskRecord], backends: Mapping[s
         verdict.failures = [Failure(lost.name, verdict.message + (f'; its last error: {short(error, ERROR_CHARS)}'
                                                                   if error else ''), lost.host, lost.pid)]
     verdict.after = f'; {decision.note}' if decision.note else ''
-    if restarts >= policy.max_restarts and policy.restart == 'on-failure':
+    if restarts >= rules.max_restarts and rules.restart == 'on-failure':
         verdict.after += f'; {restarts} restart(s) made, the most supervise.max_restarts allows'
     return verdict
 
@@ -304,7 +308,7 @@ def judge(decision: Decision, records: Sequence[TaskRecord], backends: Mapping[s
 class FaultHistory:
     """The faults a run has met, as far as the next restart needs them: the backoff streak and
     the fault before the last restart (the repeat rule)."""
-    last: supervise.Fault | None = None         # the fault before the last restart
+    last: policy.Fault | None = None         # the fault before the last restart
     last_at: float | None = None
     streak: int = 0                             # restarts in a row
 
@@ -315,14 +319,23 @@ class FaultHistory:
         came one after another on a run that mended each of them."""
         self.streak = 0
 
-    def backoff(self, policy: Policy) -> float:
-        """The wait before the restart just counted: it grows with each restart in a row that did
-        not bring the training back."""
-        now = time.monotonic()
+    def peek(self, rules: Policy, now: float) -> Backoff:
+        """The restart counted `now` and the wait before it, without counting it (the loop
+        commits it with the plan that makes the restart): the wait grows with each restart in a
+        row that did not bring the training back."""
         since = None if self.last_at is None else now - self.last_at
-        self.streak = supervise.next_streak(self.streak, since)
-        self.last_at = now
-        return supervise.backoff_delay(policy, self.streak)
+        streak = policy.next_streak(self.streak, since)
+        return Backoff(streak, now, policy.backoff_delay(rules, streak))
+
+    def commit(self, backoff: Backoff) -> None:
+        """The restart of `backoff` is made."""
+        self.streak, self.last_at = backoff.streak, backoff.at
+
+    def backoff(self, rules: Policy) -> float:
+        """Count one more restart now; returns the wait before it."""
+        counted = self.peek(rules, time.monotonic())
+        self.commit(counted)
+        return counted.delay
 
     def escalate(self, decision: Decision, errors: Mapping[str, str | None],
                  checkpoint_step: Callable[[], int | None]) -> Decision:
@@ -330,7 +343,7 @@ class FaultHistory:
         if decision.action not in (Action.RESTART, Action.RESTART_TASKS) or not decision.tasks:
             return decision
         first = decision.tasks[0]
-        fault = supervise.Fault.of(first, None if decision.stalled else errors.get(first), checkpoint_step())
-        escalated = supervise.escalate(decision, self.last, fault)
+        fault = policy.Fault.of(first, None if decision.stalled else errors.get(first), checkpoint_step())
+        escalated = policy.escalate(decision, self.last, fault)
         self.last = fault
         return escalated

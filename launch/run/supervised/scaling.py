@@ -9,7 +9,6 @@ set. Either way the live set is written into every task's lease (cluster/runtime
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
 from dataclasses import dataclass
 from typing import Protocol
@@ -20,29 +19,28 @@ from cluster.runtime.contract import TaskName
 from cluster.runtime.rundir import EXIT_OK
 from cluster.spec import ClusterSpec
 from launch.run import control
-from launch.run import policy as supervise
-from launch.run.attempt import Attempt
-from launch.run.control import Reply
-from launch.run.faults import TaskFailed
+from launch.run import policy
+from launch.run.supervised.attempt import Attempt
+from launch.records.event_types import Scale, Scaled
+from launch.run.control import Reply, ScaleRequest
+from launch.run.supervised.plan import Plan
+from launch.run.supervised.state import SupervisorState
 from launch.run.lifecycle import CHECKPOINT_GRACE_SECS, Lifecycle, RunResult, RunState
-from launch.run.policy import Policy, TaskState, TaskStatus
+from launch.run.policy import TaskState, TaskStatus
 
 
 class ScaledRun(Protocol):
-    """What scaling asks of the run it changes (launch/run/supervised.py SupervisedRun)."""
+    """What a scale asks of the loop (loop.py SupervisedRun): its state, plans applied, and the
+    procedures of a sync scale's restart."""
     spec: ClusterSpec
     life: Lifecycle
-    policy: Policy
-    members: Members
-    attempt: Attempt
-    restarts: int
+    state: SupervisorState
     start_timeout: float
-    retired: set[str]                       # workers failed over: never started again
-    stepped: set[str]                       # workers whose current start logged a step
-    serving: dict[str, threading.Event]     # set once a task's own log says it serves
 
     @property
     def say(self) -> Callable[[str], None]: ...
+
+    def apply(self, plan: Plan) -> None: ...
 
     def publish(self) -> None: ...
 
@@ -57,13 +55,11 @@ class ScaledRun(Protocol):
 
     def start_cluster(self, restart: int | None = None) -> None: ...
 
-    def recover_start(self, e: TaskFailed) -> None: ...
-
 
 @dataclass
 class ScaleOp:
     """A scale request under way: what must happen before it is answered, and by when."""
-    request: dict                   # as control.take read it
+    request: ScaleRequest                   # as control.take read it
     add: list[str]                  # workers that join: each must log a step
     remove: list[str]               # workers that leave: each must have ended
     lines: list[str]                # what the launcher said of it, for the reply
@@ -73,7 +69,7 @@ class ScaleOp:
     failures_seen: int = 0          # of that attempt's failures, those already read
 
     @classmethod
-    def of(cls, request: dict, add: list[str], remove: list[str], line: str, secs: float,
+    def of(cls, request: ScaleRequest, add: list[str], remove: list[str], line: str, secs: float,
            attempt: Attempt | None = None) -> ScaleOp:
         return cls(request, add, remove, [line], time.monotonic() + secs, secs, attempt,
                    len(attempt.failures) if attempt else 0)
@@ -81,7 +77,7 @@ class ScaleOp:
     @property
     def workers(self) -> int:
         """The worker count asked for."""
-        return self.request['workers']
+        return self.request.workers
 
     def let_go(self, tolerated: set[str]) -> list[str]:
         """Joiners lost and not started again (the supervisor tolerated their loss)."""
@@ -107,7 +103,7 @@ class ScaleMove:
     def of(cls, now: Members, pool: int, retired: set[str], want: int) -> ScaleMove:
         epoch = now.epoch + 1
         workers = dict(now.workers)
-        add, remove = supervise.scale_moves(pool, now.indices, {TaskName.parse(n).index for n in retired}, want)
+        add, remove = policy.scale_moves(pool, now.indices, {TaskName.parse(n).index for n in retired}, want)
         for i in add:
             workers[i] = epoch
         for i in remove:
@@ -133,6 +129,20 @@ def refusal(spec: ClusterSpec, want: int) -> str | None:
     if spec.train.command:
         return 'a train.command is a program of its own: its workers cannot be scaled'
     return None
+
+
+def change_live(state: SupervisorState, request: ScaleRequest, move: ScaleMove, now: float) -> Plan:
+    """Async training: the new live set told to every lease at once (the leaving workers stop
+    after their current step), the joining ones due now (one let go before joins anew)."""
+    add, remove = move.names_add, move.names_remove
+    line = (f'scaling {state.members.count} -> {request.workers} workers: '
+            + (f'starting {", ".join(add)}' if add else
+               f'{", ".join(remove)} ' + ('finishes its step and leaves' if len(remove) == 1 else
+                                           'finish their step and leave'))
+            + ' (async: the others train on)')
+    return Plan(members=Members(move.epoch, move.workers), publish=True, say=(line,),
+                events=(Scale(to=request.workers, add=add, remove=remove, pid=request.pid),),
+                welcome=frozenset(add), unserved=tuple(add), due={name: now for name in add})
 
 
 class Scaling:
@@ -162,45 +172,45 @@ class Scaling:
         op = self.op
         self._restarted(op)
         by_name = {t.name: t for t in statuses}
-        finished = run.attempt.step is not None and run.attempt.step >= run.spec.train.steps
-        let_go = op.let_go(run.attempt.tolerated)
+        finished = run.state.attempt.step is not None and run.state.attempt.step >= run.spec.train.steps
+        let_go = op.let_go(run.state.attempt.tolerated)
         if let_go:
             self._end(op, Reply.FAILED, f'{", ".join(let_go)} ended while joining the training and '
                                         f'{"is" if len(let_go) == 1 else "are"} not started again; '
                                         f'{self._live()}')
-        elif op.took_effect(by_name, run.stepped, finished):
+        elif op.took_effect(by_name, run.state.stepped, finished):
             self._end(op, Reply.DONE, self._live())
         elif time.monotonic() > op.deadline:
             self._end(op, Reply.FAILED, f'the change did not take effect within {op.secs:.0f}s')
 
     def _live(self, when: str = 'now') -> str:
         """`2 worker(s) train now (worker:0, worker:1)`: the live set, as the supervisor has it."""
-        members = self.run.members
+        members = self.run.state.members
         return f'{members.count} worker(s) train {when} ({", ".join(f"worker:{i}" for i in members.indices)})'
 
     def _restarted(self, op: ScaleOp) -> None:
         """Joiners the supervisor starts again after they were lost (or the cluster it restarted),
         since the last look: a line for the reply each, and the change is given its time anew."""
         run = self.run
-        max_restarts = run.policy.max_restarts
-        if op.attempt is not None and run.attempt is not op.attempt:
-            op.lines.append(f'restart {run.restarts}/{max_restarts}: the cluster started again while the '
+        max_restarts = run.state.policy.max_restarts
+        if op.attempt is not None and run.state.attempt is not op.attempt:
+            op.lines.append(f'restart {run.state.restarts}/{max_restarts}: the cluster started again while the '
                             'change was under way')
-            op.attempt, op.failures_seen = run.attempt, 0
+            op.attempt, op.failures_seen = run.state.attempt, 0
             op.deadline = time.monotonic() + op.secs
-        new = run.attempt.failures[op.failures_seen:]
-        op.attempt, op.failures_seen = run.attempt, len(run.attempt.failures)
+        new = run.state.attempt.failures[op.failures_seen:]
+        op.attempt, op.failures_seen = run.state.attempt, len(run.state.attempt.failures)
         for failure in new:
-            if failure.task in op.add and failure.task not in run.attempt.tolerated:
+            if failure.task in op.add and failure.task not in run.state.attempt.tolerated:
                 op.lines.append(f'{failure.task} ended while joining the training ({failure.cause}); '
-                                f'restart {run.restarts}/{max_restarts} starts it again')
+                                f'restart {run.state.restarts}/{max_restarts} starts it again')
                 op.deadline = time.monotonic() + op.secs
 
-    def _begin(self, request: dict) -> None:
+    def _begin(self, request: ScaleRequest) -> None:
         """A new request: refused, answered at once (the count is met), or begun: live in async
         training, through a checkpoint and a restart in sync training."""
         run = self.run
-        want, now = request['workers'], run.members
+        want, now = request.workers, run.state.members
         why = refusal(run.spec, want)
         if why:
             self._refuse(request, why)
@@ -208,10 +218,10 @@ class Scaling:
         if want == now.count:
             control.answer(run.spec.train.train_dir, request, Reply.DONE, [self._live('already')])
             return
-        move = ScaleMove.of(now, run.spec.num_workers, run.retired, want)
+        move = ScaleMove.of(now, run.spec.num_workers, run.state.retired, want)
         if len(move.add) < want - now.count:
             self._refuse(request, f'the pool has {len(move.add)} worker(s) left to start '
-                                  f'(failed over: {", ".join(sorted(run.retired))})')
+                                  f'(failed over: {", ".join(sorted(run.state.retired))})')
             return
         if not run.spec.train.sync:
             self._change_live(request, move)
@@ -221,37 +231,24 @@ class Scaling:
             self._refuse(request, unsaved)
             return
         # the count of checkpoint requests as _checkpoint_now left it
-        self._restart(request, Members(move.epoch, move.workers, run.members.save), move.names_add, move.names_remove)
+        self._restart(request, Members(move.epoch, move.workers, run.state.members.save), move.names_add, move.names_remove)
 
     def _secs(self) -> float:
         """The time a change has to take effect: a start, then as long as a step may take."""
-        return self.run.start_timeout + self.run.policy.stall_secs
+        return self.run.start_timeout + self.run.state.policy.stall_secs
 
-    def _change_live(self, request: dict, move: ScaleMove) -> None:
+    def _change_live(self, request: ScaleRequest, move: ScaleMove) -> None:
         """Async: new workers start, leaving ones finish their step and stop; the others train on."""
         run = self.run
-        before = run.members.count
-        run.members = Members(move.epoch, move.workers)
-        run.publish()     # at once: the leaving ones stop after their current step
-        add, remove = move.names_add, move.names_remove
-        line = (f'scaling {before} -> {request["workers"]} workers: '
-                + (f'starting {", ".join(add)}' if add else
-                   f'{", ".join(remove)} ' + ('finishes its step and leaves' if len(remove) == 1 else
-                                               'finish their step and leave'))
-                + ' (async: the others train on)')
-        run.say(line)
-        run.life.emit('scale', to=request['workers'], add=add, remove=remove, pid=request.get('pid'))
-        for name in add:
-            run.attempt.tolerated.discard(name)     # let go before (lost, not started again): it joins anew
-            run.attempt.due[name] = time.monotonic()
-            run.serving.pop(name, None)
-        self.op = ScaleOp.of(request, add, remove, line, self._secs(), run.attempt)
+        plan = change_live(run.state, request, move, time.monotonic())
+        run.apply(plan)
+        self.op = ScaleOp.of(request, move.names_add, move.names_remove, plan.say[0], self._secs(), run.state.attempt)
         run.save_state()
         # They start at the supervisor's next round, before it looks at the tasks again: what
         # it saw this round holds the end of an earlier start of one let go before, which must
         # not count as the new start lost.
 
-    def _refuse(self, request: dict, why: str) -> None:
+    def _refuse(self, request: ScaleRequest, why: str) -> None:
         self.run.say(f'scale refused: {why}')
         control.answer(self.run.spec.train.train_dir, request, Reply.REFUSED, [why])
 
@@ -261,9 +258,9 @@ class Scaling:
         done, or None once a new checkpoint is there; the cluster trains on either way."""
         run = self.run
         before = run.life.checkpoint_step()
-        run.members = dataclasses.replace(run.members, save=run.members.save + 1)
+        run.state.members = dataclasses.replace(run.state.members, save=run.state.members.save + 1)
         run.publish()
-        secs = min(CHECKPOINT_GRACE_SECS, run.policy.stall_secs / 2)     # a chief stuck that long is stuck
+        secs = min(CHECKPOINT_GRACE_SECS, run.state.policy.stall_secs / 2)     # a chief stuck that long is stuck
         deadline = time.monotonic() + secs
         while time.monotonic() < deadline:
             step = run.life.checkpoint_step()
@@ -273,33 +270,28 @@ class Scaling:
         return (f'sync training restarts through a checkpoint, but no new checkpoint of the chief could be '
                 f'read back from {run.spec.train.train_dir} within {secs:.0f}s; nothing was changed')
 
-    def _restart(self, request: dict, members: Members, add: list[str], remove: list[str]) -> None:
+    def _restart(self, request: ScaleRequest, members: Members, add: list[str], remove: list[str]) -> None:
         """Sync: SyncReplicasOptimizer fixes the number of replicas in the graph, so the cluster
         stops (the chief saves first) and starts again with the new live set, from the checkpoint;
         replicas_to_aggregate and the default learning rate follow the count. Not a fault: no
         restart of supervise.max_restarts is used."""
         run = self.run
-        before, want = run.members.count, members.count
+        before, want = run.state.members.count, members.count
         line = (f'scaling {before} -> {want} workers: sync training fixes its number of replicas '
                 '(SyncReplicasOptimizer), so the cluster restarts through a checkpoint; the chief saves first')
         run.say(line)
-        run.life.emit('scale', to=want, add=add, remove=remove, pid=request.get('pid'))
+        run.life.emit(Scale(to=want, add=add, remove=remove, pid=request.pid))
         run.teardown(checkpoint=True)
         step = run.life.checkpoint_step()
-        ended = RunResult(state=RunState.SCALED, exit_code=EXIT_OK, restarts=run.restarts,
-                          failures=list(run.attempt.failures), global_step=run.attempt.global_step)
+        ended = RunResult(state=RunState.SCALED, exit_code=EXIT_OK, restarts=run.state.restarts,
+                          failures=list(run.state.attempt.failures), global_step=run.state.attempt.global_step)
         run.resize(members, leaving=remove)
         resumed = f'the checkpoint at global step {step}' if step is not None else 'step 0 (no checkpoint yet)'
         run.new_attempt(f'scale {before} -> {want} workers', step, ended)
         run.publish()
         run.say(f'scaling {before} -> {want} workers: starting the cluster again from {resumed}')
-        self.op = ScaleOp.of(request, [f'worker:{i}' for i in members.indices], [], line, self._secs(), run.attempt)
-        try:
-            run.start_cluster()
-        except TaskFailed as e:
-            if e.task is None:          # not a task lost on the way (the run's directory gone): as before
-                raise
-            run.recover_start(e)        # a task lost while it started: a fault, under the run's policy
+        self.op = ScaleOp.of(request, [f'worker:{i}' for i in members.indices], [], line, self._secs(), run.state.attempt)
+        run.start_cluster()     # a task lost while it starts: a fault, which the loop hands to recovery
 
     def _end(self, op: ScaleOp, state: Reply, line: str) -> None:
         """The reply to the request under way (`op`); the next one can be taken."""
@@ -307,5 +299,5 @@ class Scaling:
         run = self.run
         run.save_state()
         run.say(f'scale {state}: {line}')
-        run.life.emit('scaled', state=state, workers=list(run.members.indices), cause=line)
+        run.life.emit(Scaled(state=state, workers=list(run.state.members.indices), cause=line))
         control.answer(run.spec.train.train_dir, op.request, state, op.lines + [line])

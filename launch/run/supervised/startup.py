@@ -11,7 +11,7 @@ import grpc
 from launch.backends.base import ENDED, Backend, Observation, TaskRecord
 from cluster.runtime.rundir import EXIT_FAILED, EXIT_NO_RESTART, EXIT_USAGE
 from launch.run import disk
-from launch.run.faults import TaskFailed, Verdict, explaining_tail, last_error, log_tail, own_error
+from launch.run.supervised.faults import TaskFailed, Verdict, explaining_tail, last_error, log_tail, own_error
 from launch.run.lifecycle import Failure
 from launch.run.policy import describe_exit
 

@@ -1,0 +1,57 @@
+"""The supervisor's state: every mutable fact of a supervised run in one object, written only by
+the loop (launch/run/supervised/loop.py) as it applies plans (plan.py).
+
+The *desired* set is `members` (the live workers, told to every task's lease), less `tolerated`
+(lost and let go) and `retired` (failed over); `records` is what was started. Scale, failover,
+rejoin and tolerate change the desired set; the loop starts what is due and stops what left.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+from dataclasses import dataclass, field
+
+from cluster.runtime.membership import Members
+from cluster.spec import ClusterSpec
+from launch.backends.base import TaskRecord
+from launch.planning.plan import TaskPlan
+from launch.run.policy import Policy
+from launch.run.supervised.attempt import Attempt
+from launch.run.supervised.faults import FaultHistory
+
+
+@dataclass
+class SupervisorState:
+    """What the supervisor knows of its run now; the plan functions read it, the loop writes it."""
+    spec: ClusterSpec
+    plans: list[TaskPlan]
+    members: Members                        # the live workers and their generations (the desired set)
+    policy: Policy                          # the policy for the live count
+    records: list[TaskRecord] = field(default_factory=list)    # the current start of every task, in plan order
+    restarts: int = 0                       # the run's, of supervise.max_restarts
+    evaluator_restarts: int = 0             # a coordinator run's evaluator's own
+    attempt: Attempt = field(default_factory=Attempt)          # what this attempt has seen
+    history: FaultHistory = field(default_factory=FaultHistory)    # the backoff streak, the repeat rule's memory
+    retired: set[str] = field(default_factory=set)             # workers failed over: never started again
+    stepped: set[str] = field(default_factory=set)             # workers whose current start logged a step
+    serving: dict[str, threading.Event] = field(default_factory=dict)  # set once a task's own log says it serves
+
+    @classmethod
+    def new(cls, spec: ClusterSpec, plans: list[TaskPlan], workers: int | None) -> SupervisorState:
+        """The state before anything starts: the first `workers` of the pool live (all by default)."""
+        return cls(spec, plans, Members(1, {i: 1 for i in range(workers or spec.num_workers)}),
+                   Policy.of(dataclasses.replace(spec, live=workers)))
+
+    def live_policy(self) -> Policy:
+        """The policy for the live count now (after the live set changed between attempts)."""
+        return Policy.of(dataclasses.replace(self.spec, live=self.members.count))
+
+    def plan_of(self, name: str) -> TaskPlan:
+        return next(p for p in self.plans if p.name == name)
+
+    def record_of(self, name: str) -> TaskRecord | None:
+        return next((r for r in self.records if r.name == name), None)
+
+    def waiting(self) -> frozenset[str]:
+        """Tasks lost and let go, or due to start again: the policy does not count them lost again."""
+        return frozenset(self.attempt.tolerated | set(self.attempt.due))

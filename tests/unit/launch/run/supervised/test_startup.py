@@ -1,0 +1,50 @@
+"""The start-up of a supervised cluster (launch/run/supervised/startup.py) over the fake
+backend: every task up, or the first task that is not and why, naming it for the policy."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from launch.run.supervised.faults import TaskFailed
+from launch.run.supervised.startup import wait_for_servers
+from tests.conftest import write_spec
+from tests.harness.fake_backend import FROZEN, FakeBackend, fake_cluster, record_of
+
+
+def start(tmp_path, script, logs=None):
+    _, plans = fake_cluster(write_spec(tmp_path, workers=2))
+    backend = FakeBackend({p.name: None for p in plans} | script, logs)
+    return [record_of(p) for p in plans], {'fake': backend}
+
+
+def test_every_task_up_and_reported_ends_the_wait(tmp_path):
+    records, backends = start(tmp_path, {'worker:1': 0})      # one already finished well: up
+    wait_for_servers(records, backends, float('inf'), threading.Event())
+
+
+@pytest.mark.parametrize('script, logs, message, task, tail', [
+    ({'worker:1': 1}, {'worker:1': ['ValueError: bad input']}, 'worker:1 exited with code 1 during start-up',
+     'worker:1', ['ValueError: bad input']),
+    ({'ps:0': -9}, {}, 'ps:0 was killed by SIGKILL during start-up', 'ps:0', []),
+])
+def test_a_task_that_died_on_the_way_is_named(tmp_path, script, logs, message, task, tail):
+    records, backends = start(tmp_path, script, logs)
+    with pytest.raises(TaskFailed) as failed:
+        wait_for_servers(records, backends, float('inf'), threading.Event())
+    assert (str(failed.value), failed.value.task, failed.value.log_tail) == (message, task, tail)
+
+
+def test_a_task_frozen_for_the_stall_limit_is_a_fault(tmp_path):
+    records, backends = start(tmp_path, {'worker:0': FROZEN})
+    with pytest.raises(TaskFailed) as failed:
+        wait_for_servers(records, backends, float('inf'), threading.Event(), stall_secs=0)
+    assert str(failed.value).startswith('worker:0 is stopped (SIGSTOP, or a debugger) during start-up for 0s')
+    assert failed.value.task == 'worker:0'
+
+
+def test_a_task_not_reported_by_the_deadline_is_late(tmp_path):
+    records, backends = start(tmp_path, {})
+    with pytest.raises(TaskFailed) as failed:
+        wait_for_servers(records, backends, 0.0, threading.Event(), reported=lambda name: name != 'worker:1')
+    assert failed.value.task == 'worker:1' and failed.value.how == 'worker:1 was not up within --start-timeout'
