@@ -403,6 +403,6 @@ def test_the_readme_is_short_and_opens_with_the_two_set_up_commands():
     first, second = _readme_commands()
     assert first == 'pip install -e . && launch up specs/local2.yaml'
     ci = (Path(REPO) / '.ci' / 'run').read_text(encoding='utf-8').rstrip().splitlines()[-1]
-    assert second == ci and second.endswith('python -m pytest -m "not slow" && python -m pytest -m slow')
+    assert second == ci and second.endswith('python -m pytest -m "not slow" -n 2 && python -m pytest -m slow')
     for page in re.findall(r'\]\((docs/[^)#]+\.md)', text):
         assert (Path(REPO) / page).is_file(), page
