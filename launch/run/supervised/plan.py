@@ -13,22 +13,46 @@ from collections.abc import Mapping
 
 from cluster.runtime.membership import Members
 from launch.records.event_types import Event
+from launch.run.lifecycle import RunResult
+from launch.run.supervised.faults import Backoff, Verdict
 
 
 @dataclass(frozen=True)
-class Backoff:
-    """One more restart of the run's, with the wait before it: the restart streak it makes and
-    when it was counted (launch/run/supervised/faults.py FaultHistory.peek)."""
-    streak: int
-    at: float           # time.monotonic() when it was counted
-    delay: float        # the wait before the restarted tasks start (supervise.backoff_secs)
+class Relaunch:
+    """Every task stopped, to start the whole cluster again in a new attempt (a restart of the
+    cluster). What follows the stop needs what the stop leaves (the checkpoint to resume from,
+    and the backoff, counted once every task stopped): the loop reads those then and applies
+    the plan recovery.py `resume` makes of them."""
+    number: int             # the restart it is, of supervise.max_restarts
+    reason: str             # the fault, as the decision gives it
+    checkpoint: bool        # the chief saves first (it and every ps can still answer)
+
+
+@dataclass(frozen=True)
+class NewAttempt:
+    """The attempt ends (`ended`, to run.json) and the next begins from the checkpoint at
+    `from_step` (the `restart` event); its tasks are told `env` besides."""
+    reason: str
+    from_step: int | None
+    ended: RunResult
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StartAll:
+    """Every live task started (a new attempt's), after `wait` seconds (the backoff), as restart
+    `restart`, and their servers waited for. A task lost on the way is an observation the loop
+    decides about in its next round (SupervisorState.lost_starting)."""
+    wait: float
+    restart: int
 
 
 @dataclass(frozen=True)
 class Plan:
     """What to change, in the order the loop applies it: the restart counted, the desired set
-    (members, tolerated, retired), the lines said, a new attempt of the tasks named, the events,
-    the tasks stopped, the tasks started and when. The empty plan changes nothing."""
+    (members, tolerated, retired), the lines said, a new attempt (of the tasks named, or of
+    all), the events, the tasks stopped (some, or all to start again, or all to give up), the
+    tasks started and when. The empty plan changes nothing."""
     restart: Backoff | None = None              # one more of supervise.max_restarts, committed to the history
     evaluator_restart: bool = False             # one more of a coordinator run's evaluator's own restarts
     members: Members | None = None              # the live set from now on
@@ -46,6 +70,10 @@ class Plan:
     due: Mapping[str, float] = field(default_factory=dict)     # tasks to start, and when (time.monotonic())
     start: bool = False                         # start what is due now (else at the loop's next round)
     unserved: tuple[str, ...] = ()              # tasks whose earlier start's "serving" no longer counts
+    relaunch: Relaunch | None = None            # every task stopped, the cluster to start again (recovery.resume)
+    attempt: NewAttempt | None = None           # the attempt ends and the next begins
+    start_all: StartAll | None = None           # every live task started, after a wait
+    give_up: Verdict | None = None              # the run ends: every task stopped, then its one line (TaskFailed)
 
     @property
     def empty(self) -> bool:

@@ -20,6 +20,15 @@ from launch.run.supervised.attempt import Attempt
 from launch.run.supervised.faults import FaultHistory
 
 
+@dataclass(frozen=True)
+class StartLoss:
+    """A task lost while the cluster started (startup.py's TaskFailed naming it): an observation
+    the loop decides about in its next round, as one more fault (recovery.py lost_in_start)."""
+    task: str
+    how: str | None             # its words for it, where start-up gave some
+    exit_code: int | None
+
+
 @dataclass
 class SupervisorState:
     """What the supervisor knows of its run now; the plan functions read it, the loop writes it."""
@@ -35,6 +44,7 @@ class SupervisorState:
     retired: set[str] = field(default_factory=set)             # workers failed over: never started again
     stepped: set[str] = field(default_factory=set)             # workers whose current start logged a step
     serving: dict[str, threading.Event] = field(default_factory=dict)  # set once a task's own log says it serves
+    lost_starting: StartLoss | None = None      # a task lost while the cluster started, not decided about yet
 
     @classmethod
     def new(cls, spec: ClusterSpec, plans: list[TaskPlan], workers: int | None) -> SupervisorState:
