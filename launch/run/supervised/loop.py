@@ -38,7 +38,7 @@ from launch.run.supervised.mending import RecoveryClock
 from launch.run.supervised.notes import check_tail, evaluator_needs, quiet_warning
 from launch.run.policy import Action, Policy, Progress, TaskState, TaskStatus
 from launch.run.supervised.recovery import Recovery, resume
-from launch.run.supervised.scaling import Scaling
+from launch.run.supervised.scaling import Scaling, resume_scaled
 from launch.run.supervised.startup import wait_for_servers
 from launch.run.state import LaunchState, WorkerPool
 from launch.run.supervised.plan import Plan
@@ -252,12 +252,8 @@ class SupervisedRun(Strategy):
     def _scale(self, statuses: list[TaskStatus]) -> None:
         """The scale request under way, or a new one; a task lost while a sync scale started the
         cluster again is a fault like any other, under the run's policy."""
-        try:
-            self.scaling.step(statuses)
-        except TaskFailed as e:
-            if e.task is None:      # not a task lost on the way (the run's directory gone): as before
-                raise
-            self.state.lost_starting = StartLoss(e.task, e.how, e.exit_code)
+        self.scaling.step(statuses)
+        if self.state.lost_starting is not None:
             self._lost_in_start()
 
     def _lost_in_start(self) -> None:
@@ -297,21 +293,22 @@ class SupervisedRun(Strategy):
         if plan.restart is not None:
             state.restarts += 1
             state.history.commit(plan.restart)
-        if plan.relaunch is not None:
+        if plan.relaunch is not None and plan.relaunch.number is not None:
             state.restarts = plan.relaunch.number
         state.evaluator_restarts += plan.evaluator_restart
         state.retired |= plan.retire
         state.attempt.tolerated = (state.attempt.tolerated | plan.tolerate) - plan.welcome
         if plan.members is not None:
             state.members = plan.members
-            if plan.publish:
-                self.publish()
+        state.records = [r for r in state.records if r.name not in plan.leaving]
+        if plan.attempt is not None:
+            self.new_attempt(plan.attempt.reason, plan.attempt.from_step, plan.attempt.ended, plan.attempt.env)
+        if plan.members is not None and plan.publish:
+            self.publish()
         for line in plan.say:
             self.say(line)
         if plan.restart_tasks:
             self.life.next_attempt(plan.restart_reason, None, tasks=plan.restart_tasks)
-        if plan.attempt is not None:
-            self.new_attempt(plan.attempt.reason, plan.attempt.from_step, plan.attempt.ended, plan.attempt.env)
         for event in plan.events:
             self.life.emit(event)
         let_go(plan, self.state.records, self.backends)
@@ -327,18 +324,24 @@ class SupervisedRun(Strategy):
     def _apply_whole(self, plan: Plan) -> None:
         """The parts of a plan about every task: stopped to start again (then what the stop left
         decides the rest, recovery.py resume), started, or stopped to give the run up."""
-        if plan.relaunch is not None:
-            self.teardown(checkpoint=plan.relaunch.checkpoint)
-            self.clock.phase('stop')
-            step = self.life.checkpoint_step()
-            delay = self.state.history.backoff(self.state.policy)
-            self.apply(resume(self.state, plan.relaunch, step, delay, self.clock.done))
-        if plan.start_all is not None and not self.interrupted.wait(plan.start_all.wait):
-            self.clock.phase('backoff', from_step=self.state.attempt.from_step)
-            self.check_run_dir()
+        relaunch, start = plan.relaunch, plan.start_all
+        if relaunch is not None:
+            self.teardown(checkpoint=relaunch.checkpoint)
+            if relaunch.number is None:     # a sync scale: no fault, no backoff
+                self.apply(resume_scaled(self.state, relaunch, self.life.checkpoint_step()))
+            else:
+                self.clock.phase('stop')
+                step = self.life.checkpoint_step()
+                delay = self.state.history.backoff(self.state.policy)
+                self.apply(resume(self.state, relaunch, step, delay, self.clock.done))
+        if start is not None and not self.interrupted.wait(start.wait):
+            if start.restart is not None:
+                self.clock.phase('backoff', from_step=self.state.attempt.from_step)
+                self.check_run_dir()
             try:
-                self.start_cluster(restart=plan.start_all.restart)
-                self.clock.phase('start')
+                self.start_cluster(restart=start.restart)
+                if start.restart is not None:
+                    self.clock.phase('start')
             except TaskFailed as e:
                 if e.task is None:          # not a task lost on the way (a port, a timeout): the run ends
                     raise

@@ -20,12 +20,14 @@ from launch.run.supervised.faults import Backoff, Verdict
 @dataclass(frozen=True)
 class Relaunch:
     """Every task stopped, to start the whole cluster again in a new attempt (a restart of the
-    cluster). What follows the stop needs what the stop leaves (the checkpoint to resume from,
-    and the backoff, counted once every task stopped): the loop reads those then and applies
-    the plan recovery.py `resume` makes of them."""
-    number: int             # the restart it is, of supervise.max_restarts
-    reason: str             # the fault, as the decision gives it
+    cluster, a sync scale). What follows the stop needs what the stop leaves (the checkpoint to
+    resume from, and a restart's backoff, counted once every task stopped): the loop reads those
+    then and applies the plan recovery.py `resume` (scaling.py `resume_scaled`) makes of them."""
+    number: int | None      # the restart it is, of supervise.max_restarts (None: a sync scale, no fault)
+    reason: str             # the fault, as the decision gives it; a scale's attempt's reason
     checkpoint: bool        # the chief saves first (it and every ps can still answer)
+    members: Members | None = None      # a sync scale's live set from the next attempt on
+    leaving: tuple[str, ...] = ()       # ... and the workers that leave it
 
 
 @dataclass(frozen=True)
@@ -41,21 +43,22 @@ class NewAttempt:
 @dataclass(frozen=True)
 class StartAll:
     """Every live task started (a new attempt's), after `wait` seconds (the backoff), as restart
-    `restart`, and their servers waited for. A task lost on the way is an observation the loop
-    decides about in its next round (SupervisorState.lost_starting)."""
+    `restart` (None: a sync scale's start, no restart), and their servers waited for. A task
+    lost on the way is an observation the loop decides about (SupervisorState.lost_starting)."""
     wait: float
-    restart: int
+    restart: int | None
 
 
 @dataclass(frozen=True)
 class Plan:
     """What to change, in the order the loop applies it: the restart counted, the desired set
-    (members, tolerated, retired), the lines said, a new attempt (of the tasks named, or of
-    all), the events, the tasks stopped (some, or all to start again, or all to give up), the
-    tasks started and when. The empty plan changes nothing."""
+    (members, tolerated, retired), a new attempt of all tasks, the leases told, the lines said,
+    a new attempt of the tasks named, the events, the tasks stopped (some, or all to start
+    again, or all to give up), the tasks started and when. The empty plan changes nothing."""
     restart: Backoff | None = None              # one more of supervise.max_restarts, committed to the history
     evaluator_restart: bool = False             # one more of a coordinator run's evaluator's own restarts
     members: Members | None = None              # the live set from now on
+    leaving: tuple[str, ...] = ()               # workers whose records go (they left the live set between attempts)
     publish: bool = False                       # told to every lease at once (else within LEASE_RENEW_SECS)
     tolerate: frozenset[str] = frozenset()      # lost and let go (the training goes on without them)
     welcome: frozenset[str] = frozenset()       # let go before, now asked to join anew

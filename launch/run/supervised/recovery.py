@@ -109,6 +109,7 @@ def resume(state: SupervisorState, relaunch: Relaunch, step: int | None, delay: 
     counted once the stop was done); the chief notes the restart in TensorBoard (RESTART_ENV).
     `recoveries`: the faults mended so far, for the ending attempt's result."""
     number, most = relaunch.number, state.policy.max_restarts
+    assert number is not None, 'a restart of the cluster is one of the run\'s'
     line = (f'restart {number}/{most}: resuming from '
             + (f'the checkpoint at global step {step}' if step is not None else
                'step 0 (no checkpoint was written yet)')

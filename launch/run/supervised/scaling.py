@@ -5,6 +5,9 @@ Async training takes workers in and out while the others train on: a new worker 
 that leaves finishes its step and stops. Sync training cannot: SyncReplicasOptimizer fixes the
 number of replicas in the graph, so the cluster restarts through a checkpoint with the new live
 set. Either way the live set is written into every task's lease (cluster/runtime/membership.py).
+Each change is a plan (plan.py) the loop applies: async, the new live set (change_live); sync, a
+restart of the cluster through a checkpoint (restart_scaled, then resume_scaled). Asking the chief
+for that checkpoint, following a request to its reply and the reply are Scaling's procedure.
 """
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Protocol
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 
 from cluster.runtime.membership import Members
 from cluster.runtime.contract import TaskName
@@ -23,15 +26,14 @@ from launch.run import policy
 from launch.run.supervised.attempt import Attempt
 from launch.records.event_types import Scale, Scaled
 from launch.run.control import Reply, ScaleRequest
-from launch.run.supervised.plan import Plan
+from launch.run.supervised.plan import NewAttempt, Plan, Relaunch, StartAll
 from launch.run.supervised.state import SupervisorState
 from launch.run.lifecycle import CHECKPOINT_GRACE_SECS, Lifecycle, RunResult, RunState
 from launch.run.policy import TaskState, TaskStatus
 
 
 class ScaledRun(Protocol):
-    """What a scale asks of the loop (loop.py SupervisedRun): its state, plans applied, and the
-    procedures of a sync scale's restart."""
+    """What a scale asks of the loop (loop.py SupervisedRun): its state, and plans applied."""
     spec: ClusterSpec
     life: Lifecycle
     state: SupervisorState
@@ -42,18 +44,7 @@ class ScaledRun(Protocol):
 
     def apply(self, plan: Plan) -> None: ...
 
-    def publish(self) -> None: ...
-
     def save_state(self) -> None: ...
-
-    def teardown(self, checkpoint: bool = True) -> None: ...
-
-    def resize(self, members: Members, leaving: Sequence[str]) -> None: ...
-
-    def new_attempt(self, reason: str, step: int | None, ended: RunResult,
-                    env: Mapping[str, str] | None = None) -> None: ...
-
-    def start_cluster(self, restart: int | None = None) -> None: ...
 
 
 @dataclass
@@ -143,6 +134,32 @@ def change_live(state: SupervisorState, request: ScaleRequest, move: ScaleMove, 
     return Plan(members=Members(move.epoch, move.workers), publish=True, say=(line,),
                 events=(Scale(to=request.workers, add=add, remove=remove, pid=request.pid),),
                 welcome=frozenset(add), unserved=tuple(add), due={name: now for name in add})
+
+
+def restart_scaled(state: SupervisorState, request: ScaleRequest, members: Members, add: list[str],
+                   remove: list[str]) -> Plan:
+    """Sync training: SyncReplicasOptimizer fixes the number of replicas in the graph, so the
+    cluster stops (the chief saves first) and starts again with the new live set `members`, from
+    the checkpoint; replicas_to_aggregate and the default learning rate follow the count. Not a
+    fault: no restart of supervise.max_restarts is used. What follows the stop: `resume_scaled`."""
+    before, want = state.members.count, members.count
+    line = (f'scaling {before} -> {want} workers: sync training fixes its number of replicas '
+            '(SyncReplicasOptimizer), so the cluster restarts through a checkpoint; the chief saves first')
+    return Plan(say=(line,), events=(Scale(to=want, add=add, remove=remove, pid=request.pid),),
+                relaunch=Relaunch(None, f'scale {before} -> {want} workers', True, members, tuple(remove)))
+
+
+def resume_scaled(state: SupervisorState, relaunch: Relaunch, step: int | None) -> Plan:
+    """Once every task stopped for a sync scale: the new live set, told to every lease, and a
+    new attempt from the checkpoint at `step` (None: none yet) with every live task started."""
+    assert relaunch.members is not None, 'a sync scale names its live set'
+    ended = RunResult(state=RunState.SCALED, exit_code=EXIT_OK, restarts=state.restarts,
+                      failures=list(state.attempt.failures), global_step=state.attempt.global_step)
+    resumed = f'the checkpoint at global step {step}' if step is not None else 'step 0 (no checkpoint yet)'
+    return Plan(members=relaunch.members, leaving=relaunch.leaving, publish=True,
+                attempt=NewAttempt(relaunch.reason, step, ended),
+                say=(f'scaling {state.members.count} -> {relaunch.members.count} workers: starting the cluster '
+                     f'again from {resumed}',), start_all=StartAll(0.0, None))
 
 
 class Scaling:
@@ -258,8 +275,7 @@ class Scaling:
         done, or None once a new checkpoint is there; the cluster trains on either way."""
         run = self.run
         before = run.life.checkpoint_step()
-        run.state.members = dataclasses.replace(run.state.members, save=run.state.members.save + 1)
-        run.publish()
+        run.apply(Plan(members=dataclasses.replace(run.state.members, save=run.state.members.save + 1), publish=True))
         secs = min(CHECKPOINT_GRACE_SECS, run.state.policy.stall_secs / 2)     # a chief stuck that long is stuck
         deadline = time.monotonic() + secs
         while time.monotonic() < deadline:
@@ -271,27 +287,15 @@ class Scaling:
                 f'read back from {run.spec.train.train_dir} within {secs:.0f}s; nothing was changed')
 
     def _restart(self, request: ScaleRequest, members: Members, add: list[str], remove: list[str]) -> None:
-        """Sync: SyncReplicasOptimizer fixes the number of replicas in the graph, so the cluster
-        stops (the chief saves first) and starts again with the new live set, from the checkpoint;
-        replicas_to_aggregate and the default learning rate follow the count. Not a fault: no
-        restart of supervise.max_restarts is used."""
+        """Sync: the cluster restarts with the new live set (restart_scaled); the request is under
+        way from before the stop (the state file says so), given its time once the tasks started.
+        A task lost while they start is left for the loop to decide about (state.lost_starting)."""
         run = self.run
-        before, want = run.state.members.count, members.count
-        line = (f'scaling {before} -> {want} workers: sync training fixes its number of replicas '
-                '(SyncReplicasOptimizer), so the cluster restarts through a checkpoint; the chief saves first')
-        run.say(line)
-        run.life.emit(Scale(to=want, add=add, remove=remove, pid=request.pid))
-        run.teardown(checkpoint=True)
-        step = run.life.checkpoint_step()
-        ended = RunResult(state=RunState.SCALED, exit_code=EXIT_OK, restarts=run.state.restarts,
-                          failures=list(run.state.attempt.failures), global_step=run.state.attempt.global_step)
-        run.resize(members, leaving=remove)
-        resumed = f'the checkpoint at global step {step}' if step is not None else 'step 0 (no checkpoint yet)'
-        run.new_attempt(f'scale {before} -> {want} workers', step, ended)
-        run.publish()
-        run.say(f'scaling {before} -> {want} workers: starting the cluster again from {resumed}')
-        self.op = ScaleOp.of(request, [f'worker:{i}' for i in members.indices], [], line, self._secs(), run.state.attempt)
-        run.start_cluster()     # a task lost while it starts: a fault, which the loop hands to recovery
+        plan = restart_scaled(run.state, request, members, add, remove)
+        self.op = ScaleOp.of(request, [f'worker:{i}' for i in members.indices], [], plan.say[0], 0.0)
+        run.apply(plan)
+        self.op.attempt, self.op.secs = run.state.attempt, self._secs()
+        self.op.deadline = time.monotonic() + self.op.secs
 
     def _end(self, op: ScaleOp, state: Reply, line: str) -> None:
         """The reply to the request under way (`op`); the next one can be taken."""
