@@ -15,7 +15,7 @@ import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Protocol
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from cluster.runtime.membership import Members
 from cluster.runtime.contract import TaskName
@@ -162,6 +162,57 @@ def resume_scaled(state: SupervisorState, relaunch: Relaunch, step: int | None) 
                      f'again from {resumed}',), start_all=StartAll(0.0, None))
 
 
+def live_words(members: Members, when: str = 'now') -> str:
+    """`2 worker(s) train now (worker:0, worker:1)`: the live set, as the supervisor has it."""
+    return f'{members.count} worker(s) train {when} ({", ".join(f"worker:{i}" for i in members.indices)})'
+
+
+@dataclass(frozen=True)
+class ScaleNews:
+    """What a look at the scale under way found: lines for its reply, whether it is given its
+    time anew (a joiner or the cluster started again), and its end (a reply and why) if it has one."""
+    lines: tuple[str, ...] = ()
+    anew: bool = False
+    reply: Reply | None = None
+    line: str = ''
+
+
+def look(op: ScaleOp, state: SupervisorState, statuses: Sequence[TaskStatus], now: float) -> ScaleNews:
+    """The scale under way (`op`), seen `now`: a restart of the cluster or a joiner started again
+    since the last look is a line of the reply each, and the change is given its time anew; a
+    joiner let go ends it as failed, every change made ends it as done, and so does the time
+    running out as failed. A joiner lost on the way is what the supervisor made of it: it
+    decides after this look."""
+    most, lines = state.policy.max_restarts, []
+    seen = op.failures_seen
+    if op.attempt is not None and state.attempt is not op.attempt:
+        lines.append(f'restart {state.restarts}/{most}: the cluster started again while the change was under way')
+        seen = 0
+    for failure in state.attempt.failures[seen:]:
+        if failure.task in op.add and failure.task not in state.attempt.tolerated:
+            lines.append(f'{failure.task} ended while joining the training ({failure.cause}); '
+                         f'restart {state.restarts}/{most} starts it again')
+    anew = bool(lines)
+    deadline = now + op.secs if anew else op.deadline
+    finished = state.attempt.step is not None and state.attempt.step >= state.spec.train.steps
+    let_go = op.let_go(state.attempt.tolerated)
+    if let_go:
+        why = (f'{", ".join(let_go)} ended while joining the training and '
+               f'{"is" if len(let_go) == 1 else "are"} not started again; {live_words(state.members)}')
+        return ScaleNews(tuple(lines), anew, Reply.FAILED, why)
+    if op.took_effect({t.name: t for t in statuses}, state.stepped, finished):
+        return ScaleNews(tuple(lines), anew, Reply.DONE, live_words(state.members))
+    if now > deadline:
+        return ScaleNews(tuple(lines), anew, Reply.FAILED, f'the change did not take effect within {op.secs:.0f}s')
+    return ScaleNews(tuple(lines), anew)
+
+
+def scale_ended(state: SupervisorState, reply: Reply, line: str) -> Plan:
+    """The end of the scale under way: its line, and the event."""
+    return Plan(say=(f'scale {reply}: {line}',),
+                events=(Scaled(state=reply, workers=list(state.members.indices), cause=line),))
+
+
 class Scaling:
     """Carries out `launch scale` requests on a run, one at a time."""
 
@@ -186,42 +237,14 @@ class Scaling:
             if request is not None:
                 self._begin(request)
             return
-        op = self.op
-        self._restarted(op)
-        by_name = {t.name: t for t in statuses}
-        finished = run.state.attempt.step is not None and run.state.attempt.step >= run.spec.train.steps
-        let_go = op.let_go(run.state.attempt.tolerated)
-        if let_go:
-            self._end(op, Reply.FAILED, f'{", ".join(let_go)} ended while joining the training and '
-                                        f'{"is" if len(let_go) == 1 else "are"} not started again; '
-                                        f'{self._live()}')
-        elif op.took_effect(by_name, run.state.stepped, finished):
-            self._end(op, Reply.DONE, self._live())
-        elif time.monotonic() > op.deadline:
-            self._end(op, Reply.FAILED, f'the change did not take effect within {op.secs:.0f}s')
-
-    def _live(self, when: str = 'now') -> str:
-        """`2 worker(s) train now (worker:0, worker:1)`: the live set, as the supervisor has it."""
-        members = self.run.state.members
-        return f'{members.count} worker(s) train {when} ({", ".join(f"worker:{i}" for i in members.indices)})'
-
-    def _restarted(self, op: ScaleOp) -> None:
-        """Joiners the supervisor starts again after they were lost (or the cluster it restarted),
-        since the last look: a line for the reply each, and the change is given its time anew."""
-        run = self.run
-        max_restarts = run.state.policy.max_restarts
-        if op.attempt is not None and run.state.attempt is not op.attempt:
-            op.lines.append(f'restart {run.state.restarts}/{max_restarts}: the cluster started again while the '
-                            'change was under way')
-            op.attempt, op.failures_seen = run.state.attempt, 0
-            op.deadline = time.monotonic() + op.secs
-        new = run.state.attempt.failures[op.failures_seen:]
+        op, now = self.op, time.monotonic()
+        news = look(op, run.state, statuses, now)
+        op.lines.extend(news.lines)
         op.attempt, op.failures_seen = run.state.attempt, len(run.state.attempt.failures)
-        for failure in new:
-            if failure.task in op.add and failure.task not in run.state.attempt.tolerated:
-                op.lines.append(f'{failure.task} ended while joining the training ({failure.cause}); '
-                                f'restart {run.state.restarts}/{max_restarts} starts it again')
-                op.deadline = time.monotonic() + op.secs
+        if news.anew:
+            op.deadline = now + op.secs
+        if news.reply is not None:
+            self._end(op, news.reply, news.line)
 
     def _begin(self, request: ScaleRequest) -> None:
         """A new request: refused, answered at once (the count is met), or begun: live in async
@@ -233,7 +256,7 @@ class Scaling:
             self._refuse(request, why)
             return
         if want == now.count:
-            control.answer(run.spec.train.train_dir, request, Reply.DONE, [self._live('already')])
+            control.answer(run.spec.train.train_dir, request, Reply.DONE, [live_words(now, 'already')])
             return
         move = ScaleMove.of(now, run.spec.num_workers, run.state.retired, want)
         if len(move.add) < want - now.count:
@@ -297,11 +320,10 @@ class Scaling:
         self.op.attempt, self.op.secs = run.state.attempt, self._secs()
         self.op.deadline = time.monotonic() + self.op.secs
 
-    def _end(self, op: ScaleOp, state: Reply, line: str) -> None:
+    def _end(self, op: ScaleOp, reply: Reply, line: str) -> None:
         """The reply to the request under way (`op`); the next one can be taken."""
         self.op = None
         run = self.run
         run.save_state()
-        run.say(f'scale {state}: {line}')
-        run.life.emit(Scaled(state=state, workers=list(run.state.members.indices), cause=line))
-        control.answer(run.spec.train.train_dir, op.request, state, op.lines + [line])
+        run.apply(scale_ended(run.state, reply, line))
+        control.answer(run.spec.train.train_dir, op.request, reply, op.lines + [line])
