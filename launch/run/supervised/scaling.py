@@ -6,8 +6,9 @@ that leaves finishes its step and stops. Sync training cannot: SyncReplicasOptim
 number of replicas in the graph, so the cluster restarts through a checkpoint with the new live
 set. Either way the live set is written into every task's lease (cluster/runtime/membership.py).
 Each change is a plan (plan.py) the loop applies: async, the new live set (change_live); sync, a
-restart of the cluster through a checkpoint (restart_scaled, then resume_scaled). Asking the chief
-for that checkpoint, following a request to its reply and the reply are Scaling's procedure.
+restart of the cluster through a checkpoint (restart_scaled, then resume_scaled); following a
+request to its reply is a look at the state (look), its end a plan (scale_ended). Taking a
+request, waiting for the sync scale's checkpoint and answering are Scaling's procedure.
 """
 from __future__ import annotations
 
