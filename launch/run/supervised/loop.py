@@ -161,7 +161,7 @@ class SupervisedRun(Strategy):
         for name, backend in self.backends.items():
             backend.prepare([p for p in self.state.plans if p.backend == name], self.spec_yaml)
         self.leases.keep()
-        self._start(self._active_plans())
+        self._start(self.state.desired())
         spares = self.spec.num_workers - self.state.members.count
         self.say(f'started {len(self.state.records)} tasks; waiting for their servers'
                  + (f' ({spares} more worker(s) of the pool can join: `launch scale`)' if spares else ''))
@@ -396,13 +396,9 @@ class SupervisedRun(Strategy):
         """Start every live task (`restart`: as that restart, their logs appended to) and wait for
         their servers."""
         t0 = time.monotonic()
-        plans = self._active_plans()
+        plans = self.state.desired()
         self._start(plans if restart is None else [dataclasses.replace(p, restart=restart) for p in plans])
         self.wait_ready(t0)
-
-    def _active_plans(self) -> list[TaskPlan]:
-        """The ps tasks and the live workers."""
-        return [p for p in self.state.plans if p.task.job == 'ps' or p.task.index in self.state.members.workers]
 
     def wait_ready(self, t0: float) -> None:
         wait_for_servers(self.state.records, self.backends, t0 + self.start_timeout, self.interrupted,
