@@ -18,8 +18,10 @@ class FakeBackend(Backend):
     """Tasks in a dict: name -> None (running), an exit code (ended), DOWN or FROZEN."""
     name = 'fake'
 
-    def __init__(self, script: dict[str, object] | None = None, logs: dict[str, list[str]] | None = None) -> None:
+    def __init__(self, script: dict[str, object] | None = None, logs: dict[str, list[str]] | None = None,
+                 on_start: dict[str, object] | None = None) -> None:
         self.script: dict[str, object] = dict(script or {})
+        self.on_start: dict[str, object] = dict(on_start or {})     # what a start leaves (default: running)
         self.logs: dict[str, list[str]] = {k: list(v) for k, v in (logs or {}).items()}
         self.started: list[str] = []
         self.stopped: list[tuple[str, float]] = []
@@ -30,7 +32,7 @@ class FakeBackend(Backend):
 
     def start(self, plan: TaskPlan) -> TaskRecord:
         self.started.append(plan.name)
-        self.script[plan.name] = None
+        self.script[plan.name] = self.on_start.get(plan.name)
         return record_of(plan, pid=1000 + len(self.started))
 
     def status(self, record: TaskRecord) -> Observation:

@@ -11,6 +11,7 @@ import io
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -123,6 +124,7 @@ class Start:
     lines: tuple[str, ...] = ()
     code: int | None = None
     after: tuple[str, ...] = ()
+    early: bool = False     # exits with `code` at once, before it serves: no task of this start says it serves
 
 
 def progress(step: int, total: int = 100) -> str:
@@ -169,6 +171,8 @@ class GatedBackend(Backend):
 
     def _exit(self, name: str) -> int | None:
         start = self._now(name)
+        if start.early:
+            return start.code
         if start.code is None or (name, self.starts[name]) not in self.read:
             return None
         if not all(self._through(other) for other in start.after):
@@ -227,7 +231,8 @@ class GatedBackend(Backend):
             self.changed.notify_all()
         earlier, began = self.order[:self.order.index(name)], self.order     # every task starts each time
         if not self._wait(lambda: all((t, start) in self.following for t in began)
-                          and all((t, start) in self.served for t in earlier), stop):
+                          and all((t, start) in self.served for t in earlier)
+                          and not any(self._now(t).early for t in began if self.starts.get(t) == start), stop):
             return
         with self.changed:
             self.saying.add((name, start))
@@ -298,3 +303,33 @@ def drive(spec_path: str, backend: GatedBackend, interrupt_when: Callable[[str],
         return Path(path).read_text(encoding='utf-8') if os.path.exists(path) else None
     return RunFiles(str(result.state), result.exit_code, out.getvalue(), text(rundir.events_path(train_dir)) or '',
                     text(rundir.run_path(train_dir)) or '', text(rundir.state_path(train_dir)))
+
+
+VARYING = [
+    (re.compile(r'"(time|started|ended)": "[^"]*"'), r'"\1": "<TIME>"'),
+    (re.compile(r'"seconds": [0-9.]+'), '"seconds": "<SECS>"'),
+    (re.compile(r'"phases": \{[^}]*\}'), '"phases": "<SECS each>"'),
+    (re.compile(r'"launcher_pid": \d+'), '"launcher_pid": "<PID>"'),
+    (re.compile(r'\bspec-\d{8}-\d{6}\b'), '<RUN>'),
+    (re.compile(r'\b\d+\.\d+s\b'), '<SECS>s'),
+    (re.compile(r'launcher pid \d+'), 'launcher pid <PID>'),
+]
+
+
+def run_text(files: RunFiles, tmp: Path, repo: str) -> str:
+    """A scripted run's files as one text, with what varies between runs replaced (the task lines
+    the console echoes left out: their threads interleave with the launcher's lines)."""
+    paths = normalizer(tmp, repo)
+
+    def normal(text: str) -> str:
+        text = paths(text)
+        for pattern, placeholder in VARYING:
+            text = pattern.sub(placeholder, text)
+        return text
+    state = '(none)\n' if files.launch_state is None else normal(files.launch_state)
+    launcher = ''.join(line for line in files.console.splitlines(keepends=True) if line.startswith('[launch]'))
+    return (f'state: {files.state}\nexit: {files.exit_code}\n'
+            f'--- console (the launcher\'s lines)\n{normal(launcher)}'
+            f'--- events.jsonl\n{normal(files.events)}'
+            f'--- run.json\n{normal(files.run_json)}'
+            f'--- launch-state.json\n{state}')

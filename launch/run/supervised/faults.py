@@ -27,7 +27,6 @@ from launch.run import stacks
 from launch.run.console import is_chatter
 from launch.run.lifecycle import Failure, Lifecycle, resume_hint
 from launch.run.policy import Action, Decision, Policy, TaskState, TaskStatus
-from launch.run.supervised.plan import Backoff
 
 PROBE_SECS = 3.0                # a stall probe's deadline for each task's gRPC server
 FINAL_LINE = 295                # characters the line a failed run ends with keeps to (its cause's detail: the log)
@@ -302,6 +301,16 @@ def judge(decision: Decision, records: Sequence[TaskRecord], backends: Mapping[s
     if restarts >= rules.max_restarts and rules.restart == 'on-failure':
         verdict.after += f'; {restarts} restart(s) made, the most supervise.max_restarts allows'
     return verdict
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """One more restart of the run's, with the wait before it: the restart streak it makes and
+    when it was counted (FaultHistory.peek); a plan (plan.py) carries it to the loop, which commits it."""
+    streak: int
+    at: float           # time.monotonic() when it was counted
+    delay: float        # the wait before the restarted tasks start (supervise.backoff_secs)
+
 
 
 @dataclass

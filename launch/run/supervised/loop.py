@@ -5,49 +5,47 @@ ends, nothing is left running. Every stop asks the chief for a checkpoint first,
 tasks still hold the variables.
 
 The run's facts are one state object (state.py) that only this loop writes, applying plans
-(plan.py) made by recovery.py, failover.py and scaling.py; a restart of the whole cluster is a
-procedure of recovery.py over the loop's start and stop. Its other parts: the wait for the
+(plan.py) made by recovery.py, failover.py and scaling.py, a restart of the whole cluster
+included; a task lost while the cluster starts is an observation its next round decides
+about. Its other parts: the wait for the
 servers (startup.py), what one attempt has seen (attempt.py), the words of a fault (faults.py),
 how long a fault took to mend (mending.py), the lines said at the start and end (notes.py).
 """
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from cluster.runtime import contract, ports
+from cluster.runtime import ports
 from cluster.runtime.membership import Members
 from cluster.runtime.rundir import EXIT_OK
 from cluster.spec import ClusterSpec
 from launch.backends.base import Backend, BackendError, TaskRecord, stop_all
 from launch.backends.procstat import process_ident
 from launch.planning.plan import TaskPlan, state_path
-from launch.run.supervised import faults
 from launch.run import policy
 from launch.run.supervised.attempt import Attempt
 from launch.run.supervised.faults import TaskFailed
 from launch.records.event_types import Interrupted, Recovered
 from launch.records.result import MendedFault
 from launch.run.lifecycle import CHECKPOINT_GRACE_SECS, Failure, Lifecycle, Outcome, RunResult, Strategy
+from launch.run.supervised.following import follow
+from launch.run.supervised.leases import Leases
 from launch.run.supervised.mending import RecoveryClock
-from launch.run.supervised.notes import check_tail, evaluator_needs
+from launch.run.supervised.notes import check_tail, evaluator_needs, quiet_warning
 from launch.run.policy import Action, Policy, Progress, TaskState, TaskStatus
-from launch.run.supervised.recovery import Recovery
-from launch.run.supervised.scaling import Scaling
+from launch.run.supervised.recovery import Recovery, resume
+from launch.run.supervised.scaling import Scaling, resume_scaled
 from launch.run.supervised.startup import wait_for_servers
 from launch.run.state import LaunchState, WorkerPool
 from launch.run.supervised.plan import Plan
-from launch.run.supervised.state import SupervisorState
+from launch.run.supervised.state import StartLoss, SupervisorState
 
 __all__ = ['SupervisedRun', 'TaskFailed', 'wait_for_servers']
 
-log = logging.getLogger(__name__)
-
-LEASE_RENEW_SECS = 1.0          # how often the launcher renews its tasks' lease
 SUPERVISE_SECS = 0.2            # how often the supervisor observes the tasks
 
 
@@ -71,8 +69,8 @@ def let_go(plan: Plan, records: Sequence[TaskRecord], backends: Mapping[str, Bac
 
 class SupervisedRun(Strategy):
     """The launcher runs every task itself, through the backends the plans name. `state` is the
-    run's (state.py), written here; the procedures a restart of the cluster and a sync scale use
-    of the loop are what scaling.py ScaledRun and recovery.py RecoveringRun say."""
+    run's (state.py), written here; what recovery and scaling ask of the loop is what
+    recovery.py RecoveringRun and scaling.py ScaledRun say."""
 
     life: Lifecycle             # the run's lifecycle, from run() on
 
@@ -92,6 +90,7 @@ class SupervisedRun(Strategy):
         self.clock = RecoveryClock(self._mended)         # how long each fault takes to mend
         self._run_dir_fd: int | None = None          # the run's directory, held open (check_run_dir)
         self._done = threading.Event()
+        self.leases = Leases(self.state, backends, self._done)      # every task's, renewed until the run is done
         self._launch_state = LaunchState.new(spec.path, process_ident(os.getpid()) or '')
         self._state_error = False
 
@@ -161,10 +160,8 @@ class SupervisedRun(Strategy):
         self._run_dir_fd = os.open(self.spec.train.train_dir, os.O_RDONLY | os.O_DIRECTORY)
         for name, backend in self.backends.items():
             backend.prepare([p for p in self.state.plans if p.backend == name], self.spec_yaml)
-        for name in self.backends:      # one thread each: a slow SSH host never delays local leases
-            self._renew(name)
-            threading.Thread(target=self._renew_leases, args=(name,), name=f'lease-{name}', daemon=True).start()
-        self._start(self._active_plans())
+        self.leases.keep()
+        self._start(self.state.desired())
         spares = self.spec.num_workers - self.state.members.count
         self.say(f'started {len(self.state.records)} tasks; waiting for their servers'
                  + (f' ({spares} more worker(s) of the pool can join: `launch scale`)' if spares else ''))
@@ -218,6 +215,10 @@ class SupervisedRun(Strategy):
         tail_deadline = None
         last_saved = 0.0
         while not self.interrupted.is_set():
+            if self.state.lost_starting is not None:    # a task lost while the cluster started
+                self._lost_in_start()
+                tail_deadline = None
+                continue
             self.check_run_dir()
             self.start_due()
             statuses = self._observe()
@@ -231,7 +232,11 @@ class SupervisedRun(Strategy):
                     self._stop([r for r in self.state.records if r.name in decision.tasks])
                 return
             if decision.action is Action.CONTINUE:
-                self._warn_quiet()
+                quiet = self._progress()
+                warning = quiet_warning(self.state, self.backends, quiet)
+                if warning is not None:         # once per step: the loop notes it was said
+                    self.state.attempt.warned_step = quiet.step
+                    self.say(warning)
                 tail_deadline = check_tail(self.spec, self.life, statuses, tail_deadline, self._progress(),
                                            self.finish_timeout)
                 if tail_deadline == -1:
@@ -247,12 +252,15 @@ class SupervisedRun(Strategy):
     def _scale(self, statuses: list[TaskStatus]) -> None:
         """The scale request under way, or a new one; a task lost while a sync scale started the
         cluster again is a fault like any other, under the run's policy."""
-        try:
-            self.scaling.step(statuses)
-        except TaskFailed as e:
-            if e.task is None:      # not a task lost on the way (the run's directory gone): as before
-                raise
-            self.recovery.lost_while_starting(e)
+        self.scaling.step(statuses)
+        if self.state.lost_starting is not None:
+            self._lost_in_start()
+
+    def _lost_in_start(self) -> None:
+        """The task lost while the cluster started: one more fault (recovery.py lost_in_start)."""
+        loss, self.state.lost_starting = self.state.lost_starting, None
+        assert loss is not None
+        self.recovery.lost_in_start(loss)
 
     def _observe(self) -> list[TaskStatus]:
         """Every current task's state; a host that cannot be asked makes its tasks UNKNOWN. A task lost
@@ -264,19 +272,6 @@ class SupervisedRun(Strategy):
 
     def _progress(self) -> Progress:
         return self.state.attempt.progress(self.spec.train.steps)
-
-    def _warn_quiet(self) -> None:
-        """Half way to the stall limit with no new global step: say so once, and what the
-        training waits for, so a long silence is never a mystery."""
-        p = self._progress()
-        if p.step is None or p.step >= p.total or p.quiet_secs < self.state.policy.stall_secs / 2 \
-                or self.state.attempt.warned_step == p.step:
-            return
-        self.state.attempt.warned_step = p.step
-        names = tuple(r.name for r in self.state.records if self.backends[r.backend].status(r).alive)
-        text, _ = faults.explain_stall(self.state.records, self.backends, names)
-        self.say(f'warning: no new global step for {p.quiet_secs:.0f}s (at {p.step}/{p.total}); {text}; '
-                 f'a stall is declared at {self.state.policy.stall_secs:g}s (supervise.stall_secs)')
 
     def check_run_dir(self) -> None:
         """The run's own directory (its state, events, and for local tasks their logs and
@@ -293,18 +288,23 @@ class SupervisedRun(Strategy):
     # -- attempts and restarts -----------------------------------------------------------------
     def apply(self, plan: Plan) -> None:
         """Carry out a plan (plan.py), in its order: the one place the state changes for a fault
-        tolerated, tasks restarted, a failover or a scale."""
+        tolerated, tasks restarted, a failover, a scale, the cluster restarted or the run given up."""
         state = self.state
         if plan.restart is not None:
             state.restarts += 1
             state.history.commit(plan.restart)
+        if plan.relaunch is not None and plan.relaunch.number is not None:
+            state.restarts = plan.relaunch.number
         state.evaluator_restarts += plan.evaluator_restart
         state.retired |= plan.retire
         state.attempt.tolerated = (state.attempt.tolerated | plan.tolerate) - plan.welcome
         if plan.members is not None:
             state.members = plan.members
-            if plan.publish:
-                self.publish()
+        state.records = [r for r in state.records if r.name not in plan.leaving]
+        if plan.attempt is not None:
+            self.new_attempt(plan.attempt.reason, plan.attempt.from_step, plan.attempt.ended, plan.attempt.env)
+        if plan.members is not None and plan.publish:
+            self.publish()
         for line in plan.say:
             self.say(line)
         if plan.restart_tasks:
@@ -319,6 +319,37 @@ class SupervisedRun(Strategy):
         state.attempt.due.update(plan.due)
         if plan.start:
             self.start_due()
+        self._apply_whole(plan)
+
+    def _apply_whole(self, plan: Plan) -> None:
+        """The parts of a plan about every task: stopped to start again (then what the stop left
+        decides the rest, recovery.py resume), started, or stopped to give the run up."""
+        relaunch, start = plan.relaunch, plan.start_all
+        if relaunch is not None:
+            self.teardown(checkpoint=relaunch.checkpoint)
+            if relaunch.number is None:     # a sync scale: no fault, no backoff
+                self.apply(resume_scaled(self.state, relaunch, self.life.checkpoint_step()))
+            else:
+                self.clock.phase('stop')
+                step = self.life.checkpoint_step()
+                delay = self.state.history.backoff(self.state.policy)
+                self.apply(resume(self.state, relaunch, step, delay, self.clock.done))
+        if start is not None and not self.interrupted.wait(start.wait):
+            if start.restart is not None:
+                self.clock.phase('backoff', from_step=self.state.attempt.from_step)
+                self.check_run_dir()
+            try:
+                self.start_cluster(restart=start.restart)
+                if start.restart is not None:
+                    self.clock.phase('start')
+            except TaskFailed as e:
+                if e.task is None:          # not a task lost on the way (a port, a timeout): the run ends
+                    raise
+                self.state.lost_starting = StartLoss(e.task, e.how, e.exit_code)
+        if plan.give_up is not None:
+            self.clock.forget()
+            self.teardown(checkpoint=plan.give_up.can_save)
+            raise plan.give_up.failed(self.life.checkpoint_step)
 
     def new_attempt(self, reason: str, step: int | None, ended: RunResult,
                     env: Mapping[str, str] | None = None) -> None:
@@ -358,19 +389,16 @@ class SupervisedRun(Strategy):
                 self.state.records.append(record)
             self.save_state()
             self.life.task_started(record.name, host=record.host, **self.backends[record.backend].locate(record))
-            self._follow(record)
+            follow(self.life, self.state, self.clock, self.backends[record.backend], record, self.is_chief(record),
+                   self.spec.coordinator)
 
     def start_cluster(self, restart: int | None = None) -> None:
         """Start every live task (`restart`: as that restart, their logs appended to) and wait for
         their servers."""
         t0 = time.monotonic()
-        plans = self._active_plans()
+        plans = self.state.desired()
         self._start(plans if restart is None else [dataclasses.replace(p, restart=restart) for p in plans])
         self.wait_ready(t0)
-
-    def _active_plans(self) -> list[TaskPlan]:
-        """The ps tasks and the live workers."""
-        return [p for p in self.state.plans if p.task.job == 'ps' or p.task.index in self.state.members.workers]
 
     def wait_ready(self, t0: float) -> None:
         wait_for_servers(self.state.records, self.backends, t0 + self.start_timeout, self.interrupted,
@@ -392,29 +420,6 @@ class SupervisedRun(Strategy):
             except BackendError as e:
                 self.state.attempt.tolerated.add(name)
                 self.say(f'could not start {name} again ({e}); training goes on without it')
-
-    def _follow(self, record: TaskRecord) -> None:
-        serving = self.state.serving[record.name] = threading.Event()
-        self.state.stepped.discard(record.name)
-        backend = self.backends[record.backend]
-
-        chief = self.is_chief(record)
-
-        def seen(line: str) -> None:
-            said = self.life.said(record.name, line)
-            if not serving.is_set() and contract.says_ready(said, record.name):
-                serving.set()
-                self.clock.served(record.name)
-            found = self.life.saw_line(record.name, line, record.job == 'worker' or chief, chief)
-            if chief and isinstance(said, contract.Checkpoint):
-                self.state.attempt.saw_saved(said.step)
-            if found is not None and (chief or not self.spec.coordinator):
-                self.state.attempt.saw_step(found['step'])
-                self.state.stepped.add(record.name)
-                self.clock.stepped(record.name, found['step'], by_chief=chief and self.spec.coordinator)
-        self.life.follow(record.name,
-                         lambda stop: backend.read_log(record, follow=True, stop=stop, offset=record.log_offset),
-                         seen)
 
     def is_chief(self, record: TaskRecord) -> bool:
         """The task that saves: a coordinator run's chief (its worker 0 only serves), else worker 0."""
@@ -438,20 +443,7 @@ class SupervisedRun(Strategy):
     # -- the tasks' leases and the state file --------------------------------------------------
     def publish(self) -> None:
         """Write the live set (and a request for a checkpoint) into every task's lease now."""
-        for name in self.backends:
-            self._renew(name)
-
-    def _renew(self, name: str) -> None:
-        plans = [p for p in self.state.plans if p.backend == name]
-        if plans:
-            self.backends[name].renew(plans, text=self.state.members.to_text())
-
-    def _renew_leases(self, name: str) -> None:
-        while not self._done.wait(LEASE_RENEW_SECS):
-            try:
-                self._renew(name)
-            except Exception as e:      # a host that cannot be reached now: the poll reports it
-                log.debug('lease renewal failed: %s', e)
+        self.leases.publish()
 
     def save_state(self) -> None:
         """The state file `launch status` reads: the tasks, the newest step, the restarts, the workers."""

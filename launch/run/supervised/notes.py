@@ -1,16 +1,20 @@
 """What the supervisor says of a run besides its faults: what a coordinator run's evaluator needs
-of a train.command, said as the run starts, and what to do about tasks still running after the
-training ended, and when to stop them."""
+of a train.command, said as the run starts, a training quiet for half the stall limit, and what
+to do about tasks still running after the training ended, and when to stop them."""
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 
 from cluster.runtime import rundir
 from cluster.spec import ClusterSpec
+from launch.backends.base import Backend
 from launch.run import policy
 from launch.run.lifecycle import Lifecycle
 from launch.run.policy import Progress, TaskState, TaskStatus
+from launch.run.supervised import faults
+from launch.run.supervised.state import SupervisorState
 
 
 def evaluator_needs(spec: ClusterSpec) -> list[str]:
@@ -57,3 +61,15 @@ def check_tail(spec: ClusterSpec, life: Lifecycle, statuses: list[TaskStatus], d
                          f'stopping them ({finish_hint(spec, life)})')
         return -1
     return deadline
+
+
+def quiet_warning(state: SupervisorState, backends: Mapping[str, Backend], p: Progress) -> str | None:
+    """Half way to the stall limit with no new global step: the line that says so (once per
+    step), and what the training waits for, so a long silence is never a mystery."""
+    if p.step is None or p.step >= p.total or p.quiet_secs < state.policy.stall_secs / 2 \
+            or state.attempt.warned_step == p.step:
+        return None
+    names = tuple(r.name for r in state.records if backends[r.backend].status(r).alive)
+    text, _ = faults.explain_stall(state.records, backends, names)
+    return (f'warning: no new global step for {p.quiet_secs:.0f}s (at {p.step}/{p.total}); {text}; '
+            f'a stall is declared at {state.policy.stall_secs:g}s (supervise.stall_secs)')

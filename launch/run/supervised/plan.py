@@ -13,25 +13,52 @@ from collections.abc import Mapping
 
 from cluster.runtime.membership import Members
 from launch.records.event_types import Event
+from launch.run.lifecycle import RunResult
+from launch.run.supervised.faults import Backoff, Verdict
 
 
 @dataclass(frozen=True)
-class Backoff:
-    """One more restart of the run's, with the wait before it: the restart streak it makes and
-    when it was counted (launch/run/supervised/faults.py FaultHistory.peek)."""
-    streak: int
-    at: float           # time.monotonic() when it was counted
-    delay: float        # the wait before the restarted tasks start (supervise.backoff_secs)
+class Relaunch:
+    """Every task stopped, to start the whole cluster again in a new attempt (a restart of the
+    cluster, a sync scale). What follows the stop needs what the stop leaves (the checkpoint to
+    resume from, and a restart's backoff, counted once every task stopped): the loop reads those
+    then and applies the plan recovery.py `resume` (scaling.py `resume_scaled`) makes of them."""
+    number: int | None      # the restart it is, of supervise.max_restarts (None: a sync scale, no fault)
+    reason: str             # the fault, as the decision gives it; a scale's attempt's reason
+    checkpoint: bool        # the chief saves first (it and every ps can still answer)
+    members: Members | None = None      # a sync scale's live set from the next attempt on
+    leaving: tuple[str, ...] = ()       # ... and the workers that leave it
+
+
+@dataclass(frozen=True)
+class NewAttempt:
+    """The attempt ends (`ended`, to run.json) and the next begins from the checkpoint at
+    `from_step` (the `restart` event); its tasks are told `env` besides."""
+    reason: str
+    from_step: int | None
+    ended: RunResult
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StartAll:
+    """Every live task started (a new attempt's), after `wait` seconds (the backoff), as restart
+    `restart` (None: a sync scale's start, no restart), and their servers waited for. A task
+    lost on the way is an observation the loop decides about (SupervisorState.lost_starting)."""
+    wait: float
+    restart: int | None
 
 
 @dataclass(frozen=True)
 class Plan:
     """What to change, in the order the loop applies it: the restart counted, the desired set
-    (members, tolerated, retired), the lines said, a new attempt of the tasks named, the events,
-    the tasks stopped, the tasks started and when. The empty plan changes nothing."""
+    (members, tolerated, retired), a new attempt of all tasks, the leases told, the lines said,
+    a new attempt of the tasks named, the events, the tasks stopped (some, or all to start
+    again, or all to give up), the tasks started and when. The empty plan changes nothing."""
     restart: Backoff | None = None              # one more of supervise.max_restarts, committed to the history
     evaluator_restart: bool = False             # one more of a coordinator run's evaluator's own restarts
     members: Members | None = None              # the live set from now on
+    leaving: tuple[str, ...] = ()               # workers whose records go (they left the live set between attempts)
     publish: bool = False                       # told to every lease at once (else within LEASE_RENEW_SECS)
     tolerate: frozenset[str] = frozenset()      # lost and let go (the training goes on without them)
     welcome: frozenset[str] = frozenset()       # let go before, now asked to join anew
@@ -46,6 +73,10 @@ class Plan:
     due: Mapping[str, float] = field(default_factory=dict)     # tasks to start, and when (time.monotonic())
     start: bool = False                         # start what is due now (else at the loop's next round)
     unserved: tuple[str, ...] = ()              # tasks whose earlier start's "serving" no longer counts
+    relaunch: Relaunch | None = None            # every task stopped, the cluster to start again (recovery.resume)
+    attempt: NewAttempt | None = None           # the attempt ends and the next begins
+    start_all: StartAll | None = None           # every live task started, after a wait
+    give_up: Verdict | None = None              # the run ends: every task stopped, then its one line (TaskFailed)
 
     @property
     def empty(self) -> bool:

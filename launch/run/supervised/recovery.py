@@ -1,15 +1,16 @@
 """Recovery of a supervised run: what is done about what `launch/run/policy.py` decided of lost
 or stuck tasks. A lost worker is tolerated, replaced by a spare (failover.py) or started again
 while the rest train on: each a plan (plan.py), from the run's state and the decision, that the
-loop applies. A fatal fault stops the cluster and starts it again from its checkpoint (a
-procedure: Recovery); a run that cannot recover is given up with one line that says why.
+loop applies. A fatal fault stops the cluster and starts it again from its checkpoint (a plan
+too, in two halves: the stop, then what the stop left decides the rest); a task lost while the
+cluster starts again is one more fault; a run that cannot recover is given up with one line
+that says why.
 
 Every fault is told to the event log before anything is done about it, and a restart that would
 repeat the last one's failure exactly is no restart (faults.py FaultHistory).
 """
 from __future__ import annotations
 
-import threading
 import time
 from typing import Protocol
 from collections.abc import Callable, Mapping, Sequence
@@ -19,20 +20,20 @@ from cluster.runtime.contract import EXIT_FAILED
 from cluster.spec import ClusterSpec
 from launch.backends.base import Backend
 from launch.records.event_types import Tolerated
+from launch.records.result import MendedFault
 from launch.run import policy
 from launch.run.lifecycle import Lifecycle, RunResult, RunState
 from launch.run.policy import Action, Decision, TaskState, TaskStatus, describe_exit
 from launch.run.supervised import faults
 from launch.run.supervised.failover import fail_over
-from launch.run.supervised.faults import TaskFailed
 from launch.run.supervised.mending import RecoveryClock
-from launch.run.supervised.plan import Backoff, Plan
-from launch.run.supervised.state import SupervisorState
+from launch.run.supervised.plan import Backoff, NewAttempt, Plan, Relaunch, StartAll
+from launch.run.supervised.state import StartLoss, SupervisorState
 
 
 class RecoveringRun(Protocol):
-    """What a restart of the cluster asks of the loop (loop.py SupervisedRun): its state, and the
-    procedures that stop and start every task."""
+    """What recovery asks of the loop (loop.py SupervisedRun): its state and parts to account
+    for a fault with, and the plans applied. It calls nothing else of the loop back."""
     spec: ClusterSpec
     backends: Mapping[str, Backend]
     life: Lifecycle
@@ -42,19 +43,7 @@ class RecoveringRun(Protocol):
     @property
     def say(self) -> Callable[[str], None]: ...
 
-    @property
-    def interrupted(self) -> threading.Event: ...
-
     def apply(self, plan: Plan) -> None: ...
-
-    def check_run_dir(self) -> None: ...
-
-    def teardown(self, checkpoint: bool = True) -> None: ...
-
-    def new_attempt(self, reason: str, step: int | None, ended: RunResult,
-                    env: Mapping[str, str] | None = None) -> None: ...
-
-    def start_cluster(self, restart: int | None = None) -> None: ...
 
 
 def tolerate(state: SupervisorState, decision: Decision) -> Plan:
@@ -103,10 +92,52 @@ def restart_evaluator(state: SupervisorState, decision: Decision, now: float) ->
                 due={name: now + delay for name in decision.tasks}, start=True)
 
 
+def restart_cluster(state: SupervisorState, decision: Decision, cause: str, can_save: bool) -> Plan:
+    """Stop every task (the chief checkpoints first if it can) to start them all again: one more
+    restart of the run's. `cause` and `can_save`: the fault in words and whether the chief can
+    still save (faults.py cause, which asks the tasks). What follows the stop is `resume`'s."""
+    number = state.restarts + 1
+    return Plan(relaunch=Relaunch(number, decision.reason, can_save),
+                say=(f'restart {number}/{state.policy.max_restarts}: {cause}; stopping every task'
+                     + ('' if can_save else ' (no checkpoint can be saved without the lost task)'),))
+
+
+def resume(state: SupervisorState, relaunch: Relaunch, step: int | None, delay: float,
+           recoveries: Sequence[MendedFault]) -> Plan:
+    """Once every task stopped for `relaunch`: the attempt ends, the next begins from the checkpoint
+    at `step` (None: none was written) and every live task starts after `delay` (the backoff,
+    counted once the stop was done); the chief notes the restart in TensorBoard (RESTART_ENV).
+    `recoveries`: the faults mended so far, for the ending attempt's result."""
+    number, most = relaunch.number, state.policy.max_restarts
+    assert number is not None, 'a restart of the cluster is one of the run\'s'
+    line = (f'restart {number}/{most}: resuming from '
+            + (f'the checkpoint at global step {step}' if step is not None else
+               'step 0 (no checkpoint was written yet)')
+            + (f' in {delay:g}s (supervise.backoff_secs, doubling while restarts do not bring the training back)'
+               if delay else ''))
+    reason = f'restart {number}/{most}: {relaunch.reason}'
+    ended = RunResult(state=RunState.FAILED, exit_code=EXIT_FAILED, restarts=number - 1,
+                      failures=list(state.attempt.failures), global_step=state.attempt.global_step,
+                      recoveries=list(recoveries))
+    return Plan(say=(line,), attempt=NewAttempt(reason, step, ended, {RESTART_ENV: reason}),
+                start_all=StartAll(delay, number))
+
+
+def lost_in_start(state: SupervisorState, loss: StartLoss, statuses: Sequence[TaskStatus]) -> Decision:
+    """A task lost while the cluster started again (`loss`): one more fault under the same
+    policy (restart again while restarts are left, else give up), in its own words where the
+    look at the tasks (`statuses`) saw it fail, else in start-up's."""
+    lost = next((t for t in statuses if t.name == loss.task), None)
+    how = (policy.how_lost(lost) if lost and lost.state is TaskState.FAILED
+           else loss.how or f'{loss.task} {describe_exit(loss.exit_code)}') + ' while the cluster started again'
+    decision = policy.during_recovery(state.policy, state.restarts, loss.task, how, loss.exit_code)
+    return policy.on_full_disk(decision, state.attempt.progress(state.spec.train.steps))
+
+
 def plan_for(state: SupervisorState, decision: Decision, statuses: Sequence[TaskStatus], now: float) -> Plan | None:
     """What to do about a tolerate or a restart of some tasks (None: a restart of the cluster,
-    which is no plan but a procedure: Recovery._restart_cluster). A tolerated worker whose host
-    cannot be reached is failed over onto a spare, where one can be."""
+    `restart_cluster`, whose words need the tasks asked). A tolerated worker whose host cannot
+    be reached is failed over onto a spare, where one can be."""
     if decision.action is Action.TOLERATE:
         return fail_over(state, decision, statuses, state.history.peek(state.policy, now)) \
             or tolerate(state, decision)
@@ -118,26 +149,35 @@ def plan_for(state: SupervisorState, decision: Decision, statuses: Sequence[Task
 
 
 class Recovery:
-    """Carries out the decisions about faults on a run."""
+    """What is done about a decision on faults: the event log's account of them first (faults.py),
+    then the plan for the decision, applied by the loop."""
 
     def __init__(self, run: RecoveringRun) -> None:
         self.run = run
 
     def act(self, decision: Decision, statuses: list[TaskStatus]) -> bool:
-        """Carry out a decision about lost or stuck tasks; True once the cluster started again.
+        """Carry out a decision about lost or stuck tasks; True when the cluster was started again.
         TaskFailed when the run is given up."""
         seen_at = time.monotonic()      # before the account: a stall's stack dumps take seconds
         decision = self._account(decision, statuses)
         if decision.action is Action.GIVE_UP:
-            raise self._give_up(decision)
+            self.run.apply(self._give_up(decision))
         if decision.action in (Action.RESTART, Action.RESTART_TASKS) and not policy.evaluator_only(decision):
             self.run.clock.fault(decision.tasks, decision.action is Action.RESTART, self.run.state.attempt.step, seen_at)
-        plan = plan_for(self.run.state, decision, statuses, time.monotonic())
-        if plan is not None:
-            self.run.apply(plan)
-            return False
-        self._restart_cluster(decision)
-        return True
+        plan = plan_for(self.run.state, decision, statuses, time.monotonic()) or self._restart(decision)
+        self.run.apply(plan)
+        return plan.relaunch is not None
+
+    def lost_in_start(self, loss: StartLoss) -> None:
+        """A task lost while the cluster started (the loop saw `loss` in its round): one more
+        fault; the cluster starts again under the policy, or the run is given up (TaskFailed)."""
+        run = self.run
+        statuses = run.state.attempt.observe(run.state.records, run.backends, run.say)
+        decision = self._account(lost_in_start(run.state, loss, statuses), statuses)
+        if decision.action is Action.GIVE_UP:
+            run.apply(self._give_up(decision))
+        run.clock.fault(decision.tasks, True, None)     # joins the fault being mended
+        run.apply(self._restart(decision))
 
     def _account(self, decision: Decision, statuses: list[TaskStatus]) -> Decision:
         """The event log's account of a fault first, then the repeat rule: a restart that would fail
@@ -151,76 +191,13 @@ class Recovery:
             return decision
         return run.state.history.escalate(decision, errors, run.life.checkpoint_step)
 
-    def _give_up(self, decision: Decision) -> TaskFailed:
-        """The one line a lost run ends with (faults.py Verdict), once every task is
-        stopped: the chief's checkpoint first, so the step a new `launch up` resumes from is current."""
-        run = self.run
-        verdict = faults.judge(decision, run.state.records, run.backends, run.state.policy, run.state.restarts)
-        run.clock.forget()
-        run.teardown(checkpoint=verdict.can_save)
-        return verdict.failed(run.life.checkpoint_step)
+    def _restart(self, decision: Decision) -> Plan:
+        """The restart of the cluster for `decision`, in the words of the tasks as they are now."""
+        cause, can_save = faults.cause(decision, self.run.state.records, self.run.backends)
+        return restart_cluster(self.run.state, decision, cause, can_save)
 
-    def _restart_cluster(self, decision: Decision) -> None:
-        """Stop every task (the chief checkpoints first if it can), then start them all again: the
-        chief restores the newest checkpoint and training goes on to the requested step. A task
-        lost while they start again is one more fault, under the same policy."""
+    def _give_up(self, decision: Decision) -> Plan:
+        """The run given up: its one line (faults.py Verdict), said once every task is stopped."""
         run = self.run
-        while True:
-            delay = self._stop_for_restart(decision)
-            if run.interrupted.wait(delay):
-                return
-            run.clock.phase('backoff', from_step=run.state.attempt.from_step)
-            run.check_run_dir()
-            try:
-                run.start_cluster(restart=run.state.restarts)
-                run.clock.phase('start')
-                return
-            except TaskFailed as e:
-                if e.task is None:          # not a task lost on the way (a port, a timeout): as before
-                    raise
-                decision = self._lost_in_restart(e.task, e)
-
-    def lost_while_starting(self, e: TaskFailed) -> None:
-        """A task lost (`e` names it) while the cluster started for some other reason (a sync
-        scale): one more fault, and the cluster starts again under the policy, as after a fault."""
-        assert e.task is not None, 'only a task lost on the way is a fault to restart for'
-        self._restart_cluster(self._lost_in_restart(e.task, e))
-
-    def _stop_for_restart(self, decision: Decision) -> float:
-        """Count the restart, stop every task and begin the next attempt; returns its backoff."""
-        run = self.run
-        run.state.restarts += 1
-        cause, can_save = faults.cause(decision, run.state.records, run.backends)
-        run.say(f'restart {run.state.restarts}/{run.state.policy.max_restarts}: {cause}; stopping every task'
-                + ('' if can_save else ' (no checkpoint can be saved without the lost task)'))
-        run.teardown(checkpoint=can_save)
-        run.clock.phase('stop')
-        step = run.life.checkpoint_step()
-        delay = run.state.history.backoff(run.state.policy)
-        run.say(f'restart {run.state.restarts}/{run.state.policy.max_restarts}: resuming from '
-                + (f'the checkpoint at global step {step}' if step is not None else
-                   'step 0 (no checkpoint was written yet)')
-                + (f' in {delay:g}s (supervise.backoff_secs, doubling while restarts do not bring the training back)' if delay else ''))
-        reason = f'restart {run.state.restarts}/{run.state.policy.max_restarts}: {decision.reason}'
-        ended = RunResult(state=RunState.FAILED, exit_code=EXIT_FAILED, restarts=run.state.restarts - 1,
-                          failures=list(run.state.attempt.failures), global_step=run.state.attempt.global_step,
-                          recoveries=list(run.clock.done))
-        # The chief notes the restart in TensorBoard.
-        run.new_attempt(reason, step, ended, env={RESTART_ENV: reason})
-        return delay
-
-    def _lost_in_restart(self, task: str, e: TaskFailed) -> Decision:
-        """`task` died while the cluster started again (`e`): one more fault for the same policy;
-        the decision to carry out next (TaskFailed once it is to give up)."""
-        run = self.run
-        statuses = run.state.attempt.observe(run.state.records, run.backends, run.say)
-        lost = next((t for t in statuses if t.name == task), None)
-        how = (policy.how_lost(lost) if lost and lost.state is TaskState.FAILED
-               else e.how or f'{task} {describe_exit(e.exit_code)}') + ' while the cluster started again'
-        decision = policy.during_recovery(run.state.policy, run.state.restarts, task, how, e.exit_code)
-        decision = policy.on_full_disk(decision, run.state.attempt.progress(run.spec.train.steps))
-        decision = self._account(decision, statuses)
-        if decision.action is Action.GIVE_UP:
-            raise self._give_up(decision) from None
-        run.clock.fault(decision.tasks, True, None)     # joins the fault being mended
-        return decision
+        return Plan(give_up=faults.judge(decision, run.state.records, run.backends, run.state.policy,
+                                         run.state.restarts))

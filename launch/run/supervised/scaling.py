@@ -5,6 +5,10 @@ Async training takes workers in and out while the others train on: a new worker 
 that leaves finishes its step and stops. Sync training cannot: SyncReplicasOptimizer fixes the
 number of replicas in the graph, so the cluster restarts through a checkpoint with the new live
 set. Either way the live set is written into every task's lease (cluster/runtime/membership.py).
+Each change is a plan (plan.py) the loop applies: async, the new live set (change_live); sync, a
+restart of the cluster through a checkpoint (restart_scaled, then resume_scaled); following a
+request to its reply is a look at the state (look), its end a plan (scale_ended). Taking a
+request, waiting for the sync scale's checkpoint and answering are Scaling's procedure.
 """
 from __future__ import annotations
 
@@ -23,15 +27,14 @@ from launch.run import policy
 from launch.run.supervised.attempt import Attempt
 from launch.records.event_types import Scale, Scaled
 from launch.run.control import Reply, ScaleRequest
-from launch.run.supervised.plan import Plan
+from launch.run.supervised.plan import NewAttempt, Plan, Relaunch, StartAll
 from launch.run.supervised.state import SupervisorState
 from launch.run.lifecycle import CHECKPOINT_GRACE_SECS, Lifecycle, RunResult, RunState
 from launch.run.policy import TaskState, TaskStatus
 
 
 class ScaledRun(Protocol):
-    """What a scale asks of the loop (loop.py SupervisedRun): its state, plans applied, and the
-    procedures of a sync scale's restart."""
+    """What a scale asks of the loop (loop.py SupervisedRun): its state, and plans applied."""
     spec: ClusterSpec
     life: Lifecycle
     state: SupervisorState
@@ -42,18 +45,7 @@ class ScaledRun(Protocol):
 
     def apply(self, plan: Plan) -> None: ...
 
-    def publish(self) -> None: ...
-
     def save_state(self) -> None: ...
-
-    def teardown(self, checkpoint: bool = True) -> None: ...
-
-    def resize(self, members: Members, leaving: Sequence[str]) -> None: ...
-
-    def new_attempt(self, reason: str, step: int | None, ended: RunResult,
-                    env: Mapping[str, str] | None = None) -> None: ...
-
-    def start_cluster(self, restart: int | None = None) -> None: ...
 
 
 @dataclass
@@ -145,6 +137,83 @@ def change_live(state: SupervisorState, request: ScaleRequest, move: ScaleMove, 
                 welcome=frozenset(add), unserved=tuple(add), due={name: now for name in add})
 
 
+def restart_scaled(state: SupervisorState, request: ScaleRequest, members: Members, add: list[str],
+                   remove: list[str]) -> Plan:
+    """Sync training: SyncReplicasOptimizer fixes the number of replicas in the graph, so the
+    cluster stops (the chief saves first) and starts again with the new live set `members`, from
+    the checkpoint; replicas_to_aggregate and the default learning rate follow the count. Not a
+    fault: no restart of supervise.max_restarts is used. What follows the stop: `resume_scaled`."""
+    before, want = state.members.count, members.count
+    line = (f'scaling {before} -> {want} workers: sync training fixes its number of replicas '
+            '(SyncReplicasOptimizer), so the cluster restarts through a checkpoint; the chief saves first')
+    return Plan(say=(line,), events=(Scale(to=want, add=add, remove=remove, pid=request.pid),),
+                relaunch=Relaunch(None, f'scale {before} -> {want} workers', True, members, tuple(remove)))
+
+
+def resume_scaled(state: SupervisorState, relaunch: Relaunch, step: int | None) -> Plan:
+    """Once every task stopped for a sync scale: the new live set, told to every lease, and a
+    new attempt from the checkpoint at `step` (None: none yet) with every live task started."""
+    assert relaunch.members is not None, 'a sync scale names its live set'
+    ended = RunResult(state=RunState.SCALED, exit_code=EXIT_OK, restarts=state.restarts,
+                      failures=list(state.attempt.failures), global_step=state.attempt.global_step)
+    resumed = f'the checkpoint at global step {step}' if step is not None else 'step 0 (no checkpoint yet)'
+    return Plan(members=relaunch.members, leaving=relaunch.leaving, publish=True,
+                attempt=NewAttempt(relaunch.reason, step, ended),
+                say=(f'scaling {state.members.count} -> {relaunch.members.count} workers: starting the cluster '
+                     f'again from {resumed}',), start_all=StartAll(0.0, None))
+
+
+def live_words(members: Members, when: str = 'now') -> str:
+    """`2 worker(s) train now (worker:0, worker:1)`: the live set, as the supervisor has it."""
+    return f'{members.count} worker(s) train {when} ({", ".join(f"worker:{i}" for i in members.indices)})'
+
+
+@dataclass(frozen=True)
+class ScaleNews:
+    """What a look at the scale under way found: lines for its reply, whether it is given its
+    time anew (a joiner or the cluster started again), and its end (a reply and why) if it has one."""
+    lines: tuple[str, ...] = ()
+    anew: bool = False
+    reply: Reply | None = None
+    line: str = ''
+
+
+def look(op: ScaleOp, state: SupervisorState, statuses: Sequence[TaskStatus], now: float) -> ScaleNews:
+    """The scale under way (`op`), seen `now`: a restart of the cluster or a joiner started again
+    since the last look is a line of the reply each, and the change is given its time anew; a
+    joiner let go ends it as failed, every change made ends it as done, and so does the time
+    running out as failed. A joiner lost on the way is what the supervisor made of it: it
+    decides after this look."""
+    most, lines = state.policy.max_restarts, []
+    seen = op.failures_seen
+    if op.attempt is not None and state.attempt is not op.attempt:
+        lines.append(f'restart {state.restarts}/{most}: the cluster started again while the change was under way')
+        seen = 0
+    for failure in state.attempt.failures[seen:]:
+        if failure.task in op.add and failure.task not in state.attempt.tolerated:
+            lines.append(f'{failure.task} ended while joining the training ({failure.cause}); '
+                         f'restart {state.restarts}/{most} starts it again')
+    anew = bool(lines)
+    deadline = now + op.secs if anew else op.deadline
+    finished = state.attempt.step is not None and state.attempt.step >= state.spec.train.steps
+    let_go = op.let_go(state.attempt.tolerated)
+    if let_go:
+        why = (f'{", ".join(let_go)} ended while joining the training and '
+               f'{"is" if len(let_go) == 1 else "are"} not started again; {live_words(state.members)}')
+        return ScaleNews(tuple(lines), anew, Reply.FAILED, why)
+    if op.took_effect({t.name: t for t in statuses}, state.stepped, finished):
+        return ScaleNews(tuple(lines), anew, Reply.DONE, live_words(state.members))
+    if now > deadline:
+        return ScaleNews(tuple(lines), anew, Reply.FAILED, f'the change did not take effect within {op.secs:.0f}s')
+    return ScaleNews(tuple(lines), anew)
+
+
+def scale_ended(state: SupervisorState, reply: Reply, line: str) -> Plan:
+    """The end of the scale under way: its line, and the event."""
+    return Plan(say=(f'scale {reply}: {line}',),
+                events=(Scaled(state=reply, workers=list(state.members.indices), cause=line),))
+
+
 class Scaling:
     """Carries out `launch scale` requests on a run, one at a time."""
 
@@ -169,42 +238,14 @@ class Scaling:
             if request is not None:
                 self._begin(request)
             return
-        op = self.op
-        self._restarted(op)
-        by_name = {t.name: t for t in statuses}
-        finished = run.state.attempt.step is not None and run.state.attempt.step >= run.spec.train.steps
-        let_go = op.let_go(run.state.attempt.tolerated)
-        if let_go:
-            self._end(op, Reply.FAILED, f'{", ".join(let_go)} ended while joining the training and '
-                                        f'{"is" if len(let_go) == 1 else "are"} not started again; '
-                                        f'{self._live()}')
-        elif op.took_effect(by_name, run.state.stepped, finished):
-            self._end(op, Reply.DONE, self._live())
-        elif time.monotonic() > op.deadline:
-            self._end(op, Reply.FAILED, f'the change did not take effect within {op.secs:.0f}s')
-
-    def _live(self, when: str = 'now') -> str:
-        """`2 worker(s) train now (worker:0, worker:1)`: the live set, as the supervisor has it."""
-        members = self.run.state.members
-        return f'{members.count} worker(s) train {when} ({", ".join(f"worker:{i}" for i in members.indices)})'
-
-    def _restarted(self, op: ScaleOp) -> None:
-        """Joiners the supervisor starts again after they were lost (or the cluster it restarted),
-        since the last look: a line for the reply each, and the change is given its time anew."""
-        run = self.run
-        max_restarts = run.state.policy.max_restarts
-        if op.attempt is not None and run.state.attempt is not op.attempt:
-            op.lines.append(f'restart {run.state.restarts}/{max_restarts}: the cluster started again while the '
-                            'change was under way')
-            op.attempt, op.failures_seen = run.state.attempt, 0
-            op.deadline = time.monotonic() + op.secs
-        new = run.state.attempt.failures[op.failures_seen:]
+        op, now = self.op, time.monotonic()
+        news = look(op, run.state, statuses, now)
+        op.lines.extend(news.lines)
         op.attempt, op.failures_seen = run.state.attempt, len(run.state.attempt.failures)
-        for failure in new:
-            if failure.task in op.add and failure.task not in run.state.attempt.tolerated:
-                op.lines.append(f'{failure.task} ended while joining the training ({failure.cause}); '
-                                f'restart {run.state.restarts}/{max_restarts} starts it again')
-                op.deadline = time.monotonic() + op.secs
+        if news.anew:
+            op.deadline = now + op.secs
+        if news.reply is not None:
+            self._end(op, news.reply, news.line)
 
     def _begin(self, request: ScaleRequest) -> None:
         """A new request: refused, answered at once (the count is met), or begun: live in async
@@ -216,7 +257,7 @@ class Scaling:
             self._refuse(request, why)
             return
         if want == now.count:
-            control.answer(run.spec.train.train_dir, request, Reply.DONE, [self._live('already')])
+            control.answer(run.spec.train.train_dir, request, Reply.DONE, [live_words(now, 'already')])
             return
         move = ScaleMove.of(now, run.spec.num_workers, run.state.retired, want)
         if len(move.add) < want - now.count:
@@ -258,8 +299,7 @@ class Scaling:
         done, or None once a new checkpoint is there; the cluster trains on either way."""
         run = self.run
         before = run.life.checkpoint_step()
-        run.state.members = dataclasses.replace(run.state.members, save=run.state.members.save + 1)
-        run.publish()
+        run.apply(Plan(members=dataclasses.replace(run.state.members, save=run.state.members.save + 1), publish=True))
         secs = min(CHECKPOINT_GRACE_SECS, run.state.policy.stall_secs / 2)     # a chief stuck that long is stuck
         deadline = time.monotonic() + secs
         while time.monotonic() < deadline:
@@ -271,33 +311,20 @@ class Scaling:
                 f'read back from {run.spec.train.train_dir} within {secs:.0f}s; nothing was changed')
 
     def _restart(self, request: ScaleRequest, members: Members, add: list[str], remove: list[str]) -> None:
-        """Sync: SyncReplicasOptimizer fixes the number of replicas in the graph, so the cluster
-        stops (the chief saves first) and starts again with the new live set, from the checkpoint;
-        replicas_to_aggregate and the default learning rate follow the count. Not a fault: no
-        restart of supervise.max_restarts is used."""
+        """Sync: the cluster restarts with the new live set (restart_scaled); the request is under
+        way from before the stop (the state file says so), given its time once the tasks started.
+        A task lost while they start is left for the loop to decide about (state.lost_starting)."""
         run = self.run
-        before, want = run.state.members.count, members.count
-        line = (f'scaling {before} -> {want} workers: sync training fixes its number of replicas '
-                '(SyncReplicasOptimizer), so the cluster restarts through a checkpoint; the chief saves first')
-        run.say(line)
-        run.life.emit(Scale(to=want, add=add, remove=remove, pid=request.pid))
-        run.teardown(checkpoint=True)
-        step = run.life.checkpoint_step()
-        ended = RunResult(state=RunState.SCALED, exit_code=EXIT_OK, restarts=run.state.restarts,
-                          failures=list(run.state.attempt.failures), global_step=run.state.attempt.global_step)
-        run.resize(members, leaving=remove)
-        resumed = f'the checkpoint at global step {step}' if step is not None else 'step 0 (no checkpoint yet)'
-        run.new_attempt(f'scale {before} -> {want} workers', step, ended)
-        run.publish()
-        run.say(f'scaling {before} -> {want} workers: starting the cluster again from {resumed}')
-        self.op = ScaleOp.of(request, [f'worker:{i}' for i in members.indices], [], line, self._secs(), run.state.attempt)
-        run.start_cluster()     # a task lost while it starts: a fault, which the loop hands to recovery
+        plan = restart_scaled(run.state, request, members, add, remove)
+        self.op = ScaleOp.of(request, [f'worker:{i}' for i in members.indices], [], plan.say[0], 0.0)
+        run.apply(plan)
+        self.op.attempt, self.op.secs = run.state.attempt, self._secs()
+        self.op.deadline = time.monotonic() + self.op.secs
 
-    def _end(self, op: ScaleOp, state: Reply, line: str) -> None:
+    def _end(self, op: ScaleOp, reply: Reply, line: str) -> None:
         """The reply to the request under way (`op`); the next one can be taken."""
         self.op = None
         run = self.run
         run.save_state()
-        run.say(f'scale {state}: {line}')
-        run.life.emit(Scaled(state=state, workers=list(run.state.members.indices), cause=line))
-        control.answer(run.spec.train.train_dir, op.request, state, op.lines + [line])
+        run.apply(scale_ended(run.state, reply, line))
+        control.answer(run.spec.train.train_dir, op.request, reply, op.lines + [line])

@@ -1,9 +1,11 @@
 """The supervisor's state: every mutable fact of a supervised run in one object, written only by
 the loop (launch/run/supervised/loop.py) as it applies plans (plan.py).
 
-The *desired* set is `members` (the live workers, told to every task's lease), less `tolerated`
-(lost and let go) and `retired` (failed over); `records` is what was started. Scale, failover,
-rejoin and tolerate change the desired set; the loop starts what is due and stops what left.
+The *desired* set (`desired()`) is the ps tasks and `members` (the live workers, told to every
+task's lease), less `tolerated` (lost and let go) and `retired` (failed over); `records` is what
+was started. Scale, failover, rejoin and tolerate change the desired set; a start of the cluster
+starts the desired set, and between starts the loop starts what is due (`attempt.due`) and stops
+what the plans say left.
 """
 from __future__ import annotations
 
@@ -18,6 +20,15 @@ from launch.planning.plan import TaskPlan
 from launch.run.policy import Policy
 from launch.run.supervised.attempt import Attempt
 from launch.run.supervised.faults import FaultHistory
+
+
+@dataclass(frozen=True)
+class StartLoss:
+    """A task lost while the cluster started (startup.py's TaskFailed naming it): an observation
+    the loop decides about in its next round, as one more fault (recovery.py lost_in_start)."""
+    task: str
+    how: str | None             # its words for it, where start-up gave some
+    exit_code: int | None
 
 
 @dataclass
@@ -35,6 +46,7 @@ class SupervisorState:
     retired: set[str] = field(default_factory=set)             # workers failed over: never started again
     stepped: set[str] = field(default_factory=set)             # workers whose current start logged a step
     serving: dict[str, threading.Event] = field(default_factory=dict)  # set once a task's own log says it serves
+    lost_starting: StartLoss | None = None      # a task lost while the cluster started, not decided about yet
 
     @classmethod
     def new(cls, spec: ClusterSpec, plans: list[TaskPlan], workers: int | None) -> SupervisorState:
@@ -51,6 +63,15 @@ class SupervisorState:
 
     def record_of(self, name: str) -> TaskRecord | None:
         return next((r for r in self.records if r.name == name), None)
+
+    def desired(self) -> list[TaskPlan]:
+        """The tasks that should run now, in plan order: the ps tasks and the tasks of the live
+        workers' indices (a coordinator run's chief and evaluator are index 0, which never
+        leaves), less those lost and let go in this attempt and those failed over. At the start
+        of an attempt (nothing let go yet) these are the tasks a start of the cluster starts."""
+        gone = self.attempt.tolerated | self.retired
+        return [p for p in self.plans if (p.task.job == 'ps' or p.task.index in self.members.workers)
+                and p.name not in gone]
 
     def waiting(self) -> frozenset[str]:
         """Tasks lost and let go, or due to start again: the policy does not count them lost again."""

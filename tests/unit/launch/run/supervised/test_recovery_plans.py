@@ -76,7 +76,7 @@ def test_an_evaluator_restart_is_its_own_and_not_the_runs(tmp_path):
 @pytest.mark.parametrize('action, expect', [
     (Action.TOLERATE, 'tolerate'),
     (Action.RESTART_TASKS, 'restart'),
-    (Action.RESTART, None),        # the cluster: a procedure, not a plan
+    (Action.RESTART, None),        # the cluster: recovery.restart_cluster, whose words ask the tasks
 ])
 def test_each_decision_gets_its_plan(tmp_path, action, expect):
     state = state_of(tmp_path, sync=False, supervise={'restart': 'on-failure', 'max_restarts': 3})

@@ -1,0 +1,46 @@
+"""Every task's lease (cluster/runtime/membership.py): the live set, and a request for a
+checkpoint, written by the launcher and renewed each second while the run goes on; a task whose
+lease goes stale knows its launcher is gone. One thread per backend, so a slow SSH host never
+delays the leases of local tasks."""
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+
+from launch.backends.base import Backend
+from launch.run.supervised.state import SupervisorState
+
+log = logging.getLogger(__name__)
+
+LEASE_RENEW_SECS = 1.0          # how often the launcher renews its tasks' lease
+
+
+class Leases:
+    """The leases of a run's tasks, renewed from the state's live set until `done` is set."""
+
+    def __init__(self, state: SupervisorState, backends: Mapping[str, Backend], done: threading.Event) -> None:
+        self.state, self.backends, self.done = state, backends, done
+
+    def keep(self) -> None:
+        """Write every lease now, then renew them in the background until the run is done."""
+        for name in self.backends:
+            self.renew(name)
+            threading.Thread(target=self._renew_each, args=(name,), name=f'lease-{name}', daemon=True).start()
+
+    def publish(self) -> None:
+        """Write the live set (and a request for a checkpoint) into every task's lease now."""
+        for name in self.backends:
+            self.renew(name)
+
+    def renew(self, name: str) -> None:
+        plans = [p for p in self.state.plans if p.backend == name]
+        if plans:
+            self.backends[name].renew(plans, text=self.state.members.to_text())
+
+    def _renew_each(self, name: str) -> None:
+        while not self.done.wait(LEASE_RENEW_SECS):
+            try:
+                self.renew(name)
+            except Exception as e:      # a host that cannot be reached now: the poll reports it
+                log.debug('lease renewal failed: %s', e)
