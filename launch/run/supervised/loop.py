@@ -29,6 +29,7 @@ from launch.planning.plan import TaskPlan, state_path
 from launch.run.supervised import faults
 from launch.run import policy
 from launch.run.supervised.attempt import Attempt
+from launch.run.supervised.channel import ChannelReader
 from launch.run.supervised.faults import TaskFailed
 from launch.records.event_types import Interrupted, Recovered
 from launch.records.result import MendedFault
@@ -414,7 +415,7 @@ class SupervisedRun(Strategy):
                 self.clock.stepped(record.name, found['step'], by_chief=chief and self.spec.coordinator)
         self.life.follow(record.name,
                          lambda stop: backend.read_log(record, follow=True, stop=stop, offset=record.log_offset),
-                         seen)
+                         seen, ChannelReader(backend, record))
 
     def is_chief(self, record: TaskRecord) -> bool:
         """The task that saves: a coordinator run's chief (its worker 0 only serves), else worker 0."""
