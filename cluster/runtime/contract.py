@@ -408,8 +408,16 @@ class Reader:
         self._recorded: set[Kind] = set()
         self._channel = channel
         self._pending: deque[Message] = deque(maxlen=PENDING_RECORDS)
+        self._last: tuple[str, Message | None] | None = None     # the line read last and its answer
 
     def read(self, line: str) -> Message | None:
+        if self._last is not None and self._last[0] == line:
+            return self._last[1]            # asked again (the launcher asks per use): no second look at the channel
+        answer = self._answer(line)
+        self._last = (line, answer)
+        return answer
+
+    def _answer(self, line: str) -> Message | None:
         recorded = _record_of(line)
         if recorded is not None:
             self._recorded.add(recorded.KIND)

@@ -103,6 +103,7 @@ def _reap(proc: subprocess.Popen) -> int | None:
 
 class LocalBackend(Backend):
     name = 'local'
+    records_channel = True      # the channel: a file here
 
     def __init__(self) -> None:
         self._children: dict[int, subprocess.Popen] = {}

@@ -142,6 +142,7 @@ class _Tasks:
 
 class SSHBackend(Backend):
     name = 'ssh'
+    records_channel = True      # the channel: read over SFTP, as the log and the pulse are
     _parallel = staticmethod(parallel)
 
     def __init__(self, spec: ClusterSpec, ssh_config: str | None = None, check_host_keys: bool = True) -> None:

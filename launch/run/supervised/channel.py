@@ -6,10 +6,11 @@ the task's log, in the log's thread, only at a line that shows a message. So the
 the log's order whichever file they were read from, one follower per task as before, and a log
 with no message line costs no read of the channel.
 
-Every backend that reads a log as lines from an offset reads the channel the same way (the local
-one the file, the SSH one over SFTP, compose the bind-mounted file, where the tasks write none:
-its environment is in compose.yaml, a run file). A channel not there reads as empty, and the
-Reader takes the log's own lines, as it does for a task started by hand.
+A backend whose tasks write channels says so (Backend.records_channel: the local one, the file;
+the SSH one, over SFTP) and reads the channel with its read_log, as it reads a log. Compose names
+its tasks none (their environment is compose.yaml, a run file that stays as it was), nor does a
+Slurm job: there the Reader takes the log's own lines, as for a task started by hand. A channel
+not there (yet) reads as empty.
 """
 from __future__ import annotations
 

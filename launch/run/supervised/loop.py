@@ -415,7 +415,7 @@ class SupervisedRun(Strategy):
                 self.clock.stepped(record.name, found['step'], by_chief=chief and self.spec.coordinator)
         self.life.follow(record.name,
                          lambda stop: backend.read_log(record, follow=True, stop=stop, offset=record.log_offset),
-                         seen, ChannelReader(backend, record))
+                         seen, ChannelReader(backend, record) if backend.records_channel else None)
 
     def is_chief(self, record: TaskRecord) -> bool:
         """The task that saves: a coordinator run's chief (its worker 0 only serves), else worker 0."""

@@ -148,3 +148,11 @@ def test_a_reader_holds_a_bounded_number_of_records():
     reader = Reader(Channel(written(*(Checkpoint(i) for i in range(contract.PENDING_RECORDS + 10)))))
     assert reader.read(STAMP + Checkpoint(3).human()) == Checkpoint(3)        # gone from the channel: its line's words
     assert len(reader._pending) == contract.PENDING_RECORDS
+
+
+def test_a_line_asked_for_again_is_answered_without_a_second_look_at_the_channel():
+    """The launcher asks once whether a line says ready and once what it tells the event log."""
+    channel = Channel()
+    reader = Reader(channel)
+    line = 'step 3/10  loss 0.5'        # a train.command's own line: no record
+    assert reader.read(line) == reader.read(line) == Progress(3, 10, 0.5) and channel.calls == 1
