@@ -28,7 +28,7 @@ class FileBackend:
 
 def reader(tmp_path, backend: FileBackend) -> ChannelReader:
     log = str(tmp_path / 'worker-0.log')
-    return ChannelReader(backend, TaskRecord('worker:0', 'worker', 0, 'localhost', 2223, 'local', 9, log))   # type: ignore[arg-type]
+    return ChannelReader(backend, TaskRecord('worker:0', 'worker', 0, 'localhost', 2223, 'local', 9, log))
 
 
 def test_each_record_is_read_once_and_a_half_written_one_at_the_next_call(tmp_path):
