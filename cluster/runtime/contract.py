@@ -10,11 +10,12 @@ top layers), so a change to a name, a flag or a message is made here and both fo
 - the environment's names and the exit codes both sides use;
 - every message a task sends its launcher (`Serving`, `Started`, `Progress`, `Checkpoint`,
   `Evaluation`) as a small frozen dataclass. Each has one writer, `say`, which logs the message's
-  human line (the words people read, unchanged), and one reader, `read`, which turns a line of a
-  task's log back into a message, or None. A message also has a record form: one line, `RECORD_TAG`
-  and compact JSON with a `kind` tag (`to_record`/`read` round-trip it), for a channel that carries
-  records rather than words. The words of a human line are read only here, so no other module
-  depends on how a line is phrased.
+  human line (the words people read, unchanged) and, where the launcher named the task a channel
+  (`CHANNEL_ENV`), first appends the message's record there: one line, `RECORD_TAG` and compact
+  JSON with a `kind` tag (`to_record`/`read` round-trip it). One reader per task, `Reader`, takes
+  each message once: from its record where the channel has it, else from its human line (a
+  `train.command` prints its own). The words of a human line are read only here, so no other
+  module depends on how a line is phrased.
 """
 from __future__ import annotations
 
@@ -24,8 +25,9 @@ import math
 import os
 import re
 import sys
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields, replace
 from enum import Enum
 from typing import Any, ClassVar, Protocol
 
@@ -75,6 +77,13 @@ LEASE_ENV, LEASE_SECS_ENV = 'TFCLUSTER_LEASE', 'TFCLUSTER_LEASE_SECS'
 # Set by the launcher on the tasks it starts again after a fault: one line saying why, e.g.
 # `restart 1/3: ps:0 was killed by SIGKILL`. The chief records it in TensorBoard (a text summary).
 RESTART_ENV = 'TFCLUSTER_RESTART'
+
+# Set by a launcher that reads its tasks' channels (the local and the SSH backends): the file
+# that the task appends its messages' records to, on its host (`channel_beside` its log:
+# logs/attempt-N/worker-0.log -> logs/attempt-N/worker-0.records).
+# Tasks started by hand, by Slurm or by compose have none and write none.
+CHANNEL_ENV = 'TFCLUSTER_CHANNEL'
+CHANNEL_SUFFIX = '.records'
 
 # Exit codes, of a task and of the launcher alike.
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -246,13 +255,56 @@ Message = Serving | Started | Progress | Checkpoint | Evaluation
 MESSAGES: dict[Kind, type[Message]] = {m.KIND: m for m in (Serving, Started, Progress, Checkpoint, Evaluation)}
 
 
-def say(log: _Logger, message: Message) -> None:
-    """The one writer: the message's human line in the task's log, where people read it and the
-    launcher's Reader reads it back. The log itself carries no record: `launch logs` shows a task's
-    log byte for byte as the file holds it, and users read the files (Slurm's, `kubectl logs`)
-    directly, so a record there would be seen. A channel of records (a file beside the log, as the
-    pulse is) would carry `to_record`'s lines, which the same Reader already takes first."""
+def say(log: _Logger, message: Message, environ: Mapping[str, str] = os.environ) -> None:
+    """The one writer: the message's record in the task's channel (where the launcher named one,
+    CHANNEL_ENV), then its human line in the task's log, where people read it. The log itself
+    carries no record: `launch logs` shows a task's log byte for byte as the file holds it, and
+    users read the files (Slurm's, `kubectl logs`) directly. The record goes first, so a launcher
+    that reads the line finds its record in the channel already (the Reader's order)."""
+    channel = environ.get(CHANNEL_ENV)
+    if channel:
+        append_record(channel, to_record(as_shown(message)))
     log.info('%s', message.human())
+
+
+def channel_beside(log_path: str) -> str:
+    """The channel of the task whose output goes to `log_path` (a posix path as well: SSH)."""
+    stem, ext = os.path.splitext(log_path)
+    return (stem if ext == '.log' else log_path) + CHANNEL_SUFFIX
+
+
+def channel_env(log_path: str) -> dict[str, str]:
+    """What a launcher that reads the channel adds to the environment of a task logging to
+    `log_path` (absolute, or relative to the task's working directory)."""
+    return {CHANNEL_ENV: channel_beside(log_path)}
+
+
+def append_record(path: str, record: str) -> bool:
+    """Append one record line to a channel; whether it could be. One write of an O_APPEND file:
+    the records of the task's processes (a `train.command` and its wrapper) never interleave
+    within a line. A channel the disk refuses loses the record, never the task: the human line
+    still says it."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError:
+        return False
+    try:
+        os.write(fd, (record + '\n').encode('ascii'))
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def as_shown(message: Message) -> Message:
+    """The message with the figures its human line shows (a loss to 3 places, a metric to 6
+    figures): the events a launcher writes from a record are the ones it wrote from the line."""
+    heard = _from_human(message.human())
+    if heard is None or type(heard) is not type(message):
+        return message
+    return replace(heard, rate=message.rate) if isinstance(message, Progress) and isinstance(heard, Progress) \
+        else heard
 
 
 # -- records: a message as one tagged JSON line ---------------------------------------------------
@@ -332,23 +384,69 @@ def read(line: str) -> Message | None:
     return _record_of(line) or _from_human(line)
 
 
-class Reader:
-    """The one reader of a task's log, line by line: each line's message, or None. Once a kind
-    of message has come as a record, the human lines of that kind are the records' words and
-    are not read again; a kind that never comes as a record (a `train.command` that prints its
-    own progress lines, a task of an older tfcluster) is read from its human lines. Reading a
-    line twice gives the same answer."""
+Channel = Callable[[], Iterable[str]]      # the record lines a task's channel holds since the last call
+PENDING_RECORDS = 256       # records a Reader holds whose lines have not come (yet); older ones go
 
-    def __init__(self) -> None:
+
+class Reader:
+    """The one reader of a task's messages, fed its log line by line: each line's message, or
+    None. A message comes once, at its line, whichever way it came:
+
+    - with a channel (the records a task wrote beside its log): a line that shows a message is
+      answered with the first record not yet passed that shows what the line shows (its record:
+      written before the line, so read by then), else with the line's own reading (a
+      `train.command` prints its own lines, a task of an older tfcluster writes no records). The
+      records before the one taken belong to lines that have passed; they go. The channel is
+      read only at a line that shows a message, in the thread that reads the log, so the
+      messages come in the log's order.
+    - a record in the log itself (the logs of runs of the round before): taken, and the human
+      lines of its kind are its words from then on and are not read again.
+
+    Reading the same line twice gives the same answer."""
+
+    def __init__(self, channel: Channel | None = None) -> None:
         self._recorded: set[Kind] = set()
+        self._channel = channel
+        self._pending: deque[Message] = deque(maxlen=PENDING_RECORDS)
+        self._last: tuple[str, Message | None] | None = None     # the line read last and its answer
 
     def read(self, line: str) -> Message | None:
+        if self._last is not None and self._last[0] == line:
+            return self._last[1]            # asked again (the launcher asks per use): no second look at the channel
+        answer = self._answer(line)
+        self._last = (line, answer)
+        return answer
+
+    def _answer(self, line: str) -> Message | None:
         recorded = _record_of(line)
         if recorded is not None:
             self._recorded.add(recorded.KIND)
             return recorded
         heard = _from_human(line)
-        return None if heard is None or heard.KIND in self._recorded else heard
+        if heard is None or heard.KIND in self._recorded:
+            return None
+        if self._channel is None:
+            return heard
+        found = self._take(heard)
+        if found is None:
+            self._pending.extend(m for m in map(_record_of, self._channel()) if m is not None)
+            found = self._take(heard)
+        return heard if found is None else found
+
+    def _take(self, heard: Message) -> Message | None:
+        """The first pending record that shows what `heard` says; the ones before it go."""
+        key = _shown_key(heard)
+        for i, record in enumerate(self._pending):
+            if _shown_key(record) == key:
+                for _ in range(i):
+                    self._pending.popleft()
+                return record
+        return None
+
+
+def _shown_key(message: Message) -> Message:
+    """What a message's line shows of it: a progress line's words after the loss are not read back."""
+    return replace(message, rate='') if isinstance(message, Progress) else message
 
 
 def _record_of(line: str) -> Message | None:

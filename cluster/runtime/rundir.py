@@ -25,6 +25,8 @@ A run directory (`train.train_dir`) holds:
     logs/attempt-<n>/<job>-<index>.log   every attempt's task logs, kept; logs/<job>-<index>.log
                            leads (a symbolic link) to the newest attempt's
     logs/attempt-<n>/<job>-<index>.pulse a trainer's newest step, overwritten in place (cluster/runtime/pulse.py)
+    logs/attempt-<n>/<job>-<index>.records  the task's messages to its launcher, one tagged JSON record a
+                           line, where the launcher named it a channel (cluster/runtime/contract.py)
     stacks/attempt-<n>/<job>-<index>.txt  a task's Python stacks, dumped on DUMP_SIGNAL (a stall,
                            `launch debug`, or `kill -USR1`); stacks/<job>-<index>.txt for a task
                            started without a launcher's logs (by hand, by Slurm)

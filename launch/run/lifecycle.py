@@ -333,10 +333,13 @@ class Lifecycle:
 
     # -- following logs -------------------------------------------------------------------------
     def follow(self, name: str, lines: Callable[[threading.Event], Iterable[str]],
-               on_line: Callable[[str], None] | None = None) -> None:
+               on_line: Callable[[str], None] | None = None, channel: contract.Channel | None = None) -> None:
         """Show a task's log lines on the console as they come, prefixed with `name`, until
-        unfollow(name); `lines(stop)` yields them, ending once `stop` is set and all is read."""
+        unfollow(name); `lines(stop)` yields them, ending once `stop` is set and all is read.
+        `channel`: the records the task writes beside this log, read with it (a fresh Reader)."""
         self.unfollow([name])
+        if channel is not None:
+            self._readers[name] = contract.Reader(channel)
         stop = threading.Event()
 
         def pump() -> None:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import psutil
 
 from cluster.runtime import hostinfo, ports
+from cluster.runtime.contract import channel_env
 from cluster.runtime.ports import port_in_use
 from launch.backends import netns, sessions
 from launch.backends.procstat import process_ident
@@ -102,6 +103,7 @@ def _reap(proc: subprocess.Popen) -> int | None:
 
 class LocalBackend(Backend):
     name = 'local'
+    records_channel = True      # the channel: a file here
 
     def __init__(self) -> None:
         self._children: dict[int, subprocess.Popen] = {}
@@ -160,7 +162,7 @@ class LocalBackend(Backend):
         with open(log_file, 'ab') as out:       # a task restarted in the same attempt appends
             offset = out.tell()
             argv = netns.wrap(plan.netns, plan.argv) if plan.netns else plan.argv
-            proc = subprocess.Popen(argv, cwd=plan.cwd, env={**inherited(os.environ), **plan.env},
+            proc = subprocess.Popen(argv, cwd=plan.cwd, env={**inherited(os.environ), **plan.env, **channel_env(os.path.abspath(log_file))},
                                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True)
         self._children[proc.pid] = proc

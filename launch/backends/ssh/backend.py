@@ -25,6 +25,7 @@ import invoke
 import paramiko
 
 from cluster.runtime import rundir, runjson
+from cluster.runtime.contract import channel_env
 from cluster.runtime.rundir import LEASE_ENV
 from cluster.spec import ClusterSpec
 from launch.backends.base import (ENDED, GPU_COUNT_SH, RUNNING, STOP_GRACE_SECS, UNKNOWN, Backend, HostCheck,
@@ -141,6 +142,7 @@ class _Tasks:
 
 class SSHBackend(Backend):
     name = 'ssh'
+    records_channel = True      # the channel: read over SFTP, as the log and the pulse are
     _parallel = staticmethod(parallel)
 
     def __init__(self, spec: ClusterSpec, ssh_config: str | None = None, check_host_keys: bool = True) -> None:
@@ -270,7 +272,7 @@ class SSHBackend(Backend):
             earlier = h.records.get(plan.name)
         script = _start_script(plan, workdir, None if earlier is None else _process(earlier))
         self._connect(name)         # an unreachable host fails here, before anything can start
-        env_text = env_file_text(plan.env)
+        env_text = env_file_text({**plan.env, **channel_env(log_file)})     # its records beside its log
         self._sftp_call(name, lambda sftp: self._upload(sftp, env_text, files.envfile))
         try:
             result = self._run(name, script)

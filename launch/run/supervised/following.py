@@ -10,6 +10,7 @@ import threading
 from cluster.runtime import contract
 from launch.backends.base import Backend, TaskRecord
 from launch.run.lifecycle import Lifecycle
+from launch.run.supervised.channel import ChannelReader
 from launch.run.supervised.mending import RecoveryClock
 from launch.run.supervised.state import SupervisorState
 
@@ -34,4 +35,4 @@ def follow(life: Lifecycle, state: SupervisorState, clock: RecoveryClock, backen
             state.stepped.add(record.name)
             clock.stepped(record.name, found['step'], by_chief=chief and coordinator)
     life.follow(record.name, lambda stop: backend.read_log(record, follow=True, stop=stop, offset=record.log_offset),
-                seen)
+                seen, ChannelReader(backend, record) if backend.records_channel else None)
