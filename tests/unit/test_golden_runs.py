@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 from tests.harness.golden import GatedBackend, RunFiles, Start, check_golden, drive, normalizer, progress, saved
+from tests.harness.parts import REPO
 
 GOLDEN = Path(__file__).resolve().parents[1] / 'data' / 'golden' / 'runs'
-REPO = str(Path(__file__).resolve().parents[2])
 ORDER = ['ps:0', 'worker:0', 'worker:1']
 SPEC = """cluster:
   ps: [localhost:2001]
