@@ -27,6 +27,7 @@ def test_tasks_import_tensorflow_without_keras_and_keras_still_imports():
 
 
 @pytest.mark.slow
+@pytest.mark.bench          # 3.5 minutes of benchmark runs: by hand (`python -m pytest -m bench`), not in CI
 def test_the_benchmark_quick_mode_runs_and_writes_every_figure(tmp_path):
     out, plots = tmp_path / 'figures.json', tmp_path / 'plots'
     result = subprocess.run([sys.executable, 'benchmarks/bench.py', '--quick', '--json', str(out), '--plots', str(plots)],
