@@ -7,7 +7,8 @@ tasks still hold the variables.
 The run's facts are one state object (state.py) that only this loop writes, applying plans
 (plan.py) made by recovery.py, failover.py and scaling.py, a restart of the whole cluster
 included; a task lost while the cluster starts is an observation its next round decides
-about. Its other parts: the wait for the
+about. Those plans change the desired set; each round begins with reconcile.py's plan, which
+starts what is due and stops what was failed over. Its other parts: the wait for the
 servers (startup.py), what one attempt has seen (attempt.py), the words of a fault (faults.py),
 how long a fault took to mend (mending.py), the lines said at the start and end (notes.py).
 """
@@ -42,6 +43,7 @@ from launch.run.supervised.scaling import Scaling, resume_scaled
 from launch.run.supervised.startup import wait_for_servers
 from launch.run.state import LaunchState, WorkerPool
 from launch.run.supervised.plan import Plan
+from launch.run.supervised.reconcile import reconcile
 from launch.run.supervised.state import StartLoss, SupervisorState
 
 __all__ = ['SupervisedRun', 'TaskFailed', 'wait_for_servers']
@@ -220,7 +222,7 @@ class SupervisedRun(Strategy):
                 tail_deadline = None
                 continue
             self.check_run_dir()
-            self.start_due()
+            self.apply(reconcile(self.state, time.monotonic()))     # the desired set, before the look
             statuses = self._observe()
             self._scale(statuses)
             waiting = frozenset(self.state.attempt.tolerated | set(self.state.attempt.due))     # lost, and let go or due back
@@ -312,13 +314,15 @@ class SupervisedRun(Strategy):
         for event in plan.events:
             self.life.emit(event)
         let_go(plan, self.state.records, self.backends)
+        state.dropped |= set(plan.drop)
         if plan.restarted_chief:
             state.attempt.restarted_chief()
         for name in plan.unserved:
             state.serving.pop(name, None)
         state.attempt.due.update(plan.due)
+        self.start_due(plan.starts)
         if plan.start:
-            self.start_due()
+            self.apply(reconcile(state, time.monotonic()))
         self._apply_whole(plan)
 
     def _apply_whole(self, plan: Plan) -> None:
@@ -404,11 +408,11 @@ class SupervisedRun(Strategy):
         wait_for_servers(self.state.records, self.backends, t0 + self.start_timeout, self.interrupted,
                          reported=lambda name: self.state.serving[name].is_set(), stall_secs=self.state.policy.stall_secs)
 
-    def start_due(self) -> None:
-        """Start the tasks whose backoff has passed (a worker that rejoins)."""
-        for name, due in sorted(self.state.attempt.due.items(), key=lambda item: item[1]):
-            if time.monotonic() < due or self.interrupted.is_set():
-                continue
+    def start_due(self, names: Sequence[str]) -> None:
+        """Start these due tasks, whose backoff has passed (reconcile.py ready), in this order."""
+        for name in names:
+            if self.interrupted.is_set():
+                break
             del self.state.attempt.due[name]
             earlier = [r for r in self.state.records if r.name == name and self.backends[r.backend].status(r).alive]
             if earlier:         # a frozen copy still holds its port: it goes first

@@ -4,8 +4,8 @@ the loop (launch/run/supervised/loop.py) as it applies plans (plan.py).
 The *desired* set (`desired()`) is the ps tasks and `members` (the live workers, told to every
 task's lease), less `tolerated` (lost and let go) and `retired` (failed over); `records` is what
 was started. Scale, failover, rejoin and tolerate change the desired set; a start of the cluster
-starts the desired set, and between starts the loop starts what is due (`attempt.due`) and stops
-what the plans say left.
+starts the desired set, and between starts the loop holds it against what was started once per
+round (reconcile.py): what is due (`attempt.due`) starts, what was failed over stops.
 """
 from __future__ import annotations
 
@@ -44,6 +44,7 @@ class SupervisorState:
     attempt: Attempt = field(default_factory=Attempt)          # what this attempt has seen
     history: FaultHistory = field(default_factory=FaultHistory)    # the backoff streak, the repeat rule's memory
     retired: set[str] = field(default_factory=set)             # workers failed over: never started again
+    dropped: set[str] = field(default_factory=set)             # ... and stopped already (once: reconcile.py)
     stepped: set[str] = field(default_factory=set)             # workers whose current start logged a step
     serving: dict[str, threading.Event] = field(default_factory=dict)  # set once a task's own log says it serves
     lost_starting: StartLoss | None = None      # a task lost while the cluster started, not decided about yet
