@@ -42,7 +42,7 @@ from launch.run.supervised.recovery import Recovery, resume
 from launch.run.supervised.scaling import Scaling, resume_scaled
 from launch.run.supervised.startup import wait_for_servers
 from launch.run.state import LaunchState, WorkerPool
-from launch.run.supervised.plan import Plan
+from launch.run.supervised.plan import Plan, SaveFirst
 from launch.run.supervised.reconcile import reconcile
 from launch.run.supervised.state import StartLoss, SupervisorState
 
@@ -67,6 +67,18 @@ def let_go(plan: Plan, records: Sequence[TaskRecord], backends: Mapping[str, Bac
     gone = [r for r in records if r.name in plan.drop]
     if gone:
         threading.Thread(target=lambda: stop_all(gone, backends, grace=1), name='failover-stop', daemon=True).start()
+
+
+def saved_since(life: Lifecycle, first: SaveFirst) -> bool:
+    """Whether a checkpoint other than `first.before` reads back within `first.secs` (as a
+    restart would read it: Lifecycle.checkpoint_step)."""
+    deadline = time.monotonic() + first.secs
+    while time.monotonic() < deadline:
+        step = life.checkpoint_step()
+        if step is not None and step != first.before:
+            return True
+        time.sleep(0.5)
+    return False
 
 
 class SupervisedRun(Strategy):
@@ -302,11 +314,13 @@ class SupervisedRun(Strategy):
         state.attempt.tolerated = (state.attempt.tolerated | plan.tolerate) - plan.welcome
         if plan.members is not None:
             state.members = plan.members
+        if plan.scale is not None or plan.scale_over:
+            state.scale = plan.scale
         state.records = [r for r in state.records if r.name not in plan.leaving]
         if plan.attempt is not None:
             self.new_attempt(plan.attempt.reason, plan.attempt.from_step, plan.attempt.ended, plan.attempt.env)
         if plan.members is not None and plan.publish:
-            self.publish()
+            self.leases.publish()
         for line in plan.say:
             self.say(line)
         if plan.restart_tasks:
@@ -329,6 +343,8 @@ class SupervisedRun(Strategy):
         """The parts of a plan about every task: stopped to start again (then what the stop left
         decides the rest, recovery.py resume), started, or stopped to give the run up."""
         relaunch, start = plan.relaunch, plan.start_all
+        if plan.save_first is not None:
+            self.state.saved_first = saved_since(self.life, plan.save_first)
         if relaunch is not None:
             self.teardown(checkpoint=relaunch.checkpoint)
             if relaunch.number is None:     # a sync scale: no fault, no backoff
@@ -445,10 +461,6 @@ class SupervisedRun(Strategy):
         self.life.unfollow([r.name for r in self.state.records])
 
     # -- the tasks' leases and the state file --------------------------------------------------
-    def publish(self) -> None:
-        """Write the live set (and a request for a checkpoint) into every task's lease now."""
-        self.leases.publish()
-
     def save_state(self) -> None:
         """The state file `launch status` reads: the tasks, the newest step, the restarts, the workers."""
         self._launch_state.tasks = list(self.state.records)
