@@ -7,7 +7,8 @@ tasks still hold the variables.
 The run's facts are one state object (state.py) that only this loop writes, applying plans
 (plan.py) made by recovery.py, failover.py and scaling.py, a restart of the whole cluster
 included; a task lost while the cluster starts is an observation its next round decides
-about. Its other parts: the wait for the
+about. Those plans change the desired set; each round begins with reconcile.py's plan, which
+starts what is due and stops what was failed over. Its other parts: the wait for the
 servers (startup.py), what one attempt has seen (attempt.py), the words of a fault (faults.py),
 how long a fault took to mend (mending.py), the lines said at the start and end (notes.py).
 """
@@ -41,7 +42,8 @@ from launch.run.supervised.recovery import Recovery, resume
 from launch.run.supervised.scaling import Scaling, resume_scaled
 from launch.run.supervised.startup import wait_for_servers
 from launch.run.state import LaunchState, WorkerPool
-from launch.run.supervised.plan import Plan
+from launch.run.supervised.plan import Plan, SaveFirst
+from launch.run.supervised.reconcile import reconcile
 from launch.run.supervised.state import StartLoss, SupervisorState
 
 __all__ = ['SupervisedRun', 'TaskFailed', 'wait_for_servers']
@@ -65,6 +67,18 @@ def let_go(plan: Plan, records: Sequence[TaskRecord], backends: Mapping[str, Bac
     gone = [r for r in records if r.name in plan.drop]
     if gone:
         threading.Thread(target=lambda: stop_all(gone, backends, grace=1), name='failover-stop', daemon=True).start()
+
+
+def saved_since(life: Lifecycle, first: SaveFirst) -> bool:
+    """Whether a checkpoint other than `first.before` reads back within `first.secs` (as a
+    restart would read it: Lifecycle.checkpoint_step)."""
+    deadline = time.monotonic() + first.secs
+    while time.monotonic() < deadline:
+        step = life.checkpoint_step()
+        if step is not None and step != first.before:
+            return True
+        time.sleep(0.5)
+    return False
 
 
 class SupervisedRun(Strategy):
@@ -220,7 +234,7 @@ class SupervisedRun(Strategy):
                 tail_deadline = None
                 continue
             self.check_run_dir()
-            self.start_due()
+            self.apply(reconcile(self.state, time.monotonic()))     # the desired set, before the look
             statuses = self._observe()
             self._scale(statuses)
             waiting = frozenset(self.state.attempt.tolerated | set(self.state.attempt.due))     # lost, and let go or due back
@@ -300,11 +314,13 @@ class SupervisedRun(Strategy):
         state.attempt.tolerated = (state.attempt.tolerated | plan.tolerate) - plan.welcome
         if plan.members is not None:
             state.members = plan.members
+        if plan.scale is not None or plan.scale_over:
+            state.scale = plan.scale
         state.records = [r for r in state.records if r.name not in plan.leaving]
         if plan.attempt is not None:
             self.new_attempt(plan.attempt.reason, plan.attempt.from_step, plan.attempt.ended, plan.attempt.env)
         if plan.members is not None and plan.publish:
-            self.publish()
+            self.leases.publish()
         for line in plan.say:
             self.say(line)
         if plan.restart_tasks:
@@ -312,19 +328,23 @@ class SupervisedRun(Strategy):
         for event in plan.events:
             self.life.emit(event)
         let_go(plan, self.state.records, self.backends)
+        state.dropped |= set(plan.drop)
         if plan.restarted_chief:
             state.attempt.restarted_chief()
         for name in plan.unserved:
             state.serving.pop(name, None)
         state.attempt.due.update(plan.due)
+        self.start_due(plan.starts)
         if plan.start:
-            self.start_due()
+            self.apply(reconcile(state, time.monotonic()))
         self._apply_whole(plan)
 
     def _apply_whole(self, plan: Plan) -> None:
         """The parts of a plan about every task: stopped to start again (then what the stop left
         decides the rest, recovery.py resume), started, or stopped to give the run up."""
         relaunch, start = plan.relaunch, plan.start_all
+        if plan.save_first is not None:
+            self.state.saved_first = saved_since(self.life, plan.save_first)
         if relaunch is not None:
             self.teardown(checkpoint=relaunch.checkpoint)
             if relaunch.number is None:     # a sync scale: no fault, no backoff
@@ -404,11 +424,11 @@ class SupervisedRun(Strategy):
         wait_for_servers(self.state.records, self.backends, t0 + self.start_timeout, self.interrupted,
                          reported=lambda name: self.state.serving[name].is_set(), stall_secs=self.state.policy.stall_secs)
 
-    def start_due(self) -> None:
-        """Start the tasks whose backoff has passed (a worker that rejoins)."""
-        for name, due in sorted(self.state.attempt.due.items(), key=lambda item: item[1]):
-            if time.monotonic() < due or self.interrupted.is_set():
-                continue
+    def start_due(self, names: Sequence[str]) -> None:
+        """Start these due tasks, whose backoff has passed (reconcile.py ready), in this order."""
+        for name in names:
+            if self.interrupted.is_set():
+                break
             del self.state.attempt.due[name]
             earlier = [r for r in self.state.records if r.name == name and self.backends[r.backend].status(r).alive]
             if earlier:         # a frozen copy still holds its port: it goes first
@@ -441,10 +461,6 @@ class SupervisedRun(Strategy):
         self.life.unfollow([r.name for r in self.state.records])
 
     # -- the tasks' leases and the state file --------------------------------------------------
-    def publish(self) -> None:
-        """Write the live set (and a request for a checkpoint) into every task's lease now."""
-        self.leases.publish()
-
     def save_state(self) -> None:
         """The state file `launch status` reads: the tasks, the newest step, the restarts, the workers."""
         self._launch_state.tasks = list(self.state.records)

@@ -15,6 +15,7 @@ from cluster.runtime.membership import Members
 from launch.records.event_types import Event
 from launch.run.lifecycle import RunResult
 from launch.run.supervised.faults import Backoff, Verdict
+from launch.run.supervised.state import ScaleOp
 
 
 @dataclass(frozen=True)
@@ -50,11 +51,23 @@ class StartAll:
 
 
 @dataclass(frozen=True)
+class SaveFirst:
+    """The chief asked for a checkpoint through every lease (the plan's `members` count one more
+    save) before anything stops: the loop waits at most `secs` for a checkpoint other than
+    `before` to read back, and notes in SupervisorState.saved_first whether one did (a sync
+    scale goes on only then, scaling.py). The cluster trains on either way."""
+    before: int | None
+    secs: float
+
+
+@dataclass(frozen=True)
 class Plan:
     """What to change, in the order the loop applies it: the restart counted, the desired set
     (members, tolerated, retired), a new attempt of all tasks, the leases told, the lines said,
     a new attempt of the tasks named, the events, the tasks stopped (some, or all to start
-    again, or all to give up), the tasks started and when. The empty plan changes nothing."""
+    again, or all to give up), the tasks due and when, the due ones started (`starts`, as
+    reconcile.py makes them; `start`: reconcile at once), a checkpoint waited for, the whole
+    cluster started again. The scale under way is set first. The empty plan changes nothing."""
     restart: Backoff | None = None              # one more of supervise.max_restarts, committed to the history
     evaluator_restart: bool = False             # one more of a coordinator run's evaluator's own restarts
     members: Members | None = None              # the live set from now on
@@ -69,14 +82,18 @@ class Plan:
     events: tuple[Event, ...] = ()              # the event log's lines, after the `restart` event
     kill: tuple[str, ...] = ()                  # stopped at once (no grace: a coordinator's chief without its ps)
     drop: tuple[str, ...] = ()                  # stopped in the background (a failed-over worker's host may hang)
+    starts: tuple[str, ...] = ()                # due tasks whose time came, started in this order (reconcile.py)
     restarted_chief: bool = False               # the chief resumes from a checkpoint: an older step is progress
     due: Mapping[str, float] = field(default_factory=dict)     # tasks to start, and when (time.monotonic())
-    start: bool = False                         # start what is due now (else at the loop's next round)
+    start: bool = False                         # reconcile now: start what is due (else at the loop's next round)
     unserved: tuple[str, ...] = ()              # tasks whose earlier start's "serving" no longer counts
     relaunch: Relaunch | None = None            # every task stopped, the cluster to start again (recovery.resume)
     attempt: NewAttempt | None = None           # the attempt ends and the next begins
     start_all: StartAll | None = None           # every live task started, after a wait
     give_up: Verdict | None = None              # the run ends: every task stopped, then its one line (TaskFailed)
+    scale: ScaleOp | None = None                # the scale under way from now on (SupervisorState.scale)
+    scale_over: bool = False                    # the scale under way is answered: none is under way
+    save_first: SaveFirst | None = None         # the chief's checkpoint asked for and waited for, after the leases
 
     @property
     def empty(self) -> bool:

@@ -6,9 +6,11 @@ that leaves finishes its step and stops. Sync training cannot: SyncReplicasOptim
 number of replicas in the graph, so the cluster restarts through a checkpoint with the new live
 set. Either way the live set is written into every task's lease (cluster/runtime/membership.py).
 Each change is a plan (plan.py) the loop applies: async, the new live set (change_live); sync, a
-restart of the cluster through a checkpoint (restart_scaled, then resume_scaled); following a
-request to its reply is a look at the state (look), its end a plan (scale_ended). Taking a
-request, waiting for the sync scale's checkpoint and answering are Scaling's procedure.
+checkpoint asked for and waited for first (ask_checkpoint: the loop waits, plan.py SaveFirst),
+then a restart of the cluster through it (restart_scaled, then resume_scaled); following a
+request to its reply is a look at the state (look, followed), its end a plan (scale_ended). The
+request under way is the state's (state.py SupervisorState.scale), set and cleared by plans
+too; taking a request and answering it are Scaling's procedure.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Protocol
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 
 from cluster.runtime.membership import Members
 from cluster.runtime.contract import TaskName
@@ -24,13 +26,12 @@ from cluster.runtime.rundir import EXIT_OK
 from cluster.spec import ClusterSpec
 from launch.run import control
 from launch.run import policy
-from launch.run.supervised.attempt import Attempt
 from launch.records.event_types import Scale, Scaled
 from launch.run.control import Reply, ScaleRequest
-from launch.run.supervised.plan import NewAttempt, Plan, Relaunch, StartAll
-from launch.run.supervised.state import SupervisorState
+from launch.run.supervised.plan import NewAttempt, Plan, Relaunch, SaveFirst, StartAll
+from launch.run.supervised.state import ScaleOp, SupervisorState
 from launch.run.lifecycle import CHECKPOINT_GRACE_SECS, Lifecycle, RunResult, RunState
-from launch.run.policy import TaskState, TaskStatus
+from launch.run.policy import TaskStatus
 
 
 class ScaledRun(Protocol):
@@ -46,40 +47,6 @@ class ScaledRun(Protocol):
     def apply(self, plan: Plan) -> None: ...
 
     def save_state(self) -> None: ...
-
-
-@dataclass
-class ScaleOp:
-    """A scale request under way: what must happen before it is answered, and by when."""
-    request: ScaleRequest                   # as control.take read it
-    add: list[str]                  # workers that join: each must log a step
-    remove: list[str]               # workers that leave: each must have ended
-    lines: list[str]                # what the launcher said of it, for the reply
-    deadline: float                 # monotonic
-    secs: float                     # the time it was given
-    attempt: Attempt | None = None  # the attempt it began in (a restart of the cluster begins another)
-    failures_seen: int = 0          # of that attempt's failures, those already read
-
-    @classmethod
-    def of(cls, request: ScaleRequest, add: list[str], remove: list[str], line: str, secs: float,
-           attempt: Attempt | None = None) -> ScaleOp:
-        return cls(request, add, remove, [line], time.monotonic() + secs, secs, attempt,
-                   len(attempt.failures) if attempt else 0)
-
-    @property
-    def workers(self) -> int:
-        """The worker count asked for."""
-        return self.request.workers
-
-    def let_go(self, tolerated: set[str]) -> list[str]:
-        """Joiners lost and not started again (the supervisor tolerated their loss)."""
-        return [name for name in self.add if name in tolerated]
-
-    def took_effect(self, by_name: Mapping[str, TaskStatus], stepped: set[str], finished: bool) -> bool:
-        """Every new worker ran a step (or the training is over), and every leaving one ended."""
-        joined = all(name in stepped for name in self.add)
-        left = all(name in by_name and by_name[name].state is not TaskState.RUNNING for name in self.remove)
-        return (joined or finished) and left
 
 
 @dataclass(frozen=True)
@@ -214,13 +181,35 @@ def scale_ended(state: SupervisorState, reply: Reply, line: str) -> Plan:
                 events=(Scaled(state=reply, workers=list(state.members.indices), cause=line),))
 
 
+def followed(op: ScaleOp, news: ScaleNews, state: SupervisorState, now: float) -> ScaleOp:
+    """The scale under way after a look (`news`, `now`): its reply's new lines, the attempt and
+    failures read, and its time given anew where the look says so."""
+    return dataclasses.replace(op, lines=op.lines + list(news.lines), attempt=state.attempt,
+                               failures_seen=len(state.attempt.failures),
+                               deadline=now + op.secs if news.anew else op.deadline)
+
+
+def ask_checkpoint(state: SupervisorState, before: int | None) -> Plan:
+    """Before a sync scale stops anything: the chief asked for a checkpoint through every lease
+    (cluster/runtime/membership.py Members.save), waited for as a restart would read it back
+    (`before`: the newest there now). A chief stuck for half the stall limit is stuck."""
+    secs = min(CHECKPOINT_GRACE_SECS, state.policy.stall_secs / 2)
+    return Plan(members=dataclasses.replace(state.members, save=state.members.save + 1), publish=True,
+                save_first=SaveFirst(before, secs))
+
+
 class Scaling:
-    """Carries out `launch scale` requests on a run, one at a time."""
+    """Carries out `launch scale` requests on a run, one at a time. The request under way is
+    the state's (SupervisorState.scale); each change of it is a plan the loop applies."""
 
     def __init__(self, run: ScaledRun) -> None:
         self.run = run
-        self.op: ScaleOp | None = None          # the request being carried out
         self.launcher = control.this_launcher()     # the addressee of the requests this launcher takes
+
+    @property
+    def op(self) -> ScaleOp | None:
+        """The request being carried out."""
+        return self.run.state.scale
 
     @property
     def asked(self) -> int | None:
@@ -240,10 +229,8 @@ class Scaling:
             return
         op, now = self.op, time.monotonic()
         news = look(op, run.state, statuses, now)
-        op.lines.extend(news.lines)
-        op.attempt, op.failures_seen = run.state.attempt, len(run.state.attempt.failures)
-        if news.anew:
-            op.deadline = now + op.secs
+        op = followed(op, news, run.state, now)
+        run.apply(Plan(scale=op))
         if news.reply is not None:
             self._end(op, news.reply, news.line)
 
@@ -267,11 +254,15 @@ class Scaling:
         if not run.spec.train.sync:
             self._change_live(request, move)
             return
-        unsaved = self._checkpoint_now()
-        if unsaved:
-            self._refuse(request, unsaved)
+        plan = ask_checkpoint(run.state, run.life.checkpoint_step())
+        run.apply(plan)
+        if not run.state.saved_first:
+            assert plan.save_first is not None
+            self._refuse(request, f'sync training restarts through a checkpoint, but no new checkpoint of the chief '
+                                  f'could be read back from {run.spec.train.train_dir} within '
+                                  f'{plan.save_first.secs:.0f}s; nothing was changed')
             return
-        # the count of checkpoint requests as _checkpoint_now left it
+        # the count of checkpoint requests as ask_checkpoint left it
         self._restart(request, Members(move.epoch, move.workers, run.state.members.save), move.names_add, move.names_remove)
 
     def _secs(self) -> float:
@@ -283,7 +274,8 @@ class Scaling:
         run = self.run
         plan = change_live(run.state, request, move, time.monotonic())
         run.apply(plan)
-        self.op = ScaleOp.of(request, move.names_add, move.names_remove, plan.say[0], self._secs(), run.state.attempt)
+        run.apply(Plan(scale=ScaleOp.of(request, move.names_add, move.names_remove, plan.say[0], self._secs(),
+                                        run.state.attempt)))
         run.save_state()
         # They start at the supervisor's next round, before it looks at the tasks again: what
         # it saw this round holds the end of an earlier start of one let go before, which must
@@ -293,38 +285,22 @@ class Scaling:
         self.run.say(f'scale refused: {why}')
         control.answer(self.run.spec.train.train_dir, request, Reply.REFUSED, [why])
 
-    def _checkpoint_now(self) -> str | None:
-        """Before a sync scale stops anything: ask the chief for a checkpoint (through the lease,
-        cluster/runtime/membership.py Members.save) and read it back as a restart would. Why it cannot be
-        done, or None once a new checkpoint is there; the cluster trains on either way."""
-        run = self.run
-        before = run.life.checkpoint_step()
-        run.apply(Plan(members=dataclasses.replace(run.state.members, save=run.state.members.save + 1), publish=True))
-        secs = min(CHECKPOINT_GRACE_SECS, run.state.policy.stall_secs / 2)     # a chief stuck that long is stuck
-        deadline = time.monotonic() + secs
-        while time.monotonic() < deadline:
-            step = run.life.checkpoint_step()
-            if step is not None and step != before:
-                return None
-            time.sleep(0.5)
-        return (f'sync training restarts through a checkpoint, but no new checkpoint of the chief could be '
-                f'read back from {run.spec.train.train_dir} within {secs:.0f}s; nothing was changed')
-
     def _restart(self, request: ScaleRequest, members: Members, add: list[str], remove: list[str]) -> None:
         """Sync: the cluster restarts with the new live set (restart_scaled); the request is under
         way from before the stop (the state file says so), given its time once the tasks started.
         A task lost while they start is left for the loop to decide about (state.lost_starting)."""
         run = self.run
         plan = restart_scaled(run.state, request, members, add, remove)
-        self.op = ScaleOp.of(request, [f'worker:{i}' for i in members.indices], [], plan.say[0], 0.0)
-        run.apply(plan)
-        self.op.attempt, self.op.secs = run.state.attempt, self._secs()
-        self.op.deadline = time.monotonic() + self.op.secs
+        op = ScaleOp.of(request, [f'worker:{i}' for i in members.indices], [], plan.say[0], 0.0)
+        run.apply(dataclasses.replace(plan, scale=op))
+        secs = self._secs()
+        run.apply(Plan(scale=dataclasses.replace(op, attempt=run.state.attempt, secs=secs,
+                                                 deadline=time.monotonic() + secs)))
 
     def _end(self, op: ScaleOp, reply: Reply, line: str) -> None:
         """The reply to the request under way (`op`); the next one can be taken."""
-        self.op = None
         run = self.run
+        run.apply(Plan(scale_over=True))
         run.save_state()
         run.apply(scale_ended(run.state, reply, line))
         control.answer(run.spec.train.train_dir, op.request, reply, op.lines + [line])

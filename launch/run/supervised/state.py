@@ -4,20 +4,24 @@ the loop (launch/run/supervised/loop.py) as it applies plans (plan.py).
 The *desired* set (`desired()`) is the ps tasks and `members` (the live workers, told to every
 task's lease), less `tolerated` (lost and let go) and `retired` (failed over); `records` is what
 was started. Scale, failover, rejoin and tolerate change the desired set; a start of the cluster
-starts the desired set, and between starts the loop starts what is due (`attempt.due`) and stops
-what the plans say left.
+starts the desired set, and between starts the loop holds it against what was started once per
+round (reconcile.py): what is due (`attempt.due`) starts, what was failed over stops. The
+`launch scale` request under way (ScaleOp) is held here too, replaced as scaling.py's plans say.
 """
 from __future__ import annotations
 
 import dataclasses
 import threading
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from cluster.runtime.membership import Members
 from cluster.spec import ClusterSpec
 from launch.backends.base import TaskRecord
 from launch.planning.plan import TaskPlan
-from launch.run.policy import Policy
+from launch.run.control import ScaleRequest
+from launch.run.policy import Policy, TaskState, TaskStatus
 from launch.run.supervised.attempt import Attempt
 from launch.run.supervised.faults import FaultHistory
 
@@ -29,6 +33,42 @@ class StartLoss:
     task: str
     how: str | None             # its words for it, where start-up gave some
     exit_code: int | None
+
+
+@dataclass(frozen=True)
+class ScaleOp:
+    """A scale request under way: what must happen before it is answered, and by when. The
+    loop holds it (SupervisorState.scale) and replaces it as scaling.py's plans say."""
+    request: ScaleRequest                   # as control.take read it
+    add: list[str]                  # workers that join: each must log a step
+    remove: list[str]               # workers that leave: each must have ended
+    lines: list[str]                # what the launcher said of it, for the reply
+    deadline: float                 # monotonic
+    secs: float                     # the time it was given
+    attempt: Attempt | None = None  # the attempt it began in (a restart of the cluster begins another)
+    failures_seen: int = 0          # of that attempt's failures, those already read
+
+    @classmethod
+    def of(cls, request: ScaleRequest, add: list[str], remove: list[str], line: str, secs: float,
+           attempt: Attempt | None = None) -> ScaleOp:
+        return cls(request, add, remove, [line], time.monotonic() + secs, secs, attempt,
+                   len(attempt.failures) if attempt else 0)
+
+    @property
+    def workers(self) -> int:
+        """The worker count asked for."""
+        return self.request.workers
+
+    def let_go(self, tolerated: set[str]) -> list[str]:
+        """Joiners lost and not started again (the supervisor tolerated their loss)."""
+        return [name for name in self.add if name in tolerated]
+
+    def took_effect(self, by_name: Mapping[str, TaskStatus], stepped: set[str], finished: bool) -> bool:
+        """Every new worker ran a step (or the training is over), and every leaving one ended."""
+        joined = all(name in stepped for name in self.add)
+        left = all(name in by_name and by_name[name].state is not TaskState.RUNNING for name in self.remove)
+        return (joined or finished) and left
+
 
 
 @dataclass
@@ -44,9 +84,12 @@ class SupervisorState:
     attempt: Attempt = field(default_factory=Attempt)          # what this attempt has seen
     history: FaultHistory = field(default_factory=FaultHistory)    # the backoff streak, the repeat rule's memory
     retired: set[str] = field(default_factory=set)             # workers failed over: never started again
+    dropped: set[str] = field(default_factory=set)             # ... and stopped already (once: reconcile.py)
     stepped: set[str] = field(default_factory=set)             # workers whose current start logged a step
     serving: dict[str, threading.Event] = field(default_factory=dict)  # set once a task's own log says it serves
     lost_starting: StartLoss | None = None      # a task lost while the cluster started, not decided about yet
+    scale: ScaleOp | None = None                # the `launch scale` request under way (scaling.py)
+    saved_first: bool = False                   # the checkpoint a plan asked for first read back (plan.py SaveFirst)
 
     @classmethod
     def new(cls, spec: ClusterSpec, plans: list[TaskPlan], workers: int | None) -> SupervisorState:

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from cluster.runtime import causes, rundir
-from launch.run import policy as supervise
+from launch.run import policy
 from launch.run.supervised.faults import FaultHistory
 from launch.backends.base import Backend, Observation, TaskRecord
 from launch.run.policy import Action, Policy, Progress, TaskState, TaskStatus, decide
@@ -29,62 +29,62 @@ def cluster(*states, codes=None, since=0.0, ps=1):
     return out
 
 
-def policy(sync=True, workers=2, r=None, restart='never', max_restarts=3, stall=60.0):
+def rules(sync=True, workers=2, r=None, restart='never', max_restarts=3, stall=60.0):
     return Policy(sync=sync, num_workers=workers, replicas_to_aggregate=r or workers, restart=restart,
                   max_restarts=max_restarts, stall_secs=stall, unreachable_secs=30.0)
 
 
 @pytest.mark.parametrize('name, pol, tasks, tolerated, restarts, progress, action, about', [
-    ('all running', policy(), cluster(R, R, R), (), 0, QUIET, Action.CONTINUE, ()),
-    ('async non-chief lost: tolerate', policy(sync=False), cluster(R, R, F), (), 0, QUIET,
+    ('all running', rules(), cluster(R, R, R), (), 0, QUIET, Action.CONTINUE, ()),
+    ('async non-chief lost: tolerate', rules(sync=False), cluster(R, R, F), (), 0, QUIET,
      Action.TOLERATE, ('worker:1',)),
-    ('async non-chief lost, on-failure: that worker again', policy(sync=False, restart='on-failure'),
+    ('async non-chief lost, on-failure: that worker again', rules(sync=False, restart='on-failure'),
      cluster(R, R, F), (), 0, QUIET, Action.RESTART_TASKS, ('worker:1',)),
-    ('already tolerated: not again', policy(sync=False), cluster(R, R, F), {'worker:1'}, 0, QUIET,
+    ('already tolerated: not again', rules(sync=False), cluster(R, R, F), {'worker:1'}, 0, QUIET,
      Action.CONTINUE, ()),
-    ('sync backup worker lost, R still reachable', policy(workers=3, r=2), cluster(R, R, R, F), (), 0, QUIET,
+    ('sync backup worker lost, R still reachable', rules(workers=3, r=2), cluster(R, R, R, F), (), 0, QUIET,
      Action.TOLERATE, ('worker:2',)),
-    ('sync second worker lost: fewer than R left', policy(workers=3, r=2), cluster(R, R, F, F), {'worker:2'}, 0,
+    ('sync second worker lost: fewer than R left', rules(workers=3, r=2), cluster(R, R, F, F), {'worker:2'}, 0,
      QUIET, Action.GIVE_UP, ('worker:1',)),
-    ('sync without backups: a lost worker is fatal', policy(), cluster(R, R, F), (), 0, QUIET,
+    ('sync without backups: a lost worker is fatal', rules(), cluster(R, R, F), (), 0, QUIET,
      Action.GIVE_UP, ('worker:1',)),
-    ('sync without backups, on-failure: restart the cluster', policy(restart='on-failure'), cluster(R, R, F),
+    ('sync without backups, on-failure: restart the cluster', rules(restart='on-failure'), cluster(R, R, F),
      (), 0, QUIET, Action.RESTART, ('worker:1',)),
-    ('ps lost', policy(sync=False), cluster(F, R, R), (), 0, QUIET, Action.GIVE_UP, ('ps:0',)),
-    ('chief lost in async mode too', policy(sync=False), cluster(R, F, R), (), 0, QUIET,
+    ('ps lost', rules(sync=False), cluster(F, R, R), (), 0, QUIET, Action.GIVE_UP, ('ps:0',)),
+    ('chief lost in async mode too', rules(sync=False), cluster(R, F, R), (), 0, QUIET,
      Action.GIVE_UP, ('worker:0',)),
-    ('chief lost, on-failure', policy(restart='on-failure'), cluster(R, F, R), (), 2, QUIET,
+    ('chief lost, on-failure', rules(restart='on-failure'), cluster(R, F, R), (), 2, QUIET,
      Action.RESTART, ('worker:0',)),
-    ('restarts used up', policy(restart='on-failure', max_restarts=2), cluster(R, F, R), (), 2, QUIET,
+    ('restarts used up', rules(restart='on-failure', max_restarts=2), cluster(R, F, R), (), 2, QUIET,
      Action.GIVE_UP, ('worker:0',)),
-    ('max_restarts 0 is never', policy(sync=False, restart='on-failure', max_restarts=0), cluster(R, R, F), (),
+    ('max_restarts 0 is never', rules(sync=False, restart='on-failure', max_restarts=0), cluster(R, R, F), (),
      0, QUIET, Action.TOLERATE, ('worker:1',)),
-    ('a clean early exit is no loss', policy(), cluster(R, R, S), (), 0, QUIET, Action.CONTINUE, ()),
-    ('unreachable briefly: wait', policy(), cluster(R, U, R, since=5), (), 0, QUIET, Action.CONTINUE, ()),
-    ('unreachable past the deadline: lost', policy(), cluster(U, R, R, since=31), (), 0, QUIET,
+    ('a clean early exit is no loss', rules(), cluster(R, R, S), (), 0, QUIET, Action.CONTINUE, ()),
+    ('unreachable briefly: wait', rules(), cluster(R, U, R, since=5), (), 0, QUIET, Action.CONTINUE, ()),
+    ('unreachable past the deadline: lost', rules(), cluster(U, R, R, since=31), (), 0, QUIET,
      Action.GIVE_UP, ('ps:0',)),
-    ('every worker done, ps leaving by itself', policy(), cluster(R, S, S), (), 0, QUIET, Action.CONTINUE, ()),
-    ('every worker done, ps gone too', policy(), cluster(S, S, S), (), 0, QUIET, Action.FINISH, ()),
-    ('workers done, one lost: stop the waiting ps', policy(sync=False), cluster(R, S, F), {'worker:1'}, 0,
+    ('every worker done, ps leaving by itself', rules(), cluster(R, S, S), (), 0, QUIET, Action.CONTINUE, ()),
+    ('every worker done, ps gone too', rules(), cluster(S, S, S), (), 0, QUIET, Action.FINISH, ()),
+    ('workers done, one lost: stop the waiting ps', rules(sync=False), cluster(R, S, F), {'worker:1'}, 0,
      QUIET, Action.FINISH, ('ps:0',)),
-    ('stall', policy(stall=30), cluster(R, R, R), (), 0, Progress(10, 100, 31.0), Action.GIVE_UP,
+    ('stall', rules(stall=30), cluster(R, R, R), (), 0, Progress(10, 100, 31.0), Action.GIVE_UP,
      ('ps:0', 'worker:0', 'worker:1')),
-    ('stall, on-failure', policy(stall=30, restart='on-failure'), cluster(R, R, R), (), 0,
+    ('stall, on-failure', rules(stall=30, restart='on-failure'), cluster(R, R, R), (), 0,
      Progress(10, 100, 31.0), Action.RESTART, ('ps:0', 'worker:0', 'worker:1')),
-    ('no stall before the first step', policy(stall=30), cluster(R, R, R), (), 0, Progress(None, 100, 99.0),
+    ('no stall before the first step', rules(stall=30), cluster(R, R, R), (), 0, Progress(None, 100, 99.0),
      Action.CONTINUE, ()),
-    ('no stall after the last step', policy(stall=30), cluster(R, R, R), (), 0, Progress(100, 100, 99.0),
+    ('no stall after the last step', rules(stall=30), cluster(R, R, R), (), 0, Progress(100, 100, 99.0),
      Action.CONTINUE, ()),
-    ('a loss is named before a stall', policy(stall=30), cluster(R, R, F), (), 0, Progress(10, 100, 99.0),
+    ('a loss is named before a stall', rules(stall=30), cluster(R, R, F), (), 0, Progress(10, 100, 99.0),
      Action.GIVE_UP, ('worker:1',)),
-    ('no checkpoint restores: a restart cannot help', policy(restart='on-failure'),
+    ('no checkpoint restores: a restart cannot help', rules(restart='on-failure'),
      cluster(R, F, R, codes={'worker:0': 3}), (), 0, QUIET, Action.GIVE_UP, ('worker:0',)),
-    ('an unreachable worker is not started again', policy(sync=False, restart='on-failure'),
+    ('an unreachable worker is not started again', rules(sync=False, restart='on-failure'),
      cluster(R, R, U, since=31), (), 0, QUIET, Action.TOLERATE, ('worker:1',)),
-    ('several lost at once: the ps first, then by signal', policy(),
+    ('several lost at once: the ps first, then by signal', rules(),
      cluster(F, F, F, codes={'ps:0': -9, 'worker:0': 1, 'worker:1': 1}), (), 0, QUIET, Action.GIVE_UP,
      ('ps:0', 'worker:0', 'worker:1')),
-    ('a worker killed by a signal before one that followed it', policy(sync=False),
+    ('a worker killed by a signal before one that followed it', rules(sync=False),
      cluster(R, R, F, F, codes={'worker:1': 1, 'worker:2': -9}), (), 0, QUIET, Action.TOLERATE,
      ('worker:2', 'worker:1')),
 ])
@@ -94,15 +94,15 @@ def test_decide(name, pol, tasks, tolerated, restarts, progress, action, about):
 
 
 def test_reasons_say_how_a_task_was_lost():
-    d = decide(policy(), cluster(R, R, F, codes={'worker:1': 3}), frozenset(), 0, QUIET)
+    d = decide(rules(), cluster(R, R, F, codes={'worker:1': 3}), frozenset(), 0, QUIET)
     assert d.reason.startswith('worker:1 exited with code 3; 1 worker(s) left, fewer than the 2')
-    d = decide(policy(), cluster(R, R, F), frozenset(), 0, QUIET)
+    d = decide(rules(), cluster(R, R, F), frozenset(), 0, QUIET)
     assert 'worker:1 was killed by SIGKILL' in d.reason
-    d = decide(policy(), cluster(U, R, R, since=40), frozenset(), 0, QUIET)
+    d = decide(rules(), cluster(U, R, R, since=40), frozenset(), 0, QUIET)
     assert d.reason == 'ps:0 could not be reached for 40s'
-    d = decide(policy(), cluster(F, F, R, codes={'ps:0': -9, 'worker:0': 1}), frozenset(), 0, QUIET)
+    d = decide(rules(), cluster(F, F, R, codes={'ps:0': -9, 'worker:0': 1}), frozenset(), 0, QUIET)
     assert d.reason == 'ps:0 was killed by SIGKILL (then worker:0 exited with code 1)'
-    d = decide(policy(stall=5), cluster(R, R, R), frozenset(), 0, Progress(7, 50, 6.2))
+    d = decide(rules(stall=5), cluster(R, R, R), frozenset(), 0, Progress(7, 50, 6.2))
     assert d.stalled and d.reason == 'no new global step for 6s (stuck at 7/50)'
 
 
@@ -229,16 +229,16 @@ def test_a_stall_limit_the_progress_lines_cannot_meet_is_refused(tmp_path):
 def test_backoff_doubles_with_each_restart_in_a_row_up_to_its_cap():
     pol = Policy(sync=True, num_workers=2, replicas_to_aggregate=2, restart='on-failure',
                  backoff_secs=1.0, backoff_max_secs=30.0)
-    assert [supervise.backoff_delay(pol, n) for n in range(1, 8)] == [1, 2, 4, 8, 16, 30, 30]
-    assert supervise.backoff_delay(pol, 10 ** 6) == 30          # no overflow on a very long streak
+    assert [policy.backoff_delay(pol, n) for n in range(1, 8)] == [1, 2, 4, 8, 16, 30, 30]
+    assert policy.backoff_delay(pol, 10 ** 6) == 30          # no overflow on a very long streak
     off = Policy(sync=True, num_workers=2, replicas_to_aggregate=2, backoff_secs=0)
-    assert supervise.backoff_delay(off, 5) == 0
+    assert policy.backoff_delay(off, 5) == 0
 
 
 def test_the_streak_starts_again_after_a_healthy_period():
-    assert supervise.next_streak(0, None) == 1
-    assert supervise.next_streak(3, 5.0) == 4
-    assert supervise.next_streak(3, supervise.HEALTHY_SECS) == 1
+    assert policy.next_streak(0, None) == 1
+    assert policy.next_streak(3, 5.0) == 4
+    assert policy.next_streak(3, policy.HEALTHY_SECS) == 1
 
 
 def test_the_backoff_grows_in_a_crash_loop_and_starts_again_once_the_training_came_back():
@@ -250,7 +250,7 @@ def test_the_backoff_grows_in_a_crash_loop_and_starts_again_once_the_training_ca
     assert [history.backoff(pol) for _ in range(2)] == [1, 2]         # a new fault, seconds later: 1x
 
 
-RESTART = supervise.Decision(Action.RESTART, ('worker:0',), 'worker:0 exited with code 1')
+RESTART = policy.Decision(Action.RESTART, ('worker:0',), 'worker:0 exited with code 1')
 
 
 @pytest.mark.parametrize('previous, fault, repeated', [
@@ -263,17 +263,17 @@ RESTART = supervise.Decision(Action.RESTART, ('worker:0',), 'worker:0 exited wit
     (('worker:0', 'E: at 0x7f01', None), ('worker:0', 'E: at 0x7f99', None), True),   # addresses differ
 ])
 def test_a_fault_that_repeats_the_last_one_ends_the_run(previous, fault, repeated):
-    before = supervise.Fault.of(*previous) if previous else None
-    decision = supervise.escalate(RESTART, before, supervise.Fault.of(*fault))
+    before = policy.Fault.of(*previous) if previous else None
+    decision = policy.escalate(RESTART, before, policy.Fault.of(*fault))
     assert (decision.action is Action.GIVE_UP) == repeated
     if repeated:
         assert 'the same failure as before the last restart' in decision.note
 
 
 def test_escalate_leaves_other_decisions_alone():
-    same = supervise.Fault.of('worker:1', 'E', 1)
-    tolerate = supervise.Decision(Action.TOLERATE, ('worker:1',), 'lost')
-    assert supervise.escalate(tolerate, same, same) is tolerate
+    same = policy.Fault.of('worker:1', 'E', 1)
+    tolerate = policy.Decision(Action.TOLERATE, ('worker:1',), 'lost')
+    assert policy.escalate(tolerate, same, same) is tolerate
 
 
 @pytest.mark.parametrize('restart, restarts, code, action', [
@@ -283,15 +283,15 @@ def test_escalate_leaves_other_decisions_alone():
     ('on-failure', 1, rundir.EXIT_NO_RESTART, Action.GIVE_UP),      # the task said a restart cannot help
 ])
 def test_a_task_lost_during_recovery_is_one_more_fault(restart, restarts, code, action):
-    pol = policy(restart=restart, max_restarts=3)
-    decision = supervise.during_recovery(pol, restarts, 'ps:0', 'ps:0 was killed', code)
+    pol = rules(restart=restart, max_restarts=3)
+    decision = policy.during_recovery(pol, restarts, 'ps:0', 'ps:0 was killed', code)
     assert decision.action is action and decision.tasks == ('ps:0',)
 
 
 def test_a_task_frozen_while_the_others_train_on_is_lost_after_stall_secs():
     """Async: a SIGSTOPped chief does not stop the global step (worker:1 trains on), and once
     worker:1 is done nothing would end the run: frozen for stall_secs, it is lost."""
-    pol = policy(sync=False, restart='on-failure', stall=10.0)
+    pol = rules(sync=False, restart='on-failure', stall=10.0)
     chief = TaskStatus('worker:0', 'worker', 0, R, frozen=10.0)
     tasks = [TaskStatus('ps:0', 'ps', 0, R), chief, TaskStatus('worker:1', 'worker', 1, S)]
     decision = decide(pol, tasks, frozenset(), 0, Progress(step=100, total=100, quiet_secs=0.0))
