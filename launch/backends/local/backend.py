@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import psutil
 
 from cluster.runtime import hostinfo, ports
-from cluster.runtime.contract import channel_env
+from cluster.runtime.messages import channel_env
 from cluster.runtime.ports import port_in_use
 from launch.backends import netns, sessions
 from launch.backends.procstat import process_ident
