@@ -177,6 +177,19 @@ def append_record(path: str, record: str) -> bool:
         os.close(fd)
 
 
+def clear_channel(path: str) -> None:
+    """Remove a task's channel as its launcher starts it (again): the channel then holds the
+    records of this start alone, and the reader of this start reads it from its beginning, as it
+    reads the log from where this start's output begins (a task started again in its attempt
+    appends to its log). Robust to a launcher that restarts and resumes the run: its reader too
+    begins at byte 0, with no offset to remember. A channel that cannot be removed keeps the
+    earlier start's records, which the Reader passes by."""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
 def as_shown(message: Message) -> Message:
     """The message with the figures its human line shows (a loss to 3 places, a metric to 6
     figures): the events a launcher writes from a record are the ones it wrote from the line."""

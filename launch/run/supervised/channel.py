@@ -29,7 +29,9 @@ class ChannelReader:
     def __init__(self, backend: Backend, record: TaskRecord) -> None:
         self._backend = backend
         self._channel = dataclasses.replace(record, log=messages.channel_beside(record.log))
-        self._offset = 0        # a task started again in its attempt appends: its earlier records pass by
+        # From byte 0: the backend emptied the channel as it started this start (messages.clear_channel),
+        # so it holds this start's records alone, for a launcher that resumes the run as well.
+        self._offset = 0
 
     def __call__(self) -> list[str]:
         try:
