@@ -34,9 +34,9 @@ class Channel:
         return out
 
 
-def written(*messages: messages.Message) -> list[str]:
+def written(*said: messages.Message) -> list[str]:
     """The record lines `say` writes for these messages."""
-    return [messages.to_record(messages.as_shown(m)) for m in messages]
+    return [messages.to_record(messages.as_shown(m)) for m in said]
 
 
 def test_say_appends_the_record_before_the_line_where_a_channel_is_named(tmp_path, caplog):
@@ -138,7 +138,8 @@ def test_a_reader_with_a_channel_gives_what_the_lines_gave(records, lines, expec
 
 
 def test_records_of_an_earlier_start_pass_by():
-    """A task started again in its attempt appends to its channel: its old records match no new line."""
+    """A channel its launcher could not empty as the task started again keeps the earlier start's
+    records: they match no line of the new start."""
     reader = Reader(Channel(written(Serving('ps:0', 'h:1', 10), Checkpoint(5))))
     assert reader.read(STAMP + Serving('ps:0', 'h:1', 11).human()) == Serving('ps:0', 'h:1', 11)
     assert reader.read(STAMP + Checkpoint(5).human()) == Checkpoint(5)
