@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from cluster.program import connects
-from cluster.runtime import contract, rundir, runjson
+from cluster.runtime import messages, rundir, runjson
 from cluster.runtime.pulse import PULSE
 from cluster.spec import ClusterSpec, TaskSpec, TrainConfig
 
@@ -120,7 +120,7 @@ class Checkpoints:
             raise session.SaveError(f'{cause}: cannot save checkpoint {name} in {directory}',
                                     getattr(e, 'error_code', session.tf.errors.UNKNOWN)) from e
         self.saved_step, self.saved_at = step, time.monotonic()
-        contract.say(log, contract.Checkpoint(step))
+        messages.say(log, messages.Checkpoint(step))
         return step
 
 
@@ -211,7 +211,7 @@ class CoordinatorContext:
             rate = '' if p.reports == 1 or now <= p.last_log else \
                 f'  {(p.step - p.last_log_step) / (now - p.last_log):.1f} global steps/s'
             PULSE.beat(p.step, self.train.steps)      # heard when a full disk stops the log
-            contract.say(log, contract.progress(p.step, self.train.steps, p.loss, rate))
+            messages.say(log, messages.progress(p.step, self.train.steps, p.loss, rate))
             p.last_log, p.last_log_step = now, p.step
         c = self.checkpoints
         if c is None:
@@ -300,7 +300,7 @@ class EvaluatorContext:
             self._writer.add_summary(summaries.scalar(f'eval/{name}', value), step)
         self._writer.flush()
         self.evaluated = max(step, self.evaluated or 0)
-        contract.say(log, contract.Evaluation(step, values))
+        messages.say(log, messages.Evaluation(step, values))
 
 
 # -- the task side ---------------------------------------------------------------------------------
@@ -312,7 +312,7 @@ def serve(spec: ClusterSpec, task: TaskSpec) -> int:
     import tensorflow as tf
     server = tf.distribute.Server(tf.train.ClusterSpec(spec.cluster_def()), job_name=task.job,
                                   task_index=task.index, protocol='grpc', start=True)
-    contract.say(log, contract.Serving(task.name, task.address, os.getpid()))
+    messages.say(log, messages.Serving(task.name, task.address, os.getpid()))
     if not os.environ.get(rundir.LEASE_ENV):
         threading.Thread(target=watch_chief, args=(spec.chief,), name='chief-watch', daemon=True).start()
     server.join()
@@ -350,7 +350,7 @@ def run_chief(spec: ClusterSpec, task: TaskSpec, program: Callable[[CoordinatorC
     ctx = CoordinatorContext(spec, task, stop)
     # The chief serves no task of the cluster: the launcher waits for this line instead of a
     # server (launch/run/supervised/startup.py probes no port of a chief or an evaluator).
-    contract.say(log, contract.Started(task.name, f'the program {spec.train.program}', os.getpid()))
+    messages.say(log, messages.Started(task.name, f'the program {spec.train.program}', os.getpid()))
     program(ctx)
     ctx.finish()
     rundir.write_atomically(rundir.chief_result_path(spec.train.train_dir), runjson.dumps(ctx.result()))
@@ -363,7 +363,7 @@ def run_evaluator(spec: ClusterSpec, task: TaskSpec, function: Callable[[Evaluat
     stop = StopSignal(after='the evaluation under way')
     stop.install()
     ctx = EvaluatorContext(spec, task, stop)
-    contract.say(log, contract.Started(task.name, f'the evaluator {spec.train.evaluator}', os.getpid()))
+    messages.say(log, messages.Started(task.name, f'the evaluator {spec.train.evaluator}', os.getpid()))
     log.info('%s', rundir.evaluator_waits_line(task.name, spec.train.train_dir))
     function(ctx)
     log.info('evaluated up to global step %s', ctx.evaluated)

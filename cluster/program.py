@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from cluster.checks.code import PROGRAM_IS, PYTHON_NAMES, ProgramError, split_program
 from cluster.runtime.membership import LIVE
-from cluster.runtime import children as lineage, contract, masking, ports, rundir
+from cluster.runtime import children as lineage, masking, messages, ports, rundir
 from cluster.spec import ClusterSpec, TaskSpec, TrainConfig, address
 
 if TYPE_CHECKING:
@@ -296,7 +296,7 @@ def run_command(spec: ClusterSpec, task: TaskSpec, listening: Callable[[int], bo
     children.append(child)
     masking.copy_output(child)
     if listening is None:
-        contract.say(log, contract.Started(task.name, ' '.join(argv), child.pid))
+        messages.say(log, messages.Started(task.name, ' '.join(argv), child.pid))
     else:
         log.info('%s runs %s (pid %d)', task.name, ' '.join(argv), child.pid)
 
@@ -317,7 +317,7 @@ def run_command(spec: ClusterSpec, task: TaskSpec, listening: Callable[[int], bo
                 _end(child)
                 return rundir.EXIT_USAGE
             serving = True
-            contract.say(log, contract.Serving(task.name, address(task.host, task.port), child.pid))
+            messages.say(log, messages.Serving(task.name, address(task.host, task.port), child.pid))
         if watch and watch.all_gone():
             log.info('every worker has finished; stopping this ps task\'s command')
             _end(child)

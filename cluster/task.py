@@ -29,7 +29,8 @@ from cluster.runtime.membership import LIVE, Members
 from cluster.checks.code import ProgramError, check_user_code, user_code
 from cluster.program import load_program, run_command, run_program
 from cluster.runtime.contract import (EXIT_FAILED, EXIT_NO_RESTART, EXIT_OK, EXIT_USAGE, LEASE_ENV, LEASE_SECS_ENV,
-                                      Serving, TaskArgs, parse_task_argv, say)
+                                      TaskArgs, parse_task_argv)
+from cluster.runtime.messages import Serving, say
 from cluster.runtime.rundir import TaskLogFormatter, read_text
 from cluster.env import places
 from cluster.spec import DEFAULT_SPEC, ClusterSpec, SpecError, TaskSpec, load_spec

@@ -26,7 +26,7 @@ A run directory (`train.train_dir`) holds:
                            leads (a symbolic link) to the newest attempt's
     logs/attempt-<n>/<job>-<index>.pulse a trainer's newest step, overwritten in place (cluster/runtime/pulse.py)
     logs/attempt-<n>/<job>-<index>.records  the task's messages to its launcher, one tagged JSON record a
-                           line, where the launcher named it a channel (cluster/runtime/contract.py)
+                           line, where the launcher named it a channel (cluster/runtime/messages.py)
     stacks/attempt-<n>/<job>-<index>.txt  a task's Python stacks, dumped on DUMP_SIGNAL (a stall,
                            `launch debug`, or `kill -USR1`); stacks/<job>-<index>.txt for a task
                            started without a launcher's logs (by hand, by Slurm)
@@ -40,7 +40,7 @@ import os
 import re
 import signal
 
-from cluster.runtime import contract, runjson
+from cluster.runtime import contract, messages, runjson
 
 log = logging.getLogger(__name__)
 
@@ -275,52 +275,52 @@ def logged_time(line: str) -> str | None:
     return m.group(1) if m else None
 
 
-# The lines of the messages a task sends its launcher, and their reading, are the contract's
-# (cluster/runtime/contract.py: one writer, one reader); these say them as lines, for the
+# The lines of the messages a task sends its launcher, and their reading, are the messages'
+# (cluster/runtime/messages.py: one writer, one reader); these say them as lines, for the
 # benchmarks and the older tests that read lines.
 def serving_line(name: str, address: str, pid: int) -> str:
-    return contract.Serving(name, address, pid).human()
+    return messages.Serving(name, address, pid).human()
 
 
 def started_line(name: str, what: str, pid: int) -> str:
-    return contract.Started(name, what, pid).human()
+    return messages.Started(name, what, pid).human()
 
 
 def progress_line(step: int, total: int, loss: float, rate: str = '') -> str:
-    return contract.progress(step, total, loss, rate).human()
+    return messages.progress(step, total, loss, rate).human()
 
 
 def checkpoint_line(step: int) -> str:
-    return contract.Checkpoint(step).human()
+    return messages.Checkpoint(step).human()
 
 
 def evaluation_line(step: int, metrics: dict[str, float]) -> str:
-    return contract.Evaluation(step, metrics).human()
+    return messages.Evaluation(step, metrics).human()
 
 
 def says_ready(line: str, name: str) -> bool:
-    return contract.says_ready(contract.read(line), name)
+    return messages.says_ready(messages.read(line), name)
 
 
 def step_of(line: str) -> tuple[int, int] | None:
     """(global step, total) from a progress line."""
-    found = contract.read(line)
-    return (found.step, found.total) if isinstance(found, contract.Progress) else None
+    found = messages.read(line)
+    return (found.step, found.total) if isinstance(found, messages.Progress) else None
 
 
 def parse_progress(line: str) -> dict | None:
-    found = contract.read(line)
-    return found.facts() if isinstance(found, contract.Progress) else None
+    found = messages.read(line)
+    return found.facts() if isinstance(found, messages.Progress) else None
 
 
 def saved_step(line: str) -> int | None:
-    found = contract.read(line)
-    return found.step if isinstance(found, contract.Checkpoint) else None
+    found = messages.read(line)
+    return found.step if isinstance(found, messages.Checkpoint) else None
 
 
 def parse_evaluation(line: str) -> tuple[int, dict[str, float]] | None:
-    found = contract.read(line)
-    return (found.step, found.metrics) if isinstance(found, contract.Evaluation) else None
+    found = messages.read(line)
+    return (found.step, found.metrics) if isinstance(found, messages.Evaluation) else None
 
 
 def evaluator_waits_line(name: str, train_dir: str) -> str:

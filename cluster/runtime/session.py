@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 import tensorflow as tf
 
-from cluster.runtime import contract, rundir, runjson
+from cluster.runtime import messages, rundir, runjson
 from cluster.runtime.pulse import PULSE
 
 if TYPE_CHECKING:
@@ -133,7 +133,7 @@ def save_checkpoint(saver: tf.compat.v1.train.Saver, sess: tf.compat.v1.Session,
             raise
         raise SaveError(f'{cause}: cannot save checkpoint {name} in {train_dir}',
                         getattr(e, 'error_code', tf.errors.UNKNOWN)) from e
-    contract.say(log, contract.Checkpoint(step))
+    messages.say(log, messages.Checkpoint(step))
     return step
 
 
@@ -249,7 +249,7 @@ class GracefulStop:
         except Exception as e:
             _exit_now(code, logging.WARNING, f'{name} received, and the checkpoint failed: {type(e).__name__}: '
                                              f'{first_line(str(e))}')
-        _exit_now(code, logging.INFO, f'{name} received: {contract.Checkpoint(step).human()}, exiting')
+        _exit_now(code, logging.INFO, f'{name} received: {messages.Checkpoint(step).human()}, exiting')
 
 
 def _exit_now(code: int, level: int, message: str) -> NoReturn:
@@ -260,10 +260,10 @@ def _exit_now(code: int, level: int, message: str) -> NoReturn:
 
 # -- progress, done, result -------------------------------------------------------------------
 def log_progress(step: int, total: int, loss: float, rate: str = '') -> None:
-    """Log the progress line (contract.Progress) the launcher's supervisor reads, and beat
+    """Log the progress line (messages.Progress) the launcher's supervisor reads, and beat
     the pulse (cluster/runtime/pulse.py), which it reads when a full disk stops the log."""
     PULSE.beat(step, total)
-    contract.say(log, contract.progress(step, total, loss, rate))
+    messages.say(log, messages.progress(step, total, loss, rate))
 
 
 def done_queue(ps_index: int, capacity: int) -> tf.compat.v1.FIFOQueue:

@@ -235,7 +235,8 @@ class Backend(abc.ABC):
     name = ''
     masker: Masker = NO_MASK        # set by the registry: what `lines` hides
     # Its tasks write their messages' records beside their logs (it names each a channel in its
-    # environment, cluster/runtime/contract.py CHANNEL_ENV), which read_log reads as it reads a log.
+    # environment, cluster/runtime/messages.py CHANNEL_ENV, and empties it as it starts the task:
+    # clear_channel), which read_log reads as it reads a log.
     records_channel = False
 
     def prepare(self, plans: list[TaskPlan], spec_yaml: str) -> None:     # noqa: B027 (a hook: no-op by default)

@@ -23,7 +23,7 @@ import time
 from typing import Any
 from collections.abc import Callable, Iterable
 
-from cluster.runtime import contract, rundir, runjson
+from cluster.runtime import contract, messages, rundir, runjson
 from cluster.runtime.rundir import EXIT_OK, write_atomically
 from cluster.spec import ClusterSpec
 from launch.errors import UsageError
@@ -86,7 +86,7 @@ class Lifecycle:
         self._strategy: Strategy | None = None
         self.disk: DiskWatch | None = None       # the disk under the run's own files (from _begin)
         self._followers: dict[str, tuple[threading.Thread, threading.Event]] = {}
-        self._readers: dict[str, contract.Reader] = {}     # each task's messages, read once (contract.Reader)
+        self._readers: dict[str, messages.Reader] = {}     # each task's messages, read once (messages.Reader)
 
     # -- the lock -----------------------------------------------------------------------------
     def _lock(self) -> tuple[TrainDirLock, list[str]]:
@@ -216,18 +216,18 @@ class Lifecycle:
             self._serving.discard(task)
         self.emit(TaskStarted(task=task, **where, keys=('task', *where)))
 
-    def said(self, task: str, line: str) -> contract.Message | None:
-        """The message a line of `task`'s log carries (the contract's one reader, one per task)."""
-        return self._readers.setdefault(task, contract.Reader()).read(line)
+    def said(self, task: str, line: str) -> messages.Message | None:
+        """The message a line of `task`'s log carries (the messages' one reader, one per task)."""
+        return self._readers.setdefault(task, messages.Reader()).read(line)
 
     def saw_line(self, task: str, line: str, worker: bool, chief: bool) -> dict | None:
         """What a task's log line tells the event log: that it is up, this attempt's first step,
         and (the chief's lines, at the console's cadence) progress. Returns a worker's progress."""
         said = self.said(task, line)
-        serving = contract.says_ready(said, task)
-        saved = said.step if chief and isinstance(said, contract.Checkpoint) else None
-        found = said.facts() if worker and isinstance(said, contract.Progress) else None
-        if isinstance(said, contract.Evaluation) and contract.job_of(task) == 'evaluator':
+        serving = messages.says_ready(said, task)
+        saved = said.step if chief and isinstance(said, messages.Checkpoint) else None
+        found = said.facts() if worker and isinstance(said, messages.Progress) else None
+        if isinstance(said, messages.Evaluation) and contract.job_of(task) == 'evaluator':
             self._evaluated = True
             self.emit(Evaluation(task=task, step=said.step, metrics=said.metrics))
         if not (serving or saved is not None or found is not None):
@@ -333,13 +333,13 @@ class Lifecycle:
 
     # -- following logs -------------------------------------------------------------------------
     def follow(self, name: str, lines: Callable[[threading.Event], Iterable[str]],
-               on_line: Callable[[str], None] | None = None, channel: contract.Channel | None = None) -> None:
+               on_line: Callable[[str], None] | None = None, channel: messages.Channel | None = None) -> None:
         """Show a task's log lines on the console as they come, prefixed with `name`, until
         unfollow(name); `lines(stop)` yields them, ending once `stop` is set and all is read.
         `channel`: the records the task writes beside this log, read with it (a fresh Reader)."""
         self.unfollow([name])
         if channel is not None:
-            self._readers[name] = contract.Reader(channel)
+            self._readers[name] = messages.Reader(channel)
         stop = threading.Event()
 
         def pump() -> None:

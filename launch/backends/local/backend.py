@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import psutil
 
 from cluster.runtime import hostinfo, ports
-from cluster.runtime.contract import channel_env
+from cluster.runtime.messages import channel_beside, channel_env, clear_channel
 from cluster.runtime.ports import port_in_use
 from launch.backends import netns, sessions
 from launch.backends.procstat import process_ident
@@ -159,6 +159,7 @@ class LocalBackend(Backend):
 
     def start(self, plan: TaskPlan) -> TaskRecord:
         log_file = link_attempt_log(plan.cwd, plan)
+        clear_channel(channel_beside(os.path.abspath(log_file)))   # its records: this start's alone
         with open(log_file, 'ab') as out:       # a task restarted in the same attempt appends
             offset = out.tell()
             argv = netns.wrap(plan.netns, plan.argv) if plan.netns else plan.argv

@@ -25,7 +25,7 @@ import invoke
 import paramiko
 
 from cluster.runtime import rundir, runjson
-from cluster.runtime.contract import channel_env
+from cluster.runtime.messages import channel_env
 from cluster.runtime.rundir import LEASE_ENV
 from cluster.spec import ClusterSpec
 from launch.backends.base import (ENDED, GPU_COUNT_SH, RUNNING, STOP_GRACE_SECS, UNKNOWN, Backend, HostCheck,

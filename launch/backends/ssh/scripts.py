@@ -10,6 +10,8 @@ and W itself, when relative, is below the remote user's home):
     W/L minus .log + .task   the pid of the task itself, written by the wrapper as it starts it
     W/L minus .log + .rc     its exit code, written by the wrapper when the task ends
     W/L minus .log + .env    the task's environment (mode 0600, over SFTP), removed as the task starts
+    W/L's dir/attempt-N/ + L's name minus .log + .records   the task's channel (cluster/runtime/messages.py),
+                             beside its attempt's log, removed as each start of the task begins
 
 A task runs as `setsid nohup sh -c 'trap : TERM; (. ENV; exec python -m cluster.task ...) & wait ...; echo $r > RC'`
 in its own session, so one `kill -TERM -PID` reaches its whole process group, and the wrapper
@@ -26,6 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from cluster.runtime.messages import channel_beside
 from launch.backends.base import HOST_PROBE
 
 # `starttime` of a pid (field 22 of /proc/PID/stat): a pid is ours only while it matches.
@@ -156,6 +159,7 @@ def start_script(command: str, workdir: str, link: str, log_file: str, legacy: s
         f'cd {q(workdir)} || exit 1',
         end_earlier_copy(earlier),
         f'rm -f {q(files.rcfile)} {q(files.pidfile)} {q(files.taskfile)}',
+        f'rm -f {q(channel_beside(log_file))}',         # its records: this start's alone (clear_channel)
         f'mkdir -p {q(posixpath.dirname(log_file))}',
         f'if [ -f {q(link)} ] && [ ! -L {q(link)} ]; then mkdir -p {q(legacy)} && '
         f'mv {q(link)} {q(legacy)}/; fi',

@@ -1,5 +1,5 @@
 """What the supervisor reads in a task's log while it is written (the task's messages,
-cluster/runtime/contract.py): that it serves, the global steps it trains, the checkpoints a
+cluster/runtime/messages.py): that it serves, the global steps it trains, the checkpoints a
 chief saves. The follower's thread writes only what is made for it: the task's serving flag,
 the attempt's step and checkpoint (under the attempt's lock), the workers that stepped, and the
 recovery clock (under its own)."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 
-from cluster.runtime import contract
+from cluster.runtime import messages
 from launch.backends.base import Backend, TaskRecord
 from launch.run.lifecycle import Lifecycle
 from launch.run.supervised.channel import ChannelReader
@@ -24,11 +24,11 @@ def follow(life: Lifecycle, state: SupervisorState, clock: RecoveryClock, backen
 
     def seen(line: str) -> None:
         said = life.said(record.name, line)
-        if not serving.is_set() and contract.says_ready(said, record.name):
+        if not serving.is_set() and messages.says_ready(said, record.name):
             serving.set()
             clock.served(record.name)
         found = life.saw_line(record.name, line, record.job == 'worker' or chief, chief)
-        if chief and isinstance(said, contract.Checkpoint):
+        if chief and isinstance(said, messages.Checkpoint):
             state.attempt.saw_saved(said.step)
         if found is not None and (chief or not coordinator):
             state.attempt.saw_step(found['step'])

@@ -15,6 +15,7 @@ import sys
 
 import pytest
 
+from cluster.runtime import messages
 from tests.conftest import REPO, launch, launch_bg, run_tasks, write_coordinator_spec
 from tests.harness.faults import finish, task_pid, until_step
 
@@ -124,6 +125,11 @@ def test_a_lost_worker_then_a_lost_ps(tmp_path):
     assert [r['tasks'] for r in log if r['event'] == 'restart'] == [['worker:1'], ['ps:0', 'chief:0']]
     started = sorted(e['task'] for e in log if e['event'] == 'task_started')
     assert started == ['chief:0', 'chief:0', 'evaluator:0', 'ps:0', 'ps:0', 'worker:0', 'worker:1', 'worker:1']
+    # worker:1's log keeps both its starts; its channel, emptied as it started again, the second's records alone.
+    attempt = os.path.join(run, 'logs', 'attempt-1', 'worker-1')
+    served = [m for m in map(messages.read, open(attempt + '.log')) if isinstance(m, messages.Serving)]
+    recorded = [messages.read(r) for r in open(attempt + messages.CHANNEL_SUFFIX)]
+    assert len(served) == 2 and [m for m in recorded if isinstance(m, messages.Serving)] == served[1:], recorded
 
 
 def test_a_coordinator_command_runs_with_tf_config_alone(tmp_path):

@@ -1,4 +1,4 @@
-"""A real local run's channels (cluster/runtime/contract.py): each task wrote its messages' records
+"""A real local run's channels (cluster/runtime/messages.py): each task wrote its messages' records
 beside its log, one for each message line of its log and in the same order, and the log itself holds
 no record."""
 from __future__ import annotations
@@ -7,15 +7,15 @@ import os
 
 import pytest
 
-from cluster.runtime import contract
+from cluster.runtime import messages
 from tests.conftest import launch, write_spec
 
 pytestmark = pytest.mark.slow     # a real local cluster
 
 
-def key(message: contract.Message | None) -> object:
+def key(message: messages.Message | None) -> object:
     """What a line shows of a message (a progress line's words after the loss are not read back)."""
-    return message.facts() if isinstance(message, contract.Progress) else message
+    return message.facts() if isinstance(message, messages.Progress) else message
 
 
 def test_every_message_line_of_a_local_run_has_its_record_beside_it(tmp_path):
@@ -26,8 +26,8 @@ def test_every_message_line_of_a_local_run_has_its_record_beside_it(tmp_path):
     for name in ('ps-0', 'worker-0', 'worker-1'):
         lines = (attempt / f'{name}.log').read_text().splitlines()
         records = (attempt / f'{name}.records').read_text().splitlines()
-        assert records and all(contract.is_record(r) for r in records), records
-        assert not any(contract.is_record(line) for line in lines)
-        heard = [m for m in map(contract.read, lines) if m is not None]
-        assert [key(contract.read(r)) for r in records] == [key(m) for m in heard]
-    assert not [n for n in os.listdir(tmp_path / 'run' / 'logs') if n.endswith(contract.CHANNEL_SUFFIX)]
+        assert records and all(messages.is_record(r) for r in records), records
+        assert not any(messages.is_record(line) for line in lines)
+        heard = [m for m in map(messages.read, lines) if m is not None]
+        assert [key(messages.read(r)) for r in records] == [key(m) for m in heard]
+    assert not [n for n in os.listdir(tmp_path / 'run' / 'logs') if n.endswith(messages.CHANNEL_SUFFIX)]

@@ -18,6 +18,7 @@ import time
 
 import pytest
 
+from cluster.runtime import messages
 from tests.conftest import (TASK_ENV, environment_words, envs_through, free_ports, launch_bg, project_processes,
                             read_until, write_spec)
 from tests.harness.ssh import LAYOUT, _CUT_MY_CONNECTION, assert_nothing_left, host_settings, remote_spec, run, spec_ports, task_rows, workdir
@@ -432,4 +433,9 @@ def test_one_remote_kill_is_one_restart_and_the_worker_rejoins(ssh_hosts, tmp_pa
     events = [json.loads(line) for line in open(tmp_path / 'run' / 'events.jsonl')]
     assert [e['task'] for e in events if e['event'] == 'task_lost'] == ['worker:1'], events
     assert len([e for e in events if e['event'] == 'restart']) == 1
+    # Its log keeps both starts; its channel, emptied on its host as it started again, the second's records alone.
+    attempt = workdir(tmp_path, '127.0.0.3') / 'run' / 'logs' / 'attempt-1'
+    served = [m for m in map(messages.read, open(attempt / 'worker-1.log')) if isinstance(m, messages.Serving)]
+    recorded = [messages.read(r) for r in open(attempt / f'worker-1{messages.CHANNEL_SUFFIX}')]
+    assert len(served) == 2 and [m for m in recorded if isinstance(m, messages.Serving)] == served[1:], recorded
     assert_nothing_left(ssh_hosts)

@@ -1,4 +1,4 @@
-"""A task's channel (cluster/runtime/contract.py): `say` appends each message's record beside the
+"""A task's channel (cluster/runtime/messages.py): `say` appends each message's record beside the
 log where the launcher named a channel, and the Reader takes each message once, at its line, from
 its record where the channel has it, else from the line (a `train.command`'s own words)."""
 from __future__ import annotations
@@ -8,15 +8,15 @@ import os
 
 import pytest
 
-from cluster.runtime import contract
-from cluster.runtime.contract import Checkpoint, Evaluation, Progress, Reader, Serving, Started
+from cluster.runtime import messages
+from cluster.runtime.messages import Checkpoint, Evaluation, Progress, Reader, Serving, Started
 
 STAMP = '2026-11-28T03:00:00.000+00:00 I '
-SAID: list[contract.Message] = [
+SAID: list[messages.Message] = [
     Serving('ps:0', 'localhost:2222', 4242),
     Started('chief:0', 'python train.py --flag "a (b)"', 78),
-    contract.progress(57, 200, 3.14159, '  400 images/s'),
-    contract.progress(10, 20, 0.5, '  400 images/s  2 of 3 workers'),
+    messages.progress(57, 200, 3.14159, '  400 images/s'),
+    messages.progress(10, 20, 0.5, '  400 images/s  2 of 3 workers'),
     Checkpoint(40),
     Evaluation(120, {'accuracy': 0.81254321, 'loss': 0.43}),
 ]
@@ -34,9 +34,9 @@ class Channel:
         return out
 
 
-def written(*messages: contract.Message) -> list[str]:
+def written(*said: messages.Message) -> list[str]:
     """The record lines `say` writes for these messages."""
-    return [contract.to_record(contract.as_shown(m)) for m in messages]
+    return [messages.to_record(messages.as_shown(m)) for m in said]
 
 
 def test_say_appends_the_record_before_the_line_where_a_channel_is_named(tmp_path, caplog):
@@ -51,7 +51,7 @@ def test_say_appends_the_record_before_the_line_where_a_channel_is_named(tmp_pat
     try:
         with caplog.at_level(logging.INFO, logger='test-channel'):
             for message in SAID:
-                contract.say(log, message, environ={contract.CHANNEL_ENV: channel})
+                messages.say(log, message, environ={messages.CHANNEL_ENV: channel})
     finally:
         log.handlers.clear()
     assert [r.getMessage() for r in caplog.records] == [m.human() for m in SAID]     # the log as before
@@ -61,14 +61,14 @@ def test_say_appends_the_record_before_the_line_where_a_channel_is_named(tmp_pat
 
 def test_say_writes_no_channel_unless_one_is_named(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger='test-channel'):
-        contract.say(logging.getLogger('test-channel'), Checkpoint(3), environ={})
+        messages.say(logging.getLogger('test-channel'), Checkpoint(3), environ={})
     assert os.listdir(tmp_path) == [] and [r.getMessage() for r in caplog.records] == [Checkpoint(3).human()]
 
 
 def test_a_channel_the_disk_refuses_loses_the_record_not_the_line(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger='test-channel'):
-        contract.say(logging.getLogger('test-channel'), Checkpoint(3),
-                     environ={contract.CHANNEL_ENV: str(tmp_path / 'no-such-dir' / 'w.records')})
+        messages.say(logging.getLogger('test-channel'), Checkpoint(3),
+                     environ={messages.CHANNEL_ENV: str(tmp_path / 'no-such-dir' / 'w.records')})
     assert [r.getMessage() for r in caplog.records] == [Checkpoint(3).human()]
 
 
@@ -78,21 +78,21 @@ def test_a_channel_the_disk_refuses_loses_the_record_not_the_line(tmp_path, capl
     ('/w/odd-output', '/w/odd-output.records'),
 ])
 def test_the_channel_lies_beside_the_log(log_path, channel):
-    assert contract.channel_beside(log_path) == channel
-    assert contract.channel_env(log_path) == {contract.CHANNEL_ENV: channel}
+    assert messages.channel_beside(log_path) == channel
+    assert messages.channel_env(log_path) == {messages.CHANNEL_ENV: channel}
 
 
 @pytest.mark.parametrize('message', SAID, ids=lambda m: m.human())
 def test_a_record_says_what_its_line_shows(message):
     """The events a launcher writes from a record are the ones it wrote from the line."""
-    shown = contract.as_shown(message)
-    heard = contract.read(STAMP + message.human())
-    assert contract.read(contract.to_record(shown)) == shown
+    shown = messages.as_shown(message)
+    heard = messages.read(STAMP + message.human())
+    assert messages.read(messages.to_record(shown)) == shown
     if isinstance(message, Progress):
         assert shown.facts() == heard.facts() and shown.rate == message.rate
     else:
         assert shown == heard
-    assert contract.as_shown(Evaluation(1, {'a': 0.123456789})) == Evaluation(1, {'a': 0.123457})
+    assert messages.as_shown(Evaluation(1, {'a': 0.123456789})) == Evaluation(1, {'a': 0.123457})
 
 
 def test_a_reader_takes_each_message_from_its_record_at_its_line():
@@ -100,7 +100,7 @@ def test_a_reader_takes_each_message_from_its_record_at_its_line():
     reader = Reader(channel)
     lines = [STAMP + m.human() for m in SAID]
     taken = [reader.read(line) for line in lines]
-    assert taken == [contract.as_shown(m) for m in SAID]
+    assert taken == [messages.as_shown(m) for m in SAID]
     assert [m.rate for m in taken if isinstance(m, Progress)] == ['  400 images/s', '  400 images/s  2 of 3 workers']
     assert [reader.read(line) for line in lines[-1:]] == taken[-1:]       # a line read again: the same answer
     assert channel.calls == 1       # the records were there by the first line
@@ -119,7 +119,7 @@ def test_the_channel_is_read_only_at_a_line_that_shows_a_message():
     # a train.command prints its own progress lines: no record, the line says it
     ([], ['step 3/10  loss 0.5'], [Progress(3, 10, 0.5)]),
     # its own line before the line of a record already written: each its own, in the log's order
-    (written(contract.progress(4, 10, 0.25, '  9 images/s')), ['step 3/10  loss 0.5', STAMP + 'step 4/10  loss 0.250  9 images/s'],
+    (written(messages.progress(4, 10, 0.25, '  9 images/s')), ['step 3/10  loss 0.5', STAMP + 'step 4/10  loss 0.250  9 images/s'],
      [Progress(3, 10, 0.5), Progress(4, 10, 0.25, 9.0, None, '  9 images/s')]),
     # a line lost (a full disk): the records before the next line's go with it
     (written(Checkpoint(1), Checkpoint(2), Checkpoint(3)), [STAMP + Checkpoint(2).human(), STAMP + Checkpoint(3).human()],
@@ -133,21 +133,22 @@ def test_the_channel_is_read_only_at_a_line_that_shows_a_message():
 def test_a_reader_with_a_channel_gives_what_the_lines_gave(records, lines, expected):
     reader = Reader(Channel(records))
     assert [reader.read(line) for line in lines] == expected
-    assert [contract.read(line) for line in lines] == [e if not isinstance(e, Progress) else contract.read(line)
+    assert [messages.read(line) for line in lines] == [e if not isinstance(e, Progress) else messages.read(line)
                                                        for e, line in zip(expected, lines, strict=True)]
 
 
 def test_records_of_an_earlier_start_pass_by():
-    """A task started again in its attempt appends to its channel: its old records match no new line."""
+    """A channel its launcher could not empty as the task started again keeps the earlier start's
+    records: they match no line of the new start."""
     reader = Reader(Channel(written(Serving('ps:0', 'h:1', 10), Checkpoint(5))))
     assert reader.read(STAMP + Serving('ps:0', 'h:1', 11).human()) == Serving('ps:0', 'h:1', 11)
     assert reader.read(STAMP + Checkpoint(5).human()) == Checkpoint(5)
 
 
 def test_a_reader_holds_a_bounded_number_of_records():
-    reader = Reader(Channel(written(*(Checkpoint(i) for i in range(contract.PENDING_RECORDS + 10)))))
+    reader = Reader(Channel(written(*(Checkpoint(i) for i in range(messages.PENDING_RECORDS + 10)))))
     assert reader.read(STAMP + Checkpoint(3).human()) == Checkpoint(3)        # gone from the channel: its line's words
-    assert len(reader._pending) == contract.PENDING_RECORDS
+    assert len(reader._pending) == messages.PENDING_RECORDS
 
 
 def test_a_line_asked_for_again_is_answered_without_a_second_look_at_the_channel():

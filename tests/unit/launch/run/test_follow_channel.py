@@ -7,7 +7,7 @@ import io
 import logging
 import os
 
-from cluster.runtime import contract, rundir
+from cluster.runtime import messages, rundir
 from cluster.spec import load_spec
 from launch.backends.local import LocalBackend
 from launch.planning.plan import plan_cluster
@@ -17,15 +17,15 @@ from launch.run.lifecycle import Lifecycle
 from launch.run.supervised.channel import ChannelReader
 from tests.conftest import write_spec
 
-SAID: list[contract.Message] = [
-    contract.Serving('worker:0', 'localhost:2223', 77),
-    contract.progress(10, 100, 2.5, '  40 images/s'),
-    contract.Checkpoint(10),
-    contract.progress(20, 100, 2.25, '  41 images/s'),
+SAID: list[messages.Message] = [
+    messages.Serving('worker:0', 'localhost:2223', 77),
+    messages.progress(10, 100, 2.5, '  40 images/s'),
+    messages.Checkpoint(10),
+    messages.progress(20, 100, 2.25, '  41 images/s'),
 ]
 
 
-def follow(tmp_path, name: str, channel: bool) -> tuple[list[tuple], list[contract.Message | None]]:
+def follow(tmp_path, name: str, channel: bool) -> tuple[list[tuple], list[messages.Message | None]]:
     """worker:0's log (what SAID says, with a line of its own) followed to its end: the events
     written (without their times) and the messages the Reader took, line by line."""
     (tmp_path / name).mkdir()
@@ -39,14 +39,14 @@ def follow(tmp_path, name: str, channel: bool) -> tuple[list[tuple], list[contra
     handler = logging.FileHandler(record.log)
     handler.setFormatter(logging.Formatter(rundir.LOG_FORMAT))
     log.addHandler(handler)
-    environ = contract.channel_env(record.log) if channel else {}
+    environ = messages.channel_env(record.log) if channel else {}
     for message in SAID:
-        contract.say(log, message, environ=environ)
+        messages.say(log, message, environ=environ)
     log.info('a line of its own')
     handler.close()
     life = Lifecycle(spec, Console(stream=io.StringIO()), report=False)
     life.events = EventLog(rundir.events_path(spec.train.train_dir), 'run-1', 1)
-    taken: list[contract.Message | None] = []
+    taken: list[messages.Message | None] = []
 
     def seen(line: str) -> None:
         taken.append(life.said('worker:0', line))
@@ -65,6 +65,6 @@ def test_a_followed_channel_gives_the_events_the_lines_gave(tmp_path):
     assert with_records == from_lines and [e[1] for e in from_lines] == [
         ('event', 'serving'), ('event', 'first_step'), ('event', 'progress'), ('event', 'checkpoint'),
         ('event', 'progress')]
-    assert taken == [contract.as_shown(m) for m in SAID] + [None]          # the records, rate and all
-    assert [m.rate for m in taken if isinstance(m, contract.Progress)] == ['  40 images/s', '  41 images/s']
-    assert [m.rate for m in heard if isinstance(m, contract.Progress)] == ['', '']     # a line does not read it back
+    assert taken == [messages.as_shown(m) for m in SAID] + [None]          # the records, rate and all
+    assert [m.rate for m in taken if isinstance(m, messages.Progress)] == ['  40 images/s', '  41 images/s']
+    assert [m.rate for m in heard if isinstance(m, messages.Progress)] == ['', '']     # a line does not read it back

@@ -5,11 +5,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 
-from cluster.runtime import contract
+from cluster.runtime import messages
 from launch.backends.base import TaskRecord, follow_file
 from launch.run.supervised.channel import ChannelReader
 
-RECORDS = [contract.to_record(m) for m in (contract.Checkpoint(1), contract.Checkpoint(2), contract.Checkpoint(3))]
+RECORDS = [messages.to_record(m) for m in (messages.Checkpoint(1), messages.Checkpoint(2), messages.Checkpoint(3))]
 
 
 class FileBackend:
