@@ -432,7 +432,7 @@ class SSHHosts:
         return _descendants(self._proc.pid) if self._proc else {}
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Kill every session process, then sshd (SIGTERM, SIGKILL at the deadline).
+        """Stop sshd accepting, kill every session process (SIGTERM, SIGKILL at the deadline), then sshd.
 
         Idempotent.  Raises SSHDError if anything survives SIGKILL.
         """
@@ -442,6 +442,11 @@ class SSHHosts:
         _live.discard(self)
         deadline = time.monotonic() + timeout
         survivors: dict[int, int] = {}
+        # A host that goes away accepts nothing new: the listener is stopped first, so a connection
+        # made while the sessions die waits unanswered (then is reset), as to a host that is gone.
+        # Else a launcher that saw its task end could start it again on the dying host in between.
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGSTOP)
         try:
             # Sessions first, while sshd is alive to reap them (it is their subreaper).
             # Fresh snapshot each round: a dying session may still have forked.
@@ -459,15 +464,11 @@ class SSHHosts:
                 if left:
                     log.warning("sshd sessions %s ignored SIGTERM; killing them", sorted(left))
                     sig = signal.SIGKILL
+            # Stopped, it would not act on SIGTERM (and once continued could still take a waiting
+            # connection): SIGKILL, now that no session is left for it to reap.
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                log.warning("sshd %d ignored SIGTERM; killing it", proc.pid)
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(5)
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
         finally:
             if self._log_file:
                 self._log_file.close()
