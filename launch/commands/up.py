@@ -53,7 +53,7 @@ def cmd_up(spec: ClusterSpec, req: Request[UpFlags]) -> int:
     if flags.workers not in (None, spec.num_workers):
         _check_fewer_workers(spec, registry.kind(req.backend), flags.workers)
     settings = launching.UpSettings(workers=flags.workers, start_timeout=flags.start_timeout,
-                                    finish_timeout=flags.finish_timeout, say=console.say)
+                                    finish_timeout=flags.finish_timeout, say=console.say, rehearse=flags.rehearse)
     with launching.strategy(spec, req.backend, req.options, settings) as launch:
         recorded = [recorded_override(o) for o in flags.overrides]     # no secret in events.jsonl
         life = Lifecycle(spec, console, launch.backend, launch.spec_yaml, overrides=recorded)
