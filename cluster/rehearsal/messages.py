@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from cluster.runtime import runjson
 from cluster.runtime.contract import CHANNEL_ENV, RECORD_TAG, append_record
 
 LINKS_KIND = 'links'
@@ -56,7 +57,7 @@ class Links:
         data = {'kind': LINKS_KIND, 'task': self.task,
                 'links': [{'peer': x.peer, 'address': x.address, 'rtt_ms': x.rtt_ms, 'mb_per_s': x.mb_per_s,
                            'error': x.error} for x in self.links]}
-        return RECORD_TAG + json.dumps(data, separators=(',', ':'), sort_keys=True)
+        return RECORD_TAG + runjson.dumps(data, separators=(',', ':'), sort_keys=True)
 
 
 def _real(value: Any) -> float | None:

@@ -4,7 +4,8 @@ TensorFlow (a few tens of MB where a real task takes ~0.7 GB).
 What the launcher sees is a task's: the port bound (its readiness check connects with gRPC), the
 same messages said the same way (cluster/runtime/contract.py `say`: serving or started, progress
 at a steady rate, the chief's checkpoints where train.checkpoint_steps/_secs would save, the
-closing line), the same ends (a trainer at train.steps, exit 0; a server never, until stopped),
+closing line), the same ends (a trainer at train.steps, exit 0, after telling every ps it is done;
+a TF1 ps once every live worker has; a coordinator run's servers never, until stopped),
 the same lease. What the peers see: every task the real one must reach is reached (workers and
 a chief -> every ps; a coordinator's chief -> every worker too), timed (wire.py), and the
 findings said as `Links` (messages.py). A peer not reached within REACH_SECS is reported, never
@@ -30,6 +31,7 @@ from cluster.rehearsal import wire
 from cluster.rehearsal.parts import Part, part_of, peers
 from cluster.rehearsal.messages import Link, Links, say_links
 from cluster.runtime import ports, rundir
+from cluster.runtime.membership import LIVE, DoneTracker
 from cluster.runtime.contract import (EXIT_OK, EXIT_USAGE, LEASE_ENV, LEASE_SECS_ENV, Checkpoint, Evaluation,
                                       Serving, Started, parse_task_argv, progress, say)
 from cluster.runtime.rundir import TaskLogFormatter
@@ -40,6 +42,8 @@ log = logging.getLogger('cluster.rehearsal')
 STEPS_PER_SEC = 100.0       # the stand-ins' global steps a second: train.steps=2000 rehearses in 20 s
 REACH_SECS = 30.0           # how long a stand-in tries to reach a peer before it names it unreachable
 NON_CHIEF_LOG_SECS = 10.0   # a non-chief worker's progress lines come at most this often (as the trainer's)
+PS_POLL_SECS = 1.0          # a ps reads the live workers again at least this often (`launch scale`)
+PS_LINGER_SECS = 0.5        # a ps stays this long after the last "done", so that its reply arrives
 
 
 def reach(spec: ClusterSpec, task: TaskSpec, timeout: float = REACH_SECS) -> tuple[Link, ...]:
@@ -105,6 +109,42 @@ class Trainer:
         say(log, progress(step, total, fake_loss(step, total), f'  {self.rate:g} steps/s (rehearsal)'))
 
 
+class DoneWatch:
+    """A TF1 ps's "every live worker is done" (cluster/runtime/membership.py DoneTracker, as the
+    real ps keeps it): the workers' Done calls report, `wait` returns once all have."""
+
+    def __init__(self, pool: int) -> None:
+        self.pool, self.tracker = pool, DoneTracker()
+        self._lock, self._changed = threading.Lock(), threading.Event()
+
+    def report(self, index: int, generation: int) -> None:
+        with self._lock:
+            self.tracker.report(index, generation)
+            left = self.tracker.waiting_for(LIVE.current(self.pool))
+        log.info('worker:%d is done; %d to go', index, len(left))
+        self._changed.set()
+
+    def wait(self) -> None:
+        log.info('serving; exits once all %d live workers are done', LIVE.current(self.pool).count)
+        while True:
+            with self._lock:
+                if self.tracker.finished(LIVE.current(self.pool)):
+                    break
+            self._changed.wait(PS_POLL_SECS)
+            self._changed.clear()
+        time.sleep(PS_LINGER_SECS)
+
+
+def say_done(spec: ClusterSpec, task: TaskSpec) -> None:
+    """A TF1 worker's last word to every ps, as the real one enqueues it; a ps that cannot be
+    told is noted (it is stopped by the launcher in the end), never fatal."""
+    generation = LIVE.generation(task.index, spec.num_workers)
+    for ps in spec.job_tasks('ps'):
+        why = wire.report_done(ps.address, task.index, generation)
+        if why:
+            log.warning('%s could not tell %s it is done: %s', task.name, ps.name, why)
+
+
 def start_step(spec: ClusterSpec) -> int:
     """Where a resumed task starts: the train_dir's newest checkpoint (where this host sees it), else 0."""
     found = rundir.checkpoint_step(rundir.read_text(rundir.checkpoint_index_path(spec.train.train_dir)))
@@ -114,9 +154,10 @@ def start_step(spec: ClusterSpec) -> int:
 def play(spec: ClusterSpec, task: TaskSpec) -> int:
     """The task's part, from its first word to its exit code."""
     part = part_of(spec, task)
+    done = DoneWatch(spec.num_workers) if task.job == 'ps' and not spec.coordinator else None
     if part in (Part.SERVE, Part.TRAIN):
         try:
-            server = wire.serve(task.port)
+            server = wire.serve(task.port, done.report if done is not None else None)
         except RuntimeError as e:       # lost a race for the port after the check in main
             print(f'cluster.rehearsal: error: {task.name}: cannot serve on port {task.port}: {e}', file=sys.stderr)
             return EXIT_USAGE
@@ -127,16 +168,26 @@ def play(spec: ClusterSpec, task: TaskSpec) -> int:
     links = reach(spec, task)
     if links:
         say_links(log, Links(task.name, links))
-    if part is Part.SERVE:
+    if done is not None:            # a TF1 ps: until every live worker is done
+        done.wait()
+    elif part is Part.SERVE:
         threading.Event().wait()        # until stopped, as a server (`Server.join()` never returns)
+    else:
+        step(spec, task, part)
+    log.info('%s finished', task.name)
+    return EXIT_OK
+
+
+def step(spec: ClusterSpec, task: TaskSpec, part: Part) -> None:
+    """A trainer's, a coordinator's or an evaluator's steps to train.steps."""
     start = start_step(spec)
     if part is Part.EVALUATE:
         time.sleep(max(0.0, (spec.train.steps - start) / STEPS_PER_SEC))     # the training's length
         say(log, Evaluation(spec.train.steps, {'loss': round(fake_loss(spec.train.steps, spec.train.steps), 6)}))
     else:
         Trainer(spec, task, start, saves=part is Part.COORDINATE or task.is_chief).run()
-    log.info('%s finished', task.name)
-    return EXIT_OK
+        if part is Part.TRAIN:
+            say_done(spec, task)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

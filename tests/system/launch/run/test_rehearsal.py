@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from tests.conftest import launch, launch_bg, read_until, write_spec
+from tests.conftest import launch, launch_bg, read_until, write_coordinator_spec, write_spec
 from tests.harness.faults import finish, kill_when
 
 pytestmark = pytest.mark.slow
@@ -21,6 +21,8 @@ def test_a_rehearsal_of_two_ps_and_three_workers_ends_with_its_link_table(tmp_pa
     assert 'rehearsal: every task runs as a stand-in' in out.stdout
     assert 'rehearsal done in' in out.stdout
     assert 'rehearsal: 5 stand-in task(s); 6 of 6 link(s) reached' in out.stdout
+    with open(os.path.join(train_dir, 'report.html')) as f:
+        assert '<h2>Rehearsal</h2>' in f.read()
     with open(os.path.join(train_dir, 'run.json')) as f:
         record = json.load(f)
     assert record['state'] == 'done' and record['global_step'] == 150
@@ -33,6 +35,17 @@ def test_a_rehearsal_of_two_ps_and_three_workers_ends_with_its_link_table(tmp_pa
     with open(os.path.join(train_dir, 'events.jsonl')) as f:
         kinds = [json.loads(line)['event'] for line in f]
     assert kinds.count('serving') == 5 and 'checkpoint' in kinds and kinds[-1] == 'finished'
+
+
+def test_a_coordinator_rehearsal_reaches_every_ps_and_worker_from_the_chief(tmp_path):
+    spec = write_coordinator_spec(tmp_path, steps=100)
+    out = launch('up', spec, '--rehearse', timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    with open(os.path.join(str(tmp_path / 'run'), 'run.json')) as f:
+        found = json.load(f)['rehearsal']
+    assert sorted((x['source'], x['target']) for x in found['links']) == \
+        [('chief:0', 'ps:0'), ('chief:0', 'worker:0'), ('chief:0', 'worker:1')]
+    assert 'evaluation at global step 100' in out.stdout
 
 
 def test_a_killed_stand_in_is_restarted_as_its_task_would_be(tmp_path):

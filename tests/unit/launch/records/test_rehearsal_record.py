@@ -2,6 +2,8 @@
 other run's record, and the console's summary of it."""
 from __future__ import annotations
 
+import json
+
 from launch.records.rehearsal import SHOWN_UNREACHABLE, Rehearsal, RehearsedLink, summary_lines
 from launch.records.result import RunRecord, RunResult, RunState
 
@@ -46,3 +48,13 @@ def test_many_unreachable_pairs_are_counted_past_the_first():
     lines = summary_lines(many)
     assert sum('cannot reach' in line for line in lines) == SHOWN_UNREACHABLE
     assert any('and 5 more unreachable' in line for line in lines)
+
+
+def test_the_report_shows_a_rehearsal_and_only_a_rehearsal(tmp_path):
+    from launch.records import report
+    run_json = tmp_path / 'run.json'
+    run_json.write_text(json.dumps(RunResult(RunState.DONE, 0, rehearsal=FOUND).to_json('r-1', 1, '/s', 'local', str(tmp_path))))
+    page = report.render(str(tmp_path))
+    assert '<h2>Rehearsal</h2>' in page and 'worker:0 cannot reach ps:1' in page
+    run_json.write_text(json.dumps(RunResult(RunState.DONE, 0).to_json('r-1', 1, '/s', 'local', str(tmp_path))))
+    assert '<h2>Rehearsal</h2>' not in report.render(str(tmp_path))
