@@ -93,6 +93,9 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
     up.add_argument('--workers', type=int, default=None, metavar='N',
                     help='start the first N workers of the spec\'s list (a pool; default: all); '
                          '`launch scale` changes the number while the run goes on')
+    up.add_argument('--rehearse', action='store_true',
+                    help='a dress rehearsal: every task a light stand-in (no TensorFlow) on its real host and backend '
+                         'that serves, reaches its peers and reports the links, then ends at train.steps')
     _backend_flags(up, FlagPlace.UP)
     sc = sub.add_parser('scale', help='change the number of running workers of a run (async: live)')
     _spec_args(sc, run=True)
@@ -276,7 +279,7 @@ def _output_flags(args: argparse.Namespace) -> OutputFlags:
 # a command on a spec or run -> its flags, typed, from argparse's namespace
 FLAGS: dict[str, Callable[[argparse.Namespace], object]] = {
     'up': lambda a: UpFlags(workers=a.workers, verbose=a.verbose, start_timeout=a.start_timeout,
-                            finish_timeout=a.finish_timeout, overrides=tuple(a.overrides)),
+                            finish_timeout=a.finish_timeout, overrides=tuple(a.overrides), rehearse=a.rehearse),
     'scale': lambda a: ScaleFlags(a.workers),
     'status': _json_flags, 'plan': _json_flags, 'check': _json_flags,
     'down': lambda a: NoFlags(), 'debug': lambda a: NoFlags(),

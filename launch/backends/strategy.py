@@ -17,6 +17,7 @@ from cluster.runtime import rundir
 from cluster.runtime.rundir import EXIT_OK
 from cluster.spec import ClusterSpec
 from launch.records.event_types import Event, EventKind
+from launch.records.rehearsal import Rehearsal
 from launch.records.result import Failure, MendedFault, RunState
 
 CHECKPOINT_GRACE_SECS = 25.0    # a stopping chief's time to write its checkpoint before the rest stop
@@ -32,6 +33,7 @@ class Outcome:
     lost: tuple[str, ...] = ()          # workers the training went on without (their figures left out)
     global_step: int | None = None      # the newest step the launcher knows of (a failed run's run.json keeps it)
     recoveries: list[MendedFault] = field(default_factory=list)     # the faults mended, with their times
+    rehearsal: Rehearsal | None = None  # a rehearsal's findings (launch/run/rehearsal.py)
 
     @property
     def state(self) -> RunState:

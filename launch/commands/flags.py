@@ -14,6 +14,7 @@ class UpFlags:
     start_timeout: float
     finish_timeout: float
     overrides: tuple[str, ...]      # the --set options, which the run records
+    rehearse: bool = False          # every task a light stand-in (launch/run/rehearsal.py)
 
 
 @dataclass(frozen=True)

@@ -48,12 +48,15 @@ def _check_fewer_workers(spec: ClusterSpec, kind: registry.Kind, workers: int) -
 def cmd_up(spec: ClusterSpec, req: Request[UpFlags]) -> int:
     """Run the spec to the end on the backend the registry says; the run's exit code."""
     flags = req.flags
+    if flags.rehearse:
+        from launch.run.rehearsal import rehearsal_spec
+        spec = rehearsal_spec(spec)
     check_workers(spec, flags.workers)
     console = Console(verbose=flags.verbose)
     if flags.workers not in (None, spec.num_workers):
         _check_fewer_workers(spec, registry.kind(req.backend), flags.workers)
     settings = launching.UpSettings(workers=flags.workers, start_timeout=flags.start_timeout,
-                                    finish_timeout=flags.finish_timeout, say=console.say)
+                                    finish_timeout=flags.finish_timeout, say=console.say, rehearse=flags.rehearse)
     with launching.strategy(spec, req.backend, req.options, settings) as launch:
         recorded = [recorded_override(o) for o in flags.overrides]     # no secret in events.jsonl
         life = Lifecycle(spec, console, launch.backend, launch.spec_yaml, overrides=recorded)

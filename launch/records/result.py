@@ -14,6 +14,7 @@ from collections.abc import Mapping
 
 from cluster.runtime import rundir
 from launch.records.jsonrecord import JsonRecord, finite, json_field, read_real, read_text, read_texts, read_whole
+from launch.records.rehearsal import Rehearsal, read_rehearsal
 
 
 class RunState(str, enum.Enum):
@@ -110,7 +111,7 @@ def read_mended(value: Any) -> list[MendedFault] | None:
 class RunRecord(JsonRecord):
     """run.json as read (or a `finished` event's result): every field may be missing (`has` says
     which were written) or null; the field order is the order the launcher writes them in."""
-    OPTIONAL = frozenset({'recoveries'})        # only once a fault was mended
+    OPTIONAL = frozenset({'recoveries', 'rehearsal'})     # only once a fault was mended; only for a rehearsal
     state: RunState | str | None = json_field(read_state)
     exit_code: int | None = json_field(read_whole)
     seconds: float | None = json_field(read_real)
@@ -127,6 +128,7 @@ class RunRecord(JsonRecord):
     spec: str | None = json_field(read_text)
     backend: str | None = json_field(read_text)
     train_dir: str | None = json_field(read_text)
+    rehearsal: Rehearsal | None = json_field(read_rehearsal)     # `launch up --rehearse`: the links tried
 
     def is_empty(self) -> bool:
         return not self.written_keys()
@@ -137,7 +139,8 @@ class RunRecord(JsonRecord):
         return RunResult(state=state, exit_code=self.exit_code or 0, seconds=self.seconds or 0.0,
                          global_step=self.global_step, images_per_sec=self.images_per_sec, loss=self.loss,
                          restarts=self.restarts or 0, failures=list(self.failures or ()),
-                         recoveries=list(self.recoveries or ()), started=read_epoch(self.started) or 0.0, ended=read_epoch(self.ended) or 0.0)
+                         recoveries=list(self.recoveries or ()), started=read_epoch(self.started) or 0.0, ended=read_epoch(self.ended) or 0.0,
+                         rehearsal=self.rehearsal)
 
 
 @dataclass
@@ -154,6 +157,7 @@ class RunResult:
     recoveries: list[MendedFault] = field(default_factory=list)     # every fault mended in this `launch up`
     started: float = 0.0                # epoch seconds
     ended: float = 0.0
+    rehearsal: Rehearsal | None = None      # a rehearsal's findings (launch up --rehearse)
 
     def __post_init__(self) -> None:
         self.state = RunState(self.state)       # a caller's 'done' is the state DONE
@@ -165,7 +169,7 @@ class RunResult:
                          restarts=self.restarts, failures=list(self.failures), recoveries=list(self.recoveries) or None,
                          started=rundir.iso_time(self.started),
                          ended=rundir.iso_time(self.ended), id=run, attempt=attempt, spec=spec, backend=backend,
-                         train_dir=train_dir)
+                         train_dir=train_dir, rehearsal=self.rehearsal)
 
     def to_json(self, run: str, attempt: int, spec: str, backend: str, train_dir: str) -> dict[str, Any]:
         """run.json: the fields `launch status --json` and `launch list --json` agree with."""

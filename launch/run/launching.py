@@ -42,6 +42,7 @@ class UpSettings:
     start_timeout: float = 120.0
     finish_timeout: float = 60.0
     say: Callable[[str], None] = print  # a line on the console
+    rehearse: bool = False              # every task a stand-in (launch/run/rehearsal.py)
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,12 @@ def _supervised(spec: ClusterSpec, name: str | None, opts: Options, up: UpSettin
     spec_yaml = tasks_spec_yaml(spec, name, opts)
     with make_backends(spec, opts, {p.backend for p in planned}) as backends:
         placed = with_gpus(spec, name, opts, planned, backends)
-        run = SupervisedRun(spec, spec_yaml, placed, backends, start_timeout=up.start_timeout,
+        strategy_class = SupervisedRun
+        if up.rehearse:
+            from launch.run import rehearsal
+            rehearsal.check_backends(backends)
+            placed, strategy_class = rehearsal.stand_ins(placed), rehearsal.RehearsedRun
+        run = strategy_class(spec, spec_yaml, placed, backends, start_timeout=up.start_timeout,
                             finish_timeout=up.finish_timeout,
                             checks=lambda: preflight.checks_before_up(spec, placed, backends, up.say),
                             warn=lambda: preflight.warn_exposure(placed, short=True),
@@ -114,6 +120,9 @@ def _supervised(spec: ClusterSpec, name: str | None, opts: Options, up: UpSettin
 def _delegated(spec: ClusterSpec, name: str | None, opts: Options, up: UpSettings) -> Iterator[Launch]:
     """A delegated backend's own strategy: its scheduler runs the tasks."""
     k = kind(name)
+    if up.rehearse:
+        raise UsageError(f'--rehearse: the {k.name} scheduler starts the tasks itself; rehearse on the local or '
+                         'ssh backend')
     run, spec_yaml = k.delegate(spec, opts)
     yield Launch(run, k.name, spec_yaml)
 

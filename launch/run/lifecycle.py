@@ -268,6 +268,7 @@ class Lifecycle:
         if result.global_step is None:
             result.global_step = self._step_reached(outcome.global_step)
         result.recoveries = list(outcome.recoveries)
+        result.rehearsal = outcome.rehearsal
         if outcome.state == RunState.DONE:
             figures = self.summary(result, outcome.lost, asked=self.spec.train.steps, saved=self.checkpoint_step())
             self.console.say(outcome.headline + figures + self._unevaluated())

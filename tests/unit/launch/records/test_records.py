@@ -16,6 +16,7 @@ from cluster.runtime import rundir, runjson
 from launch.records.event_types import (EVENT_TYPES, HEADER, EventKind, Finished, OtherEvent, Progress, TaskLost,
                                         parse_event)
 from launch.records.events import EventLog, read_events
+from launch.records.rehearsal import Rehearsal, RehearsedLink
 from launch.records.result import MendedFault, RESULT_STATES, Failure, RunRecord, RunResult, RunState
 from launch.run.state import LaunchState, StepSeen, WorkerPool
 from tests.conftest import REPO
@@ -85,7 +86,10 @@ def run_json_example() -> dict:
                                                                         'localhost', 5001)],
                        recoveries=[MendedFault(['ps:0'], 6.25, 12, {'stop': 0.5, 'backoff': 1.0, 'start': 3.25,
                                                                      'step': 1.5})],
-                       started=1795468123.0, ended=1795468156.5)
+                       started=1795468123.0, ended=1795468156.5,
+                       rehearsal=Rehearsal(tasks=2, links=[RehearsedLink(source='worker:0', target='ps:0', address='h:1',
+                                                                         rtt_ms=0.5, mb_per_s=120.0, error='')],
+                                           unreported=[]))
     return result.to_json(RUN_ID, 2, SPEC, 'local', TRAIN_DIR)
 
 

@@ -1,0 +1,101 @@
+"""`launch up SPEC --rehearse`: the run as it would go, every task a stand-in (cluster/rehearsal/).
+
+The plans are the real ones but for the module their command runs (cluster/rehearsal/argv.py), so
+each stand-in starts on its real host, by its real backend, with its real environment, and the
+supervisor, the event log, run.json, `status`, `logs` and `down` treat it as the task it stands
+in for. What a rehearsal adds is read at its end: each stand-in's `Links` record, from the
+channel beside its log (the backends that read channels: local, SSH), gathered into run.json's
+`rehearsal` (launch/records/rehearsal.py) and summarised on the console.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Iterable, Mapping
+
+from cluster.rehearsal.argv import rehearsal_argv
+from cluster.rehearsal.messages import last_links
+from cluster.rehearsal.parts import peers
+from cluster.runtime.messages import channel_beside
+from cluster.spec import ClusterSpec
+from launch.backends.base import Backend, TaskRecord
+from launch.errors import UsageError
+from launch.planning.plan import TaskPlan
+from launch.records.rehearsal import RehearsedLink, Rehearsal, summary_lines
+from launch.run.lifecycle import Lifecycle, Outcome
+from launch.run.supervised import SupervisedRun
+
+log = logging.getLogger(__name__)
+
+STAND_IN_LINE = 'rehearsal: every task runs as a stand-in (python -m cluster.rehearsal: no TensorFlow, nothing saved)'
+REHEARSAL_DIR = 'rehearsal'     # a rehearsal's run lives in this folder of the spec's train_dir
+
+
+def rehearsal_spec(spec: ClusterSpec) -> ClusterSpec:
+    """The spec a rehearsal runs: the same but for its train_dir, `<train_dir>/rehearsal`, so the
+    rehearsal is a run of its own (its id, events, run.json, logs, state file) and the real run's
+    files, checkpoints and resume are never touched by it."""
+    train_dir = os.path.join(spec.train.train_dir, REHEARSAL_DIR)
+    return dataclasses.replace(spec, train=dataclasses.replace(spec.train, train_dir=train_dir))
+
+
+def stand_ins(plans: Iterable[TaskPlan]) -> list[TaskPlan]:
+    """The plans with each task's command turned into its stand-in's."""
+    return [dataclasses.replace(p, argv=rehearsal_argv(p.argv)) for p in plans]
+
+
+def check_backends(backends: Mapping[str, Backend]) -> None:
+    """UsageError where a backend names its tasks no channel: the stand-ins' findings could not be read."""
+    blind = sorted(name for name, backend in backends.items() if not backend.records_channel)
+    if blind:
+        raise UsageError(f'--rehearse: the {", ".join(blind)} backend cannot carry a rehearsal\'s reports yet '
+                         '(it reads no task channel); rehearse on the local or ssh backend')
+
+
+def _links_of(record: TaskRecord, backend: Backend) -> list[RehearsedLink] | None:
+    """The links the stand-in of `record` reported last, None where it reported none (or its
+    channel cannot be read)."""
+    channel = dataclasses.replace(record, log=channel_beside(record.log))
+    try:
+        found = last_links(backend.read_log(channel))
+    except Exception:       # a channel that cannot be read: the task counts as unreported
+        log.debug('cannot read %s', channel.log, exc_info=True)
+        return None
+    if found is None:
+        return None
+    return [RehearsedLink(source=found.task, target=x.peer, address=x.address, rtt_ms=x.rtt_ms,
+                          mb_per_s=x.mb_per_s, error=x.error) for x in found.links]
+
+
+def collect(spec: ClusterSpec, records: Iterable[TaskRecord], backends: Mapping[str, Backend]) -> Rehearsal:
+    """Every started stand-in's links (its newest start's), and the ones with peers that said none."""
+    latest = {r.name: r for r in records}
+    links: list[RehearsedLink] = []
+    unreported = []
+    for task in spec.tasks:
+        record = latest.get(task.name)
+        if record is None or not peers(spec, task):
+            continue
+        found = _links_of(record, backends[record.backend])
+        if found is None:
+            unreported.append(task.name)
+        else:
+            links += found
+    return Rehearsal(tasks=len(latest), links=links, unreported=unreported)
+
+
+class RehearsedRun(SupervisedRun):
+    """The supervised run of stand-ins: as any, and at its end the findings of the stand-ins."""
+
+    def run(self, life: Lifecycle) -> Outcome:
+        self.life = life
+        self.say(STAND_IN_LINE)
+        self.say(f'rehearsal: its run lives in {self.spec.train.train_dir} (`launch status {self.spec.train.train_dir}`); '
+                 'the real run\'s train_dir is not touched')
+        outcome = super().run(life)
+        found = collect(self.spec, self.state.records, self.backends)
+        for line in summary_lines(found):
+            self.say(line)
+        headline = f'rehearsal {outcome.headline}' if outcome.headline else ''
+        return dataclasses.replace(outcome, headline=headline, rehearsal=found)
