@@ -7,6 +7,7 @@ and noisy, so absolute seconds only mean something next to their baseline).
     python benchmarks/bench.py --only accuracy # Fashion-MNIST: one process, sync, async, 6 epochs each (about 30 min)
     python benchmarks/bench.py --only pss      # TF2 ParameterServerStrategy vs TF1 between-graph vs one process
     python benchmarks/bench.py --only links    # emulated links, by hand (root; about 20 min, 3 with --quick)
+    python benchmarks/bench.py --only scale    # the launcher at 10, 100, 300 rehearsal tasks, by hand (--sizes)
     python benchmarks/bench.py --plots DIR     # and draw the figures as PNGs there (benchmarks/plots.py)
 
 Baselines: the time one process takes to `import tensorflow` (start-up is mostly imports), the
@@ -555,16 +556,25 @@ def bench_accuracy(args, tmp: str) -> dict:
     return accuracy.bench(args, tmp, free_ports)
 
 
+def bench_scale(args, tmp: str) -> dict:
+    """The launcher as the run grows: `launch up --rehearse` at each of --sizes tasks
+    (benchmarks/scale.py, beside this script)."""
+    import scale
+    return scale.bench(args, tmp, free_ports, QUIET, REPO)
+
+
 SECTIONS = ('cluster', 'scaling', 'bytes', 'learning', 'towers', 'elastic', 'accuracy', 'pss')
-BY_HAND = ('links',)        # long: only with --only
+BY_HAND = ('links', 'scale')        # long: only with --only
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument('--quick', action='store_true', help='every figure once with tiny runs (CI: checks it runs)')
     p.add_argument('--only', choices=SECTIONS + BY_HAND, action='append',
-                   help='run only these sections (links runs only when named: emulated links, about 20 min, '
-                        '3 with --quick)')
+                   help='run only these sections (links and scale run only when named: emulated links, about '
+                        '20 min, 3 with --quick; scale, the launcher at --sizes rehearsal tasks)')
+    p.add_argument('--sizes', type=lambda text: tuple(int(n) for n in text.split(',')),
+                   help='--only scale: tasks per run, comma-separated (default 10,100,300; 10,30 with --quick)')
     p.add_argument('--reps', type=int, default=3)
     p.add_argument('--steps', type=int, default=300, help='global steps of each cluster run')
     p.add_argument('--batch', type=int, default=64, help='batch per worker (per tower)')
@@ -580,6 +590,7 @@ def main() -> None:
     args.link_rates, args.link_ps, args.link_dtypes, args.link_steps = LINK_RATES, (1, 2), ('float32', 'bfloat16'), 100
     args.link_batch = args.batch
     args.accuracy_kinds, args.accuracy_epochs = ('single', 'sync', 'async'), args.epochs
+    args.scale_sizes = args.sizes or ((10, 30) if args.quick else (10, 100, 300))
     if args.quick:
         args.reps, args.steps, args.batch, args.single_steps = 1, 30, 16, 10
         args.learn_steps, args.learn_every, args.learn_modes = 40, 40, 1     # sync: one checkpoint, one eval
