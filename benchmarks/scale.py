@@ -133,14 +133,39 @@ class Launcher:
     def tail(self, n: int = 5) -> str:
         return ''.join(self.lines[-n:])
 
+    def wait_up(self, secs: float) -> bool:
+        """Whether every server came up within `secs`; False at once if the launcher ended first."""
+        deadline = time.monotonic() + secs
+        while time.monotonic() < deadline:
+            if self.all_up.wait(1):
+                return True
+            if self.proc.poll() is not None:
+                self.reader.join(5)
+                return self.all_up.is_set()
+        return False
+
+    def closing(self) -> str:
+        """The launcher's own lines, less the rehearsal's link table: the last 3 (why it ended)."""
+        own = [line.strip() for line in self.lines if line.startswith('[launch]') and not line.startswith('[launch]     ')]
+        return ' | '.join(own[-3:]) or self.tail(2).strip()
+
+    @staticmethod
+    def served(rundir: str) -> int:
+        return len({e.get('task') for e in read_events(rundir) if e.get('event') == 'serving'})
+
 
 def kill_workers(rundir: str, workers: int) -> list[tuple[str, float]]:
     """SIGKILL KILLS random non-chief workers, a second apart: [(task, when)]."""
     pids = {e['task']: e['pid'] for e in read_events(rundir) if e.get('event') == 'task_started'}
-    chosen = random.sample([f'worker:{i}' for i in range(1, workers)], min(KILLS, workers - 1))
-    out = []
+    chosen = random.sample([f'worker:{i}' for i in range(1, workers)], workers - 1)
+    out: list[tuple[str, float]] = []
     for task in chosen:
-        os.kill(pids[task], signal.SIGKILL)
+        if len(out) == KILLS:
+            break
+        try:
+            os.kill(pids[task], signal.SIGKILL)
+        except ProcessLookupError:      # already finished: a start-up longer than the steps allowed for
+            continue
         out.append((task, time.time()))
         time.sleep(1)
     return out
@@ -209,19 +234,20 @@ def readers(rundir: str, tmp: str, size: int, env: dict, repo: str) -> dict:
 
 def steps_for(size: int) -> int:
     """Steps for STEADY_SECS of steady state plus the kills, with room for a start-up that grows with N."""
-    return STEPS_PER_SEC * (STEADY_SECS + 10 + math.ceil(size / 10))
+    return STEPS_PER_SEC * (STEADY_SECS + 10 + math.ceil(size * 0.4))     # 300 tasks took ~90 s to be up here
 
 
 def run_size(size: int, tmp: str, free_ports, env: dict, repo: str) -> dict:
-    """One size, end to end; raises RuntimeError with a short reason where it fails."""
+    """One size, end to end; raises RuntimeError with a short reason where it fails (args[1]: the
+    launcher's last lines)."""
     ps, workers = layout(size)
     spec, rundir = write_spec(tmp, size, free_ports)
     start_timeout = max(120, size)
     launcher = Launcher(spec, steps_for(size), start_timeout, env, repo)
     try:
-        if not launcher.all_up.wait(start_timeout + 30):
-            raise RuntimeError(f'not all up within {start_timeout + 30} s (rc {launcher.proc.poll()}): '
-                               f'{launcher.tail(2).strip()}')
+        if not launcher.wait_up(start_timeout + 30):
+            raise RuntimeError(f'not all up (launch up rc {launcher.proc.poll()}, {launcher.served(rundir)} of '
+                               f'{size} serving): {launcher.closing()}', launcher.tail(40))
         steady = launcher.sample(STEADY_SECS / 2)
         kills = kill_workers(rundir, workers)
         delays = fault_delays(rundir, kills)
@@ -293,8 +319,8 @@ def bench(args, tmp: str, free_ports, env: dict, repo: str) -> dict:
         try:
             r = run_size(size, tmp, free_ports, env, repo)
         except (RuntimeError, OSError, subprocess.SubprocessError, psutil.Error, KeyError, ValueError) as e:
-            print(f'{size:>5} FAILED after {time.monotonic() - t0:.0f} s: {type(e).__name__}: {e}', flush=True)
-            rows.append({'tasks': size, 'failed': f'{type(e).__name__}: {e}'})
+            print(f'{size:>5} FAILED after {time.monotonic() - t0:.0f} s: {type(e).__name__}: {e.args[0]}', flush=True)
+            rows.append({'tasks': size, 'failed': f'{type(e).__name__}: {e.args[0]}', 'output_tail': e.args[1:]})
             continue
         r['wall_s'] = time.monotonic() - t0
         rows.append(r)
