@@ -52,6 +52,7 @@ LEASE_FILE = 'launcher.lease'
 CHECKPOINT_INDEX = 'checkpoint'          # TensorFlow's file naming the newest checkpoints
 CHECKPOINT_PREFIX = 'model.ckpt'
 SYNTHETIC_DATA_DIR = 'synthetic-data'    # `train.data: synthetic`: the set the launcher writes before a run
+REHEARSAL_DIR = 'rehearsal'     # `launch up --rehearse`: the rehearsal's own run, inside the train_dir
 COMPOSE_FILE = 'compose.yaml'
 BATCH_SCRIPT = 'job.sbatch'
 EVENTS_FILE = 'events.jsonl'

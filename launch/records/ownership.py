@@ -13,7 +13,8 @@ is refused before anything is touched:
     run's (checkpoints, task logs, summaries, the synthetic data set, what a user's program
     wrote), since only that run's tasks write there;
   - it holds only what a launcher writes before its first event (its lock file, the synthetic
-    data set): a `launch up` that ended before it began.
+    data set): a `launch up` that ended before it began; and a rehearsal's run (`launch up
+    --rehearse`, in `rehearsal/`), itself marked as tfcluster's: the real run is started after it.
 
 The markers are read, not trusted: a line or file that is not tfcluster's format (or too big to
 be) marks nothing, and reading never fails with more than a directory that is not marked.
@@ -48,7 +49,14 @@ def foreign_files(train_dir: str) -> list[str]:
         return [os.path.basename(train_dir)]
     if is_marked(train_dir):
         return []
-    return sorted(n for n in names if n not in BEFORE_FIRST_EVENT and not _empty_events(train_dir, n))
+    return sorted(n for n in names if n not in BEFORE_FIRST_EVENT and not _empty_events(train_dir, n)
+                  and not _rehearsal(train_dir, n))
+
+
+def _rehearsal(train_dir: str, name: str) -> bool:
+    """`name` is the rehearsal's run of this train_dir (a folder marked as a tfcluster run)."""
+    path = os.path.join(train_dir, name)
+    return name == rundir.REHEARSAL_DIR and os.path.isdir(path) and is_marked(path)
 
 
 def check_train_dir(spec: ClusterSpec) -> None:

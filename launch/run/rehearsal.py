@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from cluster.rehearsal.argv import rehearsal_argv
 from cluster.rehearsal.messages import last_links
 from cluster.rehearsal.parts import peers
+from cluster.runtime import rundir
 from cluster.runtime.messages import channel_beside
 from cluster.spec import ClusterSpec
 from launch.backends.base import Backend, TaskRecord
@@ -29,14 +30,13 @@ from launch.run.supervised import SupervisedRun
 log = logging.getLogger(__name__)
 
 STAND_IN_LINE = 'rehearsal: every task runs as a stand-in (python -m cluster.rehearsal: no TensorFlow, nothing saved)'
-REHEARSAL_DIR = 'rehearsal'     # a rehearsal's run lives in this folder of the spec's train_dir
 
 
 def rehearsal_spec(spec: ClusterSpec) -> ClusterSpec:
     """The spec a rehearsal runs: the same but for its train_dir, `<train_dir>/rehearsal`, so the
     rehearsal is a run of its own (its id, events, run.json, logs, state file) and the real run's
     files, checkpoints and resume are never touched by it."""
-    train_dir = os.path.join(spec.train.train_dir, REHEARSAL_DIR)
+    train_dir = os.path.join(spec.train.train_dir, rundir.REHEARSAL_DIR)
     return dataclasses.replace(spec, train=dataclasses.replace(spec.train, train_dir=train_dir))
 
 

@@ -5,9 +5,11 @@ tests/system/launch/run/test_elastic.py, tests/system/launch/run/test_faults.py,
 tests/system/launch/run/test_recovery.py: here, since no test module imports another."""
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 
@@ -43,3 +45,16 @@ def kill_when(proc, train_dir, step: int, name: str, sig=signal.SIGKILL) -> list
     os.kill(task_pid(train_dir, name), sig)
     return lines
 
+
+def remove_while_written(path: str) -> None:
+    """Remove a directory its running tasks still write into, as `rm -rf` typed again would: a file
+    they make while it is being removed ("Directory not empty") is removed on the next pass."""
+    while True:
+        try:
+            shutil.rmtree(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            if e.errno != errno.ENOTEMPTY:
+                raise

@@ -9,14 +9,13 @@ import glob
 import json
 import os
 import re
-import shutil
 import signal
 import time
 
 import pytest
 
 from tests.conftest import launch, launch_bg, read_until, write_spec
-from tests.harness.faults import finish, kill_when, task_pid, until_step
+from tests.harness.faults import finish, kill_when, remove_while_written, task_pid, until_step
 from tests.harness.local import checkpoint_step, worker_results
 
 pytestmark = pytest.mark.slow     # real local clusters
@@ -164,7 +163,7 @@ def test_a_train_dir_removed_mid_run_is_one_line_and_a_clean_stop(tmp_path):
     run = str(tmp_path / 'run')
     proc = launch_bg('up', spec)
     lines = until_step(proc, 1)
-    shutil.rmtree(run)
+    remove_while_written(run)      # the tasks write into it meanwhile (logs, channels, checkpoints)
     out = ''.join(lines) + finish(proc, 120)
     assert proc.returncode == 1, out
     [error] = error_lines(out)

@@ -33,6 +33,9 @@ def test_a_rehearsal_of_two_ps_and_three_workers_ends_with_its_link_table(tmp_pa
     assert all(x['error'] == '' and x['rtt_ms'] > 0 and x['mb_per_s'] > 0 for x in found['links'])
     assert not os.path.exists(os.path.join(train_dir, 'checkpoint'))      # a stand-in saves nothing
     assert sorted(os.listdir(tmp_path / 'run')) == ['rehearsal']        # and nothing of the real run's is made
+    real = launch('up', spec, '--set', 'train.steps=3', timeout=300)    # the real run starts after it, fresh
+    assert real.returncode == 0, real.stdout + real.stderr
+    assert 'resuming' not in real.stdout and 'global step 3' in real.stdout, real.stdout
     with open(os.path.join(train_dir, 'events.jsonl')) as f:
         kinds = [json.loads(line)['event'] for line in f]
     assert kinds.count('serving') == 5 and 'checkpoint' in kinds and kinds[-1] == 'finished'

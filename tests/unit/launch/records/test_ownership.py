@@ -63,13 +63,31 @@ def _before_its_first_event(train_dir) -> None:
     (train_dir / rundir.EVENTS_FILE).write_text('')
 
 
+def _rehearsed_only(train_dir) -> None:
+    """What `launch up --rehearse` leaves before the real run: its own run in rehearsal/."""
+    _earlier_run(train_dir / rundir.REHEARSAL_DIR)
+
+
 @pytest.mark.parametrize('make', [None, os.makedirs, _earlier_run, _result_only, _state_only,
-                                  _before_its_first_event])
+                                  _before_its_first_event, _rehearsed_only])
 def test_new_empty_and_earlier_tfcluster_directories_are_taken(tmp_path, make):
     train_dir = tmp_path / 'run'
     if make is not None:
         make(train_dir)
     assert ownership.foreign_files(str(train_dir)) == []
+
+
+def test_a_rehearsal_folder_that_is_no_run_of_tfclusters_is_someone_elses(tmp_path):
+    """Only a rehearsal that is a tfcluster run passes: a user's own folder named rehearsal/, or
+    a file of that name, is named as foreign."""
+    train_dir = tmp_path / 'run'
+    os.makedirs(train_dir / rundir.REHEARSAL_DIR)
+    (train_dir / rundir.REHEARSAL_DIR / 'notes.txt').write_text('mine')
+    assert ownership.foreign_files(str(train_dir)) == [rundir.REHEARSAL_DIR]
+    other = tmp_path / 'other'
+    os.makedirs(other)
+    (other / rundir.REHEARSAL_DIR).write_text('a file')
+    assert ownership.foreign_files(str(other)) == [rundir.REHEARSAL_DIR]
 
 
 def test_markers_that_are_not_tfclusters_format_mark_nothing(tmp_path):
