@@ -17,7 +17,6 @@ import signal
 import sys
 import threading
 import time
-import traceback
 import types
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -29,7 +28,7 @@ from cluster.runtime.membership import LIVE, Members
 from cluster.checks.code import ProgramError, check_user_code, user_code
 from cluster.program import load_program, run_command, run_program
 from cluster.runtime.contract import (EXIT_FAILED, EXIT_NO_RESTART, EXIT_OK, EXIT_USAGE, LEASE_ENV, LEASE_SECS_ENV,
-                                      TaskArgs, parse_task_argv)
+                                      TaskArgs, parse_task_argv, run_to_exit)
 from cluster.runtime.messages import Serving, say
 from cluster.runtime.rundir import TaskLogFormatter, read_text
 from cluster.env import places
@@ -284,20 +283,4 @@ def serve_and_train(spec: ClusterSpec, task: TaskSpec, data_set: DataSet | None)
 
 
 if __name__ == '__main__':
-    try:
-        code = main()
-    except SystemExit as e:     # argparse's usage error (2) or --help (0): its message is printed
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
-    except KeyboardInterrupt:
-        code = 130
-    except BaseException:       # a bug or a lost peer: show it, and still end through os._exit
-        traceback.print_exc()
-        code = EXIT_FAILED
-    # A TF server has no stop(): tearing it down in interpreter shutdown races its gRPC threads
-    # (crashes or hangs at exit, seen under load). Everything is saved and flushed by now.
-    for close in (masking.drain, logging.shutdown, sys.stdout.flush, sys.stderr.flush):   # a command's last lines first
-        try:
-            close()
-        except (OSError, ValueError):   # a full disk under the log: still end through os._exit
-            pass
-    os._exit(code)
+    run_to_exit(main, closes=(masking.drain,))    # a command's last lines first

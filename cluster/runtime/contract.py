@@ -16,10 +16,12 @@ its one reader) is cluster/runtime/messages.py.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import re
 import sys
-from collections.abc import Mapping, Sequence
+import traceback
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from cluster.env import places
@@ -139,3 +141,26 @@ def parse_task_argv(argv: Sequence[str] | None = None, doc: str = '',
     task = TaskName(args.job, args.index) if args.job is not None else None
     return TaskArgs(spec=args.spec, overrides=tuple(overrides + args.overrides), task=task,
                     place=place if task is None else None, port_base=args.port_base)
+
+
+def run_to_exit(main: Callable[[], int], closes: Sequence[Callable[[], None]] = ()) -> None:
+    """Run a task's `main` and end the process with its code through os._exit: a TF server has no
+    stop(), and tearing it (or any gRPC server) down in interpreter shutdown races its threads
+    (crashes or hangs at exit, seen under load). A usage error keeps argparse's code, Ctrl-C is
+    130, a bug or a lost peer is shown and is EXIT_FAILED. `closes` run first (a command's last
+    lines), then the logs and streams are flushed; a full disk under the log still ends the task."""
+    try:
+        code = main()
+    except SystemExit as e:     # argparse's usage error (2) or --help (0): its message is printed
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    except KeyboardInterrupt:
+        code = 130
+    except BaseException:       # a bug or a lost peer: show it, and still end through os._exit
+        traceback.print_exc()
+        code = EXIT_FAILED
+    for close in (*closes, logging.shutdown, sys.stdout.flush, sys.stderr.flush):
+        try:
+            close()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
