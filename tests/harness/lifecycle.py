@@ -20,12 +20,18 @@ NOW = '2026-11-23T12:00:00.000+00:00'      # a task line's time (nothing here re
 class ScriptedBackend(Backend):
     """Tasks that exist only as a script: for each task and start (1, 2, ...), a list of
     (seconds after its start, what happens): ('log', line) or ('exit', code). A task not told to
-    exit runs until stopped (exit -15). Every start says it serves at once."""
+    exit runs until stopped (exit -15). Every start says it serves at once.
+
+    A start's clock begins when the launcher has read its serving line (`clock='serving'`), so the
+    script's times do not race the launcher's own start-up however busy the machine is; with
+    `clock='spawn'` it begins at the start itself, for a task that must end during start-up."""
     name = 'scripted'
 
-    def __init__(self, script, checkpoint_step: int | None = None):
+    def __init__(self, script, checkpoint_step: int | None = None, clock: str = 'serving'):
         self.script = script
+        self.clock = clock
         self.starts: dict[str, list[float]] = {}
+        self.since: dict[str, float | None] = {}    # task -> its current start's clock (None: not begun)
         self.stopped: dict[str, int] = {}           # task -> its exit code once stopped
         self.checkpoint_step = checkpoint_step
         self.lock = threading.Lock()
@@ -36,6 +42,7 @@ class ScriptedBackend(Backend):
     def start(self, plan):
         with self.lock:
             self.starts.setdefault(plan.name, []).append(time.monotonic())
+            self.since[plan.name] = time.monotonic() if self.clock == 'spawn' else None
             self.stopped.pop(plan.name, None)
         t = plan.task
         return TaskRecord(t.name, t.job, t.index, t.host, t.port, self.name, 1000 + len(self.starts), 'log',
@@ -43,15 +50,16 @@ class ScriptedBackend(Backend):
 
     def _events(self, record):
         attempt = len(self.starts[record.name])
-        started = self.starts[record.name][-1]
         events = self.script.get(record.name, {})
-        return started, events.get(attempt, events.get('*', []))
+        return self.since[record.name], events.get(attempt, events.get('*', []))
 
     def status(self, record):
         with self.lock:
             if record.name in self.stopped:
                 return Observation(ENDED, self.stopped[record.name])
             started, events = self._events(record)
+        if started is None:
+            return Observation(RUNNING)
         now = time.monotonic() - started
         code = next((value for at, what, value in events if what == 'exit' and at <= now), None)
         return Observation(RUNNING) if code is None else Observation(ENDED, code)
@@ -68,8 +76,11 @@ class ScriptedBackend(Backend):
         return planned_record(plan, 'log', '', self.name)
 
     def read_log(self, record, follow=False, stop=None, offset=0):
-        started, events = self._events(record)
         yield f'{NOW} I ' + rundir.serving_line(record.name, record.endpoint, record.pid)
+        with self.lock:         # the launcher took the serving line: this start's clock begins
+            if self.since.get(record.name) is None:
+                self.since[record.name] = time.monotonic()
+            started, events = self._events(record)
         pending = sorted((at, value) for at, what, value in events if what == 'log')
         while pending:
             if time.monotonic() - started >= pending[0][0]:
@@ -96,6 +107,6 @@ def step(n, total=100):
     return ('log', f'{NOW} I {rundir.progress_line(n, total, 2.0)}')
 
 
-# Times are after every server is up (about 0.1 s for these scripted tasks).
+# Times are after the launcher read the task's serving line (ScriptedBackend's clock).
 DONE = [(0.3, *step(50)), (0.4, *step(100)), (0.5, 'exit', 0)]
 

@@ -272,7 +272,8 @@ def test_checkpoints_that_do_not_restore_are_named_even_when_the_chief_dies_duri
     ps): the start-up's line then says so as the supervisor's does, not only `exited with code 3`."""
     cause = 'no checkpoint in /r/run restores: model.ckpt-6: DataLossError; move them away to start afresh'
     backend = ScriptedBackend({'ps:0': {'*': []}, 'worker:1': {'*': []},
-                               'worker:0': {'*': [(0.0, 'log', f'{NOW} E worker:0: {cause}'), (0.0, 'exit', 3)]}})
+                               'worker:0': {'*': [(0.0, 'log', f'{NOW} E worker:0: {cause}'), (0.0, 'exit', 3)]}},
+                              clock='spawn')
     result, out, _ = run(tmp_path, backend, supervise={'restart': 'on-failure'})
     assert (result.state, result.exit_code, result.restarts) == ('failed', 1, 0), out
     [error] = [line for line in out.splitlines() if 'error:' in line]
