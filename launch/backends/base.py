@@ -266,6 +266,15 @@ class Backend(abc.ABC):
         """Start the task detached (its own session), its output going to plan.log_path (appended
         to when plan.restart, with record.log_offset where this start's output begins)."""
 
+    def start_many(self, plans: list[TaskPlan], stop: threading.Event) -> Iterator[TaskRecord]:
+        """Start these tasks, yielding each one's record once it runs; start no more once `stop`
+        is set. A backend that starts many at once (one script per host, hosts in parallel)
+        overrides it, and yields every record of what it started before it raises BackendError."""
+        for plan in plans:
+            if stop.is_set():
+                return
+            yield self.start(plan)
+
     def renew(self, plans: list[TaskPlan], text: str | None = None) -> None:     # noqa: B027 (a hook: no-op by default)
         """Touch the lease file of these tasks (LEASE_ENV in their environment): a task
         whose lease goes stale stops itself, so none outlives a launcher that is gone. With

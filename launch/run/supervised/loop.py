@@ -49,6 +49,7 @@ from launch.run.supervised.state import StartLoss, SupervisorState
 __all__ = ['SupervisedRun', 'TaskFailed', 'wait_for_servers']
 
 SUPERVISE_SECS = 0.2            # how often the supervisor observes the tasks
+SAVE_BATCH_SECS = 0.25         # how often the state file is saved while many tasks start
 
 
 def tell_own_refusals(run: SupervisedRun, statuses: list[TaskStatus]) -> None:
@@ -396,21 +397,26 @@ class SupervisedRun(Strategy):
 
     # -- starting, following and stopping tasks ------------------------------------------------
     def _start(self, plans: list[TaskPlan]) -> None:
-        """Start these tasks (replacing their earlier records), follow their logs, save the state."""
-        for plan in plans:
-            if self.interrupted.is_set():
-                break
-            self.life.unfollow([plan.name])     # the earlier start's lines are all read before this one writes
-            record = self.backends[plan.backend].start(plan)
-            same = [i for i, r in enumerate(self.state.records) if r.name == record.name]
-            if same:
-                self.state.records[same[0]] = record
-            else:
-                self.state.records.append(record)
+        """Start these tasks (replacing their earlier records), follow their logs, save the state at
+        most every SAVE_BATCH_SECS (once per start costs N^2/2 records) and at the end: a launcher
+        killed in between leaves that much unrecorded, and those tasks end by their lease."""
+        self.life.unfollow([plan.name for plan in plans])   # the earlier starts' lines are all read before these write
+        saved = time.monotonic()
+        try:
+            for name in dict.fromkeys(plan.backend for plan in plans):
+                backend = self.backends[name]
+                for record in backend.start_many([p for p in plans if p.backend == name], self.interrupted):
+                    self._started(backend, record)
+                    if time.monotonic() - saved >= SAVE_BATCH_SECS:
+                        self.save_state()
+                        saved = time.monotonic()
+        finally:
             self.save_state()
-            self.life.task_started(record.name, host=record.host, **self.backends[record.backend].locate(record))
-            follow(self.life, self.state, self.clock, self.backends[record.backend], record, self.is_chief(record),
-                   self.spec.coordinator)
+
+    def _started(self, backend: Backend, record: TaskRecord) -> None:
+        self.state.started(record)
+        self.life.task_started(record.name, host=record.host, **backend.locate(record))
+        follow(self.life, self.state, self.clock, backend, record, self.is_chief(record), self.spec.coordinator)
 
     def start_cluster(self, restart: int | None = None) -> None:
         """Start every live task (`restart`: as that restart, their logs appended to) and wait for

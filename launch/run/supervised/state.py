@@ -107,6 +107,14 @@ class SupervisorState:
     def record_of(self, name: str) -> TaskRecord | None:
         return next((r for r in self.records if r.name == name), None)
 
+    def started(self, record: TaskRecord) -> None:
+        """`record` is its task's current start: it replaces the earlier one, in its place."""
+        same = next((i for i, r in enumerate(self.records) if r.name == record.name), None)
+        if same is None:
+            self.records.append(record)
+        else:
+            self.records[same] = record
+
     def desired(self) -> list[TaskPlan]:
         """The tasks that should run now, in plan order: the ps tasks and the tasks of the live
         workers' indices (a coordinator run's chief and evaluator are index 0, which never
