@@ -13,7 +13,7 @@ import socket
 import threading
 import time
 from dataclasses import asdict, dataclass, fields, is_dataclass
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
@@ -285,6 +285,13 @@ class Backend(abc.ABC):
     def status(self, record: TaskRecord) -> Observation:
         """One observation of the task; never raises for a host it cannot ask (UNKNOWN)."""
 
+    def status_many(self, records: Sequence[TaskRecord]) -> dict[str, Observation]:
+        """One observation of each of these tasks, by name (a supervisor's round, a start-up's
+        poll): an end is seen at once, while a running task's `stopped` may be up to a second
+        old. A backend that can look at many at once (one scan for the ended, one snapshot per
+        host) overrides it."""
+        return {r.name: self.status(r) for r in records}
+
     def probe(self, record: TaskRecord, timeout: float, handshake: bool = True,
               channel_ready: grpc.Future | None = None) -> bool:
         """Whether the task's server can be reached: with `handshake`, its gRPC server answers
@@ -410,6 +417,18 @@ def stop_all(records: list[TaskRecord], backends: Mapping[str, Backend], grace: 
         by_backend.setdefault(r.backend, []).append(r)
     for name, group in by_backend.items():
         backends[name].stop(group, grace=grace)
+
+
+def status_all(records: Sequence[TaskRecord], backends: Mapping[str, Backend]) -> dict[str, Observation]:
+    """Every record's observation by task name, each backend asked once for all of its own
+    (Backend.status_many)."""
+    by_backend: dict[str, list[TaskRecord]] = {}
+    for r in records:
+        by_backend.setdefault(r.backend, []).append(r)
+    seen: dict[str, Observation] = {}
+    for name, group in by_backend.items():
+        seen.update(backends[name].status_many(group))
+    return seen
 
 
 def tcp_listening(host: str, port: int, timeout: float = 0.5) -> bool:

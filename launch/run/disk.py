@@ -46,11 +46,25 @@ def read_pulse(record: TaskRecord, backend: Backend) -> pulse.Beat | None:
     return pulse.parse(backend.read_file(record, pulse.beside(record.log)))
 
 
+def one_per_folder(records: Sequence[TaskRecord]) -> list[TaskRecord]:
+    """The first record of each log folder on each host and backend: the disk under a folder is
+    looked at once (Backend.disk_full asks the file system of the log's folder), not per task."""
+    first: dict[tuple[str, str, str], TaskRecord] = {}
+    for r in records:
+        first.setdefault((r.backend, r.host, os.path.dirname(r.log)), r)
+    return list(first.values())
+
+
+def seen_full(records: Sequence[TaskRecord], backends: Mapping[str, Backend]) -> str | None:
+    """The first full file system under these tasks' logs the launcher sees itself, or None."""
+    return next((full for full in (backends[r.backend].disk_full(r) for r in one_per_folder(records)) if full), None)
+
+
 def refusal(records: Sequence[TaskRecord], backends: Mapping[str, Backend]) -> str | None:
     """Why the disk under these tasks' files refuses them, in one phrase with the path (a full
     file system the launcher sees itself first, else the first trainer whose pulse says its log
     is refused), or None."""
-    seen = next((full for full in (backends[r.backend].disk_full(r) for r in records) if full), None)
+    seen = seen_full(records, backends)
     if seen:
         return seen
     return told([r for r in records if r.job in TRAINERS],
@@ -102,7 +116,7 @@ class Pulses:
                 self._seen[key] = step
         if beats:
             self._told = told(records, beats)
-        seen = next((full for full in (backends[r.backend].disk_full(r) for r in records) if full), None)
+        seen = seen_full(records, backends)
         if seen:
             return newest, seen, True
         return newest, self._told, False

@@ -4,6 +4,7 @@ started and nothing left behind."""
 from __future__ import annotations
 
 import os
+import resource
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -69,6 +70,31 @@ def take_over(spec: ClusterSpec, backends: Mapping[str, Backend], say: Callable[
     return bool(left)
 
 
+FILES_PER_TASK = 4         # a task's log, its channel, its readiness socket, and one spare (an event, a read)
+FILES_OWN = 256             # the launcher's own: Python, its modules, its event log, SSH, a probe
+
+
+def files_needed(tasks: int) -> int:
+    """About how many files the launcher holds open at once for a run of `tasks` tasks."""
+    return FILES_PER_TASK * tasks + FILES_OWN
+
+
+def check_open_files(spec: ClusterSpec, tasks: int, raise_soft: bool = True) -> None:
+    """The launcher can open the files a run of this size needs: `launch up` raises its soft
+    RLIMIT_NOFILE to the hard limit (the soft 1024 of many shells runs out near 250 tasks, part way
+    into the start); below what the run needs even then, refused in one line, nothing started."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = files_needed(tasks)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard) and raise_soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):       # some systems cap the soft limit below an unlimited hard one
+            pass
+    if hard != resource.RLIM_INFINITY and hard < need:
+        raise UsageError(f'{spec.path}: {tasks} tasks need about {need} open files in the launcher, but its '
+                         f'limit is {hard} (ulimit -Hn): raise the hard limit or start fewer tasks')
+
+
 TAKE_OVER_SECS = 10.0       # how long the ports of a dead launcher's stopped tasks may take to be free
 
 
@@ -121,6 +147,7 @@ def preflight(spec: ClusterSpec, plans: list[TaskPlan], backends: Mapping[str, B
     train_dir's checks and its lock are probed instead), no data written."""
     checking = show is not None
     took_over = False
+    check_open_files(spec, len(plans), raise_soft=not checking)
     if checking:
         ownership.check_train_dir(spec)
         holder = TrainDirLock.held(spec.train.train_dir)

@@ -94,6 +94,13 @@ class LaunchState:
     restarts: int = 0
     workers: WorkerPool | None = None
 
+    def fingerprint(self) -> tuple:
+        """What save() writes, cheap to compare: equal while the file would say the same (a step's
+        time goes with its step)."""
+        return (tuple((t.name, t.pid, t.ident, t.host, t.port, t.log, t.log_offset, t.address) for t in self.tasks),
+                None if self.progress is None else (self.progress.global_step, self.progress.steps),
+                self.restarts, self.workers)
+
     def save(self, path: str) -> None:
         """Write the state file (whole: a reader never sees half of it)."""
         os.makedirs(os.path.dirname(path) or '.', exist_ok=True)

@@ -9,7 +9,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -19,7 +19,7 @@ from cluster.runtime import hostinfo, ports
 from cluster.runtime.messages import channel_beside, channel_env, clear_channel
 from cluster.runtime.ports import port_in_use
 from launch.backends import netns, sessions
-from launch.backends.procstat import process_ident
+from launch.backends.procstat import STATE, process_ident, read_stat_fields
 from launch.system import poll_until
 from cluster.runtime.rundir import PRIVATE, read_text, write_atomically
 from launch.backends.base import (ENDED, HOST_PROBE, RUNNING, STOP_GRACE_SECS, Backend, BackendError, HostCheck,
@@ -62,6 +62,21 @@ def inherited(environ: Mapping[str, str]) -> dict[str, str]:
 NOT_ANSWERING = {psutil.STATUS_STOPPED: 'is stopped (SIGSTOP, or a debugger)',
                  psutil.STATUS_TRACING_STOP: 'is stopped (SIGSTOP, or a debugger)',
                  psutil.STATUS_DISK_SLEEP: 'is in uninterruptible sleep (disk or network I/O)'}
+
+
+# A task's state letter in /proc/PID/stat -> why it cannot answer though it runs (as NOT_ANSWERING).
+STATE_LETTERS = {'T': NOT_ANSWERING[psutil.STATUS_STOPPED], 't': NOT_ANSWERING[psutil.STATUS_TRACING_STOP],
+                 'D': NOT_ANSWERING[psutil.STATUS_DISK_SLEEP]}
+STOPPED_SECS = 1.0      # how long status_many trusts what it read of a running task's state
+
+
+def not_answering(pid: int) -> str | None:
+    """Why the running process `pid` cannot answer (stopped, in uninterruptible sleep), or None:
+    one read of /proc/PID/stat where there is one (no psutil object), else psutil's status."""
+    if os.path.isdir('/proc'):
+        fields = read_stat_fields(pid)
+        return STATE_LETTERS.get(fields[STATE]) if fields else None
+    return NOT_ANSWERING.get(process_status(pid) or '')
 
 
 def process_status(pid: int) -> str | None:
@@ -107,6 +122,8 @@ class LocalBackend(Backend):
 
     def __init__(self) -> None:
         self._children: dict[int, subprocess.Popen] = {}
+        self._stopped: dict[int, str | None] = {}     # running children's not_answering, read at _stopped_at
+        self._stopped_at = -STOPPED_SECS
         self._namespaces: set[str] = set()      # made (or taken over) by this launcher: deleted by close()
 
     def prepare(self, plans: list[TaskPlan], spec_yaml: str) -> None:
@@ -207,7 +224,49 @@ class LocalBackend(Backend):
             # A task of this launcher's has nothing left (_reap); one of another's may have.
             left = () if proc is not None else tuple(p.pid for p in self._left(record))
             return Observation(ENDED, code, left=left)
-        return Observation(RUNNING, stopped=NOT_ANSWERING.get(process_status(record.pid) or ''))
+        return Observation(RUNNING, stopped=not_answering(record.pid))
+
+    def status_many(self, records: Sequence[TaskRecord]) -> dict[str, Observation]:
+        """Every task's state from the children that ended since the last look (_reap_ended: the
+        kernel names them, none asked one by one) and, at most every STOPPED_SECS, one read of each
+        running task's /proc stat: a supervisor's round costs O(ended), not a psutil look per task."""
+        self._reap_ended()
+        now = time.monotonic()
+        if now - self._stopped_at >= STOPPED_SECS:
+            self._stopped, self._stopped_at = {}, now
+        out = {}
+        for r in records:
+            proc = self._children.get(r.pid)
+            if proc is None:            # another launcher's task: looked at on its own
+                out[r.name] = self.status(r)
+            elif proc.returncode is not None:
+                out[r.name] = Observation(ENDED, proc.returncode)
+            else:
+                if r.pid not in self._stopped:
+                    self._stopped[r.pid] = not_answering(r.pid)
+                out[r.name] = Observation(RUNNING, stopped=self._stopped[r.pid])
+        return out
+
+    def _reap_ended(self) -> None:
+        """Reap each child that has ended (its session ended first, _reap), found by waitid on
+        any child, which names one ended child without reaping it. A child that is no task's
+        (a command another thread waits for) blocks that scan: then every task is polled."""
+        reaped: set[int] = set()
+        while True:
+            try:
+                found = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:       # no children at all
+                return
+            if found is None:
+                return
+            proc = self._children.get(found.si_pid)
+            if proc is None or found.si_pid in reaped:
+                for child in list(self._children.values()):
+                    if child.returncode is None:
+                        _reap(child)
+                return
+            reaped.add(found.si_pid)
+            _reap(proc)
 
     def _left(self, record: TaskRecord) -> list[psutil.Process]:
         """What still runs of an ended task that another launcher started (sessions.left_behind)."""

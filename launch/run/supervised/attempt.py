@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from collections.abc import Callable, Mapping, Sequence
 
-from launch.backends.base import ENDED, UNKNOWN, Backend, TaskRecord
+from launch.backends.base import ENDED, UNKNOWN, Backend, TaskRecord, status_all
 from launch.run.disk import Pulses, Refusals
 from launch.run.lifecycle import Failure
 from launch.run.policy import Progress, TaskState, TaskStatus
@@ -77,8 +77,9 @@ class Attempt:
         long: `since`), a task seen stopped counts how long in `frozen`."""
         out = []
         now = time.monotonic()
+        looked = status_all(records, backends)
         for r in records:
-            seen = backends[r.backend].status(r)
+            seen = looked[r.name]
             if seen.state == UNKNOWN:
                 first = self.unknown_since.setdefault(r.name, now)
                 if now - first < 1:

@@ -108,6 +108,7 @@ class SupervisedRun(Strategy):
         self.leases = Leases(self.state, backends, self._done)      # every task's, renewed until the run is done
         self._launch_state = LaunchState.new(spec.path, process_ident(os.getpid()) or '')
         self._state_error = False
+        self._saved: tuple | None = None                 # the state file's fingerprint as last written
 
     @property
     def say(self) -> Callable[[str], None]:
@@ -260,7 +261,7 @@ class SupervisedRun(Strategy):
                 tail_deadline = None
             first_step = self._launch_state.progress is None and self.state.attempt.step is not None
             if first_step or time.monotonic() - last_saved > 1:     # `launch status` shows the step
-                self.save_state()
+                self.save_state(changed_only=True)
                 last_saved = time.monotonic()
             time.sleep(SUPERVISE_SECS)
 
@@ -467,17 +468,20 @@ class SupervisedRun(Strategy):
         self.life.unfollow([r.name for r in self.state.records])
 
     # -- the tasks' leases and the state file --------------------------------------------------
-    def save_state(self) -> None:
-        """The state file `launch status` reads: the tasks, the newest step, the restarts, the workers."""
+    def save_state(self, changed_only: bool = False) -> None:
+        """The state file `launch status` reads: the tasks, the newest step, the restarts, the workers;
+        `changed_only`: not rewritten when it would say what it says (the supervisor's once a second)."""
         self._launch_state.tasks = list(self.state.records)
         progress = self.state.attempt.progress_record(self.spec.train.steps)
         if progress is not None:
             self._launch_state.progress = progress
         self._launch_state.restarts = self.state.restarts
         self._launch_state.workers = WorkerPool(self.spec.num_workers, list(self.state.members.indices), self.scaling.asked)
+        if changed_only and self._launch_state.fingerprint() == self._saved:
+            return
         try:
             self._launch_state.save(state_path(self.spec))
-            self._state_error = False
+            self._saved, self._state_error = self._launch_state.fingerprint(), False
         except OSError as e:        # a full disk (named by the disk's watch), or a train_dir removed (checked apart)
             if not self._state_error and not (self.life.disk and self.life.disk.check()):
                 self.say(f'warning: cannot write {state_path(self.spec)}: {e.strerror}')

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 
 import grpc
 
-from launch.backends.base import ENDED, Backend, Observation, TaskRecord
+from launch.backends.base import ENDED, Backend, Observation, TaskRecord, status_all
 from cluster.runtime.rundir import EXIT_FAILED, EXIT_NO_RESTART, EXIT_USAGE
 from launch.run import disk
 from launch.run.supervised.faults import TaskFailed, Verdict, explaining_tail, last_error, log_tail, own_error
@@ -21,6 +21,9 @@ CHANNEL_OPTIONS = [('grpc.enable_http_proxy', 0), ('grpc.initial_reconnect_backo
                    ('grpc.min_reconnect_backoff_ms', 100), ('grpc.max_reconnect_backoff_ms', 500)]
 
 
+FROZEN_LOOK_SECS = 1.0      # how often the start-up looks for a stopped task (an end is seen at every poll)
+
+
 def wait_for_servers(records: list[TaskRecord], backends: Mapping[str, Backend], deadline: float,
                      stop: threading.Event, reported: Callable[[str], bool] = lambda name: True,
                      stall_secs: float | None = None) -> None:
@@ -29,30 +32,65 @@ def wait_for_servers(records: list[TaskRecord], backends: Mapping[str, Backend],
     the same port, proves nothing); raise TaskFailed naming the first task that died on the way (one
     already up included), stayed stopped (SIGSTOP, paused) for `stall_secs`, or did not come up
     before the deadline. The TaskFailed names its task, so that a restart can count it as one more
-    fault under the run's policy."""
-    pending = {r.name: (r, grpc.insecure_channel(r.endpoint, options=CHANNEL_OPTIONS)) for r in records}
-    futures = {name: grpc.channel_ready_future(ch) for name, (_, ch) in pending.items()}
+    fault under the run's policy. A task's gRPC channel is opened once it has reported serving and
+    closed once ready (one connection per task, not a reconnect every 100-500 ms from the start);
+    every task's state comes from one status_many per backend."""
+    pending = {r.name: r for r in records}
+    channels = Channels()
     frozen_since: dict[str, float] = {}
+    looked_frozen = -FROZEN_LOOK_SECS
     try:
         while pending and not stop.is_set():
-            seen = {r.name: backends[r.backend].status(r) for r in records}
+            seen = status_all(records, backends)
             # A task that refused to start (its port is another run's) explains the others' ends.
-            for record in sorted(records, key=lambda r: seen[r.name].exit_code != EXIT_USAGE):
+            ended = [r for r in records if seen[r.name].state == ENDED and seen[r.name].exit_code]
+            for record in sorted(ended, key=lambda r: seen[r.name].exit_code != EXIT_USAGE):
                 _check_alive(record, seen[record.name], backends)
-            for record in records:
-                _check_frozen(record, seen[record.name], frozen_since, stall_secs, backends)
-                if record.name in pending and _is_up(record, seen[record.name], backends, futures[record.name],
-                                                     reported):
-                    del pending[record.name]
+            if time.monotonic() - looked_frozen >= FROZEN_LOOK_SECS:
+                looked_frozen = time.monotonic()
+                for record in records:
+                    _check_frozen(record, seen[record.name], frozen_since, stall_secs, backends)
+            for name, record in list(pending.items()):
+                if _is_up(record, seen[name], backends, channels, reported):
+                    del pending[name]
+                    channels.close(name)
             if pending and time.monotonic() > deadline:
-                name, (record, _) = next(iter(pending.items()))
-                raise _late(record, backends, futures[name].done())
+                record = next(iter(pending.values()))
+                raise _late(record, backends, channels.answered(record, backends))
             time.sleep(0.1)
     finally:
-        for future in futures.values():
+        channels.close_all()
+
+
+class Channels:
+    """The launcher's gRPC readiness channels of the tasks that reported serving, until each is ready."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, tuple[grpc.Channel, grpc.Future]] = {}
+
+    def ready(self, record: TaskRecord) -> grpc.Future:
+        """The channel-ready future of the task's address, its channel opened at the first ask."""
+        if record.name not in self._open:
+            channel = grpc.insecure_channel(record.endpoint, options=CHANNEL_OPTIONS)
+            self._open[record.name] = (channel, grpc.channel_ready_future(channel))
+        return self._open[record.name][1]
+
+    def answered(self, record: TaskRecord, backends: Mapping[str, Backend]) -> bool:
+        """Whether something answers gRPC at the task's address: its channel's word where it has
+        one, else one probe now (a task that never reported serving has none)."""
+        if record.name in self._open:
+            return self._open[record.name][1].done()
+        return backends[record.backend].probe(record, 0.5)
+
+    def close(self, name: str) -> None:
+        channel, future = self._open.pop(name, (None, None))
+        if future is not None and channel is not None:
             future.cancel()
-        for _, ch in pending.values():
-            ch.close()
+            channel.close()
+
+    def close_all(self) -> None:
+        for name in list(self._open):
+            self.close(name)
 
 
 def _check_alive(record: TaskRecord, seen: Observation, backends: Mapping[str, Backend]) -> None:
@@ -89,16 +127,17 @@ def _check_frozen(record: TaskRecord, seen: Observation, since: dict[str, float]
                          task=record.name, how=message)
 
 
-def _is_up(record: TaskRecord, seen: Observation, backends: Mapping[str, Backend], ready: grpc.Future,
+def _is_up(record: TaskRecord, seen: Observation, backends: Mapping[str, Backend], channels: Channels,
            reported: Callable[[str], bool]) -> bool:
-    """Whether the task serves (or has already finished well)."""
+    """Whether the task serves (or has already finished well); its channel is opened only once it
+    reported serving."""
     if seen.state == ENDED:         # ended well (_check_alive let no other code through)
         return seen.exit_code == 0
     if record.job in ('chief', 'evaluator'):
         # A coordinator run's chief and evaluator serve nothing of their own: their "started" line
         # (rundir.started_line) is the sign they run.
         return reported(record.name)
-    return backends[record.backend].probe(record, 0.5, channel_ready=ready) and reported(record.name)
+    return reported(record.name) and backends[record.backend].probe(record, 0.5, channel_ready=channels.ready(record))
 
 
 def _late(record: TaskRecord, backends: Mapping[str, Backend], answered: bool) -> TaskFailed:
