@@ -22,6 +22,7 @@ CHANNEL_OPTIONS = [('grpc.enable_http_proxy', 0), ('grpc.initial_reconnect_backo
 
 
 FROZEN_LOOK_SECS = 1.0      # how often the start-up looks for a stopped task (an end is seen at every poll)
+CLOSE_AFTER_SECS = 0.5      # a channel no longer watched is closed this long after (Channels)
 
 
 def wait_for_servers(records: list[TaskRecord], backends: Mapping[str, Backend], deadline: float,
@@ -63,10 +64,14 @@ def wait_for_servers(records: list[TaskRecord], backends: Mapping[str, Backend],
 
 
 class Channels:
-    """The launcher's gRPC readiness channels of the tasks that reported serving, until each is ready."""
+    """The launcher's gRPC readiness channels of the tasks that reported serving, until each is
+    ready. A channel is closed CLOSE_AFTER_SECS after its future was cancelled: gRPC watches a
+    subscribed channel from a thread of its own that wakes every 0.2 s, and a channel closed under
+    that watch makes it fail on stderr."""
 
     def __init__(self) -> None:
         self._open: dict[str, tuple[grpc.Channel, grpc.Future]] = {}
+        self._closing: list[tuple[float, grpc.Channel]] = []
 
     def ready(self, record: TaskRecord) -> grpc.Future:
         """The channel-ready future of the task's address, its channel opened at the first ask."""
@@ -83,14 +88,27 @@ class Channels:
         return backends[record.backend].probe(record, 0.5)
 
     def close(self, name: str) -> None:
-        channel, future = self._open.pop(name, (None, None))
-        if future is not None and channel is not None:
+        """Stop watching the task's channel; it is closed a little later (sweep)."""
+        if name in self._open:
+            channel, future = self._open.pop(name)
             future.cancel()
-            channel.close()
+            self._closing.append((time.monotonic(), channel))
+        self.sweep()
+
+    def sweep(self, every: bool = False) -> None:
+        """Close the channels no longer watched (`every`: all of them, now)."""
+        now = time.monotonic()
+        while self._closing and (every or now - self._closing[0][0] >= CLOSE_AFTER_SECS):
+            self._closing.pop(0)[1].close()
 
     def close_all(self) -> None:
+        """Every channel unwatched now and closed in the background once gRPC's watch is off it."""
         for name in list(self._open):
             self.close(name)
+        if self._closing:
+            timer = threading.Timer(CLOSE_AFTER_SECS, self.sweep, kwargs={'every': True})
+            timer.daemon = True
+            timer.start()
 
 
 def _check_alive(record: TaskRecord, seen: Observation, backends: Mapping[str, Backend]) -> None:
