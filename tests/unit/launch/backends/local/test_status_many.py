@@ -18,7 +18,8 @@ class Child:
     """A Popen as the backend uses it: its pid, its returncode once reaped, poll()."""
 
     def __init__(self, kernel: Kernel, pid: int) -> None:
-        self.kernel, self.pid, self.returncode = kernel, pid, None
+        self.kernel, self.pid = kernel, pid
+        self.returncode: int | None = None
         self.polls = 0
 
     def poll(self) -> int | None:
