@@ -1,13 +1,14 @@
 """One task's stand-in: the part the real task plays for its launcher and its peers, without
-TensorFlow (a few tens of MB where a real task takes ~0.7 GB).
+TensorFlow or grpcio (~20 MB where a real task takes ~0.7 GB).
 
-What the launcher sees is a task's: the port bound (its readiness check connects with gRPC), the
+What the launcher sees is a task's: the port bound (its readiness check connects with gRPC and
+sees READY: wire.py answers HTTP/2's preface), the
 same messages said the same way (cluster/runtime/contract.py `say`: serving or started, progress
 at a steady rate, the chief's checkpoints where train.checkpoint_steps/_secs would save, the
 closing line), the same ends (a trainer at train.steps, exit 0, after telling every ps it is done;
 a TF1 ps once every live worker has; a coordinator run's servers never, until stopped),
 the same lease. What the peers see: every task the real one must reach is reached (workers and
-a chief -> every ps; a coordinator's chief -> every worker too), timed (wire.py), and the
+a chief -> every ps; a coordinator's chief -> every worker too), timed all at once (probe.py), and the
 findings said as `Links` (messages.py). A peer not reached within REACH_SECS is reported, never
 fatal: the rehearsal's table names it.
 
@@ -25,14 +26,14 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 
-from cluster.rehearsal import wire
+from cluster.rehearsal import probe, wire
 from cluster.rehearsal.parts import Part, part_of, peers
 from cluster.rehearsal.messages import Link, Links, say_links
 from cluster.runtime import ports, rundir
 from cluster.runtime.membership import LIVE, DoneTracker
 from cluster.runtime.contract import EXIT_OK, EXIT_USAGE, LEASE_ENV, LEASE_SECS_ENV, parse_task_argv
+from cluster.runtime.lease import resolve_task, watch_lease
 from cluster.runtime.messages import Checkpoint, Evaluation, Serving, Started, progress, say
 from cluster.runtime.rundir import TaskLogFormatter
 from cluster.spec import ClusterSpec, TaskSpec
@@ -47,12 +48,8 @@ PS_LINGER_SECS = 0.5        # a ps stays this long after the last "done", so tha
 
 
 def reach(spec: ClusterSpec, task: TaskSpec, timeout: float = REACH_SECS) -> tuple[Link, ...]:
-    """Every peer reached and timed at once (a blob from each ps), in the spec's order."""
-    targets = peers(spec, task)
-    if not targets:
-        return ()
-    with ThreadPoolExecutor(max_workers=min(16, len(targets))) as pool:
-        return tuple(pool.map(lambda t: wire.measure(t.name, t.address, timeout, t.job == 'ps'), targets))
+    """Every peer reached and timed at once from one selector (a blob from each ps), in the spec's order."""
+    return probe.reach([wire.Target(t.name, t.address, t.job == 'ps') for t in peers(spec, task)], timeout)
 
 
 def checkpoints_between(before: int, now: int, every_steps: int) -> list[int]:
@@ -140,7 +137,7 @@ def say_done(spec: ClusterSpec, task: TaskSpec) -> None:
     told is noted (it is stopped by the launcher in the end), never fatal."""
     generation = LIVE.generation(task.index, spec.num_workers)
     for ps in spec.job_tasks('ps'):
-        why = wire.report_done(ps.address, task.index, generation)
+        why = probe.report_done(ps.address, task.index, generation)
         if why:
             log.warning('%s could not tell %s it is done: %s', task.name, ps.name, why)
 
@@ -192,7 +189,6 @@ def step(spec: ClusterSpec, task: TaskSpec, part: Part) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one task's stand-in to its end, as cluster/task.py main runs the task."""
-    from cluster.task import resolve_task, watch_lease     # one resolution and one lease for both
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGQUIT, signal.SIG_DFL)
     args = parse_task_argv(argv, (__doc__ or '').splitlines()[0])
