@@ -25,6 +25,7 @@ from cluster.spec import ClusterSpec
 from launch.backends.base import Backend, TaskRecord
 from launch.errors import UsageError
 from launch.planning.plan import TaskPlan
+from launch.records.result import RunState
 from launch.records.rehearsal import LINKS_FILE, RehearsedLink, Rehearsal, summarise, summary_lines, write_links
 from launch.run.lifecycle import Lifecycle, Outcome
 from launch.run.supervised import SupervisedRun
@@ -101,5 +102,8 @@ class RehearsedRun(SupervisedRun):
         found = collect(self.spec, self.state.records, self.backends)
         for line in summary_lines(found):
             self.say(line)
+        if outcome.state is RunState.INTERRUPTED:      # the lifecycle's hint speaks of the real run's resume
+            self.say(f'rehearsal: stopped; `launch up {self.spec.path} --rehearse` rehearses again, and the real run '
+                     f'(`launch up {self.spec.path}`) starts as if no rehearsal had been')
         headline = f'rehearsal {outcome.headline}' if outcome.headline else ''
         return dataclasses.replace(outcome, headline=headline, rehearsal=found)
