@@ -26,12 +26,13 @@ def _open_fds(pid: int) -> int:
 
 
 def test_three_hundred_stand_ins_through_a_kill_and_a_freeze(tmp_path):
-    spec = write_spec(tmp_path, workers=WORKERS, ps=PS, steps=4000, sync=False, log_every_secs=2.0,
+    spec = write_spec(tmp_path, workers=WORKERS, ps=PS, steps=4000, sync=False,
                       checkpoint_steps=1000, supervise={'restart': 'on-failure', 'max_restarts': 3, 'stall_secs': 4})
     run = str(tmp_path / 'run' / 'rehearsal')
     proc = launch_bg('up', spec, '--rehearse')
+    lines: list[str] = []
     try:
-        lines = read_until(proc, f'all {PS + WORKERS} servers are up', timeout=240)
+        lines += read_until(proc, f'all {PS + WORKERS} servers are up', timeout=240)
         fds = [_open_fds(proc.pid)]
         lines += read_until(proc, '  loss ', timeout=120)
         os.kill(task_pid(run, 'worker:7'), signal.SIGKILL)
