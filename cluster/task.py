@@ -15,7 +15,6 @@ import logging
 import os
 import signal
 import sys
-import threading
 import time
 import types
 from collections.abc import Mapping, Sequence
@@ -24,90 +23,26 @@ from typing import TYPE_CHECKING
 from cluster.runtime import masking, ports, pulse, stacks, tfenv
 from cluster.runtime.causes import cause_line
 from cluster.runtime.ports import port_in_use
-from cluster.runtime.membership import LIVE, Members
+from cluster.runtime.lease import CHILDREN, resolve_task, watch_lease
+from cluster.runtime.membership import LIVE
 from cluster.checks.code import ProgramError, check_user_code, user_code
 from cluster.program import load_program, run_command, run_program
 from cluster.runtime.contract import (EXIT_FAILED, EXIT_NO_RESTART, EXIT_OK, EXIT_USAGE, LEASE_ENV, LEASE_SECS_ENV,
                                       TaskArgs, parse_task_argv, run_to_exit)
 from cluster.runtime.messages import Serving, say
-from cluster.runtime.rundir import TaskLogFormatter, read_text
-from cluster.env import places
-from cluster.spec import DEFAULT_SPEC, ClusterSpec, SpecError, TaskSpec, load_spec
+from cluster.runtime.rundir import TaskLogFormatter
+from cluster.spec import ClusterSpec, SpecError, TaskSpec
 from cluster.spec.environ import MASK
 
 if TYPE_CHECKING:
-    import subprocess
-
     from cluster.checks.data import DataSet
 
 log = logging.getLogger('cluster.task')
-
-CHILDREN: list[subprocess.Popen] = []     # the train.command process this task runs, if any (killed with the task)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> TaskArgs:
     """The task's command line, by the contract's one parser (the launcher builds it with task_argv)."""
     return parse_task_argv(argv, __doc__.splitlines()[0])
-
-
-def resolve_task(args: TaskArgs) -> tuple[ClusterSpec, TaskSpec]:
-    """The spec and this process's task. --job/--index name the task in the spec's cluster (how
-    `launch up` starts tasks); without them a placement source (cluster/env/places.py) places it:
-    $TF_CONFIG names both the cluster and the task, as Kubeflow's TFJob, SageMaker and Vertex set
-    it, and the spec (if any) gives the train settings; --place slurm (--slurm), Slurm's
-    environment places every task (cluster/env/slurm.py); --place jobset (--jobset), a JobSet
-    pod's labels and variables (cluster/env/jobset.py), the spec (if any) again giving only the
-    train settings."""
-    path = args.spec or os.environ.get('CLUSTER_SPEC')
-    if args.task is not None:
-        spec = load_spec(path or DEFAULT_SPEC, list(args.overrides))
-        return spec, spec.task(args.task.job, args.task.index)
-    source = places.SOURCES[args.place or places.TF_CONFIG]
-    return source.resolve(path, args.overrides, os.environ, args.port_base)
-
-
-def watch_lease(path: str, secs: float, poll: float = 1.0, pool: int = 0) -> None:
-    """End this task (SIGTERM to itself, so a chief still saves its checkpoint) once `path` has
-    not been touched for `secs` seconds. A missing file counts from the task's start. What the
-    file holds is the live workers of a pool of `pool` (cluster/runtime/membership.py): read now, and
-    again whenever it changes."""
-    started = time.time()
-    seen: list[tuple[int, int, int] | None] = [None]
-
-    def read_members(touched: tuple[int, int, int]) -> None:
-        if touched != seen[0]:
-            seen[0] = touched
-            if LIVE.set(Members.parse(read_text(path) or '', pool)):
-                log.info('live workers: %s', ', '.join(f'worker:{i}' for i in LIVE.current(pool).indices))
-
-    def key(stat: os.stat_result) -> tuple[int, int, int]:
-        return stat.st_mtime_ns, stat.st_size, stat.st_ino
-
-    try:
-        read_members(key(os.stat(path)))
-    except OSError:
-        pass
-
-    def watch() -> None:
-        while True:
-            time.sleep(poll)
-            try:
-                stat = os.stat(path)
-                touched = stat.st_mtime
-                read_members(key(stat))
-            except OSError:
-                touched = started
-            age = time.time() - touched
-            if age > secs:
-                log.error('the launcher has not renewed %s for %.0fs: it is gone or cannot reach this '
-                          'host; stopping', path, age)
-                os.kill(os.getpid(), signal.SIGTERM)   # a chief saves; the others end at once
-                time.sleep(3)       # short: the ps tasks are likely ending too, a save may not come
-                for child in CHILDREN:                  # a train.command that ignored the SIGTERM
-                    child.kill()
-                os._exit(EXIT_FAILED)
-
-    threading.Thread(target=watch, name='lease', daemon=True).start()
 
 
 def import_tensorflow(keras: bool) -> types.ModuleType:

@@ -6,7 +6,9 @@ GPU hours, and a thousand tasks fit on one machine (Kubernetes' hollow nodes pla
   `parse_task_argv`; `argv.py` turns a task's argv into the stand-in's);
 - `standin.py`: binds the task's port, says the task's messages (serving or started, progress,
   checkpoints, finished) at a steady rate and ends at train.steps as the real task would;
-- `wire.py`: the stand-ins' tiny gRPC service (echo, a bounded blob) and the measures of a link;
+- `wire.py`: the stand-in's port on one selector loop (gRPC's readiness check sees it READY; the
+  stand-ins' own echo, bounded blob and done lines); `probe.py`: every peer reached and timed at
+  once from one selector;
 - `messages.py`: `Links`, what a stand-in found of the peers the real task must reach, as one
   more task->launcher record.
 """

@@ -18,3 +18,17 @@ def rehearsal_argv(argv: Sequence[str]) -> tuple[str, ...]:
         if argv[i] == '-m' and argv[i + 1] == TASK_MODULE:
             return argv[:i + 1] + (REHEARSAL_MODULE,) + argv[i + 2:]
     raise ValueError(f'not a task command line (no -m {TASK_MODULE}): {" ".join(argv)}')
+
+
+def task_module(argv: Sequence[str]) -> str:
+    """The module a task's command line runs (`-m M`): cluster.task, or a stand-in's cluster.rehearsal."""
+    argv = tuple(argv)
+    for i in range(len(argv) - 1):
+        if argv[i] == '-m':
+            return argv[i + 1]
+    return TASK_MODULE
+
+
+def is_stand_in(argv: Sequence[str]) -> bool:
+    """Whether a task's command line runs a rehearsal's stand-in."""
+    return task_module(argv) == REHEARSAL_MODULE

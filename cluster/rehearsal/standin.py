@@ -1,19 +1,23 @@
 """One task's stand-in: the part the real task plays for its launcher and its peers, without
-TensorFlow (a few tens of MB where a real task takes ~0.7 GB).
+TensorFlow or grpcio (~20 MB where a real task takes ~0.7 GB).
 
-What the launcher sees is a task's: the port bound (its readiness check connects with gRPC), the
+What the launcher sees is a task's: the port bound (its readiness check connects with gRPC and
+sees READY: wire.py answers HTTP/2's preface), the
 same messages said the same way (cluster/runtime/contract.py `say`: serving or started, progress
 at a steady rate, the chief's checkpoints where train.checkpoint_steps/_secs would save, the
 closing line), the same ends (a trainer at train.steps, exit 0, after telling every ps it is done;
 a TF1 ps once every live worker has; a coordinator run's servers never, until stopped),
 the same lease. What the peers see: every task the real one must reach is reached (workers and
-a chief -> every ps; a coordinator's chief -> every worker too), timed (wire.py), and the
+a chief -> every ps; a coordinator's chief -> every worker too), timed all at once (probe.py), and the
 findings said as `Links` (messages.py). A peer not reached within REACH_SECS is reported, never
 fatal: the rehearsal's table names it.
 
-Nothing is written to the train_dir: no checkpoint (a real run after a rehearsal resumes from its
-own), no result file. A stand-in starts from the checkpoint the train_dir holds, as a resumed
-task would.
+The rehearsal's train_dir is its own (`<train_dir>/rehearsal`), and the only thing a stand-in
+writes there is what the launcher reads of a checkpoint: the chief's saves name their step in
+TensorFlow's `checkpoint` index (a few bytes, no model), so that a restart resumes, and a sync
+`launch scale` (which asks for a checkpoint and waits for it) goes through, as in a real run. A
+stand-in starts from the step that index names, as a resumed task would; a worker the launcher
+takes out of the live set leaves, as the real one does.
 """
 from __future__ import annotations
 
@@ -25,14 +29,14 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 
-from cluster.rehearsal import wire
+from cluster.rehearsal import probe, wire
 from cluster.rehearsal.parts import Part, part_of, peers
 from cluster.rehearsal.messages import Link, Links, say_links
 from cluster.runtime import ports, rundir
 from cluster.runtime.membership import LIVE, DoneTracker
 from cluster.runtime.contract import EXIT_OK, EXIT_USAGE, LEASE_ENV, LEASE_SECS_ENV, parse_task_argv
+from cluster.runtime.lease import resolve_task, watch_lease
 from cluster.runtime.messages import Checkpoint, Evaluation, Serving, Started, progress, say
 from cluster.runtime.rundir import TaskLogFormatter
 from cluster.spec import ClusterSpec, TaskSpec
@@ -44,15 +48,12 @@ REACH_SECS = 30.0           # how long a stand-in tries to reach a peer before i
 NON_CHIEF_LOG_SECS = 10.0   # a non-chief worker's progress lines come at most this often (as the trainer's)
 PS_POLL_SECS = 1.0          # a ps reads the live workers again at least this often (`launch scale`)
 PS_LINGER_SECS = 0.5        # a ps stays this long after the last "done", so that its reply arrives
+LOOK_SECS = 0.5             # a trainer looks this often for the launcher's word (a save asked for, leave)
 
 
 def reach(spec: ClusterSpec, task: TaskSpec, timeout: float = REACH_SECS) -> tuple[Link, ...]:
-    """Every peer reached and timed at once (a blob from each ps), in the spec's order."""
-    targets = peers(spec, task)
-    if not targets:
-        return ()
-    with ThreadPoolExecutor(max_workers=min(16, len(targets))) as pool:
-        return tuple(pool.map(lambda t: wire.measure(t.name, t.address, timeout, t.job == 'ps'), targets))
+    """Every peer reached and timed at once from one selector (a blob from each ps), in the spec's order."""
+    return probe.reach([wire.Target(t.name, t.address, t.job == 'ps') for t in peers(spec, task)], timeout)
 
 
 def checkpoints_between(before: int, now: int, every_steps: int) -> list[int]:
@@ -74,6 +75,7 @@ class Trainer:
 
     def __init__(self, spec: ClusterSpec, task: TaskSpec, start: int, saves: bool, rate: float = STEPS_PER_SEC):
         self.train, self.task, self.start, self.saves, self.rate = spec.train, task, start, saves, rate
+        self.pool = spec.num_workers
         self.log_every = spec.train.log_every_secs if saves else max(NON_CHIEF_LOG_SECS, spec.train.log_every_secs)
 
     def run(self) -> None:
@@ -81,9 +83,13 @@ class Trainer:
         t0 = time.monotonic()
         last_log = last_save = t0
         step = saved = self.start
+        asked = LIVE.save_requests()        # a request made before this start was for the last cluster
         self._progress(step)
         while step < total:
-            wake = [last_log + self.log_every, t0 + (total - self.start) / self.rate]
+            if LIVE.leaving(self.task.index, self.pool):
+                log.info('%s leaves at global step %d: the launcher took it out of the live workers', self.task.name, step)
+                return
+            wake = [last_log + self.log_every, t0 + (total - self.start) / self.rate, time.monotonic() + LOOK_SECS]
             if self.saves:
                 wake.append(last_save + self.train.checkpoint_secs)
                 if every > 0:
@@ -93,16 +99,29 @@ class Trainer:
             step = min(total, self.start + int((now - t0) * self.rate + 1e-6))
             if self.saves:
                 due = checkpoints_between(saved, step, every)
-                if not due and now - last_save >= self.train.checkpoint_secs and step > saved:
+                if not due and step > saved and (now - last_save >= self.train.checkpoint_secs
+                                                 or LIVE.save_requests() > asked):
                     due = [step]
+                asked = max(asked, LIVE.save_requests())
                 for at in due:
-                    say(log, Checkpoint(at))
+                    self.save(at)
                     saved, last_save = at, now
             if now - last_log >= self.log_every or step >= total:
                 self._progress(step)
                 last_log = now
         if self.saves and saved < total:
-            say(log, Checkpoint(total))
+            self.save(total)
+
+    def save(self, step: int) -> None:
+        """A chief's save: its line, and the checkpoint index naming the step (no model behind it)."""
+        name = f'{rundir.CHECKPOINT_PREFIX}-{step}'
+        try:
+            rundir.write_atomically(rundir.checkpoint_index_path(self.train.train_dir),
+                                    f'model_checkpoint_path: "{name}"\nall_model_checkpoint_paths: "{name}"\n')
+        except OSError as e:        # a full disk: the launcher sees no save, as for a real chief
+            log.warning('cannot write the checkpoint index: %s', e.strerror)
+            return
+        say(log, Checkpoint(step))
 
     def _progress(self, step: int) -> None:
         total = self.train.steps
@@ -140,7 +159,7 @@ def say_done(spec: ClusterSpec, task: TaskSpec) -> None:
     told is noted (it is stopped by the launcher in the end), never fatal."""
     generation = LIVE.generation(task.index, spec.num_workers)
     for ps in spec.job_tasks('ps'):
-        why = wire.report_done(ps.address, task.index, generation)
+        why = probe.report_done(ps.address, task.index, generation)
         if why:
             log.warning('%s could not tell %s it is done: %s', task.name, ps.name, why)
 
@@ -192,7 +211,6 @@ def step(spec: ClusterSpec, task: TaskSpec, part: Part) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one task's stand-in to its end, as cluster/task.py main runs the task."""
-    from cluster.task import resolve_task, watch_lease     # one resolution and one lease for both
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGQUIT, signal.SIG_DFL)
     args = parse_task_argv(argv, (__doc__ or '').splitlines()[0])

@@ -60,15 +60,16 @@ try:
         except Exception:
             out["tensorflow"] = "?"
     try:
-        import cluster.task
-        if deep and "tensorflow" in out:
+        module = args[args.index("--module") + 1] if "--module" in args else "cluster.task"
+        task = importlib.import_module(module)       # the module the tasks run (a rehearsal: cluster.rehearsal)
+        if deep and "tensorflow" in out and module == "cluster.task":
             import cluster.training.train        # the model and input pipeline too: all a worker imports
-        out["cluster"] = cluster.task.__file__
+        out["cluster"] = task.__file__
     except ImportError as e:
         out["missing"].append("cluster" if e.name == "cluster" else "cluster (%s)" % e)
 except Exception as e:
     out["missing"].append("module check failed: %s" % e)
-for port in args[deep:]:
+for port in [a for a in args if a.isdigit()]:
     try:
         s = socket.socket(socket.AF_INET6)
     except OSError:         # IPv6 disabled on the host

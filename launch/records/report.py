@@ -32,7 +32,7 @@ from cluster.spec.reader import parse_yaml
 from launch.records.event_types import Checkpoint, Evaluation, Progress, Recovered, Restart, RunStarted, Stall, TaskStarted
 from launch.records.jsonrecord import finite
 from launch.records.plots import TimeAxis, clock, progress_png, timeline_png
-from launch.records.rehearsal import summary_lines
+from launch.records.rehearsal import section_html
 from launch.records.result import PHASES, RunRecord
 from launch.records.runs import duration_text
 from launch.records.timeline import RUN_ROW, Attempt, Fault, Run, Story, attempts, load, story  # noqa: F401 (the parts)
@@ -78,7 +78,7 @@ def render(train_dir: str, page_dir: str | None = None) -> str:
     else:
         parts.append(f'<p class="note">No events yet: {_e(rundir.events_path(train_dir), None)} is missing or holds '
                      'no event. The run has not started, or its launcher keeps no event log.</p>')
-    parts += [_rehearsal(run), _evaluations(run), _failures(run), _recoveries(run), _stacks(run, train_dir if page_dir is None else page_dir),
+    parts += [section_html(run.result.rehearsal), _evaluations(run), _failures(run), _recoveries(run), _stacks(run, train_dir if page_dir is None else page_dir),
               _result(run), _spec(run)]
     title = f'{_run_id(run)} report'
     page = (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
@@ -279,14 +279,6 @@ def _stacks(run: Run, page_dir: str) -> str:
     return ('<h2>Stack dumps</h2>\n<p>Every thread\'s Python stack, written by each task that answered (a stall, '
             '<code>launch debug</code>, or <code>kill -USR1</code>).</p>\n' + said
             + _table(('attempt', 'task', 'file', 'frames'), rows))
-
-
-def _rehearsal(run: Run) -> str:
-    """A rehearsal's links (`launch up --rehearse`), as the console summarised them ('' for any other run)."""
-    found = run.result.rehearsal
-    if found is None:
-        return ''
-    return '<h2>Rehearsal</h2>\n<pre>' + _e('\n'.join(summary_lines(found)), None) + '</pre>'
 
 
 def _result(run: Run) -> str:

@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 
 from cluster.checks import memory
 from cluster.spec import ClusterSpec
+from cluster.rehearsal.argv import is_stand_in
 from launch.run import exposure
 from launch.backends import netns
 from launch.run import registry
@@ -125,6 +126,8 @@ def prepare_data(spec: ClusterSpec, plans: list[TaskPlan], write: bool = True) -
     synthetic one (`launch up`; `launch check` writes nothing: up makes it where it is missing)."""
     if spec.train.program or spec.train.command or (not write and spec.train.data == 'synthetic'):
         return      # the user's code reads its own data
+    if all(is_stand_in(p.argv) for p in plans):
+        return      # a rehearsal's stand-ins read no data (the real run makes it)
     if any(registry.kind(p.backend).on_this_machine and p.task.job == 'worker' for p in plans):
         from cluster.checks import data
         data.resolve_spec_data(spec)

@@ -4,8 +4,9 @@ The plans are the real ones but for the module their command runs (cluster/rehea
 each stand-in starts on its real host, by its real backend, with its real environment, and the
 supervisor, the event log, run.json, `status`, `logs` and `down` treat it as the task it stands
 in for. What a rehearsal adds is read at its end: each stand-in's `Links` record, from the
-channel beside its log (the backends that read channels: local, SSH), gathered into run.json's
-`rehearsal` (launch/records/rehearsal.py) and summarised on the console.
+channel beside its log (the backends that read channels: local, SSH; several at once, as an SSH
+read is a round trip), written whole to the rehearsal's link file and summarised, bounded, in
+run.json's `rehearsal` (launch/records/rehearsal.py) and on the console.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import dataclasses
 import logging
 import os
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 
 from cluster.rehearsal.argv import rehearsal_argv
 from cluster.rehearsal.messages import last_links
@@ -23,13 +25,15 @@ from cluster.spec import ClusterSpec
 from launch.backends.base import Backend, TaskRecord
 from launch.errors import UsageError
 from launch.planning.plan import TaskPlan
-from launch.records.rehearsal import RehearsedLink, Rehearsal, summary_lines
+from launch.records.result import RunState
+from launch.records.rehearsal import LINKS_FILE, RehearsedLink, Rehearsal, summarise, summary_lines, write_links
 from launch.run.lifecycle import Lifecycle, Outcome
 from launch.run.supervised import SupervisedRun
 
 log = logging.getLogger(__name__)
 
 STAND_IN_LINE = 'rehearsal: every task runs as a stand-in (python -m cluster.rehearsal: no TensorFlow, nothing saved)'
+READERS = 16        # channels read at once at the end (an SSH read is a round trip to its host)
 
 
 def rehearsal_spec(spec: ClusterSpec) -> ClusterSpec:
@@ -69,20 +73,21 @@ def _links_of(record: TaskRecord, backend: Backend) -> list[RehearsedLink] | Non
 
 
 def collect(spec: ClusterSpec, records: Iterable[TaskRecord], backends: Mapping[str, Backend]) -> Rehearsal:
-    """Every started stand-in's links (its newest start's), and the ones with peers that said none."""
+    """Every started stand-in's links (its newest start's), and the ones with peers that said none:
+    the whole table written to the run's link file (where it can be), the summary returned."""
     latest = {r.name: r for r in records}
-    links: list[RehearsedLink] = []
-    unreported = []
-    for task in spec.tasks:
-        record = latest.get(task.name)
-        if record is None or not peers(spec, task):
-            continue
-        found = _links_of(record, backends[record.backend])
-        if found is None:
-            unreported.append(task.name)
-        else:
-            links += found
-    return Rehearsal(tasks=len(latest), links=links, unreported=unreported)
+    asked = [(task.name, latest[task.name]) for task in spec.tasks if task.name in latest and peers(spec, task)]
+    with ThreadPoolExecutor(max_workers=READERS) as pool:
+        found = list(pool.map(lambda pair: _links_of(pair[1], backends[pair[1].backend]), asked))
+    links = [x for got in found if got is not None for x in got]
+    unreported = [name for (name, _), got in zip(asked, found) if got is None]
+    path = os.path.join(spec.train.train_dir, LINKS_FILE)
+    try:
+        write_links(path, links)
+    except OSError as e:        # a full disk: the summary still says what was found
+        log.warning('cannot write %s: %s', path, e.strerror)
+        return summarise(len(latest), links, unreported, None)
+    return summarise(len(latest), links, unreported)
 
 
 class RehearsedRun(SupervisedRun):
@@ -97,5 +102,8 @@ class RehearsedRun(SupervisedRun):
         found = collect(self.spec, self.state.records, self.backends)
         for line in summary_lines(found):
             self.say(line)
+        if outcome.state is RunState.INTERRUPTED:      # the lifecycle's hint speaks of the real run's resume
+            self.say(f'rehearsal: stopped; `launch up {self.spec.path} --rehearse` rehearses again, and the real run '
+                     f'(`launch up {self.spec.path}`) starts as if no rehearsal had been')
         headline = f'rehearsal {outcome.headline}' if outcome.headline else ''
         return dataclasses.replace(outcome, headline=headline, rehearsal=found)

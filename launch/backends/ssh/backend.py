@@ -28,6 +28,7 @@ from cluster.runtime import rundir, runjson
 from cluster.runtime.messages import channel_env
 from cluster.runtime.rundir import LEASE_ENV
 from cluster.spec import ClusterSpec
+from cluster.rehearsal.argv import task_module
 from launch.backends.base import (ENDED, GPU_COUNT_SH, RUNNING, STOP_GRACE_SECS, UNKNOWN, Backend, HostCheck,
                                   Observation, busy_port, TaskRecord, decode_exit, handle_of, parse_gpu_count, planned_record)
 from launch.backends.procstat import STATE, start_time, stat_fields
@@ -181,7 +182,7 @@ class SSHBackend(Backend):
 
     def _check_host(self, name: str, plans: list[TaskPlan], imports: bool) -> HostCheck:
         python = plans[0].argv[0]
-        script = probe_script(plans[0].cwd, python, [p.task.port for p in plans], imports)
+        script = probe_script(plans[0].cwd, python, [p.task.port for p in plans], imports, task_module(plans[0].argv))
         try:
             conn = self._connect(name)
             result = self._run(name, script)

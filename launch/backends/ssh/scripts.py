@@ -308,8 +308,8 @@ def prepare_script(cwd: str, dirs: Iterable[str]) -> str:
             f'mkdir -p {" ".join(q(d) for d in dirs if d)} . && pwd')
 
 
-def probe_script(cwd: str, python: str, ports: Iterable[int], imports: bool) -> str:
+def probe_script(cwd: str, python: str, ports: Iterable[int], imports: bool, module: str = 'cluster.task') -> str:
     """Run HOST_PROBE with the tasks' Python in their workdir: which ports are busy, and (with
-    `imports`) whether tensorflow and tfcluster import."""
-    args = ' '.join(['--import'] * imports + [str(port) for port in ports])
+    `imports`) whether tensorflow and tfcluster import; `module`, the one the tasks run, must."""
+    args = ' '.join(['--import'] * imports + ['--module', q(module)] + [str(port) for port in ports])
     return f'cd {q(remote_dir(cwd))} 2>/dev/null; exec {shell_path(python)} -c {q(HOST_PROBE)} {args}'

@@ -31,7 +31,9 @@ def test_a_rehearsal_of_two_ps_and_three_workers_ends_with_its_link_table(tmp_pa
     pairs = {(x['source'], x['target']) for x in found['links']}
     assert pairs == {(f'worker:{w}', f'ps:{p}') for w in range(3) for p in range(2)}
     assert all(x['error'] == '' and x['rtt_ms'] > 0 and x['mb_per_s'] > 0 for x in found['links'])
-    assert not os.path.exists(os.path.join(train_dir, 'checkpoint'))      # a stand-in saves nothing
+    with open(os.path.join(train_dir, 'checkpoint')) as f:     # a stand-in's save: the index the launcher reads
+        assert 'model.ckpt-150' in f.read()
+    assert not [n for n in os.listdir(train_dir) if n.startswith('model.ckpt')]     # and no model behind it
     assert sorted(os.listdir(tmp_path / 'run')) == ['rehearsal']        # and nothing of the real run's is made
     real = launch('up', spec, '--set', 'train.steps=3', timeout=300)    # the real run starts after it, fresh
     assert real.returncode == 0, real.stdout + real.stderr
