@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 log = logging.getLogger(__name__)
 
 READ_CHUNK = 4 << 20     # bytes one poll reads at most: one chatty log cannot hold the others up
+HANDLED_SECS = 5.0       # the longest a ThreadTail waits for its follower to take a line in hand
 
 
 def _nothing() -> None:
@@ -105,14 +106,17 @@ class FileTail(LogTail):
 
 class ThreadTail(LogTail):
     """`lines(stop)` (a generator that ends once `stop` is set and all is read) read in a thread of
-    its own, its lines kept until polled: a backend whose logs are read some other way (over SFTP,
-    from a container) follows them as it always did."""
+    its own: a backend whose logs are read some other way (over SFTP, from a container) follows
+    them as it always did. In step with the follower, as when the follower's own thread drove the
+    generator: it is asked for the next line only once the follower has handled this one (polled
+    again), so a generator that acts once its line was read (a test's scripted task) still may."""
 
     def __init__(self, lines: Callable[[threading.Event], Iterable[str]], name: str) -> None:
         super().__init__()
         self._stop = threading.Event()
-        self._lock = threading.Lock()
+        self._changed = threading.Condition()
         self._lines: list[str] = []
+        self._unhandled = 0       # lines read from the generator that no poll after their own has passed
         self._done = False
         self._thread = threading.Thread(target=self._read, args=(lines, name), name=f'follow-{name}', daemon=True)
         self._thread.start()
@@ -120,19 +124,24 @@ class ThreadTail(LogTail):
     def _read(self, lines: Callable[[threading.Event], Iterable[str]], name: str) -> None:
         try:
             for line in lines(self._stop):
-                with self._lock:
+                with self._changed:
                     self._lines.append(line)
+                    self._unhandled += 1
                 self.wake()
+                with self._changed:     # a follower that polls no more (given up on) holds it up no longer
+                    self._changed.wait_for(lambda: not self._unhandled, timeout=HANDLED_SECS)
         except Exception:       # a log that cannot be read any more: what was read is still shown
             log.warning('stopped following the log of %s', name, exc_info=True)
         finally:
-            with self._lock:
+            with self._changed:
                 self._done = True
             self.wake()
 
     def poll(self) -> list[str]:
-        with self._lock:
+        with self._changed:
             lines, self._lines = self._lines, []
+            self._unhandled = len(lines)        # the ones the last poll gave are handled by now
+            self._changed.notify_all()
         return lines
 
     def close(self) -> None:
@@ -140,5 +149,5 @@ class ThreadTail(LogTail):
 
     @property
     def ended(self) -> bool:
-        with self._lock:
+        with self._changed:
             return self._done and not self._lines

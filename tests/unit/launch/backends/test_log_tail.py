@@ -80,36 +80,54 @@ def test_text_is_read_as_follow_file_reads_it(tmp_path):
     assert tail.poll() == ['Grüße', '\ufffd']
 
 
-def read_to_end(tail: ThreadTail) -> list[str]:
-    """Every line the tail gives until it has ended, waiting for its wake-ups (as the pump does)."""
+def take(tail: ThreadTail, close_after: int | None = None) -> list[str]:
+    """Every line the tail gives until it has ended, polled as the pump polls it (at once again
+    after lines, else at its wake-up); closed once `close_after` lines came."""
     woken = threading.Event()
     tail.wake = woken.set
     seen: list[str] = []
     while True:
         woken.clear()
-        seen += tail.poll()
+        lines = tail.poll()
+        seen += lines
+        if close_after is not None and len(seen) >= close_after:
+            tail.close()
         if tail.ended:
             return seen
-        assert woken.wait(5), 'the tail neither gave lines nor ended'
+        if not lines:
+            assert woken.wait(5), 'the tail neither gave lines nor ended'
 
 
 def test_a_thread_tail_gives_a_generators_lines_and_ends_once_closed():
-    given = threading.Event()
-
     def lines(stop: threading.Event):
         yield 'one'
-        given.set()
         stop.wait()
         yield 'last'
+    assert take(ThreadTail(lines, 'worker:0'), close_after=1) == ['one', 'last']
+
+
+def test_a_thread_tail_asks_for_the_next_line_only_once_this_one_was_handled():
+    handled: list[str] = []
+    when_asked: list[list[str]] = []
+
+    def lines(stop: threading.Event):
+        for line in ('one', 'two', 'three'):
+            yield line
+            when_asked.append(list(handled))
     tail = ThreadTail(lines, 'worker:0')
-    assert given.wait(5)
-    assert tail.poll() == ['one'] and not tail.ended
-    tail.close()
-    assert read_to_end(tail) == ['last']
+    woken = threading.Event()
+    tail.wake = woken.set
+    while not tail.ended:
+        woken.clear()
+        given = tail.poll()
+        handled += given
+        if not given:
+            assert woken.wait(5)
+    assert when_asked == [['one'], ['one', 'two'], ['one', 'two', 'three']]
 
 
 def test_a_thread_tail_whose_reading_fails_ends_with_what_it_read():
     def lines(stop: threading.Event):
         yield 'one'
         raise OSError('the host is gone')
-    assert read_to_end(ThreadTail(lines, 'worker:0')) == ['one']
+    assert take(ThreadTail(lines, 'worker:0')) == ['one']

@@ -99,14 +99,16 @@ def test_a_generator_of_lines_is_still_followed(tmp_path):
     """What Slurm's own log and the backends that do not override log_tail give: a generator."""
     life, _ = lifecycle(tmp_path)
     seen: list[str] = []
+    when_asked: list[list[str]] = []
 
     def lines(stop: threading.Event):
         yield 'one'
+        when_asked.append(list(seen))       # asked for more only once its line was handled
         stop.wait()
         yield 'the last'
     life.follow('slurm', lines, seen.append)
     life.unfollow(['slurm'])
-    assert seen == ['one', 'the last']
+    assert seen == ['one', 'the last'] and when_asked == [['one']]
 
 
 def test_the_pump_thread_ends_once_nothing_is_followed(tmp_path):
