@@ -23,6 +23,7 @@ from cluster.runtime import rundir
 from cluster.runtime.masking import NO_MASK, Masker
 from cluster.runtime.rundir import LEASE_ENV, read_text, write_atomically
 from launch.errors import UsageError
+from launch.backends.tail import LogTail, ThreadTail
 from launch.planning.plan import TaskPlan
 
 if TYPE_CHECKING:
@@ -335,6 +336,12 @@ class Backend(abc.ABC):
                  stop: threading.Event | None = None, offset: int = 0) -> Iterator[str]:
         """The lines of a task's log from byte `offset`; with follow, keep yielding new lines
         until `stop` is set and the file has no more."""
+
+    def log_tail(self, record: TaskRecord, offset: int = 0) -> LogTail:
+        """The task's log from byte `offset`, read a little at each poll (launch/backends/tail.py):
+        by default read_log(follow=True) in a thread of its own; a backend that can read a log
+        without a thread or an open file (the local one: a file) overrides it."""
+        return ThreadTail(lambda stop: self.read_log(record, follow=True, stop=stop, offset=offset), record.name)
 
     def lines(self, record: TaskRecord, follow: bool = False,
               stop: threading.Event | None = None, offset: int = 0) -> Iterator[str]:

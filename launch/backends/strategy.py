@@ -13,9 +13,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-from cluster.runtime import rundir
+from cluster.runtime import messages, rundir
 from cluster.runtime.rundir import EXIT_OK
 from cluster.spec import ClusterSpec
+from launch.backends.tail import LogTail
 from launch.records.event_types import Event, EventKind
 from launch.records.rehearsal import Rehearsal
 from launch.records.result import Failure, MendedFault, RunState
@@ -67,8 +68,8 @@ class Life(Protocol):
 
     def checkpoint_step(self) -> int | None: ...
 
-    def follow(self, name: str, lines: Callable[[threading.Event], Iterable[str]],
-               on_line: Callable[[str], None] | None = None) -> None: ...
+    def follow(self, name: str, lines: LogTail | Callable[[threading.Event], Iterable[str]],
+               on_line: Callable[[str], None] | None = None, channel: messages.Channel | None = None, group: str = '') -> None: ...
 
     def unfollow(self, names: Iterable[str]) -> None: ...
 

@@ -36,6 +36,8 @@ from launch.records.result import steps_note
 from cluster.runtime.masking import spec_masker
 from launch.records.lock import LockBusy, TrainDirLock, in_use
 from launch.run.console import Console
+from launch.backends.tail import LogTail, ThreadTail
+from launch.run.pump import Pump
 from launch.backends.strategy import CHECKPOINT_GRACE_SECS, Outcome, Strategy, resume_hint  # noqa: F401 (theirs, re-exported)
 from launch.run.disk import DiskWatch
 from launch.records import index, ownership
@@ -85,7 +87,8 @@ class Lifecycle:
         self._hurried = False
         self._strategy: Strategy | None = None
         self.disk: DiskWatch | None = None       # the disk under the run's own files (from _begin)
-        self._followers: dict[str, tuple[threading.Thread, threading.Event]] = {}
+        self._followers: dict[str, Pump] = {}      # each followed log's pump (launch/run/pump.py)
+        self._pumps: dict[str, Pump] = {}          # one per group of logs (a backend)
         self._readers: dict[str, messages.Reader] = {}     # each task's messages, read once (messages.Reader)
 
     # -- the lock -----------------------------------------------------------------------------
@@ -333,36 +336,40 @@ class Lifecycle:
         return self._strategy
 
     # -- following logs -------------------------------------------------------------------------
-    def follow(self, name: str, lines: Callable[[threading.Event], Iterable[str]],
-               on_line: Callable[[str], None] | None = None, channel: messages.Channel | None = None) -> None:
+    def follow(self, name: str, lines: LogTail | Callable[[threading.Event], Iterable[str]],
+               on_line: Callable[[str], None] | None = None, channel: messages.Channel | None = None,
+               group: str = '') -> None:
         """Show a task's log lines on the console as they come, prefixed with `name`, until
-        unfollow(name); `lines(stop)` yields them, ending once `stop` is set and all is read.
-        `channel`: the records the task writes beside this log, read with it (a fresh Reader)."""
+        unfollow(name): `lines` is the log's LogTail (Backend.log_tail), or `lines(stop)` yields
+        them, ending once `stop` is set and all is read (read in a thread of its own). Every log
+        of a `group` (a backend's name) is polled by one thread (launch/run/pump.py), so a host
+        that hangs holds up its own group's logs alone. `channel`: the records the task writes
+        beside this log, read with it (a fresh Reader)."""
         self.unfollow([name])
         if channel is not None:
             self._readers[name] = messages.Reader(channel)
-        stop = threading.Event()
+        tail = lines if isinstance(lines, LogTail) else ThreadTail(lines, name)
 
-        def pump() -> None:
-            for raw in lines(stop):
-                line = self.masker.text(raw)    # a value the spec hides, printed by the user's code
-                if on_line is not None:
-                    try:
-                        on_line(line)
-                    except Exception:       # a line the parsers trip on must not silence the task
-                        log.debug('reading a line of %s failed', name, exc_info=True)
-                self.console.line(name, line)
-        t = threading.Thread(target=pump, name=f'follow-{name}', daemon=True)
-        t.start()
-        self._followers[name] = (t, stop)
+        def seen(raw: str) -> None:
+            line = self.masker.text(raw)    # a value the spec hides, printed by the user's code
+            if on_line is not None:
+                try:
+                    on_line(line)
+                except Exception:       # a line the parsers trip on must not silence the task
+                    log.debug('reading a line of %s failed', name, exc_info=True)
+            self.console.line(name, line)
+        pump = self._pumps.setdefault(group, Pump(f'follow-{group}' if group else 'follow'))
+        pump.add(name, tail, seen)
+        self._followers[name] = pump
 
     def unfollow(self, names: Iterable[str]) -> None:
-        """Stop following these logs, once what is there has been read."""
-        stopping = [self._followers.pop(n) for n in names if n in self._followers]
-        for _, stop in stopping:
-            stop.set()
-        for t, _ in stopping:
-            t.join(timeout=5)
+        """Stop following these logs, once what is there has been read (all of them at once)."""
+        by_pump: dict[Pump, list[str]] = {}
+        for n in names:
+            if n in self._followers:
+                by_pump.setdefault(self._followers.pop(n), []).append(n)
+        for pump, drained in by_pump.items():
+            pump.drain(drained)
 
     # -- the closing line ------------------------------------------------------------------------
     def _worker_results(self, lost: tuple[str, ...]) -> list[dict]:

@@ -33,6 +33,7 @@ from cluster.runtime.rundir import PRIVATE, read_text, write_atomically
 from cluster.spec import ClusterSpec
 from launch import system
 from launch.render import compose as compose_file
+from launch.backends.tail import FileTail
 from launch.backends.base import (ENDED, RUNNING, STOP_GRACE_SECS, Backend, BackendError, HostCheck, Observation, TaskRecord,
                             decode_exit, follow_file, handle_of, link_attempt_log, local_disk_full, planned_record,
                             touch_leases)
@@ -430,6 +431,10 @@ class ComposeBackend(Backend):
     def read_log(self, record: TaskRecord, follow: bool = False, stop: threading.Event | None = None,
                  offset: int = 0) -> Iterator[str]:
         return follow_file(record.log, stop if follow else None, offset=offset)
+
+    def log_tail(self, record: TaskRecord, offset: int = 0) -> FileTail:
+        """The log is a file here: read at each poll, no thread and no open file of its own."""
+        return FileTail(record.log, offset)
 
     def read_file(self, record: TaskRecord, path: str) -> str | None:
         return read_text(os.path.join(record.cwd, path))

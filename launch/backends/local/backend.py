@@ -20,6 +20,7 @@ from cluster.runtime.messages import channel_beside, channel_env, clear_channel
 from cluster.runtime.ports import port_in_use
 from launch.backends import netns, sessions
 from launch.backends.procstat import STATE, process_ident, read_stat_fields
+from launch.backends.tail import FileTail
 from launch.system import poll_until
 from cluster.runtime.rundir import PRIVATE, read_text, write_atomically
 from launch.backends.base import (ENDED, HOST_PROBE, RUNNING, STOP_GRACE_SECS, Backend, BackendError, HostCheck,
@@ -331,3 +332,7 @@ class LocalBackend(Backend):
     def read_log(self, record: TaskRecord, follow: bool = False, stop: threading.Event | None = None,
                  offset: int = 0) -> Iterator[str]:
         return follow_file(record.log, stop if follow else None, offset=offset)
+
+    def log_tail(self, record: TaskRecord, offset: int = 0) -> FileTail:
+        """The log is a file here: read at each poll, no thread and no open file of its own."""
+        return FileTail(record.log, offset)

@@ -26,6 +26,7 @@ from cluster.spec import ClusterSpec, TaskSpec
 from launch import system
 from launch.errors import UsageError
 from launch.backends.base import follow_file
+from launch.backends.tail import FileTail
 from launch.records.event_types import Interrupted, TaskLost
 from launch.records.result import Failure
 from launch.backends.strategy import CHECKPOINT_GRACE_SECS, Life, Outcome, Strategy, resume_hint
@@ -256,12 +257,9 @@ class SubmittedJob:
         for t in spec.tasks:
             log_path = rundir.attempt_log_path(self.train_dir, life.attempt, t.job, t.index)
 
-            def lines(stop: threading.Event, log_path: str = log_path) -> Iterable[str]:
-                return follow_file(log_path, stop)
-
             def seen(line: str, t: TaskSpec = t) -> None:     # a coordinator run's chief: not its worker 0
                 life.saw_line(t.name, line, t.job in ('worker', 'chief'), t == spec.chief)
-            life.follow(t.name, lines, seen)
+            life.follow(t.name, FileTail(log_path), seen, group='slurm')     # one thread polls them all
 
     def _watch(self) -> dict[str, str] | None:
         """Poll the job until it has ended and left the queue (or a signal came); its last fields."""

@@ -34,5 +34,5 @@ def follow(life: Lifecycle, state: SupervisorState, clock: RecoveryClock, backen
             state.attempt.saw_step(found['step'])
             state.stepped.add(record.name)
             clock.stepped(record.name, found['step'], by_chief=chief and coordinator)
-    life.follow(record.name, lambda stop: backend.read_log(record, follow=True, stop=stop, offset=record.log_offset),
-                seen, ChannelReader(backend, record) if backend.records_channel else None)
+    life.follow(record.name, backend.log_tail(record, record.log_offset), seen,
+                ChannelReader(backend, record) if backend.records_channel else None, group=backend.name)
