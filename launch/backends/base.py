@@ -11,7 +11,6 @@ import enum
 import os
 import socket
 import threading
-import time
 from dataclasses import asdict, dataclass, fields, is_dataclass
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -446,40 +445,6 @@ def tcp_listening(host: str, port: int, timeout: float = 0.5) -> bool:
             return True
     except OSError:
         return False
-
-
-def follow_file(path: str, stop: threading.Event | None, poll: float = 0.1, offset: int = 0) -> Iterator[str]:
-    """Yield complete lines of a growing file from byte `offset`; end at EOF once `stop` is set
-    (or at once if stop is None). A missing file counts as empty until it appears."""
-    pending = ''
-    f = None
-    try:
-        while True:
-            if f is None:
-                try:
-                    f = open(path, encoding='utf-8', errors='replace')
-                    if offset:
-                        # open()'s buffer seeks; typeshed's _WrappedBuffer does not declare it
-                        f.buffer.seek(offset)    # type: ignore[attr-defined]
-                except FileNotFoundError:
-                    if stop is None or stop.is_set():
-                        return
-                    time.sleep(poll)
-                    continue
-            chunk = f.read(65536)
-            if chunk:
-                pending += chunk
-                *lines, pending = pending.split('\n')
-                yield from lines
-                continue
-            if stop is None or stop.is_set():
-                if pending:
-                    yield pending
-                return
-            time.sleep(poll)
-    finally:
-        if f is not None:
-            f.close()
 
 
 def lease_files(plans: list[TaskPlan], root: str | None = None) -> set[str]:

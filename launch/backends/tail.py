@@ -9,7 +9,8 @@ waits for, so a start's lines are all read before the next start of the task wri
 Two kinds: FileTail, a file on the launcher's machine, stat-ed at each poll and opened only to read
 what was added (no fd held between polls); ThreadTail, any generator of lines (a backend's
 `read_log(follow=True, stop=...)`) read in a thread of its own, the default of every backend that
-has no cheaper way (Backend.log_tail)."""
+has no cheaper way (Backend.log_tail). And follow_file, the generator of a growing file's lines that
+a backend's read_log (and `launch logs -f`) reads through."""
 from __future__ import annotations
 
 import abc
@@ -18,7 +19,8 @@ import io
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Iterable, Iterator
 
 log = logging.getLogger(__name__)
 
@@ -151,3 +153,37 @@ class ThreadTail(LogTail):
     def ended(self) -> bool:
         with self._changed:
             return self._done and not self._lines
+
+
+def follow_file(path: str, stop: threading.Event | None, poll: float = 0.1, offset: int = 0) -> Iterator[str]:
+    """Yield complete lines of a growing file from byte `offset`; end at EOF once `stop` is set
+    (or at once if stop is None). A missing file counts as empty until it appears."""
+    pending = ''
+    f = None
+    try:
+        while True:
+            if f is None:
+                try:
+                    f = open(path, encoding='utf-8', errors='replace')
+                    if offset:
+                        # open()'s buffer seeks; typeshed's _WrappedBuffer does not declare it
+                        f.buffer.seek(offset)    # type: ignore[attr-defined]
+                except FileNotFoundError:
+                    if stop is None or stop.is_set():
+                        return
+                    time.sleep(poll)
+                    continue
+            chunk = f.read(65536)
+            if chunk:
+                pending += chunk
+                *lines, pending = pending.split('\n')
+                yield from lines
+                continue
+            if stop is None or stop.is_set():
+                if pending:
+                    yield pending
+                return
+            time.sleep(poll)
+    finally:
+        if f is not None:
+            f.close()

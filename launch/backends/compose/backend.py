@@ -33,9 +33,9 @@ from cluster.runtime.rundir import PRIVATE, read_text, write_atomically
 from cluster.spec import ClusterSpec
 from launch import system
 from launch.render import compose as compose_file
-from launch.backends.tail import FileTail
+from launch.backends.tail import FileTail, follow_file
 from launch.backends.base import (ENDED, RUNNING, STOP_GRACE_SECS, Backend, BackendError, HostCheck, Observation, TaskRecord,
-                            decode_exit, follow_file, handle_of, link_attempt_log, local_disk_full, planned_record,
+                            decode_exit, handle_of, link_attempt_log, local_disk_full, planned_record,
                             touch_leases)
 from launch.planning.plan import TaskPlan, compose_spec, effective_spec_path, service_name
 

@@ -25,7 +25,7 @@ from cluster.env.slurm import rank_task
 from cluster.spec import ClusterSpec, TaskSpec
 from launch import system
 from launch.errors import UsageError
-from launch.backends.base import follow_file
+from launch.backends.tail import follow_file
 from launch.backends.tail import FileTail
 from launch.records.event_types import Interrupted, TaskLost
 from launch.records.result import Failure

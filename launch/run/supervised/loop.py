@@ -25,7 +25,6 @@ from cluster.runtime.membership import Members
 from cluster.runtime.rundir import EXIT_OK
 from cluster.spec import ClusterSpec
 from launch.backends.base import Backend, BackendError, TaskRecord, stop_all
-from launch.backends.procstat import process_ident
 from launch.planning.plan import TaskPlan, state_path
 from launch.run import policy
 from launch.run.supervised.attempt import Attempt
@@ -41,10 +40,10 @@ from launch.run.policy import Action, Policy, Progress, TaskState, TaskStatus
 from launch.run.supervised.recovery import Recovery, resume
 from launch.run.supervised.scaling import Scaling, resume_scaled
 from launch.run.supervised.startup import wait_for_servers
-from launch.run.state import LaunchState, WorkerPool
 from launch.run.supervised.plan import Plan, SaveFirst
 from launch.run.supervised.reconcile import reconcile
 from launch.run.supervised.state import StartLoss, SupervisorState
+from launch.run.supervised.statefile import StateFile
 
 __all__ = ['SupervisedRun', 'TaskFailed', 'wait_for_servers']
 
@@ -106,9 +105,7 @@ class SupervisedRun(Strategy):
         self._run_dir_fd: int | None = None          # the run's directory, held open (check_run_dir)
         self._done = threading.Event()
         self.leases = Leases(self.state, backends, self._done)      # every task's, renewed until the run is done
-        self._launch_state = LaunchState.new(spec.path, process_ident(os.getpid()) or '')
-        self._state_error = False
-        self._saved: tuple | None = None                 # the state file's fingerprint as last written
+        self.state_file = StateFile(spec, lambda line: self.say(line), lambda: bool(self.life.disk and self.life.disk.check()))
 
     @property
     def say(self) -> Callable[[str], None]:
@@ -259,7 +256,7 @@ class SupervisedRun(Strategy):
                     return
             elif self.recovery.act(decision, statuses):
                 tail_deadline = None
-            first_step = self._launch_state.progress is None and self.state.attempt.step is not None
+            first_step = self.state_file.launch_state.progress is None and self.state.attempt.step is not None
             if first_step or time.monotonic() - last_saved > 1:     # `launch status` shows the step
                 self.save_state(changed_only=True)
                 last_saved = time.monotonic()
@@ -387,7 +384,7 @@ class SupervisedRun(Strategy):
             plans = [dataclasses.replace(p, env={**p.env, **env}) for p in plans]
         self.state.plans = plans
         self.state.attempt = Attempt(from_step=step)
-        self._launch_state.progress = None
+        self.state_file.launch_state.progress = None
 
     def resize(self, members: Members, leaving: Sequence[str]) -> None:
         """A new live set, between two attempts: the leaving workers' records go, and the policy
@@ -469,20 +466,5 @@ class SupervisedRun(Strategy):
 
     # -- the tasks' leases and the state file --------------------------------------------------
     def save_state(self, changed_only: bool = False) -> None:
-        """The state file `launch status` reads: the tasks, the newest step, the restarts, the workers;
-        `changed_only`: not rewritten when it would say what it says (the supervisor's once a second)."""
-        self._launch_state.tasks = list(self.state.records)
-        progress = self.state.attempt.progress_record(self.spec.train.steps)
-        if progress is not None:
-            self._launch_state.progress = progress
-        self._launch_state.restarts = self.state.restarts
-        self._launch_state.workers = WorkerPool(self.spec.num_workers, list(self.state.members.indices), self.scaling.asked)
-        if changed_only and self._launch_state.fingerprint() == self._saved:
-            return
-        try:
-            self._launch_state.save(state_path(self.spec))
-            self._saved, self._state_error = self._launch_state.fingerprint(), False
-        except OSError as e:        # a full disk (named by the disk's watch), or a train_dir removed (checked apart)
-            if not self._state_error and not (self.life.disk and self.life.disk.check()):
-                self.say(f'warning: cannot write {state_path(self.spec)}: {e.strerror}')
-            self._state_error = True
+        """The state file `launch status` reads (statefile.py); `changed_only`: the once a second's."""
+        self.state_file.save(self.state, self.scaling.asked, changed_only)

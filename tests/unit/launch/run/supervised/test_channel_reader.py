@@ -6,7 +6,8 @@ import threading
 from collections.abc import Iterator
 
 from cluster.runtime import messages
-from launch.backends.base import TaskRecord, follow_file
+from launch.backends.base import TaskRecord
+from launch.backends.tail import follow_file
 from launch.run.supervised.channel import ChannelReader
 
 RECORDS = [messages.to_record(m) for m in (messages.Checkpoint(1), messages.Checkpoint(2), messages.Checkpoint(3))]
