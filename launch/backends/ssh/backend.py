@@ -25,19 +25,18 @@ import invoke
 import paramiko
 
 from cluster.runtime import rundir, runjson
-from cluster.runtime.messages import channel_env
 from cluster.runtime.rundir import LEASE_ENV
 from cluster.spec import ClusterSpec
 from launch.backends.base import (ENDED, GPU_COUNT_SH, RUNNING, STOP_GRACE_SECS, UNKNOWN, Backend, HostCheck,
                                   Observation, busy_port, TaskRecord, decode_exit, handle_of, parse_gpu_count, planned_record)
 from launch.backends.procstat import STATE, start_time, stat_fields
+from launch.backends.ssh import starting
 from launch.backends.ssh.connections import COMMAND_TIMEOUT, Connections, SSHError, parallel, ssh_target
 from launch.backends.ssh.scripts import (Seen, Started, TaskFiles, TaskProcess, Watched, lease_script,
-                                         parse_signalled, parse_snapshot, parse_started, prepare_script,
+                                         parse_signalled, parse_snapshot, prepare_script,
                                          probe_script, remote_dir, signal_script, snapshot_script, start_script,
-                                         stop_script, task_command, undo_start_script, workdir_script,
-                                         env_file_text)
-from launch.planning.plan import LEASE_SECS, TaskPlan
+                                         stop_script, task_command, workdir_script)
+from launch.planning.plan import TaskPlan
 
 log = logging.getLogger(__name__)
 
@@ -262,33 +261,23 @@ class SSHBackend(Backend):
         return h.workdirs[cwd]
 
     def start(self, plan: TaskPlan) -> TaskRecord:
-        name = plan.task.host
-        workdir = self._workdir(name, plan.cwd)
-        link = posixpath.join(workdir, plan.log_path)
-        log_file = posixpath.join(workdir, plan.attempt_log_path)
-        files = TaskFiles.beside(link)
-        h = self._host(name)
+        return next(self.start_many([plan], threading.Event()))
+
+    def start_many(self, plans: list[TaskPlan], stop: threading.Event) -> Iterator[TaskRecord]:
+        """A script per host starting all of its tasks, hosts in parallel (starting.py)."""
+        return starting.start_many(self, plans, stop)
+
+    def _earlier(self, plan: TaskPlan) -> TaskRecord | None:
+        """The record of the task's copy started before on this host (its end comes first)."""
+        h = self._host(plan.task.host)
         with h.snapshot_lock:
-            earlier = h.records.get(plan.name)
-        script = _start_script(plan, workdir, None if earlier is None else _process(earlier))
-        self._connect(name)         # an unreachable host fails here, before anything can start
-        env_text = env_file_text({**plan.env, **channel_env(log_file)})     # its records beside its log
-        self._sftp_call(name, lambda sftp: self._upload(sftp, env_text, files.envfile))
-        try:
-            result = self._run(name, script)
-            started = parse_started(result.stdout)
-            if started is None:
-                last = (result.stderr.strip().splitlines() or ['no output'])[-1]
-                raise SSHError(name, f'could not start {plan.name} (exit {result.exited}): {last}')
-        except SSHError as e:
-            # The task may have started before the answer was lost: stop it, or the launcher would
-            # leave behind a task it has no record of (not in the state file, never stopped).
-            raise SSHError(name, f'{e.cause}; {self._undo_start(name, plan.name, files)}') from None
-        record = self._started_record(plan, started, workdir, log_file, files)
+            return h.records.get(plan.name)
+
+    def _note_started(self, record: TaskRecord) -> None:
+        h = self._host(record.host)
         with h.snapshot_lock:
             h.records[record.name] = record
             h.snapshot.pop(record.name, None)   # the earlier copy's end is not this one's
-        return record
 
     def _started_record(self, plan: TaskPlan, started: Started, workdir: str, log_file: str,
                         files: TaskFiles) -> TaskRecord:
@@ -298,15 +287,6 @@ class SSHBackend(Backend):
                           address='' if plan.address in ('', t.host) else plan.address,
                           handle=SSHHandle(files.pidfile, files.rcfile, ssh_target(plan, self.ssh_config),
                                            p.group, p.group_ident))
-
-    def _undo_start(self, name: str, task: str, files: TaskFiles) -> str:
-        """Stop whatever a start that failed half way launched (undo_start_script); says what came of it."""
-        try:
-            result = self._run(name, undo_start_script(files), timeout=POLL_TIMEOUT + STOP_GRACE_SECS)
-        except SSHError as e:
-            return (f'{task} may be running there ({e.cause}); it stops itself within '
-                    f'{LEASE_SECS["ssh"]}s, once its lease is no longer renewed')
-        return f'stopped {task}, which had started' if 'stopped' in result.stdout else f'{task} did not start'
 
     # -- status ---------------------------------------------------------------------------
     def _status(self, record: TaskRecord) -> tuple[RemoteState, int | None]:
