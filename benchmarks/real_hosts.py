@@ -4,7 +4,8 @@
     python benchmarks/real_hosts.py --ps 1 --workers 2 --hosts 2  # the smallest, to see that it works
 
 The hosts are the many-host rig's (tests/harness/hosts.py: loopback addresses behind real sshds on
-this machine); tasks are dealt round-robin over them, the ps first. The run is async (a TF1
+this machine), sharing one workdir as hosts sharing a filesystem do (a TF1 checkpoint is written in
+parts: each ps saves its own variables on its host); tasks are dealt round-robin, the ps first. The run is async (a TF1
 between-graph cluster), checkpoints every tenth of the steps and restarts on failure; once the
 chief's progress passes --kill-at of the steps, ps:0 gets SIGKILL. Printed: every server up, the
 kill, the fault the launcher saw and the restart it made, the first step after it, the end, and
@@ -43,7 +44,9 @@ def write_spec(cwd: str, rig, args, python: str) -> str:
             'train': {'sync': False, 'steps': args.steps, 'batch_size': args.batch, 'data': 'synthetic',
                       'train_dir': 'run', 'log_every_secs': 2.0, 'checkpoint_steps': max(1, args.steps // 10)},
             'supervise': {'restart': 'on-failure', 'max_restarts': 2},
-            'hosts': rig.host_settings(lambda a: os.path.join(cwd, f'host-{a}'), python=python)}
+            # One workdir for every host, as a shared filesystem gives: a TF1 checkpoint's shards are
+            # written by each ps on its own host, its index by the chief (separate workdirs: no restore).
+            'hosts': rig.host_settings(lambda a: cwd, python=python)}
     path = os.path.join(cwd, 'spec.yaml')
     with open(path, 'w') as f:
         yaml.safe_dump(spec, f)
