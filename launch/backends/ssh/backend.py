@@ -31,11 +31,11 @@ from launch.backends.base import (ENDED, GPU_COUNT_SH, RUNNING, STOP_GRACE_SECS,
                                   Observation, busy_port, TaskRecord, decode_exit, handle_of, parse_gpu_count, planned_record)
 from launch.backends.procstat import STATE, start_time, stat_fields
 from launch.backends.ssh import starting
+from launch.backends.ssh.starting import _start_script
 from launch.backends.ssh.connections import COMMAND_TIMEOUT, Connections, SSHError, parallel, ssh_target
 from launch.backends.ssh.scripts import (Seen, Started, TaskFiles, TaskProcess, Watched, lease_script,
                                          parse_signalled, parse_snapshot, prepare_script,
-                                         probe_script, remote_dir, signal_script, snapshot_script, start_script,
-                                         stop_script, task_command, workdir_script)
+                                         probe_script, remote_dir, signal_script, snapshot_script, stop_script, workdir_script)
 from launch.planning.plan import TaskPlan
 
 log = logging.getLogger(__name__)
@@ -90,25 +90,6 @@ def _by_host(items: Iterable[T], host_of: Callable[[T], str]) -> dict[str, list[
     for item in items:
         out.setdefault(host_of(item), []).append(item)
     return out
-
-
-def _spec_made_absolute(argv: Iterable[str], workdir: str) -> list[str]:
-    """The task's argv with its --spec made absolute, so `ps` on the host shows which cluster a task is of."""
-    argv = list(argv)
-    if '--spec' in argv:
-        i = argv.index('--spec') + 1
-        argv[i] = posixpath.join(workdir, argv[i])
-    return argv
-
-
-def _start_script(plan: TaskPlan, workdir: str, earlier: TaskProcess | None) -> str:
-    """The script that starts `plan`'s task in `workdir` (its absolute path on the host)."""
-    link = posixpath.join(workdir, plan.log_path)
-    # Each attempt logs to a file of its own (a task restarted within one appends); log_path
-    # leads to the newest, and a plain file left there by an older version becomes attempt-0's.
-    legacy = posixpath.join(posixpath.dirname(link), rundir.attempt_dirname(0))
-    command = task_command(_spec_made_absolute(plan.argv, workdir), TaskFiles.beside(link).envfile)
-    return start_script(command, workdir, link, posixpath.join(workdir, plan.attempt_log_path), legacy, earlier)
 
 
 # The start script's size is checked before anything starts (launch/planning/limits.py), when the
@@ -267,11 +248,12 @@ class SSHBackend(Backend):
         """A script per host starting all of its tasks, hosts in parallel (starting.py)."""
         return starting.start_many(self, plans, stop)
 
-    def _earlier(self, plan: TaskPlan) -> TaskRecord | None:
-        """The record of the task's copy started before on this host (its end comes first)."""
+    def _earlier(self, plan: TaskPlan) -> TaskProcess | None:
+        """The processes of the task's copy started before on this host (its end comes first)."""
         h = self._host(plan.task.host)
         with h.snapshot_lock:
-            return h.records.get(plan.name)
+            earlier = h.records.get(plan.name)
+        return None if earlier is None else _process(earlier)
 
     def _note_started(self, record: TaskRecord) -> None:
         h = self._host(record.host)

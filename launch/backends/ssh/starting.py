@@ -14,19 +14,37 @@ from __future__ import annotations
 
 import posixpath
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol, TypeVar
 
+import invoke
+import paramiko
+
+from cluster.runtime import rundir
 from cluster.runtime.messages import channel_env
 from launch.backends.base import STOP_GRACE_SECS, TaskRecord
 from launch.backends.ssh.connections import COMMAND_TIMEOUT, SSHError, parallel
-from launch.backends.ssh.scripts import (TaskFiles, env_file_text, host_script, parse_host_script, parse_started,
+from launch.backends.ssh.scripts import (Started, TaskFiles, TaskProcess, env_file_text, start_script, task_command, host_script, parse_host_script, parse_started,
                                          undo_start_script, write_env_file)
 from launch.planning.plan import LEASE_SECS, TaskPlan
 
-if TYPE_CHECKING:
-    from launch.backends.ssh.backend import SSHBackend
+R = TypeVar('R')
+
+
+class SSHBackend(Protocol):
+    """What a start needs of the backend (backend.py's SSHBackend)."""
+
+    def _connect(self, name: str) -> object: ...
+    def _run(self, name: str, script: str, timeout: float = ...) -> invoke.Result: ...
+    def _sftp_call(self, name: str, fn: Callable[[paramiko.SFTPClient], R]) -> R: ...
+    def _upload(self, sftp: paramiko.SFTPClient, text: str, target: str) -> None: ...
+    def _workdir(self, name: str, cwd: str) -> str: ...
+    def _earlier(self, plan: TaskPlan) -> TaskProcess | None: ...
+    def _note_started(self, record: TaskRecord) -> None: ...
+    def _started_record(self, plan: TaskPlan, started: Started, workdir: str, log_file: str,
+                        files: TaskFiles) -> TaskRecord: ...
+
 
 START_HOSTS_AT_ONCE = 32      # hosts started at once (50 hosts: two rounds of a script each)
 SCRIPT_BYTES = 96 * 1024      # a host script's size at most (MAX_ARG_STRLEN is 128 KiB)
@@ -86,13 +104,30 @@ def _start_host(backend: SSHBackend, name: str, plans: list[TaskPlan],
     return records, None
 
 
+def _spec_made_absolute(argv: Iterable[str], workdir: str) -> list[str]:
+    """The task's argv with its --spec made absolute, so `ps` on the host shows which cluster a task is of."""
+    argv = list(argv)
+    if '--spec' in argv:
+        i = argv.index('--spec') + 1
+        argv[i] = posixpath.join(workdir, argv[i])
+    return argv
+
+
+def _start_script(plan: TaskPlan, workdir: str, earlier: TaskProcess | None) -> str:
+    """The script that starts `plan`'s task in `workdir` (its absolute path on the host)."""
+    link = posixpath.join(workdir, plan.log_path)
+    # Each attempt logs to a file of its own (a task restarted within one appends); log_path
+    # leads to the newest, and a plain file left there by an older version becomes attempt-0's.
+    legacy = posixpath.join(posixpath.dirname(link), rundir.attempt_dirname(0))
+    command = task_command(_spec_made_absolute(plan.argv, workdir), TaskFiles.beside(link).envfile)
+    return start_script(command, workdir, link, posixpath.join(workdir, plan.attempt_log_path), legacy, earlier)
+
+
 def _part(backend: SSHBackend, name: str, plan: TaskPlan) -> _Part:
-    from launch.backends.ssh.backend import _process, _start_script
     workdir = backend._workdir(name, plan.cwd)
     log_file = posixpath.join(workdir, plan.attempt_log_path)
     files = TaskFiles.beside(posixpath.join(workdir, plan.log_path))
-    earlier = backend._earlier(plan)
-    start = _start_script(plan, workdir, None if earlier is None else _process(earlier))
+    start = _start_script(plan, workdir, backend._earlier(plan))
     env_text = env_file_text({**plan.env, **channel_env(log_file)})     # its records beside its log
     return _Part(plan, workdir, log_file, files, env_text, start)
 
