@@ -7,7 +7,8 @@ and noisy, so absolute seconds only mean something next to their baseline).
     python benchmarks/bench.py --only accuracy # Fashion-MNIST: one process, sync, async, 6 epochs each (about 30 min)
     python benchmarks/bench.py --only pss      # TF2 ParameterServerStrategy vs TF1 between-graph vs one process
     python benchmarks/bench.py --only links    # emulated links, by hand (root; about 20 min, 3 with --quick)
-    python benchmarks/bench.py --only scale    # the launcher at 10, 100, 300 rehearsal tasks, by hand (--sizes)
+    python benchmarks/bench.py --only scale    # the launcher at 10, 100, 300 rehearsal tasks, and over SSH to
+                                               # 1, 10, 50 rig hosts at 100, 300, by hand (--sizes, --ssh-sizes, --hosts)
     python benchmarks/bench.py --plots DIR     # and draw the figures as PNGs there (benchmarks/plots.py)
 
 Baselines: the time one process takes to `import tensorflow` (start-up is mostly imports), the
@@ -574,7 +575,11 @@ def main() -> None:
                    help='run only these sections (links and scale run only when named: emulated links, about '
                         '20 min, 3 with --quick; scale, the launcher at --sizes rehearsal tasks)')
     p.add_argument('--sizes', type=lambda text: tuple(int(n) for n in text.split(',')),
-                   help='--only scale: tasks per run, comma-separated (default 10,100,300; 10,30 with --quick)')
+                   help='--only scale: tasks per local run, comma-separated (default 10,100,300; 10 with --quick)')
+    p.add_argument('--ssh-sizes', type=lambda text: tuple(int(n) for n in text.split(',')),
+                   help='--only scale: tasks per SSH run on the rig, comma-separated (default 100,300; 10 with --quick)')
+    p.add_argument('--hosts', type=lambda text: tuple(int(n) for n in text.split(',')),
+                   help='--only scale: rig hosts of the SSH runs, comma-separated (default 1,10,50; 1,2 with --quick)')
     p.add_argument('--reps', type=int, default=3)
     p.add_argument('--steps', type=int, default=300, help='global steps of each cluster run')
     p.add_argument('--batch', type=int, default=64, help='batch per worker (per tower)')
@@ -590,7 +595,9 @@ def main() -> None:
     args.link_rates, args.link_ps, args.link_dtypes, args.link_steps = LINK_RATES, (1, 2), ('float32', 'bfloat16'), 100
     args.link_batch = args.batch
     args.accuracy_kinds, args.accuracy_epochs = ('single', 'sync', 'async'), args.epochs
-    args.scale_sizes = args.sizes or ((10, 30) if args.quick else (10, 100, 300))
+    args.scale_sizes = args.sizes or ((10,) if args.quick else (10, 100, 300))
+    args.scale_ssh_sizes = args.ssh_sizes or ((10,) if args.quick else (100, 300))
+    args.scale_hosts = args.hosts or ((1, 2) if args.quick else (1, 10, 50))
     if args.quick:
         args.reps, args.steps, args.batch, args.single_steps = 1, 30, 16, 10
         args.learn_steps, args.learn_every, args.learn_modes = 40, 40, 1     # sync: one checkpoint, one eval

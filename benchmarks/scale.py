@@ -88,11 +88,11 @@ def read_events(rundir: str) -> list[dict]:
 class Launcher:
     """`launch up SPEC --rehearse`, its output read as it comes, its CPU and RSS sampled on demand."""
 
-    def __init__(self, spec: str, steps: int, start_timeout: int, env: dict, repo: str):
+    def __init__(self, spec: str, steps: int, start_timeout: int, env: dict, cwd: str, extra: tuple[str, ...] = ()):
         args = [sys.executable, '-m', 'launch', 'up', spec, '--rehearse', '--set', f'train.steps={steps}',
-                '--start-timeout', str(start_timeout)]
+                '--start-timeout', str(start_timeout), *extra]
         self.t0 = time.time()
-        self.proc = subprocess.Popen(args, cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        self.proc = subprocess.Popen(args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      env=env, start_new_session=True)
         self.ps = psutil.Process(self.proc.pid)
         self.lines: list[str] = []
@@ -222,9 +222,9 @@ def timed(args: list[str], env: dict, repo: str, timeout: float) -> tuple[float,
     return time.monotonic() - t0, done
 
 
-def readers(rundir: str, tmp: str, size: int, env: dict, repo: str) -> dict:
+def readers(rundir: str, tmp: str, size: int, env: dict, repo: str, extra: tuple[str, ...] = ()) -> dict:
     """`launch status` and `launch report` on the rehearsal's directory: wall time and size."""
-    status_s, status = timed([sys.executable, '-m', 'launch', 'status', rundir], env, repo, 120)
+    status_s, status = timed([sys.executable, '-m', 'launch', 'status', rundir, *extra], env, repo, 120)
     html = os.path.join(tmp, f'scale-{size}-report.html')
     report_s, report = timed([sys.executable, '-m', 'launch', 'report', rundir, '-o', html], env, repo, 300)
     return {'status_s': status_s, 'status_bytes': len(status.stdout), 'status_rc': status.returncode,
@@ -237,13 +237,14 @@ def steps_for(size: int) -> int:
     return STEPS_PER_SEC * (STEADY_SECS + 10 + math.ceil(size * 0.4))     # 300 tasks took ~90 s to be up here
 
 
-def run_size(size: int, tmp: str, free_ports, env: dict, repo: str) -> dict:
+def run_size(size: int, tmp: str, free_ports, env: dict, repo: str, made: tuple | None = None) -> dict:
     """One size, end to end; raises RuntimeError with a short reason where it fails (args[1]: the
-    launcher's last lines)."""
+    launcher's last lines). `made`: (spec, rundir, cwd, extra launch arguments) of a spec written
+    elsewhere (scale_ssh.py), else a local spec of `size` tasks."""
     ps, workers = layout(size)
-    spec, rundir = write_spec(tmp, size, free_ports)
+    spec, rundir, cwd, extra = made or (*write_spec(tmp, size, free_ports), repo, ())
     start_timeout = max(120, size)
-    launcher = Launcher(spec, steps_for(size), start_timeout, env, repo)
+    launcher = Launcher(spec, steps_for(size), start_timeout, env, cwd, extra)
     try:
         if not launcher.wait_up(start_timeout + 30):
             raise RuntimeError(f'not all up (launch up rc {launcher.proc.poll()}, {launcher.served(rundir)} of '
@@ -272,7 +273,7 @@ def run_size(size: int, tmp: str, free_ports, env: dict, repo: str) -> dict:
            'fault_seen_s': delays, 'fault_p50_s': pct(got, 0.5), 'fault_p99_s': pct(got, 0.99),
            'teardown_s': exited - finish if finish else None, 'events_bytes': size_bytes,
            'events_bytes_per_min': size_bytes / run_min if run_min else None}
-    out.update(readers(rundir, tmp, size, env, repo))
+    out.update(readers(rundir, tmp, size, env, repo, extra))
     return out
 
 
@@ -302,30 +303,35 @@ def fits(size: int) -> tuple[bool, int]:
     return free >= size * PER_TASK_BYTES + HEADROOM_BYTES, free
 
 
+def measured(size: int, run, lead: str = '') -> dict:
+    """One row: run() measured and printed (`lead` before it, the SSH rows' host count), or a
+    skipped or failed row said so."""
+    ok, free = fits(size)
+    if not ok:
+        print(f'{lead}{size:>5} skipped: {free / MB:.0f} MB free, needs {(size * PER_TASK_BYTES + HEADROOM_BYTES) / MB:.0f}'
+              ' MB (N x 45 MB + 2 GB)', flush=True)
+        return {'tasks': size, 'skipped': f'{free / MB:.0f} MB free'}
+    t0 = time.monotonic()
+    try:
+        r = run()
+    except (RuntimeError, OSError, subprocess.SubprocessError, psutil.Error, KeyError, ValueError) as e:
+        print(f'{lead}{size:>5} FAILED after {time.monotonic() - t0:.0f} s: {type(e).__name__}: {e.args[0]}', flush=True)
+        return {'tasks': size, 'failed': f'{type(e).__name__}: {e.args[0]}', 'output_tail': e.args[1:]}
+    r['wall_s'] = time.monotonic() - t0
+    print(lead + row(r), flush=True)
+    if r['exit_code'] or None in r['fault_seen_s']:
+        print(f'      note: launch up exited {r["exit_code"]}; kills {r["kills"]} -> fault seen '
+              f'{[fmt(d, ".2f") for d in r["fault_seen_s"]]}', flush=True)
+    return r
+
+
 def bench(args, tmp: str, free_ports, env: dict, repo: str) -> dict:
-    """Every size of args.scale_sizes in turn: a row each, failed or skipped rows said so."""
+    """Every size of args.scale_sizes in turn, locally, then args.scale_ssh_sizes over SSH to each
+    of args.scale_hosts hosts of the rig (scale_ssh.py): a row each, failed or skipped rows said so."""
     print(f'\n== scale: `launch up --rehearse` (local), stand-ins at {STEPS_PER_SEC} steps/s, async, 1 ps per '
           f'50 workers; {KILLS} workers SIGKILLed at steady state; cpu = the launcher\'s share of one core')
     print(HEAD, flush=True)
-    rows = []
-    for size in args.scale_sizes:
-        ok, free = fits(size)
-        if not ok:
-            print(f'{size:>5} skipped: {free / MB:.0f} MB free, needs {(size * PER_TASK_BYTES + HEADROOM_BYTES) / MB:.0f}'
-                  ' MB (N x 45 MB + 2 GB)', flush=True)
-            rows.append({'tasks': size, 'skipped': f'{free / MB:.0f} MB free'})
-            continue
-        t0 = time.monotonic()
-        try:
-            r = run_size(size, tmp, free_ports, env, repo)
-        except (RuntimeError, OSError, subprocess.SubprocessError, psutil.Error, KeyError, ValueError) as e:
-            print(f'{size:>5} FAILED after {time.monotonic() - t0:.0f} s: {type(e).__name__}: {e.args[0]}', flush=True)
-            rows.append({'tasks': size, 'failed': f'{type(e).__name__}: {e.args[0]}', 'output_tail': e.args[1:]})
-            continue
-        r['wall_s'] = time.monotonic() - t0
-        rows.append(r)
-        print(row(r), flush=True)
-        if r['exit_code'] or None in r['fault_seen_s']:
-            print(f'      note: launch up exited {r["exit_code"]}; kills {r["kills"]} -> fault seen '
-                  f'{[fmt(d, ".2f") for d in r["fault_seen_s"]]}', flush=True)
-    return {'rows': rows, 'steps_per_sec': STEPS_PER_SEC, 'steady_secs': STEADY_SECS}
+    rows = [measured(size, lambda size=size: run_size(size, tmp, free_ports, env, repo)) for size in args.scale_sizes]
+    import scale_ssh        # beside this script
+    ssh_rows = scale_ssh.bench(args, tmp, free_ports, env, repo)
+    return {'rows': rows, 'ssh_rows': ssh_rows, 'steps_per_sec': STEPS_PER_SEC, 'steady_secs': STEADY_SECS}

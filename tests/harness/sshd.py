@@ -36,6 +36,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.procs import _alive, _descendants, _signal, _wait_gone, process_table  # noqa: F401 (process_table: for the tests)
+
 log = logging.getLogger(__name__)
 
 SSHD = "/usr/sbin/sshd"
@@ -114,70 +116,6 @@ def _sshd_version() -> tuple[int, int]:
     return (int(match[1]), int(match[2])) if match else (0, 0)
 
 
-# -- processes --------------------------------------------------------------
-
-def _stat(pid: int):
-    """(ppid, starttime, state) of ``pid`` from /proc, or None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:  # gone (ENOENT, ESRCH)
-        return None
-    fields = data[data.rindex(b")") + 2:].split()
-    return int(fields[1]), int(fields[19]), fields[0].decode()
-
-
-def _descendants(root: int) -> dict[int, int]:
-    """{pid: starttime} of every live descendant of ``root`` (not root itself)."""
-    children: dict[int, list[int]] = {}
-    starts: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            st = _stat(int(entry))
-            if st and st[2] != "Z":
-                children.setdefault(st[0], []).append(int(entry))
-                starts[int(entry)] = st[1]
-    found: dict[int, int] = {}
-    todo = list(children.get(root, ()))
-    while todo:
-        pid = todo.pop()
-        if pid in starts and pid not in found:
-            found[pid] = starts[pid]
-            todo.extend(children.get(pid, ()))
-    return found
-
-
-def _alive(pid: int, start: int) -> bool:
-    st = _stat(pid)
-    return st is not None and st[1] == start and st[2] != "Z"
-
-
-def _signal(procs: dict[int, int], sig: int) -> None:
-    for pid, start in procs.items():
-        if _alive(pid, start):  # guards against a recycled pid
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-
-
-def _wait_gone(procs: dict[int, int], deadline: float) -> dict[int, int]:
-    """Wait until every process is gone or ``deadline``; return the survivors."""
-    while True:
-        alive = {p: s for p, s in procs.items() if _alive(p, s)}
-        if not alive or time.monotonic() >= deadline:
-            return alive
-        time.sleep(0.01)
-
-
-def process_table() -> list[tuple[int, str]]:
-    """(pid, args) of every process, from ``ps -eo pid,args``."""
-    out = _run(["ps", "-eo", "pid=,args="]).stdout
-    rows = []
-    for line in out.splitlines():
-        pid, _, args = line.strip().partition(" ")
-        rows.append((int(pid), args.strip()))
-    return rows
-
-
 # -- the server -------------------------------------------------------------
 
 class SSHHosts:
@@ -196,7 +134,8 @@ class SSHHosts:
     user = "root"
 
     def __init__(self, tmp_path, addresses=DEFAULT_ADDRESSES, start_timeout: float = 10.0,
-                 source_bashrc: bool = False, sftp: bool = True):
+                 source_bashrc: bool = False, sftp: bool = True, port: int | None = None, wrap=()):
+        self.fixed_port, self.wrap = port, tuple(wrap)     # wrap: argv before sshd's (`ip netns exec NS`)
         self.dir = Path(tmp_path).resolve()
         self.source_bashrc = source_bashrc
         self.sftp = sftp
@@ -250,7 +189,7 @@ class SSHHosts:
         self.host_pubkey = _pubkey(self.host_key_path)
         self.authorized_keys.write_text(_pubkey(self.key_path) + "\n")
         for attempt in range(1, 4):
-            self.port = _free_port(self.addresses)
+            self.port = self.fixed_port or _free_port(self.addresses)
             self._write_sshd_config()
             self._spawn()
             try:
@@ -313,7 +252,7 @@ class SSHHosts:
         self._log_file = open(self.log_path, "ab")
         # PDEATHSIG fires when the forking *thread* ends: only ask from the main thread.
         parent = os.getpid() if threading.current_thread() is threading.main_thread() else 0
-        argv = [sys.executable, "-I", "-S", "-c", _SSHD_WRAPPER, str(parent),
+        argv = [*self.wrap, sys.executable, "-I", "-S", "-c", _SSHD_WRAPPER, str(parent),
                 SSHD, "-D", "-e", "-f", str(self.config_path)]
         self._proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=self._log_file, stderr=self._log_file,
@@ -352,7 +291,7 @@ class SSHHosts:
     # -- client files -------------------------------------------------------
 
     def known_hosts_text(self, pubkey: str) -> str:
-        return "".join(f"[{a}]:{self.port} {pubkey}\n" for a in self.addresses)
+        return "".join(f"{a if self.port == 22 else f'[{a}]:{self.port}'} {pubkey}\n" for a in self.addresses)
 
     def _write_ssh_config(self) -> None:
         blocks = []

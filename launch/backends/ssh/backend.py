@@ -25,20 +25,19 @@ import invoke
 import paramiko
 
 from cluster.runtime import rundir, runjson
-from cluster.runtime.messages import channel_env
 from cluster.runtime.rundir import LEASE_ENV
 from cluster.spec import ClusterSpec
 from cluster.rehearsal.argv import task_module
 from launch.backends.base import (ENDED, GPU_COUNT_SH, RUNNING, STOP_GRACE_SECS, UNKNOWN, Backend, HostCheck,
                                   Observation, busy_port, TaskRecord, decode_exit, handle_of, parse_gpu_count, planned_record)
 from launch.backends.procstat import STATE, start_time, stat_fields
+from launch.backends.ssh import starting
+from launch.backends.ssh.starting import _start_script
 from launch.backends.ssh.connections import COMMAND_TIMEOUT, Connections, SSHError, parallel, ssh_target
 from launch.backends.ssh.scripts import (Seen, Started, TaskFiles, TaskProcess, Watched, lease_script,
-                                         parse_signalled, parse_snapshot, parse_started, prepare_script,
-                                         probe_script, remote_dir, signal_script, snapshot_script, start_script,
-                                         stop_script, task_command, undo_start_script, workdir_script,
-                                         env_file_text)
-from launch.planning.plan import LEASE_SECS, TaskPlan
+                                         parse_signalled, parse_snapshot, prepare_script,
+                                         probe_script, remote_dir, signal_script, snapshot_script, stop_script, workdir_script)
+from launch.planning.plan import TaskPlan
 
 log = logging.getLogger(__name__)
 
@@ -92,25 +91,6 @@ def _by_host(items: Iterable[T], host_of: Callable[[T], str]) -> dict[str, list[
     for item in items:
         out.setdefault(host_of(item), []).append(item)
     return out
-
-
-def _spec_made_absolute(argv: Iterable[str], workdir: str) -> list[str]:
-    """The task's argv with its --spec made absolute, so `ps` on the host shows which cluster a task is of."""
-    argv = list(argv)
-    if '--spec' in argv:
-        i = argv.index('--spec') + 1
-        argv[i] = posixpath.join(workdir, argv[i])
-    return argv
-
-
-def _start_script(plan: TaskPlan, workdir: str, earlier: TaskProcess | None) -> str:
-    """The script that starts `plan`'s task in `workdir` (its absolute path on the host)."""
-    link = posixpath.join(workdir, plan.log_path)
-    # Each attempt logs to a file of its own (a task restarted within one appends); log_path
-    # leads to the newest, and a plain file left there by an older version becomes attempt-0's.
-    legacy = posixpath.join(posixpath.dirname(link), rundir.attempt_dirname(0))
-    command = task_command(_spec_made_absolute(plan.argv, workdir), TaskFiles.beside(link).envfile)
-    return start_script(command, workdir, link, posixpath.join(workdir, plan.attempt_log_path), legacy, earlier)
 
 
 # The start script's size is checked before anything starts (launch/planning/limits.py), when the
@@ -263,33 +243,24 @@ class SSHBackend(Backend):
         return h.workdirs[cwd]
 
     def start(self, plan: TaskPlan) -> TaskRecord:
-        name = plan.task.host
-        workdir = self._workdir(name, plan.cwd)
-        link = posixpath.join(workdir, plan.log_path)
-        log_file = posixpath.join(workdir, plan.attempt_log_path)
-        files = TaskFiles.beside(link)
-        h = self._host(name)
+        return next(self.start_many([plan], threading.Event()))
+
+    def start_many(self, plans: list[TaskPlan], stop: threading.Event) -> Iterator[TaskRecord]:
+        """A script per host starting all of its tasks, hosts in parallel (starting.py)."""
+        return starting.start_many(self, plans, stop)
+
+    def _earlier(self, plan: TaskPlan) -> TaskProcess | None:
+        """The processes of the task's copy started before on this host (its end comes first)."""
+        h = self._host(plan.task.host)
         with h.snapshot_lock:
             earlier = h.records.get(plan.name)
-        script = _start_script(plan, workdir, None if earlier is None else _process(earlier))
-        self._connect(name)         # an unreachable host fails here, before anything can start
-        env_text = env_file_text({**plan.env, **channel_env(log_file)})     # its records beside its log
-        self._sftp_call(name, lambda sftp: self._upload(sftp, env_text, files.envfile))
-        try:
-            result = self._run(name, script)
-            started = parse_started(result.stdout)
-            if started is None:
-                last = (result.stderr.strip().splitlines() or ['no output'])[-1]
-                raise SSHError(name, f'could not start {plan.name} (exit {result.exited}): {last}')
-        except SSHError as e:
-            # The task may have started before the answer was lost: stop it, or the launcher would
-            # leave behind a task it has no record of (not in the state file, never stopped).
-            raise SSHError(name, f'{e.cause}; {self._undo_start(name, plan.name, files)}') from None
-        record = self._started_record(plan, started, workdir, log_file, files)
+        return None if earlier is None else _process(earlier)
+
+    def _note_started(self, record: TaskRecord) -> None:
+        h = self._host(record.host)
         with h.snapshot_lock:
             h.records[record.name] = record
             h.snapshot.pop(record.name, None)   # the earlier copy's end is not this one's
-        return record
 
     def _started_record(self, plan: TaskPlan, started: Started, workdir: str, log_file: str,
                         files: TaskFiles) -> TaskRecord:
@@ -299,15 +270,6 @@ class SSHBackend(Backend):
                           address='' if plan.address in ('', t.host) else plan.address,
                           handle=SSHHandle(files.pidfile, files.rcfile, ssh_target(plan, self.ssh_config),
                                            p.group, p.group_ident))
-
-    def _undo_start(self, name: str, task: str, files: TaskFiles) -> str:
-        """Stop whatever a start that failed half way launched (undo_start_script); says what came of it."""
-        try:
-            result = self._run(name, undo_start_script(files), timeout=POLL_TIMEOUT + STOP_GRACE_SECS)
-        except SSHError as e:
-            return (f'{task} may be running there ({e.cause}); it stops itself within '
-                    f'{LEASE_SECS["ssh"]}s, once its lease is no longer renewed')
-        return f'stopped {task}, which had started' if 'stopped' in result.stdout else f'{task} did not start'
 
     # -- status ---------------------------------------------------------------------------
     def _status(self, record: TaskRecord) -> tuple[RemoteState, int | None]:

@@ -26,6 +26,7 @@ from launch.backends.base import BackendError
 from launch.backends.ssh.scripts import q
 from launch.planning.plan import TaskPlan, is_local
 
+HOSTS_AT_ONCE = 16            # hosts a fan-out (parallel) talks to at once
 CONNECT_TIMEOUT = 10          # seconds, unless the ssh config says ConnectTimeout
 COMMAND_TIMEOUT = 60          # seconds for any one remote command (a stop adds its grace)
 DEFAULT_KNOWN_HOSTS = ('~/.ssh/known_hosts', '~/.ssh/known_hosts2')
@@ -77,14 +78,14 @@ def host_addresses(spec: ClusterSpec, ssh_config: str | None = None) -> dict[str
     return out
 
 
-def parallel(fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
-    """fn(item) for every item at once (one thread per host); results in order. Every item
+def parallel(fn: Callable[[T], R], items: Iterable[T], at_once: int = HOSTS_AT_ONCE) -> list[R]:
+    """fn(item) for every item, `at_once` at a time (one thread per host); results in order. Every item
     runs to its end even when another fails: one SSHError then names every host that failed
     (Fabric's GroupResult keeps each host's outcome the same way)."""
     items = list(items)
     if len(items) <= 1:
         return [fn(i) for i in items]
-    with ThreadPoolExecutor(max_workers=min(16, len(items))) as pool:
+    with ThreadPoolExecutor(max_workers=min(at_once, len(items))) as pool:
         futures = [pool.submit(fn, i) for i in items]
     failed = [e for e in (f.exception() for f in futures) if e is not None]
     if not failed:

@@ -36,6 +36,7 @@ STARTTIME_SH = "sed 's/.*) //' /proc/{pid}/stat 2>/dev/null | cut -d' ' -f20"
 SNAPSHOT_END = 'tfcluster-status-end'   # last line of a status answer: a cut-short one lacks it
 STARTED = 'tfcluster-started'           # the line a start script answers with
 SIGNALLED = 'tfcluster-signalled'       # a signal script's line for each task it signalled
+TASK_MARK = 'tfcluster-task'            # a host script's line before each task's part of its answer
 
 
 def q(value: object) -> str:
@@ -123,6 +124,35 @@ def env_file_text(env: Mapping[str, str]) -> str:
     """The task's environment as lines a POSIX shell reads with `.`: `export NAME=value`, each
     value quoted (a name is a valid variable name: the spec checks it)."""
     return ''.join(f'export {k}={q(v)}\n' for k, v in env.items())
+
+
+def write_env_file(env_text: str, envfile: str) -> str:
+    """Lines that write a task's env file (env_file_text) from a here-document: its owner's alone
+    (umask) before it holds a byte, whole (under another name, then renamed). The here-document is
+    quoted, so the shell expands nothing in it, and ends at a line the text does not hold."""
+    end = 'TFCLUSTER_ENV_END'
+    while end in env_text.splitlines():
+        end += '_'
+    tmp = envfile + '.tmp'
+    return f"(umask 077 && cat > {q(tmp)} <<'{end}'\n{env_text}{end}\n) && mv {q(tmp)} {q(envfile)} || exit 1"
+
+
+def host_script(parts: Iterable[tuple[str, str]]) -> str:
+    """One script for several tasks of a host: each (name, script) part runs in a subshell of its own
+    (its `exit` ends it alone), its stdout and stderr after a TASK_MARK line that names it."""
+    return '\n'.join(f'echo {q(TASK_MARK + " " + name)}\n(\n{script}\n) 2>&1' for name, script in parts)
+
+
+def parse_host_script(stdout: str) -> dict[str, str]:
+    """A host script's answer, task by task (host_script): a task missing had no turn."""
+    out: dict[str, list[str]] = {}
+    lines: list[str] | None = None
+    for line in stdout.splitlines():
+        if line.startswith(TASK_MARK + ' '):
+            lines = out.setdefault(line[len(TASK_MARK) + 1:], [])
+        elif lines is not None:
+            lines.append(line)
+    return {name: '\n'.join(lines) for name, lines in out.items()}
 
 
 def wrapper(command: str, files: TaskFiles) -> str:

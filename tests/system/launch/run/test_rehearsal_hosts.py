@@ -1,0 +1,65 @@
+"""A rehearsal over SSH on the many-host rig (tests/harness/hosts.py): ten hosts, one of which lets
+no task but the launcher reach a ps port. The rehearsal starts and ends (the launcher reaches every
+task), its table names every pair that could not reach that ps, every host was reached over one
+SSH connection for the whole run, and nothing is left behind (the rig's teardown asserts it)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+
+import pytest
+
+from tests.conftest import REPO, launch, write_spec
+from tests.harness.hosts import Rig, unavailable
+from tests.harness.ssh import spec_ports
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(bool(unavailable(namespaces=False)), reason=f'the rig: {unavailable(False)}')]
+
+HOSTS = 10
+WORKERS = 18
+
+
+def python_of_this_tree(tmp_path) -> str:
+    """A `python` for the hosts that imports this checkout (sshd passes no PYTHONPATH on)."""
+    path = tmp_path / 'python'
+    path.write_text(f'#!/bin/sh\nPYTHONPATH={REPO} exec {sys.executable} "$@"\n')
+    path.chmod(0o755)
+    return str(path)
+
+
+def connections(rig: Rig) -> dict[str, int]:
+    """Connections each host's sshd accepted so far (its log: `Connection from ... on ADDR port`)."""
+    out = {a: 0 for a in rig.addresses}
+    for server in {id(rig.sshd_of(a)): rig.sshd_of(a) for a in rig.addresses}.values():
+        for found in re.finditer(r'Connection from \S+ port \d+ on (\S+) port', server.log_path.read_text()):
+            out[found[1]] = out.get(found[1], 0) + 1
+    return out
+
+
+def test_a_ten_host_rehearsal_names_the_ps_port_one_host_blocks(tmp_path):
+    with Rig(tmp_path / 'rig', HOSTS) as rig:
+        where = rig.addresses[:2] + [rig.addresses[i % HOSTS] for i in range(WORKERS)]   # ps:0, ps:1, workers
+        hosts = rig.host_settings(lambda a: tmp_path / f'host-{a}', python=python_of_this_tree(tmp_path))
+        spec = write_spec(tmp_path, workers=WORKERS, ps=2, task_hosts=where, hosts=hosts, train_dir='run',
+                          sync=False, steps=300)
+        blocked = spec_ports(spec)['ps:1']
+        rig.block(rig.addresses[1], blocked)
+        before = connections(rig)
+        out = launch('up', spec, '--rehearse', '--ssh-config', str(rig.ssh_config), cwd=str(tmp_path), timeout=400)
+        opened = {a: n - before[a] for a, n in connections(rig).items()}
+        said = out.stdout + out.stderr
+        assert out.returncode == 0, said[-6000:]
+        assert f'all {WORKERS + 2} servers are up' in said, said[-3000:]
+        assert f'{2 * WORKERS - WORKERS} of {2 * WORKERS} link(s) reached' in said, said[-3000:]
+        for w in range(WORKERS):
+            assert f'worker:{w} cannot reach ps:1 ({rig.addresses[1]}:{blocked})' in said, said[-3000:]
+        assert 'cannot reach ps:0' not in said
+        with open(os.path.join(tmp_path, 'run', 'rehearsal', 'run.json')) as f:     # the launcher's own
+            found = json.load(f).get('rehearsal') or {}
+        if found.get('links'):          # run.json may keep a summary only (the links in a file of their own)
+            assert {x['source'] for x in found['links'] if x['error']} == {f'worker:{w}' for w in range(WORKERS)}
+        assert opened == {a: 1 for a in rig.addresses}, opened      # one connection per host, kept
+    assert not rig.leftovers()
