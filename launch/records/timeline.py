@@ -169,8 +169,10 @@ def story(run: Run) -> Story:
     """Walk the events once, opening a task's bar when it starts and closing it when it is lost,
     the cluster restarts or the attempt ends."""
     walk = _Walk({a.number: a.end for a in attempts(run)})
+    attempt = None
     for e in run.events:
-        walk.close_older(e.attempt)
+        if e.attempt != attempt:    # only a change of attempt can end a bar: each look is O(tasks)
+            walk.close_older(attempt := e.attempt)
         walk.see(e)
     walk.close_older(None)
     tasks = sorted({s.task for s in walk.segments} | {m[0] for m in walk.marks if m[0] != RUN_ROW}, key=task_order)
