@@ -16,7 +16,7 @@ from cluster.spec import ClusterSpec, SpecError, load_spec
 from cluster.spec.load import take_overrides
 from launch.commands import COMMANDS, Request, check_request, cmd_download, cmd_list, load_target
 from launch.commands.flags import (DownloadFlags, EvalFlags, JsonFlags, ListFlags, LogsFlags, NoFlags, OutputFlags,
-                                   RenderFlags, ScaleFlags, UpFlags)
+                                   RenderFlags, ScaleFlags, StatusFlags, UpFlags)
 from launch.errors import LaunchError, NoSuchRun
 from launch.records.runs import RunNotFound
 from launch.render import RENDERERS, RenderOptions, takers
@@ -86,7 +86,8 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
     up.add_argument('--start-timeout', type=float, default=120.0, metavar='SECS',
                     help='how long every server may take to accept connections (default 120)')
     up.add_argument('-v', '--verbose', action='store_true',
-                    help="also show TensorFlow's C++ start-up messages (always kept in the log files)")
+                    help="also show TensorFlow's C++ start-up messages and, in a run of more than 50 tasks, every "
+                         "task's progress lines (only the chief's otherwise); the log files keep every line")
     up.add_argument('--finish-timeout', type=float, default=60.0, metavar='SECS',
                     help='how long the tasks left may run once one side finished: the ps tasks after the workers, '
                          'an evaluator (its last evaluation) after the chief (default 60)')
@@ -104,6 +105,9 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
                                        '(exit 0: running or done, 1: failed or interrupted, 3: no such run)')
     _spec_args(st, run=True)
     _json_arg(st)
+    st.add_argument('--all', action='store_true',
+                    help='a row per task, however many (a run of more than 12 tasks is shown one line per job: '
+                         'its tasks counted by state, those to look at named)')
     down = sub.add_parser('down', help="stop whatever is left of the spec's cluster")
     _spec_args(down, run=True)
     logs = sub.add_parser('logs', help="print a task's log (all tasks when none is named)")
@@ -281,7 +285,7 @@ FLAGS: dict[str, Callable[[argparse.Namespace], object]] = {
     'up': lambda a: UpFlags(workers=a.workers, verbose=a.verbose, start_timeout=a.start_timeout,
                             finish_timeout=a.finish_timeout, overrides=tuple(a.overrides), rehearse=a.rehearse),
     'scale': lambda a: ScaleFlags(a.workers),
-    'status': _json_flags, 'plan': _json_flags, 'check': _json_flags,
+    'status': lambda a: StatusFlags(a.json, a.all), 'plan': _json_flags, 'check': _json_flags,
     'down': lambda a: NoFlags(), 'debug': lambda a: NoFlags(),
     'logs': lambda a: LogsFlags(task=a.task, follow=a.follow, attempt=a.attempt),
     'eval': lambda a: EvalFlags(a.checkpoint, a.verbose),

@@ -34,6 +34,12 @@ class JsonFlags:
 
 
 @dataclass(frozen=True)
+class StatusFlags(JsonFlags):
+    """status: --json, and --all (a row per task, however many)."""
+    all: bool = False
+
+
+@dataclass(frozen=True)
 class LogsFlags:
     task: str | None                # job:index (None: every task)
     follow: bool

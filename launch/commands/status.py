@@ -5,11 +5,12 @@ import os
 import time
 
 from cluster.runtime import runjson
-from cluster.runtime.contract import job_of
 from cluster.runtime.rundir import EXIT_FAILED, EXIT_OK
 from cluster.spec import ClusterSpec
-from launch.backends.base import BackendError, Observation, stop_all
-from launch.commands.flags import JsonFlags
+from launch.backends.base import BackendError, stop_all
+from launch.commands import status_view
+from launch.commands.flags import StatusFlags
+from launch.commands.status_view import TaskRow
 from launch.commands.request import Request, backends_for, plans_of
 from launch.errors import EXIT_NO_RUN
 from launch.planning.plan import TaskPlan, state_path
@@ -26,9 +27,10 @@ def no_state(spec: ClusterSpec) -> str:
             'train_dir is relative to the directory `launch up` ran in)')
 
 
-def cmd_status(spec: ClusterSpec, req: Request[JsonFlags]) -> int:
+def cmd_status(spec: ClusterSpec, req: Request[StatusFlags]) -> int:
     """The run's state and its tasks. Exit code 0: running or done; 1: failed or interrupted;
-    3: no run of this spec is known in its train_dir."""
+    3: no run of this spec is known in its train_dir. A run of more than a dozen tasks is shown one
+    line per job (`--all`: a row per task)."""
     plans = plans_of(spec, req)
     state = LaunchState.load(state_path(spec))
     info = runs.describe(spec.train.train_dir)
@@ -40,7 +42,8 @@ def cmd_status(spec: ClusterSpec, req: Request[JsonFlags]) -> int:
                           'launcher': {'pid': state.launcher_pid, 'alive': launcher_alive(state)} if state else None,
                           'progress': state.progress.to_json() if state and state.progress else None,
                           'restarts': state.restarts if state else 0,
-                          'workers': state.workers.to_json() if state and state.workers else None, 'tasks': tasks},
+                          'workers': state.workers.to_json() if state and state.workers else None,
+                          'tasks': [t.to_json() for t in tasks]},
                          indent=1))
         return code
     if info is not None:        # the step once: here, or with the launcher's lines when it has a state file
@@ -48,19 +51,16 @@ def cmd_status(spec: ClusterSpec, req: Request[JsonFlags]) -> int:
               + (f', global step {info.global_step}' if info.global_step is not None and state is None else '')
               + f' ({os.path.abspath(spec.train.train_dir)})')
     _print_launcher(spec, req, plans, state, tasks, info)
-    width = max([10] + [len(t['task']) for t in tasks])      # evaluator:0 is 11
-    print(f'{"TASK":<{width}} {"ADDRESS":<22} {"BACKEND":<7} {"PID":>7}  {"ALIVE":<5}  {"LISTENING":<9}  NOTE')
-    for t in tasks:
-        shown = {True: 'yes', False: 'no', None: '?'}[t['alive']]
-        # An evaluator serves no port: its LISTENING means nothing.
-        listening = '-' if job_of(t['task']) == 'evaluator' else 'yes' if t['listening'] else 'no'
-        print(f'{t["task"]:<{width}} {t["address"]:<22} {t["backend"]:<7} {t["pid"] or "-":>7}  '
-              f'{shown:<5}  {listening:<9}  {t["note"]}'.rstrip())
+    if req.flags.all or len(tasks) <= status_view.GROUP_ABOVE:
+        print('\n'.join(status_view.table(tasks)))
+    else:
+        print('\n'.join(status_view.grouped(tasks)))
+        print(f'({len(tasks)} tasks, one line per job; `launch status --all` lists each task)')
     return code
 
 
-def _print_launcher(spec: ClusterSpec, req: Request[JsonFlags], plans: list[TaskPlan], state: LaunchState | None,
-                    tasks: list[dict], info: runs.RunInfo | None) -> None:
+def _print_launcher(spec: ClusterSpec, req: Request[StatusFlags], plans: list[TaskPlan], state: LaunchState | None,
+                    tasks: list[TaskRow], info: runs.RunInfo | None) -> None:
     """The lines about the run's launcher and its progress (`info`: the run's records, if any)."""
     if state is None:
         print(f'no cluster of {spec.path} is running: no task of it is left to show' if info else no_state(spec))
@@ -90,12 +90,12 @@ def _print_launcher(spec: ClusterSpec, req: Request[JsonFlags], plans: list[Task
         print('global step: none seen yet')
 
 
-def _clean_up_after(spec: ClusterSpec, req: Request[JsonFlags], plans: list[TaskPlan], state: LaunchState,
-                    tasks: list[dict]) -> str:
+def _clean_up_after(spec: ClusterSpec, req: Request[StatusFlags], plans: list[TaskPlan], state: LaunchState,
+                    tasks: list[TaskRow]) -> str:
     """A dead launcher whose tasks have all ended (by their lease) may have left resources behind
     (a compose project's exited containers and network): remove them, idempotently. Returns what
     was done, in words, or ''."""
-    if any(t['alive'] is not False or t['left'] for t in tasks):
+    if any(t.alive is not False or t.left for t in tasks):
         return ''
     kinds = {r.backend for r in state.tasks if registry.kind(r.backend).leaves_resources}
     if not kinds:
@@ -108,36 +108,24 @@ def _clean_up_after(spec: ClusterSpec, req: Request[JsonFlags], plans: list[Task
     return f'its tasks have ended, and what they left on {", ".join(sorted(kinds))} is removed'
 
 
-def _task_status(spec: ClusterSpec, req: Request[JsonFlags], plans: list[TaskPlan],
-                 state: LaunchState | None) -> list[dict]:
-    """Each task as `launch status` shows it: alive (None: cannot tell), listening, a note."""
+def _task_status(spec: ClusterSpec, req: Request[StatusFlags], plans: list[TaskPlan],
+                 state: LaunchState | None) -> list[TaskRow]:
+    """Each task as `launch status` shows it: alive (None: cannot tell), listening, a note. The
+    tasks are asked in parallel (status_view.ask_all): in series a frozen host's probe cost 0.5 s
+    per task."""
     records = {r.name: r for r in (state.tasks if state else [])}
     live = state.workers.live if state and state.workers else None
-    out = []
     with backends_for(spec, req, plans, state) as backends:
-        for plan in plans:
+        def ask(plan: TaskPlan) -> TaskRow:
             r = records.get(plan.name)
             backend = backends[r.backend if r else plan.backend]
             # compose: the record has its container's address; SSH: the address tasks reach it at; a
             # private network namespace: asked from inside
             seen = backend.status(r) if r else None
             listening = backend.probe(r or backend.log_record(plan), 0.5, handshake=False)
-            alive, note = _seen(seen)
+            alive, note = status_view.seen_words(seen)
             if not note and plan.task.job == 'worker' and live is not None and plan.task.index not in live:
                 note = 'spare: in the pool, not running (`launch scale`)'
-            out.append({'task': plan.name, 'address': plan.task.address, 'backend': plan.backend,
-                        'pid': r.pid if r else None, 'alive': alive, 'listening': listening, 'note': note,
-                        'left': list(seen.left) if seen else []})
-    return out
-
-
-def _seen(seen: Observation | None) -> tuple[bool | None, str]:
-    """Whether a task is alive (None: cannot tell) and what to note about it, from what its
-    backend observed (None: it was never started)."""
-    if seen is None:
-        return False, ''
-    alive = {'running': True, 'ended': False, 'unknown': None}[seen.state]
-    if seen.left:       # the task is gone, what it started is not (and may hold its port)
-        return alive, (f'ended, but its process group still runs (pid {", ".join(map(str, seen.left))}): '
-                       '`launch down` stops it')
-    return alive, (seen.stopped or '') if alive else f'unknown: {seen.error}' if alive is None else ''
+            return TaskRow(plan.name, plan.task.address, plan.backend, r.pid if r else None, alive, listening, note,
+                           seen.left if seen else (), seen.exit_code if seen else None)
+        return status_view.ask_all(ask, plans)

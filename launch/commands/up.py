@@ -52,7 +52,8 @@ def cmd_up(spec: ClusterSpec, req: Request[UpFlags]) -> int:
         from launch.run.rehearsal import rehearsal_spec
         spec = rehearsal_spec(spec)
     check_workers(spec, flags.workers)
-    console = Console(verbose=flags.verbose)
+    spares = spec.num_workers - flags.workers if flags.workers else 0
+    console = Console(verbose=flags.verbose, tasks=len(spec.tasks) - spares, chief=spec.chief.name)
     if flags.workers not in (None, spec.num_workers):
         _check_fewer_workers(spec, registry.kind(req.backend), flags.workers)
     settings = launching.UpSettings(workers=flags.workers, start_timeout=flags.start_timeout,

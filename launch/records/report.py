@@ -35,7 +35,7 @@ from launch.records.plots import TimeAxis, clock, progress_png, timeline_png
 from launch.records.rehearsal import section_html
 from launch.records.result import PHASES, RunRecord
 from launch.records.runs import duration_text
-from launch.records.timeline import RUN_ROW, Attempt, Fault, Run, Story, attempts, load, story  # noqa: F401 (the parts)
+from launch.records.timeline import RUN_ROW, Attempt, Fault, Run, Story, attempts, collapsed, load, story  # noqa: F401 (the parts)
 
 STACK_FILES = 200              # stack dump files the page lists at most
 STACK_CHARS = 1 << 20          # of each, read at most (a dump is a few kilobytes)
@@ -163,9 +163,9 @@ def _durations(run: Run, r: RunRecord, runs: list[Attempt]) -> str:
 
 
 def _plots(run: Run, runs: list[Attempt]) -> str:
-    tale = story(run)
+    tale = collapsed(story(run))
     axis = TimeAxis([e.epoch for e in run.events], run.tz)
-    alt = f'per-task timeline of {len(runs)} attempt(s); ' + '; '.join(
+    alt = f'timeline of {len(tale.rows) - 1} row(s) of tasks, {len(runs)} attempt(s); ' + '; '.join(
         f'F{n}: {short(f.text, CELL_CHARS)} (attempt {f.attempt})' for n, f in enumerate(tale.faults[:ALT_FAULTS], 1))
     alt += f'; {len(tale.faults) - ALT_FAULTS} more faults in the table below' if len(tale.faults) > ALT_FAULTS else ''
     out = ['<h2>Timeline</h2>', f'<img alt="{_e(alt, None)}" src="{timeline_png(run, tale, axis, runs)}">']

@@ -162,18 +162,21 @@ class Story:
     segments: list[Segment]
     marks: list[tuple[str, float, str]]
     faults: list[Fault]
+    stalled: set[str] = field(default_factory=set)      # the tasks a stall named
 
 
 def story(run: Run) -> Story:
     """Walk the events once, opening a task's bar when it starts and closing it when it is lost,
     the cluster restarts or the attempt ends."""
     walk = _Walk({a.number: a.end for a in attempts(run)})
+    attempt = None
     for e in run.events:
-        walk.close_older(e.attempt)
+        if e.attempt != attempt:    # only a change of attempt can end a bar: each look is O(tasks)
+            walk.close_older(attempt := e.attempt)
         walk.see(e)
     walk.close_older(None)
     tasks = sorted({s.task for s in walk.segments} | {m[0] for m in walk.marks if m[0] != RUN_ROW}, key=task_order)
-    return Story([RUN_ROW] + tasks, walk.segments, walk.marks, walk.faults)
+    return Story([RUN_ROW] + tasks, walk.segments, walk.marks, walk.faults, walk.stalled)
 
 
 class _Walk:
@@ -186,6 +189,7 @@ class _Walk:
         self.segments: list[Segment] = []
         self.marks: list[tuple[str, float, str]] = []
         self.faults: list[Fault] = []
+        self.stalled: set[str] = set()
 
     def close_older(self, attempt: int | None) -> None:
         """End the bars of attempts before `attempt` (None: all) where their attempt ended: the
@@ -217,6 +221,7 @@ class _Walk:
             mark((task, t, 'tolerated'))
         elif isinstance(e, Stall):
             mark((RUN_ROW, t, 'stall'))
+            self.stalled.update(e.tasks or ())
             tasks = ', '.join(e.tasks or ())
             self._fault(e, RUN_ROW, f'stall{" of " + tasks if tasks else ""}: {_or(e.cause)}')
         elif isinstance(e, Scale):
@@ -271,6 +276,74 @@ class _Walk:
         error = f.error or (f'{e.task}: {e.error}' if e.error else None)
         self.faults[found] = dataclasses.replace(f, text=text, error=error)
         return True
+
+
+# -- a large run's timeline: the quiet tasks of a job on one row -------------------------------------
+COLLAPSE_ABOVE = 40     # task rows: a timeline with more shows each job's quiet tasks as one row
+LOUD_MARKS = ('lost', 'tolerated', 'failover')
+
+
+def collapsed(tale: Story, above: int = COLLAPSE_ABOVE) -> Story:
+    """The story as a large run's timeline shows it: above `above` task rows, the tasks with
+    nothing to say (no fault, no restart of their own, not named by a stall) of each job on one
+    row, 'worker ×978', its bars from their first start to their last end in each attempt; every
+    other task keeps its own row. 1,000 rows cannot be read, nor drawn in a second."""
+    if len(tale.rows) - 1 <= above:
+        return tale
+    loud = _loud(tale)
+    jobs: dict[str, list[str]] = {}
+    for task in tale.rows[1:]:
+        jobs.setdefault(task.partition(':')[0], []).append(task)
+    rows, segments, marks = [RUN_ROW], [s for s in tale.segments if s.task in loud], \
+        [m for m in tale.marks if m[0] == RUN_ROW or m[0] in loud]
+    for job, tasks in jobs.items():
+        quiet = [t for t in tasks if t not in loud]
+        if len(quiet) > 1:
+            row = f'{job} \u00d7{len(quiet)}'
+            rows.append(row)
+            merged = _merged(row, [s for s in tale.segments if s.task in set(quiet)])
+            segments += merged
+            marks += _group_marks(row, merged, [m[1] for m in tale.marks if m[2] == 'stopped' and m[0] in set(quiet)])
+        rows += [t for t in tasks if t in loud or len(quiet) == 1]
+    return Story(rows, segments, marks, tale.faults, tale.stalled)
+
+
+def _loud(tale: Story) -> set[str]:
+    """The tasks with something to say: a fault on their row, a loss, named by a stall, or
+    started twice in one attempt (their own restart; a cluster's restart is every task's)."""
+    starts: dict[tuple[str, int], int] = {}
+    for seg in tale.segments:
+        starts[seg.task, seg.attempt] = starts.get((seg.task, seg.attempt), 0) + 1
+    return ({f.row for f in tale.faults} | {m[0] for m in tale.marks if m[2] in LOUD_MARKS} | tale.stalled
+            | {task for (task, _), n in starts.items() if n > 1}) - {RUN_ROW}
+
+
+def _merged(row: str, segments: list[Segment]) -> list[Segment]:
+    """One bar per attempt for a row of tasks: from the first start to the last end, serving
+    once the last of them served."""
+    by_attempt: dict[int, list[Segment]] = {}
+    for seg in segments:
+        by_attempt.setdefault(seg.attempt, []).append(seg)
+    out = []
+    for attempt, segs in sorted(by_attempt.items()):
+        ends, serving = [s.end for s in segs], [s.serving for s in segs]
+        out.append(Segment(row, attempt, min(s.start for s in segs),
+                           None if None in serving else max(t for t in serving if t is not None),
+                           None if None in ends else max(t for t in ends if t is not None)))
+    return out
+
+
+def _group_marks(row: str, merged: list[Segment], stopped: list[float]) -> list[tuple[str, float, str]]:
+    """A group row's marks: each bar's start (a restart after the first), the last serving, and
+    the stop where its tasks were stopped."""
+    out = []
+    for n, seg in enumerate(merged):
+        out.append((row, seg.start, 'restarted' if n else 'started'))
+        if seg.serving is not None:
+            out.append((row, seg.serving, 'serving'))
+        if seg.end is not None and any(seg.start <= t <= seg.end for t in stopped):
+            out.append((row, seg.end, 'stopped'))
+    return out
 
 
 def lost_text(e: TaskLost) -> str:

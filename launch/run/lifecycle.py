@@ -208,6 +208,7 @@ class Lifecycle:
             self.attempt += 1
             self._attempt_started = time.time()
             self._serving.clear()
+            self.console.starting()     # a large run's console counts their serving lines again
             self._stepped = False
             self._saved = None
             if self.events is not None:
