@@ -420,14 +420,10 @@ def stop_all(records: list[TaskRecord], backends: Mapping[str, Backend], grace: 
 
 
 def status_all(records: Sequence[TaskRecord], backends: Mapping[str, Backend]) -> dict[str, Observation]:
-    """Every record's observation by task name, each backend asked once for all of its own
-    (Backend.status_many)."""
-    by_backend: dict[str, list[TaskRecord]] = {}
-    for r in records:
-        by_backend.setdefault(r.backend, []).append(r)
+    """Every record's observation by task name, each backend asked once for all of its own (status_many)."""
     seen: dict[str, Observation] = {}
-    for name, group in by_backend.items():
-        seen.update(backends[name].status_many(group))
+    for name in dict.fromkeys(r.backend for r in records):
+        seen.update(backends[name].status_many([r for r in records if r.backend == name]))
     return seen
 
 

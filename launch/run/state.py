@@ -93,6 +93,7 @@ class LaunchState:
     progress: StepSeen | None = None
     restarts: int = 0
     workers: WorkerPool | None = None
+    written: tuple | None = field(default=None, repr=False, compare=False)     # fingerprint() as last saved
 
     def fingerprint(self) -> tuple:
         """What save() writes, cheap to compare: equal while the file would say the same (a step's
@@ -101,14 +102,19 @@ class LaunchState:
                 None if self.progress is None else (self.progress.global_step, self.progress.steps),
                 self.restarts, self.workers)
 
-    def save(self, path: str) -> None:
-        """Write the state file (whole: a reader never sees half of it)."""
+    def save(self, path: str, changed_only: bool = False) -> None:
+        """Write the state file (whole: a reader never sees half of it); `changed_only`: not when
+        it would say what it said at the last save (the supervisor's once a second, at any N)."""
+        written = self.fingerprint()
+        if changed_only and written == self.written:
+            return
         os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
         data = {'format': FORMAT, 'spec': self.spec, 'launcher_pid': self.launcher_pid, 'launcher_ident': self.launcher_ident,
                 'started': self.started, 'tasks': [t.to_dict() for t in self.tasks],
                 'progress': None if self.progress is None else self.progress.to_json(), 'restarts': self.restarts,
                 'workers': None if self.workers is None else self.workers.to_json()}
         write_atomically(path, runjson.dumps(data, indent=1))
+        self.written = written
 
     @classmethod
     def load(cls, path: str) -> LaunchState | None:
@@ -138,7 +144,7 @@ class LaunchState:
             tasks = [_checked(TaskRecord.from_dict(t)) for t in data.pop('tasks', [])]
             progress = _entry(StepSeen, data.pop('progress', None))
             workers = _entry(WorkerPool, data.pop('workers', None))
-            known = set(cls.__dataclass_fields__)
+            known = set(cls.__dataclass_fields__) - {'written'}     # the launcher's own, never read back
             return _checked(cls(tasks=tasks, progress=progress, workers=workers,
                                 **{k: v for k, v in data.items() if k in known}))
         except (TypeError, KeyError, AttributeError) as e:

@@ -108,7 +108,6 @@ class SupervisedRun(Strategy):
         self.leases = Leases(self.state, backends, self._done)      # every task's, renewed until the run is done
         self._launch_state = LaunchState.new(spec.path, process_ident(os.getpid()) or '')
         self._state_error = False
-        self._saved: tuple | None = None                 # the state file's fingerprint as last written
 
     @property
     def say(self) -> Callable[[str], None]:
@@ -469,19 +468,16 @@ class SupervisedRun(Strategy):
 
     # -- the tasks' leases and the state file --------------------------------------------------
     def save_state(self, changed_only: bool = False) -> None:
-        """The state file `launch status` reads: the tasks, the newest step, the restarts, the workers;
-        `changed_only`: not rewritten when it would say what it says (the supervisor's once a second)."""
+        """The state file `launch status` reads (`changed_only`: unless it says so already, LaunchState.save)."""
         self._launch_state.tasks = list(self.state.records)
         progress = self.state.attempt.progress_record(self.spec.train.steps)
         if progress is not None:
             self._launch_state.progress = progress
         self._launch_state.restarts = self.state.restarts
         self._launch_state.workers = WorkerPool(self.spec.num_workers, list(self.state.members.indices), self.scaling.asked)
-        if changed_only and self._launch_state.fingerprint() == self._saved:
-            return
         try:
-            self._launch_state.save(state_path(self.spec))
-            self._saved, self._state_error = self._launch_state.fingerprint(), False
+            self._launch_state.save(state_path(self.spec), changed_only)
+            self._state_error = False
         except OSError as e:        # a full disk (named by the disk's watch), or a train_dir removed (checked apart)
             if not self._state_error and not (self.life.disk and self.life.disk.check()):
                 self.say(f'warning: cannot write {state_path(self.spec)}: {e.strerror}')

@@ -109,3 +109,15 @@ def test_the_fingerprint_moves_with_what_the_state_file_says():
     moved = state.fingerprint()
     state.tasks = [TaskRecord('ps:0', 'ps', 0, 'localhost', 2222, 'local', 8, '/l')]    # started again
     assert state.fingerprint() != moved
+
+
+def test_the_state_file_is_written_again_only_when_it_changed(tmp_path):
+    path = str(tmp_path / 'launch-state.json')
+    state = LaunchState('spec.yaml', 1, 'x', 0.0, [TaskRecord('ps:0', 'ps', 0, 'localhost', 2222, 'local', 7, '/l')])
+    state.save(path)
+    (tmp_path / 'launch-state.json').unlink()
+    state.save(path, changed_only=True)
+    assert not (tmp_path / 'launch-state.json').exists()
+    state.progress = StepSeen(3, 100, 1000.0)
+    state.save(path, changed_only=True)
+    assert LaunchState.load(path).progress == state.progress
