@@ -29,7 +29,7 @@ STEADY_SECS = 20            # steady state wanted once every task is up
 SAMPLE_SECS = 0.5
 KILLS = 3
 MB = 1024 * 1024
-PER_TASK_BYTES = 45 * MB    # a stand-in's RSS and then some
+PER_TASK_BYTES = 16 * MB    # a stand-in's own memory (PSS 13 MB measured; RSS 21 MB counts shared pages)
 HEADROOM_BYTES = 2048 * MB
 FAULT_EVENTS = ('task_lost', 'tolerated')
 ALL_UP = re.compile(r'all (\d+) servers are up after ([\d.]+)s')
@@ -298,7 +298,7 @@ def row(r: dict) -> str:
 
 
 def fits(size: int) -> tuple[bool, int]:
-    """Whether `size` stand-ins fit in the memory free now (N x 45 MB + 2 GB), and what is free."""
+    """Whether `size` stand-ins fit in the memory free now (N x 16 MB + 2 GB), and what is free."""
     free = psutil.virtual_memory().available
     return free >= size * PER_TASK_BYTES + HEADROOM_BYTES, free
 
@@ -309,7 +309,7 @@ def measured(size: int, run, lead: str = '') -> dict:
     ok, free = fits(size)
     if not ok:
         print(f'{lead}{size:>5} skipped: {free / MB:.0f} MB free, needs {(size * PER_TASK_BYTES + HEADROOM_BYTES) / MB:.0f}'
-              ' MB (N x 45 MB + 2 GB)', flush=True)
+              ' MB (N x 16 MB + 2 GB)', flush=True)
         return {'tasks': size, 'skipped': f'{free / MB:.0f} MB free'}
     t0 = time.monotonic()
     try:

@@ -7,6 +7,7 @@ machine) are the ones every side of the launcher and the task runtime agrees on.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import types
@@ -245,7 +246,20 @@ class ClusterSpec:
         return self.origins.error(key, message)
 
     def job_tasks(self, job: str) -> tuple[TaskSpec, ...]:
-        return tuple(t for t in self.tasks if t.job == job)
+        return self._by_job.get(job, ())
+
+    # Made once per spec (a frozen value: dataclasses.replace makes a new one), since planning asks
+    # them of every task: at 1,000 tasks, building them per task was 10^6 steps and 1.3 s.
+    @functools.cached_property
+    def _by_job(self) -> dict[str, tuple[TaskSpec, ...]]:
+        jobs: dict[str, list[TaskSpec]] = {}
+        for t in self.tasks:
+            jobs.setdefault(t.job, []).append(t)
+        return {job: tuple(tasks) for job, tasks in jobs.items()}
+
+    @functools.cached_property
+    def _cluster_json(self) -> str:
+        return json.dumps(self.cluster_def(), sort_keys=True, allow_nan=False)
 
     @property
     def num_workers(self) -> int:
@@ -288,9 +302,11 @@ class ClusterSpec:
     def tf_config(self, task: TaskSpec) -> str:
         """TF_CONFIG for `task`: the cluster and the task, as TensorFlow's resolvers read it. An
         evaluator's names only itself: in the training cluster it would make the coordinator wait."""
-        cluster = {'evaluator': [task.address]} if task.job == 'evaluator' else self.cluster_def()
-        return json.dumps({'cluster': cluster, 'task': {'type': task.job, 'index': task.index}}, sort_keys=True,
-                          allow_nan=False)
+        if task.job == 'evaluator':
+            return json.dumps({'cluster': {'evaluator': [task.address]}, 'task': {'type': task.job, 'index': task.index}},
+                              sort_keys=True, allow_nan=False)
+        # json.dumps(sort_keys=True) of {'cluster': ..., 'task': ...}, the cluster's part made once
+        return '{"cluster": %s, "task": %s}' % (self._cluster_json, json.dumps({'index': task.index, 'type': task.job}))
 
     def task_env(self, job: str) -> dict[str, str]:
         """The environment the spec gives a task of `job`: `env`, then `tasks.<job>.env` over it."""
