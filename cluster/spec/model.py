@@ -306,7 +306,8 @@ class ClusterSpec:
             return json.dumps({'cluster': {'evaluator': [task.address]}, 'task': {'type': task.job, 'index': task.index}},
                               sort_keys=True, allow_nan=False)
         # json.dumps(sort_keys=True) of {'cluster': ..., 'task': ...}, the cluster's part made once
-        return '{"cluster": %s, "task": %s}' % (self._cluster_json, json.dumps({'index': task.index, 'type': task.job}))
+        which = json.dumps({'index': task.index, 'type': task.job}, allow_nan=False)
+        return f'{{"cluster": {self._cluster_json}, "task": {which}}}'
 
     def task_env(self, job: str) -> dict[str, str]:
         """The environment the spec gives a task of `job`: `env`, then `tasks.<job>.env` over it."""

@@ -23,15 +23,15 @@ DEFAULT_REMOTE_WORKDIR = 'tfcluster'     # relative to the remote user's home
 # How long a task outlives a launcher that stopped renewing its lease (cluster/task.py): short for
 # local processes; longer over SSH, where one slow round of commands must not end a healthy run.
 LEASE_SECS = {'local': 5, 'ssh': 45}
-TASKS_PER_LEASE_SEC = 50     # ... and a second more per this many tasks on one machine (local)
+TASKS_PER_LEASE_SEC = {'local': 50}     # ... and a second more per this many tasks on one machine
 
 
 def lease_secs(backend: str, tasks: int) -> int:
     """A task's lease: LEASE_SECS, and locally longer for a big run: 1,000 stand-ins starting on
     two cores starve the launcher's renewal thread for seconds (at 300, ps:0 ended itself during
     start-up with 5 s). At 1,000 tasks a launcher killed leaves its tasks 20 s, not 5."""
-    base = LEASE_SECS.get(backend, 20)
-    return max(base, tasks // TASKS_PER_LEASE_SEC) if backend == 'local' else base
+    base, per = LEASE_SECS.get(backend, 20), TASKS_PER_LEASE_SEC.get(backend)
+    return max(base, tasks // per) if per else base
 COMPOSE_WORKDIR = '/tfcluster'           # a container's working directory (the image's WORKDIR)
 COMPOSE_PYTHON = 'python'                # the image's virtual environment comes first on PATH
 
