@@ -577,7 +577,8 @@ def main() -> None:
     p.add_argument('--sizes', type=lambda text: tuple(int(n) for n in text.split(',')),
                    help='--only scale: tasks per local run, comma-separated (default 10,100,300; 10 with --quick)')
     p.add_argument('--ssh-sizes', type=lambda text: tuple(int(n) for n in text.split(',')),
-                   help='--only scale: tasks per SSH run on the rig, comma-separated (default 100,300; 10 with --quick)')
+                   help='--only scale: tasks per SSH run on the rig, comma-separated (default 100,300; 10 with --quick; '
+                        '0: no SSH run)')
     p.add_argument('--hosts', type=lambda text: tuple(int(n) for n in text.split(',')),
                    help='--only scale: rig hosts of the SSH runs, comma-separated (default 1,10,50; 1,2 with --quick)')
     p.add_argument('--reps', type=int, default=3)

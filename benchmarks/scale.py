@@ -333,5 +333,5 @@ def bench(args, tmp: str, free_ports, env: dict, repo: str) -> dict:
     print(HEAD, flush=True)
     rows = [measured(size, lambda size=size: run_size(size, tmp, free_ports, env, repo)) for size in args.scale_sizes]
     import scale_ssh        # beside this script
-    ssh_rows = scale_ssh.bench(args, tmp, free_ports, env, repo)
+    ssh_rows = scale_ssh.bench(args, tmp, free_ports, env, repo) if any(n > 0 for n in args.scale_ssh_sizes) else []
     return {'rows': rows, 'ssh_rows': ssh_rows, 'steps_per_sec': STEPS_PER_SEC, 'steady_secs': STEADY_SECS}
