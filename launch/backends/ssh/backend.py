@@ -15,6 +15,7 @@ import posixpath
 import signal
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
@@ -227,11 +228,14 @@ class SSHBackend(Backend):
     @staticmethod
     def _upload(sftp: paramiko.SFTPClient, text: str, target: str) -> None:
         """Write `text` to `target` whole: under another name first, then renamed into place;
-        readable by its owner alone (rundir.PRIVATE) before it holds a byte."""
-        with sftp.open(target + '.tmp', 'wb') as f:
+        readable by its owner alone (rundir.PRIVATE) before it holds a byte. The other name is this
+        upload's own: hosts sharing a filesystem (an NFS home) upload the same file at once, and a
+        shared `.tmp` was renamed away under all but the first."""
+        temporary = f'{target}.{uuid.uuid4().hex[:12]}.tmp'
+        with sftp.open(temporary, 'wb') as f:
             f.chmod(rundir.PRIVATE)
             f.write(text.encode())
-        sftp.posix_rename(target + '.tmp', target)
+        sftp.posix_rename(temporary, target)
 
     def _workdir(self, name: str, cwd: str) -> str:
         h = self._host(name)
