@@ -24,6 +24,8 @@ import time
 import psutil
 import yaml
 
+from launch.records.rehearsal import percentile     # nearest rank, as the rehearsal's own figures
+
 STEPS_PER_SEC = 100         # the stand-in's pace (cluster/rehearsal)
 STEADY_SECS = 20            # steady state wanted once every task is up
 SAMPLE_SECS = 0.5
@@ -45,14 +47,6 @@ def layout(size: int) -> tuple[int, int]:
 def stamp(text: str) -> float:
     """An event's or a log line's ISO time as epoch seconds."""
     return datetime.datetime.fromisoformat(text).timestamp()
-
-
-def pct(values: list[float], q: float) -> float | None:
-    """The q-quantile (nearest rank) of values, None where there are none."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
 def write_spec(tmp: str, size: int, free_ports) -> tuple[str, str]:
@@ -212,7 +206,7 @@ def startup(events: list[dict]) -> dict:
             serving.setdefault(task, stamp(e['time']))
     delays = [serving[t] - started[t] for t in serving if t in started]
     last = max(serving.values()) - min(started.values()) if serving and started else None
-    return {'serving_p50_s': pct(delays, 0.5), 'serving_p99_s': pct(delays, 0.99), 'last_serving_s': last,
+    return {'serving_p50_s': percentile(delays, 50), 'serving_p99_s': percentile(delays, 99), 'last_serving_s': last,
             'served': len(serving)}
 
 
@@ -270,7 +264,7 @@ def run_size(size: int, tmp: str, free_ports, env: dict, repo: str, made: tuple 
     out = {'tasks': size, 'ps': ps, 'workers': workers, 'exit_code': rc, 'all_up_s': launcher.up_after,
            **startup(events), 'launcher_cpu_share': steady['cpu_share'], 'launcher_rss_mb': steady['rss_mb'],
            'launcher_cpu_share_after_kills': steady_after['cpu_share'], 'kills': [k for k, _ in kills],
-           'fault_seen_s': delays, 'fault_p50_s': pct(got, 0.5), 'fault_p99_s': pct(got, 0.99),
+           'fault_seen_s': delays, 'fault_p50_s': percentile(got, 50), 'fault_p99_s': percentile(got, 99),
            'teardown_s': exited - finish if finish else None, 'events_bytes': size_bytes,
            'events_bytes_per_min': size_bytes / run_min if run_min else None}
     out.update(readers(rundir, tmp, size, env, repo, extra))
