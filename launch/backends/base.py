@@ -239,6 +239,10 @@ class Backend(abc.ABC):
     # environment, cluster/runtime/messages.py CHANNEL_ENV, and empties it as it starts the task:
     # clear_channel), which read_log reads as it reads a log.
     records_channel = False
+    # How many of its tasks a start keeps in flight at once (spawned, not yet serving): a backend
+    # whose tasks share the launcher's CPUs bounds it; None spawns all at once
+    # (launch/run/supervised/admission.py).
+    start_window: int | None = None
 
     def prepare(self, plans: list[TaskPlan], spec_yaml: str) -> None:     # noqa: B027 (a hook: no-op by default)
         """Put what the tasks need in place (the effective spec, log folders) before any start."""

@@ -32,6 +32,7 @@ from launch.run.supervised.faults import TaskFailed
 from launch.records.event_types import Interrupted, Recovered
 from launch.records.result import MendedFault
 from launch.run.lifecycle import CHECKPOINT_GRACE_SECS, Failure, Lifecycle, Outcome, RunResult, Strategy
+from launch.run.supervised.admission import Gate, window_for
 from launch.run.supervised.following import follow
 from launch.run.supervised.leases import Leases
 from launch.run.supervised.mending import RecoveryClock
@@ -397,14 +398,17 @@ class SupervisedRun(Strategy):
     def _start(self, plans: list[TaskPlan]) -> None:
         """Start these tasks (replacing their earlier records), follow their logs, save the state at
         most every SAVE_BATCH_SECS (once per start costs N^2/2 records) and at the end: a launcher
-        killed in between leaves that much unrecorded, and those tasks end by their lease."""
+        killed in between leaves that much unrecorded, and those tasks end by their lease. At most
+        a backend's start_window of them are starting at once (admission.py)."""
         self.life.unfollow([plan.name for plan in plans])   # the earlier starts' lines are all read before these write
         saved = time.monotonic()
         try:
             for name in dict.fromkeys(plan.backend for plan in plans):
-                backend = self.backends[name]
-                for record in backend.start_many([p for p in plans if p.backend == name], self.interrupted):
+                backend, mine = self.backends[name], [p for p in plans if p.backend == name]
+                gate = Gate(window_for(backend.start_window, len(mine)), self.interrupted)
+                for record in backend.start_many(mine, self.interrupted):
                     self._started(backend, record)
+                    gate.admit(self.state.serving[record.name])
                     if time.monotonic() - saved >= SAVE_BATCH_SECS:
                         self.save_state()
                         saved = time.monotonic()
