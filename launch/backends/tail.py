@@ -56,11 +56,13 @@ class LogTail(abc.ABC):
 class FileTail(LogTail):
     """A local file from byte `offset`, as follow_file reads it (UTF-8, a bad byte replaced, any
     line ending a newline) but without holding it open: each poll stats the file and opens it only
-    when it grew. A file not there yet counts as empty."""
+    when it grew. A file not there yet counts as empty. `written_here`: its writer runs on this
+    machine, so that a write is an inotify event here (the pump then polls it only when one came,
+    launch/run/changes.py); not so for a file a host writes on a network file system."""
 
-    def __init__(self, path: str, offset: int = 0) -> None:
+    def __init__(self, path: str, offset: int = 0, written_here: bool = False) -> None:
         super().__init__()
-        self.path, self.offset = path, offset
+        self.path, self.offset, self.written_here = path, offset, written_here
         self._decoder = io.IncrementalNewlineDecoder(codecs.getincrementaldecoder('utf-8')('replace'), True)
         self._pending = ''
         self._closing = self._ended = False
@@ -100,6 +102,10 @@ class FileTail(LogTail):
 
     def close(self) -> None:
         self._closing = True
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
 
     @property
     def ended(self) -> bool:

@@ -434,7 +434,7 @@ class ComposeBackend(Backend):
 
     def log_tail(self, record: TaskRecord, offset: int = 0) -> FileTail:
         """The log is a file here: read at each poll, no thread and no open file of its own."""
-        return FileTail(record.log, offset)
+        return FileTail(record.log, offset, written_here=True)
 
     def read_file(self, record: TaskRecord, path: str) -> str | None:
         return read_text(os.path.join(record.cwd, path))

@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import io
 import threading
+import time
+
+import pytest
 
 from cluster.spec import load_spec
 from launch.backends.tail import FileTail
 from launch.run.console import Console
 from launch.run.lifecycle import Lifecycle
-from launch.run.pump import Pump
+from launch.run.changes import Changes
+from launch.run.pump import SWEEP_SECS, Pump
 from tests.conftest import write_spec
 
 TASKS = 40
@@ -26,13 +30,15 @@ def pump_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.endswith('-pump')]
 
 
-def test_many_logs_are_followed_by_one_thread_each_in_its_order(tmp_path):
+@pytest.mark.parametrize('written_here', [False, True], ids=['polled', 'inotify'])
+def test_many_logs_are_followed_by_one_thread_each_in_its_order(tmp_path, written_here):
     life, _ = lifecycle(tmp_path)
     seen: dict[str, list[str]] = {}
     names = [f'worker:{i}' for i in range(TASKS)]
     for i, name in enumerate(names):
         (tmp_path / f'{i}.log').write_text(''.join(f'{name} line {n}\n' for n in range(5)))
-        life.follow(name, FileTail(str(tmp_path / f'{i}.log')), seen.setdefault(name, []).append, group='local')
+        life.follow(name, FileTail(str(tmp_path / f'{i}.log'), written_here=written_here),
+                    seen.setdefault(name, []).append, group='local')
     threads = [t.name for t in threading.enumerate()]
     assert threads.count('follow-local-pump') == 1      # one thread, not one per task
     assert not [t for t in threads if t.startswith('follow-worker:')]
@@ -123,3 +129,60 @@ def test_the_pump_thread_ends_once_nothing_is_followed(tmp_path):
     if thread is not None:
         thread.join(5)
         assert not thread.is_alive()
+
+
+class CountedTail(FileTail):
+    """A FileTail that counts its polls."""
+    polls = 0
+
+    def poll(self) -> list[str]:
+        self.polls += 1
+        return super().poll()
+
+
+def test_a_quiet_log_written_here_is_read_only_when_written(tmp_path):
+    """inotify: 40 quiet logs cost no poll each tenth of a second; a line written to one is seen at
+    the next poll, not at the next sweep; one written elsewhere (a network file system) is polled."""
+    if not Changes().works:
+        pytest.skip('no inotify on this machine: every log is polled (launch/run/changes.py)')
+    pump = Pump('test')
+    tails, seen = [], []
+    for i in range(TASKS):
+        (tmp_path / f'{i}.log').write_text('')
+        tails.append(CountedTail(str(tmp_path / f'{i}.log'), written_here=i > 0))
+        pump.add(f'worker:{i}', tails[-1], seen.append)
+    time.sleep(1.0)
+    sweeps = 1 / SWEEP_SECS + 1
+    assert all(t.polls <= 2 + sweeps for t in tails[1:]), [t.polls for t in tails]
+    assert tails[0].polls >= 5         # not written here: polled at every tick
+    t0 = time.monotonic()
+    with open(tmp_path / '7.log', 'a') as f:
+        f.write('heard\n')
+    while 'heard' not in seen and time.monotonic() - t0 < 10:
+        time.sleep(0.01)
+    assert seen == ['heard'] and time.monotonic() - t0 < SWEEP_SECS
+    pump.drain([f'worker:{i}' for i in range(TASKS)])
+    assert all(t.ended for t in tails)
+
+
+def test_a_watch_is_shared_by_the_followers_of_one_file_and_goes_with_the_last(tmp_path):
+    changes = Changes()
+    if not changes.works:
+        pytest.skip('no inotify on this machine: every log is polled (launch/run/changes.py)')
+    path = str(tmp_path / 'worker-0.log')
+    assert not changes.watch(path)          # not there yet: polled
+    open(path, 'w').close()
+    assert changes.watch(path) and changes.watch(path)      # a restart's follower: the same watch
+    assert changes.changed() == set()
+    with open(path, 'a') as f:
+        f.write('a line\n')
+    assert changes.changed() == {path} and changes.changed() == set()
+    changes.unwatch(path)
+    with open(path, 'a') as f:
+        f.write('still watched\n')
+    assert changes.changed() == {path}
+    changes.unwatch(path)
+    with open(path, 'a') as f:
+        f.write('no longer\n')
+    assert changes.changed() == set()
+    changes.close()
