@@ -68,7 +68,7 @@ NOT_ANSWERING = {psutil.STATUS_STOPPED: 'is stopped (SIGSTOP, or a debugger)',
 # A task's state letter in /proc/PID/stat -> why it cannot answer though it runs (as NOT_ANSWERING).
 STATE_LETTERS = {'T': NOT_ANSWERING[psutil.STATUS_STOPPED], 't': NOT_ANSWERING[psutil.STATUS_TRACING_STOP],
                  'D': NOT_ANSWERING[psutil.STATUS_DISK_SLEEP]}
-STOPPED_SECS = 1.0      # how long status_many trusts what it read of a running task's state
+STOPPED_SECS = 5.0      # how long status_many trusts what /proc said of a running task's state (D, t)
 
 
 def not_answering(pid: int) -> str | None:
@@ -120,11 +120,13 @@ def _reap(proc: subprocess.Popen) -> int | None:
 class LocalBackend(Backend):
     name = 'local'
     records_channel = True      # the channel: a file here
+    start_window = max(8, 4 * (os.cpu_count() or 1))    # its tasks share this machine's cores
 
     def __init__(self) -> None:
         self._children: dict[int, subprocess.Popen] = {}
         self._stopped: dict[int, str | None] = {}     # running children's not_answering, read at _stopped_at
         self._stopped_at = -STOPPED_SECS
+        self._halted: set[int] = set()      # children the kernel said stopped (SIGSTOP) and not since continued
         self._namespaces: set[str] = set()      # made (or taken over) by this launcher: deleted by close()
 
     def prepare(self, plans: list[TaskPlan], spec_yaml: str) -> None:
@@ -185,6 +187,7 @@ class LocalBackend(Backend):
                                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True)
         self._children[proc.pid] = proc
+        self._halted.discard(proc.pid)      # a pid used before: the earlier child's stop is not this one's
         t = plan.task
         return TaskRecord(name=t.name, job=t.job, index=t.index, host=t.host, port=t.port, backend=self.name,
                           pid=proc.pid, log=os.path.abspath(log_file), ident=process_ident(proc.pid) or '',
@@ -228,10 +231,13 @@ class LocalBackend(Backend):
         return Observation(RUNNING, stopped=not_answering(record.pid))
 
     def status_many(self, records: Sequence[TaskRecord]) -> dict[str, Observation]:
-        """Every task's state from the children that ended since the last look (_reap_ended: the
-        kernel names them, none asked one by one) and, at most every STOPPED_SECS, one read of each
-        running task's /proc stat: a supervisor's round costs O(ended), not a psutil look per task."""
+        """Every task's state from what the kernel tells a parent: the children that ended since
+        the last look (_reap_ended) and those stopped or continued (_halts), none asked one by one;
+        and, at most every STOPPED_SECS, one read of each running task's /proc stat for what the
+        kernel does not report (uninterruptible sleep, a debugger's stop). A supervisor's round
+        costs O(changed), not a look per task."""
         self._reap_ended()
+        self._halts()
         now = time.monotonic()
         if now - self._stopped_at >= STOPPED_SECS:
             self._stopped, self._stopped_at = {}, now
@@ -242,11 +248,32 @@ class LocalBackend(Backend):
                 out[r.name] = self.status(r)
             elif proc.returncode is not None:
                 out[r.name] = Observation(ENDED, proc.returncode)
+            elif r.pid in self._halted:
+                out[r.name] = Observation(RUNNING, stopped=STATE_LETTERS['T'])
             else:
                 if r.pid not in self._stopped:
                     self._stopped[r.pid] = not_answering(r.pid)
                 out[r.name] = Observation(RUNNING, stopped=self._stopped[r.pid])
         return out
+
+    def _halts(self) -> None:
+        """Take the kernel's reports of children stopped (SIGSTOP, SIGTSTP) or continued since
+        the last look (waitid WSTOPPED|WCONTINUED: each report is given once; exits are left to
+        _reap_ended)."""
+        while True:
+            try:
+                found = os.waitid(os.P_ALL, 0, os.WSTOPPED | os.WCONTINUED | os.WNOHANG)
+            except ChildProcessError:       # no children at all
+                break
+            if found is None:
+                break
+            if found.si_code in (os.CLD_STOPPED, os.CLD_TRAPPED):
+                self._halted.add(found.si_pid)
+            else:
+                self._halted.discard(found.si_pid)
+                self._stopped.pop(found.si_pid, None)    # a continued task's /proc letter is old news
+        self._halted = {pid for pid in self._halted if self._children.get(pid) is not None
+                        and self._children[pid].returncode is None}
 
     def _reap_ended(self) -> None:
         """Reap each child that has ended (its session ended first, _reap), found by waitid on
@@ -335,4 +362,4 @@ class LocalBackend(Backend):
 
     def log_tail(self, record: TaskRecord, offset: int = 0) -> FileTail:
         """The log is a file here: read at each poll, no thread and no open file of its own."""
-        return FileTail(record.log, offset)
+        return FileTail(record.log, offset, written_here=True)
