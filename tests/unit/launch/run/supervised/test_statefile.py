@@ -44,3 +44,25 @@ def test_a_write_that_fails_is_said_once_unless_the_disk_watch_named_it(tmp_path
     quiet: list[str] = []
     StateFile(spec, quiet.append, lambda: True).save(state, None)
     assert quiet == []
+
+
+def test_a_newer_step_alone_is_written_at_the_pace_the_run_size_allows(tmp_path, monkeypatch):
+    from launch.run.supervised import statefile
+    spec, state = _state(tmp_path)
+    written = StateFile(spec, [].append, lambda: False)
+    written.save(state, None)
+    os.unlink(state_path(spec))
+    state.attempt.saw_step(10)
+    written.save(state, None, changed_only=True)           # a step alone, within the second: not yet
+    assert not os.path.exists(state_path(spec))
+    written._saved_at -= statefile.PROGRESS_SECS
+    written.save(state, None, changed_only=True)
+    assert '"global_step": 10' in open(state_path(spec)).read()
+    monkeypatch.setattr(statefile, 'TASKS_PER_PROGRESS_SEC', 0.1)     # as if 10 times the tasks: 10 s
+    state.attempt.saw_step(20)
+    written._saved_at -= statefile.PROGRESS_SECS
+    written.save(state, None, changed_only=True)
+    assert '"global_step": 10' in open(state_path(spec)).read()
+    state.started(TaskRecord('ps:0', 'ps', 0, 'localhost', 2222, 'local', 8, '/l'))     # a task's change: at once
+    written.save(state, None, changed_only=True)
+    assert '"global_step": 20' in open(state_path(spec)).read()
