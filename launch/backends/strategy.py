@@ -35,6 +35,7 @@ class Outcome:
     global_step: int | None = None      # the newest step the launcher knows of (a failed run's run.json keeps it)
     recoveries: list[MendedFault] = field(default_factory=list)     # the faults mended, with their times
     rehearsal: Rehearsal | None = None  # a rehearsal's findings (launch/run/rehearsal.py)
+    resume: str | None = None           # interrupted: what a new `launch up` does, where resume_hint's words are not it
 
     @property
     def state(self) -> RunState:

@@ -277,7 +277,7 @@ class Lifecycle:
             figures = self.summary(result, outcome.lost, asked=self.spec.train.steps, saved=self.checkpoint_step())
             self.console.say(outcome.headline + figures + self._unevaluated())
         elif outcome.state == RunState.INTERRUPTED:
-            self.console.say(f'stopped; {resume_hint(self.checkpoint_step())}')
+            self.console.say(f'stopped; {outcome.resume or resume_hint(self.checkpoint_step())}')
         self.emit(Finished(result=self._as_record(result)))
         self._write_result(result)
         return result

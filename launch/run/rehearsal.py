@@ -102,8 +102,9 @@ class RehearsedRun(SupervisedRun):
         found = collect(self.spec, self.state.records, self.backends)
         for line in summary_lines(found):
             self.say(line)
-        if outcome.state is RunState.INTERRUPTED:      # the lifecycle's hint speaks of the real run's resume
-            self.say(f'rehearsal: stopped; `launch up {self.spec.path} --rehearse` rehearses again, and the real run '
-                     f'(`launch up {self.spec.path}`) starts as if no rehearsal had been')
+        resume = None
+        if outcome.state is RunState.INTERRUPTED:      # resume_hint speaks of the real run's resume
+            resume = (f'`launch up {self.spec.path} --rehearse` rehearses again, and the real run '
+                      f'(`launch up {self.spec.path}`) starts as if no rehearsal had been')
         headline = f'rehearsal {outcome.headline}' if outcome.headline else ''
-        return dataclasses.replace(outcome, headline=headline, rehearsal=found)
+        return dataclasses.replace(outcome, headline=headline, rehearsal=found, resume=resume)

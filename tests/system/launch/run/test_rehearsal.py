@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 
 import pytest
 
@@ -73,3 +74,15 @@ def test_thirty_one_stand_ins_come_up_and_end_on_one_machine(tmp_path):
     out = launch('up', spec, '--rehearse', timeout=500)
     assert out.returncode == 0, out.stdout[-5000:] + out.stderr[-3000:]
     assert 'all 31 servers are up' in out.stdout
+
+
+def test_a_rehearsal_stopped_by_ctrl_c_says_how_to_rehearse_again_not_how_to_resume(tmp_path):
+    spec = write_spec(tmp_path, workers=2, ps=1, steps=100_000)
+    proc = launch_bg('up', spec, '--rehearse')
+    lines = read_until(proc, 'servers are up')
+    proc.send_signal(signal.SIGINT)
+    out = ''.join(lines) + finish(proc)
+    assert proc.returncode == 128 + signal.SIGINT, out
+    stopped = [line for line in out.splitlines() if 'stopped;' in line]
+    assert len(stopped) == 1 and f'`launch up {spec} --rehearse` rehearses again' in stopped[0], out
+    assert 'a new `launch up` resumes' not in out, out
