@@ -30,6 +30,7 @@ ALSO_DOCUMENTED = {
     'run-gone': 'tests/unit/launch/records/test_run_index.py::test_a_run_whose_train_dir_is_gone_is_one_line',
     'compose-user-code': 'test_compose_plan_and_up_refuse_code_the_image_lacks_with_one_line',
     'eval-coordinator-run': 'test_eval_of_a_coordinator_run_says_what_its_checkpoints_hold',
+    'open-files-limit': 'tests/unit/launch/run/test_open_files.py::test_a_spec_over_the_hard_limit_is_refused_in_one_line',
 }
 
 

@@ -11,6 +11,7 @@ import pytest
 from launch.cli import main
 from launch.run import preflight
 from tests.conftest import write_spec
+from tests.harness.documented import check_documented
 
 
 class Limits:
@@ -42,6 +43,7 @@ def test_a_spec_over_the_hard_limit_is_refused_in_one_line(tmp_path, capsys, mon
     assert err.count('\n') == 1 and out == '', (out, err)
     need = preflight.files_needed(3)
     assert f'3 tasks need about {need} open files' in err and 'limit is 100 (ulimit -Hn)' in err, err
+    check_documented('open-files-limit', err.strip().removeprefix('launch: error: '))
     assert not (tmp_path / 'run' / 'launch-state.json').exists()
 
 
