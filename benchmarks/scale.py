@@ -118,6 +118,17 @@ class Launcher:
         return {'cpu_share': cpu / wall if wall else None, 'rss_mb': max(rss) / MB if rss else None,
                 'sampled_s': wall}
 
+    def cpu_seconds(self) -> tuple[float, float]:
+        """CPU seconds so far: the launcher's own, and its tasks' (the children it has now)."""
+        own = sum(self.ps.cpu_times()[:2])
+        tasks = 0.0
+        for child in self.ps.children(recursive=True):
+            try:
+                tasks += sum(child.cpu_times()[:2])
+            except psutil.Error:        # ended meanwhile
+                pass
+        return own, tasks
+
     def stop(self) -> None:
         """Kill what this benchmark started (the launcher's session: it and its stand-ins)."""
         if self.proc.poll() is None:
@@ -243,6 +254,7 @@ def run_size(size: int, tmp: str, free_ports, env: dict, repo: str, made: tuple 
         if not launcher.wait_up(start_timeout + 30):
             raise RuntimeError(f'not all up (launch up rc {launcher.proc.poll()}, {launcher.served(rundir)} of '
                                f'{size} serving): {launcher.closing()}', launcher.tail(40))
+        start_cpu = launcher.cpu_seconds()       # what the start cost, and whose it was
         steady = launcher.sample(STEADY_SECS / 2)
         kills = kill_workers(rundir, workers)
         delays = fault_delays(rundir, kills)
@@ -264,6 +276,7 @@ def run_size(size: int, tmp: str, free_ports, env: dict, repo: str, made: tuple 
     out = {'tasks': size, 'ps': ps, 'workers': workers, 'exit_code': rc, 'all_up_s': launcher.up_after,
            **startup(events), 'launcher_cpu_share': steady['cpu_share'], 'launcher_rss_mb': steady['rss_mb'],
            'launcher_cpu_share_after_kills': steady_after['cpu_share'], 'kills': [k for k, _ in kills],
+           'start_launcher_cpu_s': start_cpu[0], 'start_tasks_cpu_s': start_cpu[1],
            'fault_seen_s': delays, 'fault_p50_s': percentile(got, 50), 'fault_p99_s': percentile(got, 99),
            'teardown_s': exited - finish if finish else None, 'events_bytes': size_bytes,
            'events_bytes_per_min': size_bytes / run_min if run_min else None}
@@ -313,6 +326,11 @@ def measured(size: int, run, lead: str = '') -> dict:
         return {'tasks': size, 'failed': f'{type(e).__name__}: {e.args[0]}', 'output_tail': e.args[1:]}
     r['wall_s'] = time.monotonic() - t0
     print(lead + row(r), flush=True)
+    if r.get('start_tasks_cpu_s') and r.get('all_up_s'):      # local: the tasks are the launcher's children
+        cores = os.cpu_count() or 1
+        print(f'      start: {r["start_launcher_cpu_s"]:.1f} s of CPU in the launcher '
+              f'({r["start_launcher_cpu_s"] / r["all_up_s"]:.0%} of one core), {r["start_tasks_cpu_s"]:.0f} s in the '
+              f'tasks ({r["start_tasks_cpu_s"] / r["all_up_s"] / cores:.0%} of {cores} cores), until all up', flush=True)
     if r['exit_code'] or None in r['fault_seen_s']:
         print(f'      note: launch up exited {r["exit_code"]}; kills {r["kills"]} -> fault seen '
               f'{[fmt(d, ".2f") for d in r["fault_seen_s"]]}', flush=True)
