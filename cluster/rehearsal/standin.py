@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from cluster.rehearsal import probe, wire
 from cluster.rehearsal.parts import Part, part_of, peers
 from cluster.rehearsal.messages import Link, Links, say_links
-from cluster.runtime import ports, rundir
+from cluster.runtime import ports, rundir, stacks
 from cluster.runtime.membership import LIVE, DoneTracker
 from cluster.runtime.contract import EXIT_OK, EXIT_USAGE, LEASE_ENV, LEASE_SECS_ENV, parse_task_argv
 from cluster.runtime.lease import resolve_task, watch_lease
@@ -227,6 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler.setFormatter(TaskLogFormatter())
     logging.basicConfig(level=logging.INFO, handlers=[handler])
     log.info('%s: a rehearsal stand-in (no TensorFlow)', task.name)
+    stacks.install(spec.train.train_dir, task.job, task.index, time.time())    # `launch debug`, a stall's dump
     if os.environ.get(LEASE_ENV):
         watch_lease(os.environ[LEASE_ENV], float(os.environ.get(LEASE_SECS_ENV) or 10), pool=spec.num_workers)
     return play(spec, task)

@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING
 
 import psutil
 
+from cluster.rehearsal.argv import REHEARSAL_MODULE
 from cluster.runtime import hostinfo, ports
+from cluster.runtime.contract import TASK_MODULE
 from cluster.runtime.messages import channel_beside, channel_env, clear_channel
 from cluster.runtime.ports import port_in_use
 from launch.backends import netns, sessions
@@ -310,7 +312,8 @@ class LocalBackend(Backend):
         ident = process_ident(record.pid)
         if ident is None or (record.ident and ident != record.ident):
             return False
-        return 'cluster.task' in process_cmdline(record.pid)
+        command = process_cmdline(record.pid)
+        return TASK_MODULE in command or REHEARSAL_MODULE in command     # a task, or a rehearsal's stand-in
 
     def send_signal(self, records: list[TaskRecord], signum: int) -> dict[str, str | None]:
         out: dict[str, str | None] = {}
