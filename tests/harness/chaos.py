@@ -6,6 +6,7 @@ random points of the training, and check that the launcher mends every fault.
     python -m tests.harness.chaos --backend compose --faults 10 --baseline    # a Docker engine, the built image
     python -m tests.harness.chaos --backend local --plan worker:1=kill,ps:0=stop
     python -m tests.harness.chaos --backend local --faults 100 --startup 0.25    # and faults while restarts start
+    python -m tests.harness.chaos --backend local --faults 100 --rehearse        # every task a stand-in (no TensorFlow)
 
 It drives the real command line (`python -m launch up SPEC ...` in a subprocess) on a 1 ps + 2
 worker spec and reads what the launcher writes (`events.jsonl`, `run.json`). A fault is one of
@@ -95,6 +96,7 @@ class Options:
     dir: str | None = None                 # where the specs and runs go (default: a temporary folder)
     overrides: tuple[str, ...] = ()        # more `--set KEY=VALUE` for launch up (e.g. supervise.backoff_secs=0)
     json_out: str | None = None
+    rehearse: bool = False                 # `launch up --rehearse`: every task a stand-in (local only)
 
     def default_steps(self) -> int:
         # Every fault's gap, plus what the chief trains alone while a lost async worker comes back
@@ -243,6 +245,7 @@ class Driver:
     def __init__(self, workdir: str):
         self.workdir = workdir
         self.ports: list[int] = []
+        self.rehearse = False       # a rehearsal's run lives below the spec's train_dir
 
     def setup(self) -> None:
         pass
@@ -257,11 +260,12 @@ class Driver:
         return REPO
 
     def train_dir(self, sub: str) -> str:
-        """The launcher's train_dir (events.jsonl, run.json)."""
-        return os.path.join(self.workdir, sub, 'run')
+        """The launcher's train_dir (events.jsonl, run.json); a rehearsal's is below the spec's."""
+        run = os.path.join(self.workdir, sub, 'run')
+        return os.path.join(run, 'rehearsal') if self.rehearse else run
 
     def spec_train_dir(self, sub: str) -> str:
-        return self.train_dir(sub)
+        return os.path.join(self.workdir, sub, 'run')
 
     def task_hosts(self) -> list[str]:
         return ['localhost'] * 3
@@ -299,7 +303,7 @@ class Driver:
                 cmd = f.read().replace(b'\0', b' ').decode(errors='replace')
         except OSError:
             pass
-        if 'cluster.task' not in cmd or self.workdir not in cmd:
+        if not any(m in cmd for m in ('cluster.task', 'cluster.rehearsal')) or self.workdir not in cmd:
             raise RuntimeError(f'{task}: pid {pid} is not its task any more ({cmd or "gone"})')
         os.kill(pid, {'kill': signal.SIGKILL, 'stop': signal.SIGSTOP}[kind])
         return f'pid {pid}'
@@ -513,7 +517,8 @@ class Chaos:
         self.console = os.path.join(self.driver.workdir, sub, 'console.log')
         out = open(self.console, 'w')
         sets = [a for o in self.o.overrides for a in ('--set', o)]
-        self.proc = subprocess.Popen([sys.executable, '-m', 'launch', 'up', spec, *sets, *self.driver.launch_args()],
+        rehearse = ['--rehearse'] if self.o.rehearse else []
+        self.proc = subprocess.Popen([sys.executable, '-m', 'launch', 'up', spec, *sets, *rehearse, *self.driver.launch_args()],
                                      cwd=self.driver.cwd(sub), stdin=subprocess.DEVNULL, stdout=out,
                                      stderr=subprocess.STDOUT)
         out.close()
@@ -787,6 +792,7 @@ def run_chaos(options: Options, ssh_hosts=None, compose_ready: bool = False,
     workdir = os.path.abspath(workdir)
     os.makedirs(workdir, exist_ok=True)
     driver = make_driver(options.backend, workdir, ssh_hosts, compose_ready)
+    driver.rehearse = options.rehearse
     return Chaos(options, driver, say).run()
 
 
@@ -828,7 +834,10 @@ def main(argv=None) -> int:
     p.add_argument('--json', dest='json_out', help='write the figures to this file')
     p.add_argument('--set', dest='overrides', action='append', default=[], metavar='KEY=VALUE',
                    help='passed on to launch up, e.g. --set supervise.backoff_secs=0.5')
+    p.add_argument('--rehearse', action='store_true', help='every task a stand-in (`launch up --rehearse`; local only)')
     a = p.parse_args(argv)
+    if a.rehearse and a.backend != 'local':
+        p.error('--rehearse: the local backend only')
     low, _, high = a.gap.partition('-')
     kinds = tuple(k for k in (a.kinds or '').split(',') if k)
     bad = [k for k in kinds if k not in KINDS[a.backend]]
@@ -839,7 +848,7 @@ def main(argv=None) -> int:
                       gap=(int(low), int(high or low)), steps=a.steps, checkpoint_steps=a.checkpoint_steps,
                       batch_size=a.batch_size, stall_secs=a.stall_secs, recover_secs=a.recover_secs,
                       baseline=a.baseline, dir=a.dir, json_out=a.json_out, overrides=tuple(a.overrides),
-                      startup=a.startup)
+                      startup=a.startup, rehearse=a.rehearse)
     # Ctrl-C or SIGTERM (a background job ignores SIGINT): the launcher is stopped, the sshd or
     # engine this harness started too.
     def interrupt(signum, frame):

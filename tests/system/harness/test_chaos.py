@@ -33,6 +33,16 @@ def test_local_cluster_mends_a_frozen_ps_a_lost_chief_and_a_lost_worker(tmp_path
 
 
 @pytest.mark.slow
+def test_a_local_rehearsal_mends_kills_and_freezes_as_a_real_run_does(tmp_path):
+    """The chaos harness on stand-ins (`launch up --rehearse`): the same faults and invariants as
+    a real run, nothing left (the stand-ins counted among the tasks)."""
+    result = chaos(tmp_path, backend='local', rehearse=True, stall_secs=3, steps=3000,
+                   plan=(('worker:1', 'kill'), ('ps:0', 'stop'), ('worker:0', 'kill'), ('ps:0', 'kill'),
+                         ('worker:1', 'kill')), gap=(100, 200))
+    assert [bool(f.restart.get('tasks')) for f in result.faults][:1] == [True]
+
+
+@pytest.mark.slow
 def test_ssh_cluster_mends_faults_killed_on_the_remote_host(tmp_path, request):
     if not os.path.exists(SSHD) or os.geteuid() != 0:
         unavailable(f'the SSH chaos test needs {SSHD} and root (to listen on {", ".join(sorted(set(SSH_LAYOUT)))})',

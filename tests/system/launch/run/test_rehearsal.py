@@ -86,3 +86,35 @@ def test_a_rehearsal_stopped_by_ctrl_c_says_how_to_rehearse_again_not_how_to_res
     stopped = [line for line in out.splitlines() if 'stopped;' in line]
     assert len(stopped) == 1 and f'`launch up {spec} --rehearse` rehearses again' in stopped[0], out
     assert 'a new `launch up` resumes' not in out, out
+
+
+def test_status_logs_debug_scale_and_down_work_on_a_rehearsal_as_on_a_run(tmp_path):
+    """The commands a user points at a run, pointed at a rehearsal's (its train_dir): status names
+    every stand-in, logs prints one's log, debug gets every stand-in's stacks, an async scale
+    takes a worker out live and brings it back, and down stops what is left: nothing survives."""
+    spec = write_spec(tmp_path, workers=3, ps=1, steps=1_000_000, sync=False)
+    run = str(tmp_path / 'run' / 'rehearsal')
+    proc = launch_bg('up', spec, '--rehearse')
+    try:
+        lines = read_until(proc, 'servers are up')
+        status = launch('status', run, timeout=60)
+        assert status.returncode == 0 and all(t in status.stdout for t in ('ps:0', 'worker:0', 'worker:2')), status.stdout
+        logs = launch('logs', run, 'worker:1', timeout=60)
+        assert logs.returncode == 0 and 'worker:1: a rehearsal stand-in (no TensorFlow)' in logs.stdout, logs.stdout
+        debug = launch('debug', run, timeout=60)
+        assert debug.returncode == 0, debug.stdout + debug.stderr
+        dumped = sorted(os.listdir(os.path.join(run, 'stacks', 'attempt-1')))
+        assert len(dumped) == 4, dumped
+        assert all('in play' in open(os.path.join(run, 'stacks', 'attempt-1', f)).read() for f in dumped), dumped
+        shrink = launch('scale', run, '--workers', '2', timeout=120)
+        assert shrink.returncode == 0 and 'worker:2 finishes its step and leaves' in shrink.stdout, shrink.stdout
+        grow = launch('scale', run, '--workers', '3', timeout=120)
+        assert grow.returncode == 0 and '3 worker(s) train now' in grow.stdout, grow.stdout + grow.stderr
+        down = launch('down', run, timeout=120)
+        assert down.returncode == 0, down.stdout + down.stderr
+    finally:
+        out = ''.join(lines) + finish(proc)
+    assert proc.returncode == 128 + signal.SIGTERM, out       # stopped by `down`
+    with open(os.path.join(run, 'events.jsonl')) as f:
+        kinds = [json.loads(line)['event'] for line in f]
+    assert 'restart' not in kinds and 'task_lost' not in kinds, kinds      # a scale is no fault
