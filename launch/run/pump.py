@@ -83,12 +83,17 @@ class _Polls:
             due.update(self.by_path.get(path, {}))
         return list(due.values())
 
+    def closing(self, entries: list[_Followed]) -> None:
+        """These logs were closed (drain): polled at every tick until read to their end."""
+        self.every_tick.update((id(e), e) for e in entries if id(e) in self.known)
+
     def polled(self, entry: _Followed, gave: bool) -> None:
-        """After a poll: a watched log that gave nothing waits for inotify; any other is polled again next tick."""
+        """After a poll: a watched log that gave nothing waits for inotify (a closed one has
+        ended: a FileTail's closing poll reads to the end); any other is polled again next tick."""
         key = id(entry)
         if entry.drained.is_set():
             self.forget(entry)
-        elif not entry.watched or gave or getattr(entry.tail, 'closing', False):
+        elif not entry.watched or gave:
             self.every_tick[key] = entry
         else:
             self.every_tick.pop(key, None)
@@ -163,7 +168,7 @@ class Pump:
                         seen, entries, closing = self._membership, list(self._followed.values()), self._closing
                         self._closing = []
                         polls.take(entries)
-                        polls.every_tick.update((id(e), e) for e in closing if id(e) in polls.known)
+                        polls.closing(closing)
                 sweep = time.monotonic() - swept >= SWEEP_SECS
                 if sweep:
                     swept = time.monotonic()

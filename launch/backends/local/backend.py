@@ -119,6 +119,19 @@ def _reap(proc: subprocess.Popen) -> int | None:
     return proc.poll()
 
 
+def _child_reports(options: int) -> Iterator[os.waitid_result]:
+    """What waitid reports of any child of this process with `options` (WNOHANG added), one report
+    after another until it has none (or there are no children at all)."""
+    while True:
+        try:
+            found = os.waitid(os.P_ALL, 0, options | os.WNOHANG)
+        except ChildProcessError:
+            return
+        if found is None:
+            return
+        yield found
+
+
 class LocalBackend(Backend):
     name = 'local'
     records_channel = True      # the channel: a file here
@@ -262,33 +275,20 @@ class LocalBackend(Backend):
         """Take the kernel's reports of children stopped (SIGSTOP, SIGTSTP) or continued since
         the last look (waitid WSTOPPED|WCONTINUED: each report is given once; exits are left to
         _reap_ended)."""
-        while True:
-            try:
-                found = os.waitid(os.P_ALL, 0, os.WSTOPPED | os.WCONTINUED | os.WNOHANG)
-            except ChildProcessError:       # no children at all
-                break
-            if found is None:
-                break
+        for found in _child_reports(os.WSTOPPED | os.WCONTINUED):
             if found.si_code in (os.CLD_STOPPED, os.CLD_TRAPPED):
                 self._halted.add(found.si_pid)
             else:
                 self._halted.discard(found.si_pid)
                 self._stopped.pop(found.si_pid, None)    # a continued task's /proc letter is old news
-        self._halted = {pid for pid in self._halted if self._children.get(pid) is not None
-                        and self._children[pid].returncode is None}
+        self._halted = {pid for pid in self._halted if (child := self._children.get(pid)) and child.returncode is None}
 
     def _reap_ended(self) -> None:
         """Reap each child that has ended (its session ended first, _reap), found by waitid on
         any child, which names one ended child without reaping it. A child that is no task's
         (a command another thread waits for) blocks that scan: then every task is polled."""
         reaped: set[int] = set()
-        while True:
-            try:
-                found = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-            except ChildProcessError:       # no children at all
-                return
-            if found is None:
-                return
+        for found in _child_reports(os.WEXITED | os.WNOWAIT):
             proc = self._children.get(found.si_pid)
             if proc is None or found.si_pid in reaped:
                 for child in list(self._children.values()):

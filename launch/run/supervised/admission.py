@@ -34,7 +34,7 @@ class Gate:
         if self.window is None:
             return
         self._starting.append(serving)
-        heard, t0 = time.monotonic(), time.monotonic()
+        heard = t0 = time.monotonic()
         while not self.stop.is_set():
             still = [flag for flag in self._starting if not flag.is_set()]
             if len(still) < len(self._starting):

@@ -40,11 +40,12 @@ class StateFile:
             written.progress = progress
         written.restarts = state.restarts
         written.workers = WorkerPool(self.spec.num_workers, list(state.members.indices), asked)
-        if changed_only and self._same(written.fingerprint(), len(written.tasks)):
+        fingerprint = written.fingerprint()
+        if changed_only and self._same(fingerprint, len(written.tasks)):
             return
         try:
             written.save(state_path(self.spec))
-            self._saved, self._saved_at, self._error = written.fingerprint(), time.monotonic(), False
+            self._saved, self._saved_at, self._error = fingerprint, time.monotonic(), False
         except OSError as e:        # a full disk (named by the disk's watch), or a train_dir removed (checked apart)
             if not self._error and not self.disk_full():
                 self.say(f'warning: cannot write {state_path(self.spec)}: {e.strerror}')
