@@ -38,8 +38,8 @@ def _prctl() -> Callable[..., int] | None:
         return None
 
 
-def die_with(parent: int) -> Callable[[], None] | None:
-    """A preexec_fn that makes the child die (SIGKILL) when `parent` (this process) ends, and
+def die_with(parent: int, signum: int = signal.SIGKILL) -> Callable[[], None] | None:
+    """A preexec_fn that makes the child get `signum` (SIGKILL) when `parent` (this process) ends, and
     that ends it at once if `parent` ended before the call (the signal would never come). Only
     async-signal-safe work runs in the child: prctl, getppid, _exit."""
     prctl = _prctl()
@@ -47,9 +47,9 @@ def die_with(parent: int) -> Callable[[], None] | None:
         return None
 
     def arm() -> None:
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
         if os.getppid() != parent:
-            os._exit(128 + signal.SIGKILL)
+            os._exit(128 + signum)
     return arm
 
 

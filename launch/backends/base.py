@@ -244,6 +244,11 @@ class Backend(abc.ABC):
     # (launch/run/supervised/admission.py).
     start_window: int | None = None
 
+    def place(self, spec: ClusterSpec, plans: list[TaskPlan], timeout: float) -> ClusterSpec | None:
+        """Put the tasks where they will run before any starts, and return the spec as placed (its
+        hosts and ports those the tasks got: a Ray cluster's nodes); None: they run as planned."""
+        return None
+
     def prepare(self, plans: list[TaskPlan], spec_yaml: str) -> None:     # noqa: B027 (a hook: no-op by default)
         """Put what the tasks need in place (the effective spec, log folders) before any start."""
 

@@ -130,15 +130,17 @@ class RunStarted(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class TaskStarted(Event):
-    """A task was started. Where it runs: a process (`pid`), a container (compose) or a scheduler's
-    job (Slurm)."""
+    """A task was started. Where it runs: a process (`pid`), a container (compose), a scheduler's
+    job (Slurm) or a Ray node and the actor that keeps it there."""
     kind = EventKind.TASK_STARTED
-    OPTIONAL = frozenset({'pid', 'container', 'job'})
+    OPTIONAL = frozenset({'pid', 'container', 'job', 'node', 'actor'})
     task: str | None = json_field(read_text, doc='The task, job:index (e.g. worker:1).')
     host: str | None = json_field(read_text, doc='The host it runs on, as the spec names it.')
     pid: int | None = json_field(read_whole, doc='Its process id on that host (local and SSH tasks).')
     container: str | None = json_field(read_text, doc='Its container (compose).')
     job: str | None = json_field(read_text, doc="The scheduler's job id (Slurm).")
+    node: str | None = json_field(read_text, doc='The Ray node it runs on, by address (Ray).')
+    actor: str | None = json_field(read_text, doc='The Ray actor that keeps it, by name (Ray).')
 
 
 @dataclass(frozen=True, kw_only=True)

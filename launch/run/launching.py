@@ -103,14 +103,19 @@ def _supervised(spec: ClusterSpec, name: str | None, opts: Options, up: UpSettin
     spec_yaml = tasks_spec_yaml(spec, name, opts)
     with make_backends(spec, opts, {p.backend for p in planned}) as backends:
         placed = with_gpus(spec, name, opts, planned, backends)
+        run_spec, run_yaml = spec, spec_yaml
+        for backend in backends.values():       # a backend that places the tasks itself (Ray) gives their ports
+            moved = backend.place(spec, placed, up.start_timeout)
+            if moved is not None:
+                run_spec, run_yaml, placed = moved, tasks_spec_yaml(moved, name, opts), plans(moved, name, opts)
         strategy_class = SupervisedRun
         if up.rehearse:
             from launch.run import rehearsal
             rehearsal.check_backends(backends)
             placed, strategy_class = rehearsal.stand_ins(placed), rehearsal.RehearsedRun
-        run = strategy_class(spec, spec_yaml, placed, backends, start_timeout=up.start_timeout,
+        run = strategy_class(run_spec, run_yaml, placed, backends, start_timeout=up.start_timeout,
                             finish_timeout=up.finish_timeout,
-                            checks=lambda: preflight.checks_before_up(spec, placed, backends, up.say),
+                            checks=lambda: preflight.checks_before_up(run_spec, placed, backends, up.say),
                             warn=lambda: preflight.warn_exposure(placed, short=True),
                             workers=up.workers)
         yield Launch(run, ','.join(sorted({p.backend for p in placed})), spec_yaml)

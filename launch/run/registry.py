@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from launch.backends.compose import Compose
 from launch.backends.kind import DELEGATED, SUPERVISED, Kind, Mode, Options
 from launch.backends.local import Local
+from launch.backends.ray import Ray
 from launch.backends.slurm import Slurm
 from launch.backends.ssh import SSH
 
@@ -24,6 +25,7 @@ BACKENDS: tuple[Kind, ...] = (
     SSH(),
     Compose(),
     Slurm(),
+    Ray(),
 )
 KINDS: dict[str, Kind] = {k.name: k for k in BACKENDS}
 DEFAULT = Local.name    # with no --backend: local processes, or SSH for hosts that are not this machine

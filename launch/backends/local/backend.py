@@ -9,14 +9,14 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import psutil
 
 from cluster.rehearsal.argv import REHEARSAL_MODULE
-from cluster.runtime import hostinfo, ports
+from cluster.runtime import children, hostinfo, ports
 from cluster.runtime.contract import TASK_MODULE
 from cluster.runtime.messages import channel_beside, channel_env, clear_channel
 from cluster.runtime.ports import port_in_use
@@ -137,7 +137,11 @@ class LocalBackend(Backend):
     records_channel = True      # the channel: a file here
     start_window = max(8, 4 * (os.cpu_count() or 1))    # its tasks share this machine's cores
 
-    def __init__(self) -> None:
+    def __init__(self, death_signal: int | None = None) -> None:
+        # The signal a task gets when this process ends (PR_SET_PDEATHSIG), None: none. A Ray
+        # actor that keeps a task sets it (launch/backends/ray/actor.py); the launcher does not:
+        # its tasks outlive it by their lease, so a launcher restarted in time finds them.
+        self._death_signal = death_signal
         self._children: dict[int, subprocess.Popen] = {}
         self._stopped: dict[int, str | None] = {}     # running children's not_answering, read at _stopped_at
         self._stopped_at = -STOPPED_SECS
@@ -200,7 +204,7 @@ class LocalBackend(Backend):
             argv = netns.wrap(plan.netns, plan.argv) if plan.netns else plan.argv
             proc = subprocess.Popen(argv, cwd=plan.cwd, env={**inherited(os.environ), **plan.env, **channel_env(os.path.abspath(log_file))},
                                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+                                    start_new_session=True, preexec_fn=self._preexec())
         self._children[proc.pid] = proc
         self._halted.discard(proc.pid)      # a pid used before: the earlier child's stop is not this one's
         t = plan.task
@@ -208,6 +212,9 @@ class LocalBackend(Backend):
                           pid=proc.pid, log=os.path.abspath(log_file), ident=process_ident(proc.pid) or '',
                           cwd=os.path.abspath(plan.cwd), log_offset=offset,
                           handle=LocalHandle(plan.netns))
+
+    def _preexec(self) -> Callable[[], None] | None:
+        return children.die_with(os.getpid(), self._death_signal) if self._death_signal else None
 
     def renew(self, plans: list[TaskPlan], text: str | None = None) -> None:
         touch_leases(plans, text=text)

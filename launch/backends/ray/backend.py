@@ -1,0 +1,396 @@
+"""RayBackend: the Backend (launch/backends/base.py) whose tasks run on the nodes of a Ray cluster,
+each kept by its own TaskActor (launch/backends/ray/actor.py) that this launcher's driver owns.
+
+- Placement (`place`, before anything starts): the nodes each spec host names, the CPUs and GPUs
+  the tasks ask (launch/backends/ray/nodes.py: one line, exit 2, when the cluster cannot hold
+  them); one actor per task (placement.py); each picks its port on its node; the spec is written
+  with the nodes and ports the tasks have.
+- Observing: each start leaves one outstanding `wait_exit` call, so an end is seen when it
+  returns (no call per round); a dead actor makes it fail, and its node, asked of the cluster,
+  tells a task lost with its node (UNKNOWN: the policy's lost host) from a task whose keeper died
+  (ENDED). Every STOPPED_SECS the running tasks' states (stopped, uninterruptible) are asked in one
+  batch.
+- Files: the nodes share the launcher's filesystem (a token written in the train_dir is read back
+  by every actor at placement: a node that does not see it is refused), so logs, the channel, the
+  spec and the leases are files here, as for the local backend.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from cluster.runtime.rundir import PRIVATE, read_text, write_atomically
+from cluster.spec import ClusterSpec
+from launch.backends.base import (ENDED, RUNNING, STOP_GRACE_SECS, UNKNOWN, Backend, BackendError, HostCheck,
+                                  Observation, TaskRecord, handle_of, local_disk_full, planned_record, touch_leases)
+from launch.backends.ray import connect, nodes, placement
+from launch.backends.ray.childenv import read_machine_key
+from launch.backends.tail import FileTail, follow_file
+from launch.errors import UsageError
+from launch.planning.plan import TaskPlan
+
+log = logging.getLogger(__name__)
+
+STOPPED_SECS = 5.0          # how long a running task's stopped/uninterruptible state is trusted
+NODES_SECS = 1.0            # how long the cluster's list of alive nodes is trusted
+CALL_TIMEOUT = 30.0         # an actor's answer to a short call
+TOKEN_FILE = '.tfcluster-ray-fs'
+
+
+@dataclass
+class RayHandle:
+    """What a record of a Ray task holds beyond a local one's: its actor, its node, the cluster."""
+    actor: str = ''          # the actor's name in the tfcluster namespace
+    node_id: str = ''
+    node: str = ''           # the node's address
+    cluster: str = ''        # the GCS address (`launch status`/`down` from another process join there)
+    embedded: bool = False   # the cluster was the launcher's own Ray instance (it ended with it)
+
+
+class RayBackend(Backend):
+    name = 'ray'
+    records_channel = True      # a file in the shared train_dir
+
+    def __init__(self, spec: ClusterSpec, address: str | None, source: str = '') -> None:
+        self._spec, self._address, self._source = spec, address, source
+        self._placed = spec         # the spec as placed (place): the nodes and ports the tasks have
+        self._ray: Any = None
+        self._key = f'{os.getpid()}-{secrets.token_hex(3)}'       # names this launcher's actors
+        self._actors: dict[str, Any] = {}           # task -> actor handle (kept: an actor dies with its last handle)
+        self._wheres: dict[str, placement.Where] = {}
+        self._asks: dict[str, nodes.Ask] = {}
+        self._facts: dict[str, dict] = {}           # task -> where its actor runs (TaskActor.facts)
+        self._group: Any = None
+        self._exits: dict[str, tuple[int, Any]] = {}    # task -> (pid, its outstanding wait_exit)
+        self._ended: dict[str, Observation] = {}        # task -> its end, as seen (until its next start)
+        self._states: dict[str, Observation] = {}       # task -> its last state asked (stopped or not)
+        self._states_at = -STOPPED_SECS
+        self._asking: dict[str, Any] = {}               # task -> an outstanding observe
+        self._alive_nodes: tuple[frozenset[str], float] = (frozenset(), -NODES_SECS)
+        self._here = read_machine_key()
+        self._lock = threading.Lock()
+
+    # -- the connection and placement ------------------------------------------------------------
+    def _connect(self, address: str | None = None, embedded: bool = False) -> Any:
+        if self._ray is None:
+            if address is not None:
+                self._ray = connect.connect(address, 0, 0)
+            else:
+                if self._address is not None:
+                    connect.answers(self._address, self._source)
+                cpus = sum(nodes.asks(self._spec, t).cpus for t in self._spec.tasks)
+                gpus = 0 if self._address else _gpus_here()
+                self._ray = connect.connect(self._address, cpus, gpus)
+        return self._ray
+
+    @property
+    def where(self) -> str:
+        return nodes.cluster_words(self._address)
+
+    def place(self, spec: ClusterSpec, plans: list[TaskPlan], timeout: float) -> ClusterSpec:
+        """Place every task (see the module's docstring) and return the spec as placed."""
+        ray = self._connect()
+        alive = nodes.alive_nodes(ray.nodes())
+        places = nodes.resolve_hosts(spec, alive, self.where)
+        nodes.demand(spec, places, alive, self.where)
+        self._wheres, bundles = placement.wheres(spec, places)
+        self._group = placement.group(ray, self._key, bundles, timeout, alive)
+        self._asks = {t.name: nodes.asks(spec, t) for t in spec.tasks}
+        for task in spec.tasks:
+            self._actors[task.name] = self._new_actor(task.name)
+        token_path = os.path.abspath(os.path.join(spec.train.train_dir, TOKEN_FILE))
+        token = secrets.token_hex(8)
+        os.makedirs(os.path.dirname(token_path), exist_ok=True)
+        write_atomically(token_path, token, PRIVATE)
+        try:
+            got = self._get([self._actors[t.name].facts.remote(token_path, token) for t in spec.tasks],
+                            placement.FACTS_TIMEOUT, 'starting the tasks\' actors')
+        finally:
+            os.remove(token_path)
+        self._facts = dict(zip((t.name for t in spec.tasks), got))
+        apart = sorted({f['address'] for f in self._facts.values() if not f['shared']})
+        if apart:
+            raise UsageError(f'{spec.path}: the Ray node(s) {", ".join(apart)} do not see this train_dir '
+                             f'({os.path.abspath(spec.train.train_dir)}): --backend ray needs the train_dir on a '
+                             'filesystem every node shares (NFS, or one machine)')
+        chosen = placement.ports(ray, spec, self._actors, self._facts)
+        self._placed = placement.placed_spec(spec, self._facts, chosen)
+        return self._placed
+
+    def _new_actor(self, name: str) -> Any:
+        from launch.backends.ray.actor import TaskActor
+        ray = self._ray
+        task = self._spec.task(*_job_index(name))
+        opts = placement.options(ray, self._key, task, self._asks[name], self._wheres[name], self._group)
+        return ray.remote(TaskActor).options(**opts).remote()
+
+    def _get(self, refs: list[Any], timeout: float, doing: str) -> list[Any]:
+        try:
+            return self._ray.get(refs, timeout=timeout)
+        except self._ray.exceptions.GetTimeoutError:
+            raise BackendError(f'{doing} took over {timeout:g}s on {self.where}') from None
+
+    # -- the pre-flight -----------------------------------------------------------------------------
+    def check(self, plans: list[TaskPlan], imports: bool = False) -> list[HostCheck]:
+        """One verdict per node the tasks were placed on: its Python, and TensorFlow found there."""
+        by_node: dict[str, list[str]] = {}
+        for p in plans:
+            facts = self._facts.get(p.name)
+            if facts is not None:
+                by_node.setdefault(facts['address'], []).append(p.name)
+        out = []
+        for node, names in sorted(by_node.items()):
+            facts = self._facts[names[0]]
+            ok = bool(facts['tensorflow'])
+            detail = (f'{len(names)} task(s), python {facts["python"]}' if ok else
+                      f'python {facts["python"]} on the Ray node cannot import tensorflow')
+            out.append(HostCheck(f'ray node {node}', ok, detail))
+        return out
+
+    # -- starting -----------------------------------------------------------------------------------
+    def prepare(self, plans: list[TaskPlan], spec_yaml: str) -> None:
+        """The spec and the log folders, in the shared train_dir, as for local tasks."""
+        from launch.backends.local.backend import LocalBackend
+        LocalBackend().prepare(plans, spec_yaml)
+
+    def start(self, plan: TaskPlan) -> TaskRecord:
+        ray = self._connect()
+        name = plan.name
+        actor = self._live_actor(name)
+        facts = self._facts[name]
+        host = self._spec.hosts.get(self._spec.task(*_job_index(name)).host)
+        if not (host and host.python):      # the node's own Python (the one Ray runs in)
+            plan = replace(plan, argv=(facts['python'], *plan.argv[1:]))
+        try:
+            record = self._get([actor.start.remote(plan)], CALL_TIMEOUT, f'starting {name}')[0]
+        except ray.exceptions.RayActorError as e:
+            raise BackendError(f'{name}: its Ray actor on {facts["address"]} died: {_first_line(e)}') from None
+        record.backend = self.name
+        record.handle = RayHandle(actor=placement.actor_name(self._key, plan.task), node_id=facts['node_id'],
+                                  node=facts['address'], cluster=connect.gcs_address(ray),
+                                  embedded=self._address is None)
+        with self._lock:
+            self._exits[name] = (record.pid, actor.wait_exit.remote(record.pid))
+            self._ended.pop(name, None)
+            self._states.pop(name, None)
+        return record
+
+    def _live_actor(self, name: str) -> Any:
+        """The task's actor; a new one on the same node (or bundle) when it died and its node lives;
+        BackendError when its node left the cluster (the task would get another address)."""
+        actor = self._actors.get(name)
+        if actor is None:
+            raise BackendError(f'{name} was not placed on {self.where}')
+        try:
+            self._ray.get(actor.ping.remote(), timeout=CALL_TIMEOUT)
+            return actor
+        except self._ray.exceptions.RayActorError:
+            pass
+        facts = self._facts[name]
+        if not self._node_alive(facts['node_id']):
+            raise BackendError(f'{name}: its node {facts["address"]} left the Ray cluster; a task placed there '
+                               'cannot start elsewhere without changing the cluster\'s addresses')
+        where = self._wheres[name]
+        if not where.node_id:
+            self._wheres[name] = placement.Where(node_id=facts['node_id'])     # back to the same node
+        self._actors[name] = actor = self._new_actor(name)
+        got = self._get([actor.facts.remote(), actor.reserve_port.remote(self._port(name), [])],
+                        placement.FACTS_TIMEOUT, f'starting {name}\'s actor again')
+        self._facts[name] = {**got[0], 'shared': True}
+        return actor
+
+    def _port(self, name: str) -> int:
+        return self._placed.task(*_job_index(name)).port
+
+    def renew(self, plans: list[TaskPlan], text: str | None = None) -> None:
+        touch_leases(plans, text=text)      # the train_dir is shared: the leases are files here
+
+    # -- observing ----------------------------------------------------------------------------------
+    def status(self, record: TaskRecord) -> Observation:
+        if record.name in self._exits or record.name in self._ended:
+            return self.status_many([record])[record.name]
+        return self._status_elsewhere(record)
+
+    def status_many(self, records: Sequence[TaskRecord]) -> dict[str, Observation]:
+        ours = [r for r in records if r.name in self._exits or r.name in self._ended]
+        out = {r.name: self._status_elsewhere(r) for r in records if r not in ours}
+        self._take_exits()
+        self._ask_states([r.name for r in ours if r.name not in self._ended])
+        for r in ours:
+            out[r.name] = self._ended.get(r.name) or self._states.get(r.name) or Observation(RUNNING)
+        return out
+
+    def _take_exits(self) -> None:
+        """The ends the outstanding wait_exit calls came back with since the last look."""
+        with self._lock:
+            waiting = {ref: name for name, (_, ref) in self._exits.items() if name not in self._ended}
+        if not waiting:
+            return
+        done, _ = self._ray.wait(list(waiting), num_returns=len(waiting), timeout=0)
+        for ref in done:
+            name = waiting[ref]
+            try:
+                code = self._ray.get(ref)
+                self._ended[name] = Observation(ENDED, code)
+            except self._ray.exceptions.RayActorError as e:
+                self._ended[name] = self._lost_actor(name, e)
+
+    def _lost_actor(self, name: str, error: Exception) -> Observation:
+        """A task whose actor died: lost with its node (UNKNOWN, the node named), else ended (the
+        actor's death took the task with it: PR_SET_PDEATHSIG)."""
+        facts = self._facts[name]
+        if not self._node_alive(facts['node_id'], fresh=True):
+            return Observation(UNKNOWN, error=f'its node {facts["address"]} left the Ray cluster')
+        log.info('%s: its actor died: %s', name, _first_line(error))
+        return Observation(ENDED, None)
+
+    def _ask_states(self, names: list[str]) -> None:
+        """Every STOPPED_SECS, one observe call per running task; their answers are taken as they come."""
+        for name, ref in list(self._asking.items()):
+            done, _ = self._ray.wait([ref], timeout=0)
+            if done:
+                del self._asking[name]
+                try:
+                    seen = self._ray.get(ref)
+                    if seen is not None and seen.state == RUNNING:
+                        self._states[name] = seen
+                except self._ray.exceptions.RayError:
+                    pass
+        now = time.monotonic()
+        if now - self._states_at >= STOPPED_SECS:
+            self._states_at = now
+            for name in names:
+                if name not in self._asking:
+                    self._asking[name] = self._actors[name].observe.remote()
+
+    def _node_alive(self, node_id: str, fresh: bool = False) -> bool:
+        alive, at = self._alive_nodes
+        if fresh or time.monotonic() - at > NODES_SECS:
+            alive = frozenset(n['NodeID'] for n in self._ray.nodes() if n.get('Alive'))
+            self._alive_nodes = (alive, time.monotonic())
+        return node_id in alive
+
+    def _status_elsewhere(self, record: TaskRecord) -> Observation:
+        """A task another launcher started (`launch status`, `down`): asked of its actor, found by name."""
+        actor = self._find(record)
+        if actor is None:
+            return Observation(ENDED, None)     # its actor is gone, and the task with it (PR_SET_PDEATHSIG)
+        if isinstance(actor, str):
+            return Observation(UNKNOWN, error=actor)
+        try:
+            seen = self._ray.get(actor.observe.remote(), timeout=CALL_TIMEOUT)
+        except self._ray.exceptions.RayError as e:
+            return Observation(UNKNOWN, error=_first_line(e))
+        return seen or Observation(ENDED, None)
+
+    def _find(self, record: TaskRecord) -> Any:
+        """The record's actor, None when it is gone, or why the cluster cannot be asked."""
+        handle = handle_of(record, RayHandle)
+        if record.name in self._actors:
+            return self._actors[record.name]
+        try:
+            self._connect(handle.cluster or self._address)
+        except Exception as e:      # noqa: BLE001 (Ray raises many kinds for a cluster that is not there)
+            if handle.embedded:
+                return None         # the launcher's own instance ended with it, and its tasks with it
+            return f'the Ray cluster at {handle.cluster} cannot be asked: {_first_line(e)}'
+        try:
+            return self._ray.get_actor(handle.actor, namespace=connect.NAMESPACE)
+        except ValueError:
+            return None
+
+    def locate(self, record: TaskRecord) -> dict:
+        handle = handle_of(record, RayHandle)
+        return {'pid': record.pid or None, 'node': handle.node, 'actor': handle.actor}
+
+    # -- signals and stopping ---------------------------------------------------------------------
+    def send_signal(self, records: list[TaskRecord], signum: int) -> dict[str, str | None]:
+        out: dict[str, str | None] = {}
+        for r in records:
+            actor = self._find(r)
+            if actor is None or isinstance(actor, str):
+                out[r.name] = actor or 'has ended'
+                continue
+            try:
+                out[r.name] = self._ray.get(actor.send_signal.remote(signum), timeout=CALL_TIMEOUT)
+            except self._ray.exceptions.RayError as e:
+                out[r.name] = f'cannot be signalled: {_first_line(e)}'
+        return out
+
+    def stop(self, records: list[TaskRecord], grace: float = STOP_GRACE_SECS) -> None:
+        """Every task's actor stops its task at once (one shared deadline); a task whose actor or
+        node is gone has ended with it."""
+        asked = {}
+        for r in records:
+            actor = self._find(r)
+            if actor is not None and not isinstance(actor, str):
+                asked[r.name] = actor.stop.remote(grace)
+        for name, ref in asked.items():
+            try:
+                self._ray.get(ref, timeout=grace + CALL_TIMEOUT)
+            except self._ray.exceptions.RayActorError:
+                self._ended.setdefault(name, Observation(ENDED, None))
+            except self._ray.exceptions.GetTimeoutError:
+                raise BackendError(f'{name} did not stop within {grace + CALL_TIMEOUT:g}s') from None
+        for r in records:       # a task lost with its node: gone with its actor
+            seen = self._ended.get(r.name)
+            if seen is not None and seen.state == UNKNOWN:
+                self._ended[r.name] = Observation(ENDED, None)
+
+    # -- files --------------------------------------------------------------------------------------
+    def log_record(self, plan: TaskPlan) -> TaskRecord:
+        return planned_record(plan, os.path.abspath(os.path.join(plan.cwd, plan.log_path)),
+                              os.path.abspath(plan.cwd), self.name)
+
+    def read_log(self, record: TaskRecord, follow: bool = False, stop: threading.Event | None = None,
+                 offset: int = 0) -> Iterator[str]:
+        return follow_file(record.log, stop if follow else None, offset=offset)
+
+    def log_tail(self, record: TaskRecord, offset: int = 0) -> FileTail:
+        facts = self._facts.get(record.name)
+        return FileTail(record.log, offset, written_here=bool(facts) and facts['machine'] == self._here)
+
+    def read_file(self, record: TaskRecord, path: str) -> str | None:
+        return read_text(os.path.join(record.cwd, path))
+
+    def disk_full(self, record: TaskRecord) -> str | None:
+        return local_disk_full(record)
+
+    def close(self) -> None:
+        """Kill this launcher's actors (their tasks get SIGTERM), remove its placement group, and
+        leave the cluster (an instance started for the run stops)."""
+        if self._ray is None:
+            return
+        for actor in self._actors.values():
+            try:
+                self._ray.kill(actor, no_restart=True)
+            except Exception as e:      # noqa: BLE001 (an actor already gone)
+                log.debug('killing an actor: %s', e)
+        self._actors.clear()
+        if self._group is not None:
+            from ray.util import remove_placement_group
+            remove_placement_group(self._group)
+            self._group = None
+        self._ray.shutdown()
+        self._ray = None
+
+
+def _job_index(name: str) -> tuple[str, int]:
+    job, _, index = name.partition(':')
+    return job, int(index)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
+
+
+def _gpus_here() -> int:
+    from cluster.runtime import hostinfo
+    return hostinfo.gpu_count()
