@@ -353,8 +353,8 @@ class RayBackend(Backend):
         return follow_file(record.log, stop if follow else None, offset=offset)
 
     def log_tail(self, record: TaskRecord, offset: int = 0) -> FileTail:
-        facts = self._facts.get(record.name)
-        return FileTail(record.log, offset, written_here=bool(facts) and facts['machine'] == self._here)
+        machine = self._facts.get(record.name, {}).get('machine')
+        return FileTail(record.log, offset, written_here=machine == self._here)     # else polled
 
     def read_file(self, record: TaskRecord, path: str) -> str | None:
         return read_text(os.path.join(record.cwd, path))

@@ -64,7 +64,7 @@ def test_the_registry_only_lists_the_backends():
     assert {n.name for n in tree.body if isinstance(n, ast.FunctionDef)} == {'names', 'kind', 'remembered'}
     literals = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
     assert not literals & set(registry.KINDS)
-    assert registry.names() == tuple(k.name for k in registry.BACKENDS) and len(set(registry.names())) == 4
+    assert registry.names() == tuple(k.name for k in registry.BACKENDS) and len(set(registry.names())) == 5
     assert registry.kind(None) is registry.KINDS[registry.DEFAULT]
 
 
@@ -74,7 +74,7 @@ def test_a_backend_added_to_the_list_gets_its_flags_into_the_command_line(monkey
     listed(monkeypatch, FakeKind())
     after = _help(['up'])
     assert '--fake-zone ZONE' in after and 'with --backend fake: where it runs' in after
-    assert '{local,ssh,compose,slurm,fake}' in after and 'fake: a backend of the tests' in ' '.join(after.split())
+    assert '{local,ssh,compose,slurm,ray,fake}' in after and 'fake: a backend of the tests' in ' '.join(after.split())
     assert '--fake-zone' not in _help(['plan']), 'only where the backend adds it'
     spec = _spec(tmp_path)
     opts = cli.options(cli.parse_args(['up', spec, '--backend', 'fake', '--fake-zone', 'z1']))
