@@ -1,0 +1,202 @@
+"""The Ray backend on a real Ray cluster of three nodes on this machine (127.0.0.1 the head, .2 and
+.3 standing in for two more hosts: tests/harness/raycluster.py), and on the Ray instance a run
+starts for itself. A TF1 sync run and a PSS coordinator run with an evaluator train to the end
+with tasks on the nodes their hosts name; kill -9 of a PSS worker's process starts that worker
+alone again (same attempt, same node); a node stopped while it runs a task is named, and the run
+goes on as its policy says; a launcher killed -9 leaves no actor and no task; every bad input is
+one line, exit 2, with nothing placed. The autouse guard fails a test that leaves a task behind."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+
+import pytest
+
+from tests.conftest import launch, launch_bg, project_processes, read_until, write_coordinator_spec, write_spec
+from tests.harness.faults import finish, task_pid, until_step
+
+pytestmark = pytest.mark.slow     # real Ray clusters and TensorFlow tasks
+
+PACED = {'env': {'TFCLUSTER_TEST_STEP_SECS': 0.25}}     # a PSS chief's pace: a kill lands mid-run
+
+
+def events(train_dir) -> list[dict]:
+    with open(os.path.join(train_dir, 'events.jsonl')) as f:
+        return [json.loads(line) for line in f]
+
+
+def started_on(log: list[dict]) -> dict[str, str]:
+    """task -> the node its last start ran on."""
+    return {e['task']: e['node'] for e in log if e['event'] == 'task_started'}
+
+
+def up_on(cluster, spec: str, *more: str, **kw):
+    return launch('up', spec, '--backend', 'ray', '--ray-address', cluster.address, *more, **kw)
+
+
+def no_actor_left(cluster, timeout: float = 30.0) -> list[dict]:
+    """The run's actors alive after `timeout` at most (the GCS ends a dead driver's in seconds)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = cluster.alive_actors()
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(1)
+
+
+def test_tf1_sync_trains_to_the_end_with_workers_on_the_nodes_their_hosts_name(ray_cluster, tmp_path):
+    spec = write_spec(tmp_path, steps=20, task_hosts=['localhost', '127.0.0.2', '127.0.0.3'])
+    result = up_on(ray_cluster, spec)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    assert 'step 20/20' in out and 'done in' in out, out
+    log = events(tmp_path / 'run')
+    where = started_on(log)
+    assert where['worker:0'] == '127.0.0.2' and where['worker:1'] == '127.0.0.3', where
+    assert where['ps:0'] in ray_cluster.nodes.values(), where      # the placement group's choice
+    placed = open(tmp_path / 'run' / 'spec.yaml').read()
+    assert '127.0.0.2:' in placed and '127.0.0.3:' in placed and 'localhost' not in placed, placed
+    for name in ('ps-0', 'worker-0', 'worker-1'):
+        assert os.path.getsize(tmp_path / 'run' / 'logs' / f'{name}.log') > 0
+    assert json.load(open(tmp_path / 'run' / 'run.json'))['state'] == 'done'
+    assert not no_actor_left(ray_cluster)
+
+
+def test_pss_with_an_evaluator_on_named_nodes_restarts_a_killed_worker_alone(ray_cluster, tmp_path):
+    """PSS (chief, ps, 2 workers, evaluator), the workers pinned to .2 and .3: kill -9 of
+    worker:1's process starts worker:1 alone again, on its node, in the same attempt, while the
+    chief trains on; the run ends at its last step, evaluated."""
+    spec = write_coordinator_spec(tmp_path, steps=300, checkpoint_steps=100, worker_hosts=('127.0.0.2', '127.0.0.3'),
+                                  top=PACED)
+    run = str(tmp_path / 'run')
+    proc = launch_bg('up', spec, '--backend', 'ray', '--ray-address', ray_cluster.address)
+    lines = until_step(proc, 60)
+    os.kill(task_pid(run, 'worker:1'), signal.SIGKILL)
+    out = ''.join(lines) + finish(proc)
+    assert proc.returncode == 0, out
+    assert re.search(r'restart 1/3: worker:1 was killed by SIGKILL; starting worker:1 again', out), out
+    log = events(run)
+    assert [e['tasks'] for e in log if e['event'] == 'restart'] == [['worker:1']], log
+    assert {e['attempt'] for e in log} == {1}
+    starts = [e['node'] for e in log if e['event'] == 'task_started' and e['task'] == 'worker:1']
+    assert starts == ['127.0.0.3', '127.0.0.3'], starts
+    final = [e for e in log if e['event'] == 'evaluation' and e['step'] == 300]
+    assert final and final[-1]['task'] == 'evaluator:0', log[-5:]
+    assert log[-1]['event'] == 'finished' and log[-1]['result']['state'] == 'done'
+    assert not no_actor_left(ray_cluster)
+
+
+def test_a_node_stopped_under_a_worker_is_named_and_the_async_run_goes_on(ray_cluster, tmp_path):
+    """A node of its own (127.0.0.4, so the shared cluster stays whole) runs worker:2 of an async
+    run; stopping that node loses the worker with its node named, and the run, which tolerates a
+    lost async worker, ends at its last step."""
+    node = ray_cluster.add_node('127.0.0.4', 'n4')
+    try:
+        spec = write_spec(tmp_path, workers=3, sync=False, steps=100000,
+                          task_hosts=['localhost', '127.0.0.2', '127.0.0.3', '127.0.0.4'],
+                          supervise={'unreachable_secs': 5})
+        proc = launch_bg('up', spec, '--backend', 'ray', '--ray-address', ray_cluster.address)
+        read_until(proc, 'step 5/')
+        ray_cluster.stop_node(node)
+        lines = read_until(proc, 'worker:2')
+        proc.send_signal(signal.SIGINT)
+        out = ''.join(lines) + proc.communicate(timeout=120)[0]
+    finally:
+        if node.proc.poll() is None:
+            ray_cluster.stop_node(node)
+    assert 'its node 127.0.0.4 left the Ray cluster' in out, out
+    log = events(tmp_path / 'run')
+    lost = [e for e in log if e['event'] in ('task_lost', 'host_lost', 'unreachable') and 'worker:2' in json.dumps(e)]
+    assert lost, log
+    assert not no_actor_left(ray_cluster)
+
+
+def test_a_launcher_killed_hard_leaves_no_actor_and_no_task(ray_cluster, tmp_path):
+    spec = write_spec(tmp_path, steps=100000, sync=False, task_hosts=['127.0.0.2', '127.0.0.2', '127.0.0.3'])
+    proc = launch_bg('up', spec, '--backend', 'ray', '--ray-address', ray_cluster.address)
+    read_until(proc, 'servers are up')
+    assert len(ray_cluster.alive_actors()) == 3
+    t0 = time.monotonic()
+    proc.kill()
+    proc.wait()
+    assert not no_actor_left(ray_cluster)
+    deadline = time.monotonic() + 30
+    while project_processes() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not project_processes(), project_processes()
+    print(f'actors and tasks gone {time.monotonic() - t0:.1f}s after the launcher was killed')
+
+
+@pytest.mark.parametrize('case', ['no-node', 'gpus', 'no-cluster', 'client'])
+def test_bad_input_is_one_line_and_places_nothing(ray_cluster, tmp_path, case):
+    hosts = ['localhost', '127.0.0.9' if case == 'no-node' else '127.0.0.2', '127.0.0.3']
+    spec = write_spec(tmp_path, task_hosts=hosts, **({'devices': ['gpu:0']} if case == 'gpus' else {}))
+    address = {'no-cluster': '127.0.0.1:1', 'client': 'ray://127.0.0.1:10001'}.get(case, ray_cluster.address)
+    result = launch('up', spec, '--backend', 'ray', '--ray-address', address)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stdout + result.stderr
+    expected = {'no-node': 'host 127.0.0.9 is no node of the Ray cluster at', 'gpus': 'GPU',
+                'no-cluster': 'no Ray cluster answers at 127.0.0.1:1 (--ray-address)',
+                'client': 'Ray Client addresses are not supported'}[case]
+    assert expected in lines[0], lines
+    assert not ray_cluster.alive_actors()
+    assert not os.path.exists(tmp_path / 'run' / 'events.jsonl')
+
+
+def test_the_run_starts_its_own_ray_when_given_no_address_and_leaves_none(tmp_path, monkeypatch):
+    """No --ray-address nor RAY_ADDRESS: a Ray instance of the run's own, stopped at the end."""
+    monkeypatch.delenv('RAY_ADDRESS', raising=False)
+    from tests.harness.raycluster import ray_missing
+    missing = ray_missing()
+    if missing:
+        pytest.skip(missing)
+    spec = write_spec(tmp_path, steps=10)
+    before = ray_processes()
+    result = launch('up', spec, '--backend', 'ray')
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert 'step 10/10' in result.stdout
+    deadline = time.monotonic() + 20
+    while ray_processes() - before and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not ray_processes() - before
+
+
+def ray_processes() -> set[int]:
+    from tests.harness.parts import processes_naming
+    return {pid for pid, cmd in processes_naming('/tmp/ray/session_').items()}
+
+
+def test_status_logs_debug_scale_and_down_reach_the_tasks_on_their_nodes(ray_cluster, tmp_path):
+    """A rehearsal (stand-ins, no TensorFlow) spread over the three nodes, driven from other
+    processes: status names every task with its node, logs prints one's log, debug gets every
+    stand-in's stacks through its actor, an async scale takes a worker out live and brings it
+    back, and down stops the run: no actor is left."""
+    spec = write_spec(tmp_path, workers=3, ps=1, steps=1_000_000, sync=False,
+                      task_hosts=['localhost', '127.0.0.2', '127.0.0.3', 'localhost'])
+    run = str(tmp_path / 'run' / 'rehearsal')
+    proc = launch_bg('up', spec, '--backend', 'ray', '--ray-address', ray_cluster.address, '--rehearse')
+    lines: list[str] = []
+    try:
+        lines = read_until(proc, 'servers are up')
+        status = launch('status', run, timeout=120)
+        assert status.returncode == 0 and all(t in status.stdout for t in ('ps:0', 'worker:0', 'worker:2')), status.stdout
+        assert '127.0.0.2' in status.stdout and '127.0.0.3' in status.stdout, status.stdout
+        logs = launch('logs', run, 'worker:1', timeout=60)
+        assert logs.returncode == 0 and 'worker:1: a rehearsal stand-in (no TensorFlow)' in logs.stdout, logs.stdout
+        debug = launch('debug', run, timeout=120)
+        assert debug.returncode == 0, debug.stdout + debug.stderr
+        dumped = sorted(os.listdir(os.path.join(run, 'stacks', 'attempt-1')))
+        assert len(dumped) == 4, dumped
+        shrink = launch('scale', run, '--workers', '2', timeout=120)
+        assert shrink.returncode == 0 and 'worker:2 finishes its step and leaves' in shrink.stdout, shrink.stdout
+        grow = launch('scale', run, '--workers', '3', timeout=120)
+        assert grow.returncode == 0 and '3 worker(s) train now' in grow.stdout, grow.stdout + grow.stderr
+        down = launch('down', run, timeout=120)
+        assert down.returncode == 0, down.stdout + down.stderr
+    finally:
+        out = ''.join(lines) + finish(proc)
+    assert proc.returncode == 128 + signal.SIGTERM, out       # stopped by `down`
+    assert not no_actor_left(ray_cluster)
