@@ -25,7 +25,7 @@ from tests.harness.parts import REPO, free_ports, task_processes, unavailable  #
 # docker_engine, compose_image, compose_project; data: synth_dir; disk: small_fs): a test names the
 # fixture as an argument, imports nothing.
 pytest_plugins = ['tests.harness.sshd', 'tests.harness.slurm', 'tests.harness.dockerd', 'tests.harness.data',
-                  'tests.harness.disk']
+                  'tests.harness.disk', 'tests.harness.raycluster']
 
 _session_dir = ''    # this pytest session's temporary root: every spec a test writes lies below it
 
