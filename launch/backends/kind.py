@@ -72,6 +72,7 @@ class Kind:
     isolates_ports: ClassVar[bool] = False      # nothing outside reaches its tasks' ports (a private network)
     remembered: ClassVar[bool] = False          # a run remembers it (state file, events): no --backend needed later
     leaves_resources: ClassVar[bool] = False    # stopped tasks leave something (containers, a network) `down` removes
+    places: ClassVar[bool] = False              # it picks each task's node and port as the run starts (its records say)
     # Why train.program / train.command / train.evaluator cannot run there ('': they can), with {code}
     # for what is missing, unless it is in one of the folders it holds all the same (`ships`).
     user_code_refusal: ClassVar[str] = ''

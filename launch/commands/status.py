@@ -126,6 +126,7 @@ def _task_status(spec: ClusterSpec, req: Request[StatusFlags], plans: list[TaskP
             alive, note = status_view.seen_words(seen)
             if not note and plan.task.job == 'worker' and live is not None and plan.task.index not in live:
                 note = 'spare: in the pool, not running (`launch scale`)'
-            return TaskRow(plan.name, plan.task.address, plan.backend, r.pid if r else None, alive, listening, note,
+            where = r.endpoint if r and registry.kind(r.backend).places else plan.task.address
+            return TaskRow(plan.name, where, plan.backend, r.pid if r else None, alive, listening, note,
                            seen.left if seen else (), seen.exit_code if seen else None)
         return status_view.ask_all(ask, plans)

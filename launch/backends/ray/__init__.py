@@ -71,6 +71,7 @@ class Ray(Kind):
                'instance started for the run)')
     logs_here = True            # the nodes share the train_dir (checked at placement)
     remembered = True
+    places = True
     exclusive = ('address',)
     options_label = 'Ray clusters'
     netns_refusal = ('isolation: netns is for local processes; Ray runs the tasks on its nodes, on their own '

@@ -75,12 +75,19 @@ class RayBackend(Backend):
         self._alive_nodes: tuple[frozenset[str], float] = (frozenset(), -NODES_SECS)
         self._here = read_machine_key()
         self._lock = threading.Lock()
+        self._joining = threading.Lock()
 
     # -- the connection and placement ------------------------------------------------------------
     def _connect(self, address: str | None = None, embedded: bool = False) -> Any:
+        """Ray, joined to `address` (a record's cluster), else to the run's cluster (placing);
+        once, whichever thread asks first (`launch status` asks of every task at once)."""
+        with self._joining:
+            return self._join(address, embedded)
+
+    def _join(self, address: str | None, embedded: bool) -> Any:
         if self._ray is None:
             if address is not None:
-                self._ray = connect.connect(address, 0, 0)
+                self._ray = connect.connect(address, 0, 0, token=embedded)
             else:
                 if self._address is not None:
                     connect.answers(self._address, self._source)
@@ -294,12 +301,16 @@ class RayBackend(Backend):
         handle = handle_of(record, RayHandle)
         if record.name in self._actors:
             return self._actors[record.name]
-        try:
-            self._connect(handle.cluster or self._address)
-        except Exception as e:      # noqa: BLE001 (Ray raises many kinds for a cluster that is not there)
-            if handle.embedded:
-                return None         # the launcher's own instance ended with it, and its tasks with it
-            return f'the Ray cluster at {handle.cluster} cannot be asked: {_first_line(e)}'
+        if self._ray is None:
+            try:
+                connect.answers(handle.cluster, "the run's record")
+            except UsageError as e:
+                # A run's own Ray instance ended with its launcher, and the tasks with their actors.
+                return None if handle.embedded else f'{e}'
+            try:
+                self._connect(handle.cluster or self._address, embedded=handle.embedded)
+            except Exception as e:      # noqa: BLE001 (Ray raises many kinds for a cluster it cannot join)
+                return f'the Ray cluster at {handle.cluster} cannot be asked: {_first_line(e)}'
         try:
             return self._ray.get_actor(handle.actor, namespace=connect.NAMESPACE)
         except ValueError:

@@ -65,11 +65,15 @@ def answers(address: str, source: str) -> None:
     raise UsageError(f'no Ray cluster answers at {address} ({source}): {why}')
 
 
-def connect(address: str | None, cpus: int, gpus: int) -> Any:
+def connect(address: str | None, cpus: int, gpus: int, token: bool = False) -> Any:
     """Join the cluster at `address`, or start a Ray instance on this machine for the run (with
     at least `cpus` logical CPUs, so a spec of more tasks than cores still places, and the
     machine's `gpus`), and return the `ray` module. The instance started dies with this process
-    (Ray starts it with the launcher as the owner of its processes); close() stops it sooner."""
+    (Ray starts it with the launcher as the owner of its processes); close() stops it sooner.
+    `token`: the cluster is a run's own instance, which Ray started in token mode (its token in
+    ~/.ray/auth_token): a process that joins it (`launch status`) must send the token too."""
+    if token:
+        os.environ.setdefault('RAY_AUTH_MODE', 'token')
     os.environ.setdefault('RAY_USAGE_STATS_ENABLED', '0')
     import ray
     logging.getLogger('ray').setLevel(logging.ERROR)   # its notices (token mode, ...) are not the run's

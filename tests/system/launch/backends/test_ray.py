@@ -34,7 +34,11 @@ def started_on(log: list[dict]) -> dict[str, str]:
 
 
 def up_on(cluster, spec: str, *more: str, **kw):
-    return launch('up', spec, '--backend', 'ray', '--ray-address', cluster.address, *more, **kw)
+    return launch('up', spec, '--backend', 'ray', '--ray-address', cluster.address, *more, env=cluster.env, **kw)
+
+
+def up_bg(cluster, spec: str, *more: str):
+    return launch_bg('up', spec, '--backend', 'ray', '--ray-address', cluster.address, *more, env=cluster.env)
 
 
 def no_actor_left(cluster, timeout: float = 30.0) -> list[dict]:
@@ -72,7 +76,7 @@ def test_pss_with_an_evaluator_on_named_nodes_restarts_a_killed_worker_alone(ray
     spec = write_coordinator_spec(tmp_path, steps=300, checkpoint_steps=100, worker_hosts=('127.0.0.2', '127.0.0.3'),
                                   top=PACED)
     run = str(tmp_path / 'run')
-    proc = launch_bg('up', spec, '--backend', 'ray', '--ray-address', ray_cluster.address)
+    proc = up_bg(ray_cluster, spec)
     lines = until_step(proc, 60)
     os.kill(task_pid(run, 'worker:1'), signal.SIGKILL)
     out = ''.join(lines) + finish(proc)
@@ -98,7 +102,7 @@ def test_a_node_stopped_under_a_worker_is_named_and_the_async_run_goes_on(ray_cl
         spec = write_spec(tmp_path, workers=3, sync=False, steps=100000,
                           task_hosts=['localhost', '127.0.0.2', '127.0.0.3', '127.0.0.4'],
                           supervise={'unreachable_secs': 5})
-        proc = launch_bg('up', spec, '--backend', 'ray', '--ray-address', ray_cluster.address)
+        proc = up_bg(ray_cluster, spec)
         read_until(proc, 'step 5/')
         ray_cluster.stop_node(node)
         lines = read_until(proc, 'worker:2')
@@ -116,7 +120,7 @@ def test_a_node_stopped_under_a_worker_is_named_and_the_async_run_goes_on(ray_cl
 
 def test_a_launcher_killed_hard_leaves_no_actor_and_no_task(ray_cluster, tmp_path):
     spec = write_spec(tmp_path, steps=100000, sync=False, task_hosts=['127.0.0.2', '127.0.0.2', '127.0.0.3'])
-    proc = launch_bg('up', spec, '--backend', 'ray', '--ray-address', ray_cluster.address)
+    proc = up_bg(ray_cluster, spec)
     read_until(proc, 'servers are up')
     assert len(ray_cluster.alive_actors()) == 3
     t0 = time.monotonic()
@@ -135,7 +139,7 @@ def test_bad_input_is_one_line_and_places_nothing(ray_cluster, tmp_path, case):
     hosts = ['localhost', '127.0.0.9' if case == 'no-node' else '127.0.0.2', '127.0.0.3']
     spec = write_spec(tmp_path, task_hosts=hosts, **({'devices': ['gpu:0']} if case == 'gpus' else {}))
     address = {'no-cluster': '127.0.0.1:1', 'client': 'ray://127.0.0.1:10001'}.get(case, ray_cluster.address)
-    result = launch('up', spec, '--backend', 'ray', '--ray-address', address)
+    result = launch('up', spec, '--backend', 'ray', '--ray-address', address, env=ray_cluster.env)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1, result.stdout + result.stderr
     expected = {'no-node': 'host 127.0.0.9 is no node of the Ray cluster at', 'gpus': 'GPU',
@@ -177,24 +181,24 @@ def test_status_logs_debug_scale_and_down_reach_the_tasks_on_their_nodes(ray_clu
     spec = write_spec(tmp_path, workers=3, ps=1, steps=1_000_000, sync=False,
                       task_hosts=['localhost', '127.0.0.2', '127.0.0.3', 'localhost'])
     run = str(tmp_path / 'run' / 'rehearsal')
-    proc = launch_bg('up', spec, '--backend', 'ray', '--ray-address', ray_cluster.address, '--rehearse')
+    proc = up_bg(ray_cluster, spec, '--rehearse')
     lines: list[str] = []
     try:
         lines = read_until(proc, 'servers are up')
-        status = launch('status', run, timeout=120)
+        status = launch('status', run, timeout=120, env=ray_cluster.env)
         assert status.returncode == 0 and all(t in status.stdout for t in ('ps:0', 'worker:0', 'worker:2')), status.stdout
         assert '127.0.0.2' in status.stdout and '127.0.0.3' in status.stdout, status.stdout
-        logs = launch('logs', run, 'worker:1', timeout=60)
+        logs = launch('logs', run, 'worker:1', timeout=60, env=ray_cluster.env)
         assert logs.returncode == 0 and 'worker:1: a rehearsal stand-in (no TensorFlow)' in logs.stdout, logs.stdout
-        debug = launch('debug', run, timeout=120)
+        debug = launch('debug', run, timeout=120, env=ray_cluster.env)
         assert debug.returncode == 0, debug.stdout + debug.stderr
         dumped = sorted(os.listdir(os.path.join(run, 'stacks', 'attempt-1')))
         assert len(dumped) == 4, dumped
-        shrink = launch('scale', run, '--workers', '2', timeout=120)
+        shrink = launch('scale', run, '--workers', '2', timeout=120, env=ray_cluster.env)
         assert shrink.returncode == 0 and 'worker:2 finishes its step and leaves' in shrink.stdout, shrink.stdout
-        grow = launch('scale', run, '--workers', '3', timeout=120)
+        grow = launch('scale', run, '--workers', '3', timeout=120, env=ray_cluster.env)
         assert grow.returncode == 0 and '3 worker(s) train now' in grow.stdout, grow.stdout + grow.stderr
-        down = launch('down', run, timeout=120)
+        down = launch('down', run, timeout=120, env=ray_cluster.env)
         assert down.returncode == 0, down.stdout + down.stderr
     finally:
         out = ''.join(lines) + finish(proc)
