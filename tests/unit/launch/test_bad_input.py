@@ -31,6 +31,11 @@ ALSO_DOCUMENTED = {
     'compose-user-code': 'test_compose_plan_and_up_refuse_code_the_image_lacks_with_one_line',
     'eval-coordinator-run': 'test_eval_of_a_coordinator_run_says_what_its_checkpoints_hold',
     'open-files-limit': 'tests/unit/launch/run/test_open_files.py::test_a_spec_over_the_hard_limit_is_refused_in_one_line',
+    'ray-not-installed': 'tests/unit/launch/backends/ray/test_kind.py::test_without_ray_installed_the_line_names_the_extra',
+    'ray-client-address': 'tests/unit/launch/backends/ray/test_kind.py::test_a_ray_client_address_is_refused_in_one_line',
+    'ray-no-cluster': 'tests/unit/launch/backends/ray/test_kind.py::test_nothing_at_the_address_is_one_line_naming_it',
+    'ray-host-no-node': 'tests/system/launch/backends/test_ray.py::test_bad_input_is_one_line_and_places_nothing',
+    'ray-gpus-over-cluster': 'tests/system/launch/backends/test_ray.py::test_bad_input_is_one_line_and_places_nothing',
 }
 
 

@@ -18,6 +18,7 @@ from launch.backends.ray import Ray, RayOptions, connect, plan_ray
 from launch.backends.ray.nodes import HostPlace, How, NodeFacts
 from launch.backends.ray.placement import Where, placed_spec, wheres
 from launch.errors import UsageError
+from tests.harness.documented import check_documented
 
 PACKAGE = Path(__file__).resolve().parents[5] / 'launch' / 'backends' / 'ray'
 
@@ -54,12 +55,14 @@ def test_a_ray_client_address_is_refused_in_one_line(tmp_path, monkeypatch):
     line = Ray().check(_spec(tmp_path, SPEC), Options({'ray': RayOptions('ray://head:10001')}))
     assert line is not None and '\n' not in line
     assert line.startswith('--ray-address ray://head:10001: Ray Client addresses are not supported')
+    check_documented('ray-client-address', line)
 
 
 def test_without_ray_installed_the_line_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setattr(connect, 'installed', lambda: False)
     line = Ray().unsupported('up', _spec(tmp_path, SPEC))
     assert line == f"--backend ray needs Ray, which is not installed for {sys.executable}: {connect.EXTRA}"
+    check_documented('ray-not-installed', line)
     assert Ray().unsupported('plan', _spec(tmp_path, SPEC)) is None     # planning needs no Ray
 
 
@@ -70,6 +73,7 @@ def test_nothing_at_the_address_is_one_line_naming_it():
         with pytest.raises(UsageError) as e:
             connect.answers(f'127.0.0.1:{port}', '--ray-address')
     assert str(e.value).startswith(f'no Ray cluster answers at 127.0.0.1:{port} (--ray-address): ')
+    check_documented('ray-no-cluster', str(e.value))
 
 
 def test_the_plans_run_the_task_module_in_the_launchers_folder_with_no_gpus_of_their_own(tmp_path):
