@@ -7,6 +7,7 @@ and noisy, so absolute seconds only mean something next to their baseline).
     python benchmarks/bench.py --only accuracy # Fashion-MNIST: one process, sync, async, 6 epochs each (about 30 min)
     python benchmarks/bench.py --only pss      # TF2 ParameterServerStrategy vs TF1 between-graph vs one process
     python benchmarks/bench.py --only links    # emulated links, by hand (root; about 20 min, 3 with --quick)
+    python benchmarks/bench.py --only ray      # the same spec on local, a run's own Ray and a 3-node Ray cluster
     python benchmarks/bench.py --only scale    # the launcher at 10, 100, 300 rehearsal tasks, and over SSH to
                                                # 1, 10, 50 rig hosts at 100, 300, by hand (--sizes, --ssh-sizes, --hosts)
     python benchmarks/bench.py --plots DIR     # and draw the figures as PNGs there (benchmarks/plots.py)
@@ -132,7 +133,7 @@ def loopback_bytes_per_sec(total: int = 256 << 20, chunk: int = 4 << 20) -> floa
 # One `launch up`, timed from the outside
 
 def launch_up(spec: str, overrides: list[str], images_per_step: int, on_step=None, up_args=(),
-              timeline: list | None = None, chief: str = '[worker:0]') -> dict:
+              timeline: list | None = None, chief: str = '[worker:0]', env: dict | None = None) -> dict:
     """Run `launch up` and read, as lines arrive: the first global step, the steady-state rate,
     the last step and the clean exit (every task gone: the launcher waits for them). `timeline`,
     if given, gets every (monotonic time, global step) of the chief's lines.
@@ -141,7 +142,8 @@ def launch_up(spec: str, overrides: list[str], images_per_step: int, on_step=Non
     for o in overrides:
         args += ['--set', o]
     t0 = time.monotonic()
-    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=QUIET)
+    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env or QUIET)
     steps, lines, first_step, last_step_at = [], [], None, None
     startup: dict[str, float] = {}      # when each stage of the start-up was first seen
     for line in proc.stdout:
@@ -564,8 +566,14 @@ def bench_scale(args, tmp: str) -> dict:
     return scale.bench(args, tmp, free_ports, QUIET, REPO)
 
 
+def bench_ray(args, tmp: str) -> dict:
+    """The same spec on local, on a run's own Ray and on a three-node Ray cluster (benchmarks/on_ray.py)."""
+    import on_ray
+    return on_ray.bench(args, tmp, launch_up, free_ports, cluster_overrides, QUIET, REPO)
+
+
 SECTIONS = ('cluster', 'scaling', 'bytes', 'learning', 'towers', 'elastic', 'accuracy', 'pss')
-BY_HAND = ('links', 'scale')        # long: only with --only
+BY_HAND = ('links', 'scale', 'ray')        # long, or needing more than the core install: only with --only
 
 
 def main() -> None:
