@@ -364,9 +364,11 @@ def _wait_gone(text: str, timeout: float) -> dict[int, str]:
     return left
 
 
-@pytest.fixture(scope='session')
+@pytest.fixture(scope='module')
 def ray_cluster():
-    """A running three-node Ray cluster (head, n2, n3); every node is stopped at the end."""
+    """A running three-node Ray cluster (head, n2, n3); every node is stopped at the end of the
+    module that asked for it: an idle cluster holds about 1 GB and some CPU, which the rest of a
+    serial slow tier should not pay for (a second module starts its own, 15 s)."""
     missing = ray_missing()
     if missing:
         unavailable(f'ray is not installed: {missing} (pip install -e \'.[ray]\')', 'CI installs it: .ci/run')
