@@ -7,7 +7,6 @@ Ray figure as a ratio to the local run of its own repetition. Named `on_ray` so 
 hide the `ray` package from the scripts beside it."""
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 import tempfile
