@@ -16,9 +16,11 @@ each kept by its own TaskActor (launch/backends/ray/actor.py) that this launcher
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
+import socket
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -66,6 +68,8 @@ class RayBackend(Backend):
         self._wheres: dict[str, placement.Where] = {}
         self._asks: dict[str, nodes.Ask] = {}
         self._facts: dict[str, dict] = {}           # task -> where its actor runs (TaskActor.facts)
+        self._made: dict[str, int] = {}             # task -> how many actors it has had
+        self._names: dict[str, str] = {}            # task -> its actor's name now
         self._group: Any = None
         self._exits: dict[str, tuple[int, Any]] = {}    # task -> (pid, its outstanding wait_exit)
         self._ended: dict[str, Observation] = {}        # task -> its end, as seen (until its next start)
@@ -74,7 +78,7 @@ class RayBackend(Backend):
         self._asking: dict[str, Any] = {}               # task -> an outstanding observe
         self._alive_nodes: tuple[frozenset[str], float] = (frozenset(), -NODES_SECS)
         self._here = read_machine_key()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()      # the books below: the supervisor, the stall watchdog's threads, a failover's stop
         self._joining = threading.Lock()
 
     # -- the connection and placement ------------------------------------------------------------
@@ -93,7 +97,11 @@ class RayBackend(Backend):
                     connect.answers(self._address, self._source)
                 cpus = sum(nodes.asks(self._spec, t).cpus for t in self._spec.tasks)
                 gpus = 0 if self._address else _gpus_here()
-                self._ray = connect.connect(self._address, cpus, gpus)
+                try:
+                    self._ray = connect.connect(self._address, cpus, gpus)
+                except Exception as e:      # noqa: BLE001 (Ray raises many kinds, over many lines)
+                    raise UsageError(f'cannot join {self.where} ({self._source or "no address: its own"}): '
+                                     f'{_first_line(e)}') from None
         return self._ray
 
     @property
@@ -101,8 +109,18 @@ class RayBackend(Backend):
         return nodes.cluster_words(self._address)
 
     def place(self, spec: ClusterSpec, plans: list[TaskPlan], timeout: float) -> ClusterSpec:
-        """Place every task (see the module's docstring) and return the spec as placed."""
+        """Place every task (see the module's docstring) and return the spec as placed. What cannot
+        be placed is one line (UsageError: exit 2); what was placed is removed by close()."""
+        if self._address is None:       # the run's own instance: a spec it could never hold starts none
+            here = _this_machine()
+            nodes.demand(spec, nodes.resolve_hosts(spec, here, self.where), here[:1], self.where)
         ray = self._connect()
+        try:
+            return self._place(ray, spec, timeout)
+        except (BackendError, ray.exceptions.RayError) as e:
+            raise UsageError(f'{spec.path}: placing the tasks on {self.where}: {_first_line(e)}') from None
+
+    def _place(self, ray: Any, spec: ClusterSpec, timeout: float) -> ClusterSpec:
         alive = nodes.alive_nodes(ray.nodes())
         places = nodes.resolve_hosts(spec, alive, self.where)
         nodes.demand(spec, places, alive, self.where)
@@ -111,15 +129,16 @@ class RayBackend(Backend):
         self._asks = {t.name: nodes.asks(spec, t) for t in spec.tasks}
         for task in spec.tasks:
             self._actors[task.name] = self._new_actor(task.name)
-        token_path = os.path.abspath(os.path.join(spec.train.train_dir, TOKEN_FILE))
+        token_path = os.path.abspath(os.path.join(spec.train.train_dir, f'{TOKEN_FILE}-{self._key}'))
         token = secrets.token_hex(8)
         os.makedirs(os.path.dirname(token_path), exist_ok=True)
         write_atomically(token_path, token, PRIVATE)
         try:
             got = self._get([self._actors[t.name].facts.remote(token_path, token) for t in spec.tasks],
-                            placement.FACTS_TIMEOUT, 'starting the tasks\' actors')
+                            placement.FACTS_TIMEOUT, "starting the tasks' actors")
         finally:
-            os.remove(token_path)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(token_path)
         self._facts = dict(zip((t.name for t in spec.tasks), got))
         apart = sorted({f['address'] for f in self._facts.values() if not f['shared']})
         if apart:
@@ -131,10 +150,17 @@ class RayBackend(Backend):
         return self._placed
 
     def _new_actor(self, name: str) -> Any:
+        """A new actor for the task, named after the run and task (and how many it had before: a
+        dead actor's name may still be held a while)."""
         from launch.backends.ray.actor import TaskActor
         ray = self._ray
         task = self._spec.task(*_job_index(name))
         opts = placement.options(ray, self._key, task, self._asks[name], self._wheres[name], self._group)
+        made = self._made.get(name, 0)
+        if made:
+            opts['name'] = f'{opts["name"]}.{made}'
+        self._made[name] = made + 1
+        self._names[name] = opts['name']
         return ray.remote(TaskActor).options(**opts).remote()
 
     def _get(self, refs: list[Any], timeout: float, doing: str) -> list[Any]:
@@ -142,6 +168,8 @@ class RayBackend(Backend):
             return self._ray.get(refs, timeout=timeout)
         except self._ray.exceptions.GetTimeoutError:
             raise BackendError(f'{doing} took over {timeout:g}s on {self.where}') from None
+        except self._ray.exceptions.RayError as e:
+            raise BackendError(f'{doing}: {_first_line(e)}') from None
 
     # -- the pre-flight -----------------------------------------------------------------------------
     def check(self, plans: list[TaskPlan], imports: bool = False) -> list[HostCheck]:
@@ -174,16 +202,14 @@ class RayBackend(Backend):
         host = self._spec.hosts.get(self._spec.task(*_job_index(name)).host)
         if not (host and host.python):      # the node's own Python (the one Ray runs in)
             plan = replace(plan, argv=(facts['python'], *plan.argv[1:]))
-        try:
-            record = self._get([actor.start.remote(plan)], CALL_TIMEOUT, f'starting {name}')[0]
-        except ray.exceptions.RayActorError as e:
-            raise BackendError(f'{name}: its Ray actor on {facts["address"]} died: {_first_line(e)}') from None
+        record = self._get([actor.start.remote(plan)], CALL_TIMEOUT, f'starting {name} on {facts["address"]}')[0]
         record.backend = self.name
-        record.handle = RayHandle(actor=placement.actor_name(self._key, plan.task), node_id=facts['node_id'],
+        record.handle = RayHandle(actor=self._names[name], node_id=facts['node_id'],
                                   node=facts['address'], cluster=connect.gcs_address(ray),
                                   embedded=self._address is None)
         with self._lock:
             self._exits[name] = (record.pid, actor.wait_exit.remote(record.pid))
+            self._asking.pop(name, None)        # an observe of the start before is not this one's
             self._ended.pop(name, None)
             self._states.pop(name, None)
         return record
@@ -197,18 +223,20 @@ class RayBackend(Backend):
         try:
             self._ray.get(actor.ping.remote(), timeout=CALL_TIMEOUT)
             return actor
-        except self._ray.exceptions.RayActorError:
+        except (self._ray.exceptions.RayActorError, self._ray.exceptions.GetTimeoutError):
             pass
         facts = self._facts[name]
-        if not self._node_alive(facts['node_id']):
+        if not self._node_alive(facts['node_id'], fresh=True):
             raise BackendError(f'{name}: its node {facts["address"]} left the Ray cluster; a task placed there '
                                'cannot start elsewhere without changing the cluster\'s addresses')
-        where = self._wheres[name]
-        if not where.node_id:
-            self._wheres[name] = placement.Where(node_id=facts['node_id'])     # back to the same node
+        # The same node, or the same bundle of the group (which holds the dead actor's CPUs and GPUs).
         self._actors[name] = actor = self._new_actor(name)
-        got = self._get([actor.facts.remote(), actor.reserve_port.remote(self._port(name), [])],
-                        placement.FACTS_TIMEOUT, f'starting {name}\'s actor again')
+        port = self._port(name)
+        got = self._get([actor.facts.remote(), actor.reserve_port.remote(port, [])],
+                        placement.FACTS_TIMEOUT, f"starting {name}'s actor again")
+        if got[1] != port:
+            raise BackendError(f'{name}: its port {port} on {got[0]["address"]} is still taken, so it cannot start '
+                               'there again at its address')
         self._facts[name] = {**got[0], 'shared': True}
         return actor
 
@@ -227,24 +255,27 @@ class RayBackend(Backend):
     def status_many(self, records: Sequence[TaskRecord]) -> dict[str, Observation]:
         ours = [r for r in records if r.name in self._exits or r.name in self._ended]
         out = {r.name: self._status_elsewhere(r) for r in records if r not in ours}
-        self._take_exits()
-        self._ask_states([r.name for r in ours if r.name not in self._ended])
-        for r in ours:
-            out[r.name] = self._ended.get(r.name) or self._states.get(r.name) or Observation(RUNNING)
+        with self._lock:
+            self._take_exits()
+            self._ask_states([r.name for r in ours if r.name not in self._ended])
+            for r in ours:
+                out[r.name] = self._ended.get(r.name) or self._states.get(r.name) or Observation(RUNNING)
         return out
 
     def _take_exits(self) -> None:
-        """The ends the outstanding wait_exit calls came back with since the last look."""
-        with self._lock:
-            waiting = {ref: name for name, (_, ref) in self._exits.items() if name not in self._ended}
+        """The ends the outstanding wait_exit calls came back with since the last look. An actor
+        Ray calls unavailable for now (its node not yet known dead) is asked again next round."""
+        waiting = {ref: name for name, (_, ref) in self._exits.items() if name not in self._ended}
         if not waiting:
             return
         done, _ = self._ray.wait(list(waiting), num_returns=len(waiting), timeout=0)
         for ref in done:
             name = waiting[ref]
             try:
-                code = self._ray.get(ref)
-                self._ended[name] = Observation(ENDED, code)
+                self._ended[name] = Observation(ENDED, self._ray.get(ref))
+            except self._ray.exceptions.ActorUnavailableError:
+                pid = self._exits[name][0]
+                self._exits[name] = (pid, self._actors[name].wait_exit.remote(pid))
             except self._ray.exceptions.RayActorError as e:
                 self._ended[name] = self._lost_actor(name, e)
 
@@ -262,7 +293,7 @@ class RayBackend(Backend):
         for name, ref in list(self._asking.items()):
             done, _ = self._ray.wait([ref], timeout=0)
             if done:
-                del self._asking[name]
+                self._asking.pop(name, None)
                 try:
                     seen = self._ray.get(ref)
                     if seen is not None and seen.state == RUNNING:
@@ -345,14 +376,16 @@ class RayBackend(Backend):
         for name, ref in asked.items():
             try:
                 self._ray.get(ref, timeout=grace + CALL_TIMEOUT)
-            except self._ray.exceptions.RayActorError:
-                self._ended.setdefault(name, Observation(ENDED, None))
             except self._ray.exceptions.GetTimeoutError:
                 raise BackendError(f'{name} did not stop within {grace + CALL_TIMEOUT:g}s') from None
-        for r in records:       # a task lost with its node: gone with its actor
-            seen = self._ended.get(r.name)
-            if seen is not None and seen.state == UNKNOWN:
-                self._ended[r.name] = Observation(ENDED, None)
+            except self._ray.exceptions.RayError:       # its actor (and so the task) is gone
+                with self._lock:
+                    self._ended.setdefault(name, Observation(ENDED, None))
+        with self._lock:
+            for r in records:       # a task lost with its node: gone with its actor
+                seen = self._ended.get(r.name)
+                if seen is not None and seen.state == UNKNOWN:
+                    self._ended[r.name] = Observation(ENDED, None)
 
     # -- files --------------------------------------------------------------------------------------
     def log_record(self, plan: TaskPlan) -> TaskRecord:
@@ -378,18 +411,19 @@ class RayBackend(Backend):
         leave the cluster (an instance started for the run stops)."""
         if self._ray is None:
             return
-        for actor in self._actors.values():
-            try:
-                self._ray.kill(actor, no_restart=True)
-            except Exception as e:      # noqa: BLE001 (an actor already gone)
-                log.debug('killing an actor: %s', e)
-        self._actors.clear()
-        if self._group is not None:
-            from ray.util import remove_placement_group
-            remove_placement_group(self._group)
-            self._group = None
-        self._ray.shutdown()
-        self._ray = None
+        try:
+            for actor in self._actors.values():
+                with contextlib.suppress(Exception):     # an actor already gone
+                    self._ray.kill(actor, no_restart=True)
+            self._actors.clear()
+            if self._group is not None:
+                from ray.util import remove_placement_group
+                with contextlib.suppress(Exception):     # the cluster gone: the group went with it
+                    remove_placement_group(self._group)
+                self._group = None
+        finally:
+            self._ray.shutdown()
+            self._ray = None
 
 
 def _job_index(name: str) -> tuple[str, int]:
@@ -400,6 +434,17 @@ def _job_index(name: str) -> tuple[str, int]:
 def _first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return text[0] if text else type(e).__name__
+
+
+def _this_machine() -> tuple[nodes.NodeFacts, ...]:
+    """The one node of a run's own Ray instance, once per address of this machine (a host of the
+    spec may name any): as many CPUs as asked (the instance is started with them), its GPUs."""
+    import psutil
+    gpus = float(_gpus_here())
+    found = sorted({a.address for addrs in psutil.net_if_addrs().values() for a in addrs
+                    if a.family in (socket.AF_INET, socket.AF_INET6) and '%' not in a.address})
+    return tuple(nodes.NodeFacts('this machine', address, cpus=float(1 << 20), gpus=gpus)
+                 for address in ['localhost', *found])
 
 
 def _gpus_here() -> int:

@@ -101,3 +101,15 @@ def test_the_spec_as_placed_names_each_tasks_node_and_port(tmp_path):
     assert [t.address for t in placed.tasks] == ['127.0.0.1:2222', '127.0.0.2:20001', '127.0.0.3:2224']
     plans = plan_ray(placed, str(tmp_path))
     assert '"127.0.0.2:20001"' in plans[0].env['TF_CONFIG']      # every task's cluster is the placed one
+
+
+def test_a_run_of_its_own_ray_refuses_a_host_that_is_not_this_machine_before_starting_ray(tmp_path):
+    """With no address the run's Ray instance would have one node, this machine: a task pinned
+    elsewhere is refused before any Ray process starts."""
+    from launch.backends.ray.backend import RayBackend
+    spec = _spec(tmp_path, SPEC.replace('127.0.0.2:2223', '127.0.0.9:2223'))
+    backend = RayBackend(spec, None)
+    with pytest.raises(UsageError) as e:
+        backend.place(spec, list(plan_ray(spec, str(tmp_path))), 10)
+    assert 'cluster.worker[0]: host 127.0.0.9 is no node of the Ray instance this run starts on this machine' in str(e.value)
+    assert backend._ray is None         # nothing joined, nothing started
