@@ -249,7 +249,7 @@ class RayCluster:
         low = self._worker_base + WORKER_PORTS * (self._spawned % 20)
         self._spawned += 1
         argv = ['ray', 'start', '--block', *([f'--node-ip-address={ip}'] if ip else []), f'--labels={LABEL}={name}',
-                '--num-cpus=8', '--object-store-memory=100000000', '--disable-usage-stats',
+                f'--node-name={name}', '--num-cpus=8', '--object-store-memory=100000000', '--disable-usage-stats',
                 f'--temp-dir={self.temp_dir}', f'--dashboard-agent-listen-port={ports["agent"]}',
                 f'--dashboard-agent-grpc-port={ports["agent_grpc"]}', f'--metrics-export-port={ports["metrics"]}',
                 f'--runtime-env-agent-port={ports["runtime_env"]}', f'--node-manager-port={ports["node_manager"]}',

@@ -53,7 +53,9 @@ def no_actor_left(cluster, timeout: float = 30.0) -> list[dict]:
 
 
 def test_tf1_sync_trains_to_the_end_with_workers_on_the_nodes_their_hosts_name(ray_cluster, tmp_path):
-    spec = write_spec(tmp_path, steps=20, task_hosts=['localhost', '127.0.0.2', '127.0.0.3'])
+    """The ps on the node named `head` (`ray start --node-name`), the workers on the nodes at
+    127.0.0.2 and .3: each runs there, and the spec the tasks read names those nodes."""
+    spec = write_spec(tmp_path, steps=20, task_hosts=['head', '127.0.0.2', '127.0.0.3'])
     result = up_on(ray_cluster, spec)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out
@@ -61,9 +63,9 @@ def test_tf1_sync_trains_to_the_end_with_workers_on_the_nodes_their_hosts_name(r
     log = events(tmp_path / 'run')
     where = started_on(log)
     assert where['worker:0'] == '127.0.0.2' and where['worker:1'] == '127.0.0.3', where
-    assert where['ps:0'] in ray_cluster.nodes.values(), where      # the placement group's choice
+    assert where['ps:0'] == ray_cluster.nodes['head'], where
     placed = open(tmp_path / 'run' / 'spec.yaml').read()
-    assert '127.0.0.2:' in placed and '127.0.0.3:' in placed and 'localhost' not in placed, placed
+    assert '127.0.0.2:' in placed and '127.0.0.3:' in placed and 'head:' not in placed, placed
     for name in ('ps-0', 'worker-0', 'worker-1'):
         assert os.path.getsize(tmp_path / 'run' / 'logs' / f'{name}.log') > 0
     assert json.load(open(tmp_path / 'run' / 'run.json'))['state'] == 'done'
