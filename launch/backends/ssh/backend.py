@@ -42,7 +42,11 @@ from launch.planning.plan import TaskPlan
 
 log = logging.getLogger(__name__)
 
-WRAPPER_GRACE_SECS = 2.0      # a task gone while its wrapper lives: how long the wrapper has to write its rc
+# A task gone while its wrapper lives: how long the wrapper has to write its rc. It first scans
+# /proc and kills what the task left in its session, waiting up to 5 s for that (scripts.py
+# END_SESSION): a grace shorter than that read a task that ended well, on a busy host, as killed
+# hard (CI saw a worker that left a scale-down counted as lost to SIGKILL after 2 s).
+WRAPPER_GRACE_SECS = 10.0
 SNAPSHOT_TTL = 0.3            # seconds a host's status snapshot answers status()
 LEASE_RENEW_SECS = 5.0        # how often the tasks' lease files on a host are touched
 POLL_TIMEOUT = 10             # seconds a status command may take before the host counts as unreachable
