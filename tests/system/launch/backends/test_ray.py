@@ -98,12 +98,13 @@ def test_pss_with_an_evaluator_on_named_nodes_restarts_a_killed_worker_alone(ray
 
 def test_a_node_stopped_under_a_worker_is_named_and_the_async_run_goes_on(ray_cluster, tmp_path):
     """A node of its own (127.0.0.4, so the shared cluster stays whole) runs worker:2 of an async
-    run; stopping that node loses the worker with its node named, and the run, which tolerates a
-    lost async worker, ends at its last step."""
+    run, and only it: every task is pinned (a `localhost` ps could be spread onto that node too);
+    stopping that node loses the worker with its node named, and the run, which tolerates a lost
+    async worker, trains on."""
     node = ray_cluster.add_node('127.0.0.4', 'n4')
     try:
         spec = write_spec(tmp_path, workers=3, sync=False, steps=100000,
-                          task_hosts=['localhost', '127.0.0.2', '127.0.0.3', '127.0.0.4'],
+                          task_hosts=['head', '127.0.0.2', '127.0.0.3', '127.0.0.4'],
                           supervise={'unreachable_secs': 5})
         proc = up_bg(ray_cluster, spec)
         lines = until_step(proc, 50)
@@ -118,6 +119,8 @@ def test_a_node_stopped_under_a_worker_is_named_and_the_async_run_goes_on(ray_cl
             ray_cluster.stop_node(node)
     assert 'worker:2 (its node 127.0.0.4 left the Ray cluster)' in out, out
     log = events(tmp_path / 'run')
+    assert started_on(log) == {'ps:0': ray_cluster.nodes['head'], 'worker:0': '127.0.0.2', 'worker:1': '127.0.0.3',
+                               'worker:2': '127.0.0.4'}, log
     assert [e['task'] for e in log if e['event'] == 'tolerated'] == ['worker:2'], log
     assert not no_actor_left(ray_cluster)
 
