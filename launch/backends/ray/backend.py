@@ -69,6 +69,8 @@ class RayBackend(Backend):
         self._asks: dict[str, nodes.Ask] = {}
         self._facts: dict[str, dict] = {}           # task -> where its actor runs (TaskActor.facts)
         self._made: dict[str, int] = {}             # task -> how many actors it has had
+        self._ports: dict[str, int] = {}            # task -> the port it was given on its node
+        self._moved: dict[str, str] = {}            # task -> why the last placement moved it
         self._names: dict[str, str] = {}            # task -> its actor's name now
         self._group: Any = None
         self._exits: dict[str, tuple[int, Any]] = {}    # task -> (pid, its outstanding wait_exit)
@@ -110,7 +112,10 @@ class RayBackend(Backend):
 
     def place(self, spec: ClusterSpec, plans: list[TaskPlan], timeout: float) -> ClusterSpec:
         """Place every task (see the module's docstring) and return the spec as placed. What cannot
-        be placed is one line (UsageError: exit 2); what was placed is removed by close()."""
+        be placed is one line (UsageError: exit 2); what was placed is removed by close(). Called
+        again as the whole cluster starts again: `_place_again`."""
+        if self._facts:
+            return self._place_again()
         if self._address is None:       # the run's own instance: a spec it could never hold starts none
             here = _this_machine()
             nodes.demand(spec, nodes.resolve_hosts(spec, here, self.where), here[:1], self.where)
@@ -145,9 +150,27 @@ class RayBackend(Backend):
             raise UsageError(f'{spec.path}: the Ray node(s) {", ".join(apart)} do not see this train_dir '
                              f'({os.path.abspath(spec.train.train_dir)}): --backend ray needs the train_dir on a '
                              'filesystem every node shares (NFS, or one machine)')
-        chosen = placement.ports(ray, spec, self._actors, self._facts)
-        self._placed = placement.placed_spec(spec, self._facts, chosen)
+        self._ports = placement.ports(ray, spec, self._actors, self._facts)
+        self._placed = placement.placed_spec(spec, self._facts, self._ports)
         return self._placed
+
+    def _place_again(self) -> ClusterSpec:
+        """Every task where it can start again: where its actor lives; with a new actor on the same
+        node (or bundle) where the node lives; elsewhere where its node left the cluster and its
+        host does not pin it to that node (Ray moves a dead node's bundles to others). A task pinned
+        to a node that left is BackendError: the run cannot go on without it."""
+        self._moved = {}
+        try:
+            for task in self._spec.tasks:
+                self._live_actor(task.name, move=True)
+        except self._ray.exceptions.RayError as e:
+            raise BackendError(f'placing the tasks again on {self.where}: {_first_line(e)}') from None
+        if self._moved:
+            self._placed = placement.placed_spec(self._spec, self._facts, self._ports)
+        return self._placed
+
+    def moved(self) -> dict[str, str]:
+        return dict(self._moved)
 
     def _new_actor(self, name: str) -> Any:
         """A new actor for the task, named after the run and task (and how many it had before: a
@@ -214,34 +237,45 @@ class RayBackend(Backend):
             self._states.pop(name, None)
         return record
 
-    def _live_actor(self, name: str) -> Any:
-        """The task's actor; a new one on the same node (or bundle) when it died and its node lives;
-        BackendError when its node left the cluster (the task would get another address)."""
+    def _live_actor(self, name: str, move: bool = False) -> Any:
+        """The task's actor; a new one on the same node (or bundle) when it died and its node lives.
+        When its node left the cluster: with `move` (the whole cluster starts again, placing.py), a
+        new one on another node where its host does not pin it, else BackendError (the task would
+        get another address, which the running tasks do not know)."""
         actor = self._actors.get(name)
         if actor is None:
             raise BackendError(f'{name} was not placed on {self.where}')
+        errors = self._ray.exceptions
         try:
             self._ray.get(actor.ping.remote(), timeout=CALL_TIMEOUT)
             return actor
-        except (self._ray.exceptions.RayActorError, self._ray.exceptions.GetTimeoutError):
+        except (errors.RayActorError, errors.ActorUnavailableError, errors.GetTimeoutError):
             pass
         facts = self._facts[name]
-        if not self._node_alive(facts['node_id'], fresh=True):
-            raise BackendError(f'{name}: its node {facts["address"]} left the Ray cluster; a task placed there '
-                               'cannot start elsewhere without changing the cluster\'s addresses')
-        # The same node, or the same bundle of the group (which holds the dead actor's CPUs and GPUs).
+        gone = not self._node_alive(facts['node_id'], fresh=True)
+        if gone and self._wheres[name].node_id:
+            raise BackendError(f'{name}: its node {facts["address"]} left the Ray cluster, and its host '
+                               f'{self._spec.task(*_job_index(name)).host} pins it to that node')
+        if gone and not move:
+            raise BackendError(f'{name}: its node {facts["address"]} left the Ray cluster; it starts on another '
+                               'node only with the whole cluster, which must learn its new address')
+        # The same node, or the same bundle of the group (which holds the dead actor's CPUs and GPUs,
+        # on another node once Ray moved the bundles of a node that left).
         self._actors[name] = actor = self._new_actor(name)
-        port = self._port(name)
-        got = self._get([actor.facts.remote(), actor.reserve_port.remote(port, [])],
-                        placement.FACTS_TIMEOUT, f"starting {name}'s actor again")
-        if got[1] != port:
-            raise BackendError(f'{name}: its port {port} on {got[0]["address"]} is still taken, so it cannot start '
+        doing = f"starting {name}'s actor again"
+        now = self._get([actor.facts.remote()], placement.FACTS_TIMEOUT, doing)[0]
+        mine = self._ports[name]
+        avoid = [port for task, port in self._ports.items()
+                 if task != name and self._facts[task]['machine'] == now['machine']]
+        port = self._get([actor.reserve_port.remote(mine, avoid)], placement.FACTS_TIMEOUT, doing)[0]
+        if port != mine and not gone:
+            raise BackendError(f'{name}: its port {mine} on {now["address"]} is still taken, so it cannot start '
                                'there again at its address')
-        self._facts[name] = {**got[0], 'shared': True}
+        self._facts[name] = {**now, 'shared': True}
+        if gone:
+            self._ports[name] = port
+            self._moved[name] = f'its node {facts["address"]} left the Ray cluster'
         return actor
-
-    def _port(self, name: str) -> int:
-        return self._placed.task(*_job_index(name)).port
 
     def renew(self, plans: list[TaskPlan], text: str | None = None) -> None:
         touch_leases(plans, text=text)      # the train_dir is shared: the leases are files here
