@@ -155,10 +155,8 @@ class RayBackend(Backend):
         return self._placed
 
     def _place_again(self) -> ClusterSpec:
-        """Every task where it can start again: where its actor lives; with a new actor on the same
-        node (or bundle) where the node lives; elsewhere where its node left the cluster and its
-        host does not pin it to that node (Ray moves a dead node's bundles to others). A task pinned
-        to a node that left is BackendError: the run cannot go on without it."""
+        """Every task where it can start again (`_live_actor`, moving those whose node left): the
+        spec as placed now. A task pinned to a node that left is BackendError."""
         self._moved = {}
         try:
             for task in self._spec.tasks:
@@ -238,10 +236,9 @@ class RayBackend(Backend):
         return record
 
     def _live_actor(self, name: str, move: bool = False) -> Any:
-        """The task's actor; a new one on the same node (or bundle) when it died and its node lives.
-        When its node left the cluster: with `move` (the whole cluster starts again, placing.py), a
-        new one on another node where its host does not pin it, else BackendError (the task would
-        get another address, which the running tasks do not know)."""
+        """The task's actor; a new one on the same node (or bundle) when it died and its node lives;
+        when its node left, with `move` (the whole cluster starts again) one elsewhere where its host
+        does not pin it (Ray moves a dead node's bundles), else BackendError."""
         actor = self._actors.get(name)
         if actor is None:
             raise BackendError(f'{name} was not placed on {self.where}')

@@ -9,16 +9,16 @@ The loop calls `place_again` before each restart of the cluster; `moves` and `ca
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from cluster.spec import ClusterSpec
+from launch.backends.base import Backend
 from launch.planning.plan import TaskPlan
 from launch.records.event_types import Moved
-
-if TYPE_CHECKING:
-    from launch.run.supervised.loop import SupervisedRun
+from launch.run.lifecycle import Lifecycle
+from launch.run.supervised.state import SupervisorState
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,18 @@ class Placement:
 # Places the run's tasks again (launching.py builds it over the run's backends): None when no
 # backend places its tasks itself.
 PlaceAgain = Callable[[], 'Placement | None']
+
+
+class PlacedRun(Protocol):
+    """What placing again asks of the loop (loop.py SupervisedRun): the cluster it runs, and its parts."""
+    spec: ClusterSpec
+    spec_yaml: str
+    state: SupervisorState
+    backends: Mapping[str, Backend]
+    life: Lifecycle
+
+    @property
+    def say(self) -> Callable[[str], None]: ...
 
 
 def moves(before: ClusterSpec, after: ClusterSpec) -> list[tuple[str, str, str]]:
@@ -55,7 +67,7 @@ def carried(old: Sequence[TaskPlan], new: Sequence[TaskPlan]) -> list[TaskPlan]:
     return out
 
 
-def place_again(run: SupervisedRun, again: PlaceAgain) -> None:
+def place_again(run: PlacedRun, again: PlaceAgain) -> None:
     """Ask the backends to place the tasks again; where one moved, say where and why, record a
     `moved` event, and give the run (and every backend's files: the spec the tasks read) the new
     cluster. BackendError (a task that cannot be placed anywhere) ends the run as any start does."""
