@@ -172,12 +172,14 @@ class Observation:
     a signal), or unknown (its host cannot be asked; `error` says why). A running task that makes
     no progress says how in `stopped` (e.g. 'is stopped (SIGSTOP, or a debugger)'). An ended task
     whose process group still runs (a command it started, which may hold its port) lists those
-    processes in `left`: the task is gone, but not all of it."""
+    processes in `left`: the task is gone, but not all of it. An unknown task that `movable` was
+    lost with its host, which its backend can place elsewhere (a Ray node that left; placing.py)."""
     state: Seen
     exit_code: int | None = None
     stopped: str | None = None
     error: str = ''
     left: tuple[int, ...] = ()
+    movable: bool = False
 
     @property
     def alive(self) -> bool:

@@ -31,7 +31,9 @@ The rules, in order:
 A coordinator run (a `chief`: TF2 ParameterServerStrategy) follows PSS's own recovery rules
 (`decide_coordinator`): a lost worker is started again alone at its address while the chief
 trains on (PSS re-queues its work and takes it back); a lost ps is started again with the chief,
-which resumes from its checkpoint; a lost chief or evaluator is started again alone. Without
+which resumes from its checkpoint; a lost chief or evaluator is started again alone. A ps or chief
+lost with its host starts again only where its backend can place it elsewhere (Ray), and then with
+the whole cluster, which must learn its new address. Without
 restarts a lost worker or evaluator is let go, a lost ps or chief ends the run. The evaluator's
 restarts are its own (as many as supervise.max_restarts), never the run's, and it never ends the
 training. On a full disk neither the ps nor the chief is started again (the chief could not save).
@@ -76,6 +78,7 @@ class TaskStatus:
     state: TaskState
     exit_code: int | None = None     # FAILED: the code (negative: killed by that signal)
     since: float = 0.0               # UNKNOWN: seconds it has been unknown
+    movable: bool = False            # UNKNOWN: lost with its host, it can start elsewhere (Ray; placing.py)
     frozen: float = 0.0              # RUNNING: seconds it has been stopped (SIGSTOP, docker pause)
 
     @property
@@ -306,10 +309,16 @@ def decide_coordinator(policy: Policy, tasks: list[TaskStatus], tolerated: froze
         if vital:
             chiefs = [t.name for t in tasks if t.job == 'chief']
             names = tuple(dict.fromkeys([t.name for t in vital if t.job == 'ps'] + chiefs))
-            if not can_restart or not reachable or progress.disk:
+            # A task lost with its host starts again only where its backend can place it elsewhere,
+            # at a new address every task must be told: with the whole cluster.
+            movable = all(t.state in (TaskState.FAILED, TaskState.RUNNING) or t.movable for t in lost)
+            if not can_restart or not movable or progress.disk:
                 # A chief started again on a full disk fails at its next checkpoint as this one did.
-                note = NO_RESTART_ON_FULL_DISK if can_restart and reachable else ''
+                note = NO_RESTART_ON_FULL_DISK if can_restart and movable else ''
                 return Decision(Action.GIVE_UP, names, reason, note=note)
+            if not reachable:
+                return Decision(Action.RESTART, tuple(t.name for t in tasks if t.job != 'evaluator'),
+                                reason + '; the cluster starts again elsewhere, from the chief\'s checkpoint')
             why = ('; the chief resumes from its checkpoint' if any(t.job == 'ps' for t in vital)
                    else '; it resumes from its checkpoint')
             return Decision(Action.RESTART_TASKS, names, reason + why)

@@ -315,7 +315,8 @@ class RayBackend(Backend):
         actor's death took the task with it: PR_SET_PDEATHSIG)."""
         facts = self._facts[name]
         if not self._node_alive(facts['node_id'], fresh=True):
-            return Observation(UNKNOWN, error=f'its node {facts["address"]} left the Ray cluster')
+            return Observation(UNKNOWN, error=f'its node {facts["address"]} left the Ray cluster',
+                               movable=not self._wheres[name].node_id)
         log.info('%s: its actor died: %s', name, _first_line(error))
         return Observation(ENDED, None)
 

@@ -2,7 +2,8 @@
 itself (Ray: launch/backends/base.py `Backend.place`) may find that one cannot start where it ran
 (its node left the cluster) and put it on another node, at another address. Every task must then
 know the new cluster (TF1 reads the spec file, PSS its TF_CONFIG), which is why a move happens
-only at a start of the whole cluster (recovery.py widens a restart of some tasks to one).
+only at a start of the whole cluster (policy.py decides one for a ps or chief lost with its host
+that its backend can place elsewhere: TaskStatus.movable).
 
 The loop calls `place_again` before each restart of the cluster; `moves` and `carried` are pure.
 """

@@ -21,7 +21,7 @@ from cluster.spec import ClusterSpec
 from launch.backends.base import Backend
 from launch.records.event_types import Tolerated
 from launch.records.result import MendedFault
-from launch.run import policy, registry
+from launch.run import policy
 from launch.run.lifecycle import Lifecycle, RunResult, RunState
 from launch.run.policy import Action, Decision, TaskState, TaskStatus, describe_exit
 from launch.run.supervised import faults
@@ -136,28 +136,16 @@ def lost_in_start(state: SupervisorState, loss: StartLoss, statuses: Sequence[Ta
 
 def plan_for(state: SupervisorState, decision: Decision, statuses: Sequence[TaskStatus], now: float) -> Plan | None:
     """What to do about a tolerate or a restart of some tasks (None: a restart of the cluster,
-    `restart_cluster`, whose words need the tasks asked; also where a task must move, must_move).
-    A tolerated worker whose host cannot be reached is failed over onto a spare, where one can be."""
+    `restart_cluster`, whose words need the tasks asked). A tolerated worker whose host cannot
+    be reached is failed over onto a spare, where one can be."""
     if decision.action is Action.TOLERATE:
         return fail_over(state, decision, statuses, state.history.peek(state.policy, now)) \
             or tolerate(state, decision)
     if decision.action is Action.RESTART_TASKS and policy.evaluator_only(decision):
         return restart_evaluator(state, decision, now)
-    if decision.action is Action.RESTART_TASKS and must_move(state, decision, statuses):
-        return None
     if decision.action is Action.RESTART_TASKS:
         return restart_tasks(state, decision, state.history.peek(state.policy, now))
     return None
-
-
-def must_move(state: SupervisorState, decision: Decision, statuses: Sequence[TaskStatus]) -> bool:
-    """Whether a task to start again was lost with its host on a backend that places its tasks
-    (Ray): it starts on another node, at another address, which only a start of the whole
-    cluster tells every task (placing.py), so the restart of some tasks becomes one of all."""
-    unreachable = {t.name for t in statuses if t.state is TaskState.UNKNOWN}
-    backend_of = {p.name: p.backend for p in state.plans}
-    places = {name for name, k in registry.KINDS.items() if k.places}
-    return any(name in unreachable and backend_of.get(name) in places for name in decision.tasks)
 
 
 class Recovery:

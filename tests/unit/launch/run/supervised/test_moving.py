@@ -1,7 +1,7 @@
 """A task moved as the whole cluster starts again (launch/run/supervised/placing.py): which tasks
 moved, the plans of the new placement carrying what the run gave the old ones, the loop saying
-where and why and giving every task the new cluster; and the restart of some tasks that becomes
-one of the whole cluster when a task lost with its node must move (recovery.py must_move).
+where and why and giving every task the new cluster; and the restart that becomes
+one of the whole cluster when a ps lost with its node can move (policy.py TaskStatus.movable).
 Over the fake backend: no process started."""
 from __future__ import annotations
 
@@ -15,10 +15,9 @@ from cluster.runtime.contract import RESTART_ENV
 from launch.planning.plan import TaskPlan
 from launch.run.console import Console
 from launch.run.lifecycle import Lifecycle
-from launch.run.policy import Action, Decision, TaskState, TaskStatus
+from launch.run.policy import Action, Decision, Policy, Progress, TaskState, TaskStatus, decide_coordinator
 from launch.run.supervised import SupervisedRun, recovery
 from launch.run.supervised.placing import Placement, carried, moves
-from launch.run.supervised.state import SupervisorState
 from tests.conftest import write_spec
 from tests.harness.fake_backend import FakeBackend, fake_cluster, record_of
 
@@ -105,20 +104,18 @@ def test_a_restart_of_the_cluster_places_again_and_tells_every_task_where_a_task
         assert run.state.plan_of('ps:0').task == spec.task('ps', 0)
 
 
-def state_on(tmp_path, backend: str) -> SupervisorState:
-    spec, plans = fake_cluster(write_spec(tmp_path, workers=2, supervise=ON_FAILURE))
-    return SupervisorState.new(spec, [dataclasses.replace(p, backend=backend) for p in plans], None)
-
-
-@pytest.mark.parametrize('backend, seen, whole', [
-    ('ray', U, True),          # lost with its node: it moves, and every task must learn where
-    ('ray', R, False),         # ended on a node that lives: it starts again there, alone
-    ('ssh', U, False),         # a backend that does not place its tasks: its host is its host
+@pytest.mark.parametrize('movable, action', [
+    (True, Action.RESTART),      # lost with its node, it can start elsewhere: with the whole cluster
+    (False, Action.GIVE_UP),     # pinned to a node that left (or a host that cannot be reached)
 ])
-def test_a_restart_of_some_tasks_becomes_one_of_the_cluster_when_one_must_move(tmp_path, backend, seen, whole):
-    state = state_on(tmp_path, backend)
-    decision = Decision(Action.RESTART_TASKS, ('ps:0', 'worker:0'), 'ps:0 lost')
-    statuses = [TaskStatus('ps:0', 'ps', 0, seen), TaskStatus('worker:0', 'worker', 0, R)]
-    assert recovery.must_move(state, decision, statuses) is whole
-    plan = recovery.plan_for(state, decision, statuses, 0.0)
-    assert (plan is None) is whole
+def test_a_ps_lost_with_its_node_restarts_the_whole_cluster_where_it_can_move(movable, action):
+    rules = Policy(sync=False, num_workers=2, replicas_to_aggregate=2, restart='on-failure', unreachable_secs=2,
+                   coordinator=True)
+    tasks = [TaskStatus('chief:0', 'chief', 0, R), TaskStatus('ps:0', 'ps', 0, U, since=3, movable=movable),
+             TaskStatus('worker:0', 'worker', 0, R), TaskStatus('worker:1', 'worker', 1, R),
+             TaskStatus('evaluator:0', 'evaluator', 0, R)]
+    decision = decide_coordinator(rules, tasks, set(), 0, Progress(step=40, total=100, quiet_secs=1))
+    assert decision.action is action
+    if movable:
+        assert decision.tasks == ('chief:0', 'ps:0', 'worker:0', 'worker:1')
+        assert decision.reason.endswith("; the cluster starts again elsewhere, from the chief's checkpoint")
