@@ -254,8 +254,7 @@ class RayBackend(Backend):
             raise BackendError(f'{name}: its node {facts["address"]} left the Ray cluster, and its host '
                                f'{self._spec.task(*_job_index(name)).host} pins it to that node')
         if gone and not move:
-            raise BackendError(f'{name}: its node {facts["address"]} left the Ray cluster; it starts on another '
-                               'node only with the whole cluster, which must learn its new address')
+            raise BackendError(f'{name}: its node {facts["address"]} left the Ray cluster (it moves with all)')
         # The same node, or the same bundle of the group (which holds the dead actor's CPUs and GPUs,
         # on another node once Ray moved the bundles of a node that left).
         self._actors[name] = actor = self._new_actor(name)
