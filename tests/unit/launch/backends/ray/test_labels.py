@@ -117,3 +117,16 @@ def test_launch_plan_says_a_labelled_task_goes_to_a_node_with_its_labels(tmp_pat
     assert said['worker:1'] == 'ray actor on a node labelled tfcluster.io/host=n3, zone=b (port chosen there)'
     assert said['worker:0'] == 'ray actor on the node 127.0.0.2 (port chosen there)'
     assert said['ps:0'].startswith("ray actor in the run's placement group")
+
+
+def test_a_run_of_its_own_ray_refuses_labels_before_starting_ray(tmp_path):
+    """The run's own Ray instance is one node, this machine, with no labels of the spec's: refused
+    in the documented line before any Ray process starts."""
+    from launch.backends.ray.backend import RayBackend
+    spec = _spec(tmp_path, SPEC.replace('"127.0.0.2:2223"', 'localhost:2223'))
+    backend = RayBackend(spec, None)
+    with pytest.raises(UsageError) as e:
+        backend.place(spec, list(plan_ray(spec, str(tmp_path))), 10)
+    assert 'hosts.third.labels: no alive node of the Ray instance this run starts on this machine has ' \
+           'tfcluster.io/host=n3' in str(e.value)
+    assert backend._ray is None
