@@ -113,7 +113,8 @@ class RayBackend(Backend):
         be placed is one line (UsageError: exit 2); what was placed is removed by close()."""
         if self._address is None:       # the run's own instance: a spec it could never hold starts none
             here = _this_machine()
-            nodes.demand(spec, nodes.resolve_hosts(spec, here, self.where), here[:1], self.where)
+            places = nodes.resolve_hosts(spec, here, self.where, nodes.spec_labels(spec))
+            nodes.demand(spec, places, here[:1], self.where)
         ray = self._connect()
         try:
             return self._place(ray, spec, timeout)
@@ -122,7 +123,7 @@ class RayBackend(Backend):
 
     def _place(self, ray: Any, spec: ClusterSpec, timeout: float) -> ClusterSpec:
         alive = nodes.alive_nodes(ray.nodes())
-        places = nodes.resolve_hosts(spec, alive, self.where)
+        places = nodes.resolve_hosts(spec, alive, self.where, nodes.spec_labels(spec))
         nodes.demand(spec, places, alive, self.where)
         self._wheres, bundles = placement.wheres(spec, places)
         self._group = placement.group(ray, self._key, bundles, timeout, alive)
@@ -155,7 +156,8 @@ class RayBackend(Backend):
         from launch.backends.ray.actor import TaskActor
         ray = self._ray
         task = self._spec.task(*_job_index(name))
-        opts = placement.options(ray, self._key, task, self._asks[name], self._wheres[name], self._group)
+        opts = placement.options(ray, self._key, task, self._asks[name], self._wheres[name], self._group,
+                                 self._facts.get(name, {}).get('node_id', ''))     # made again: where it was
         made = self._made.get(name, 0)
         if made:
             opts['name'] = f'{opts["name"]}.{made}'
