@@ -6,7 +6,8 @@ Everything downstream takes the frozen types of `model`, never raw dicts. A spec
 
 model: the frozen types and the small helpers both sides share; load: file, TF_CONFIG and `--set`
 to a ClusterSpec; reader: the file's text and YAML, read within limits; errors: SpecError and
-where each key was given; validate: the checks, section by section; environ: env: values taken
+where each key was given; validate: the checks, section by section (labels: a host's Ray node
+labels); environ: env: values taken
 from the launcher's environment, the values never shown, and the OS's limits on them; keys: every
 key with its type, default and text, which the spec reference page is made of.
 """

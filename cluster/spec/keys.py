@@ -47,7 +47,7 @@ SECTION_DOCS = {
                  'optional; without the section, a fault ends the run.',
     'hosts': f'How to reach hosts over SSH, by the name the cluster gives them ({HOST} below). A host not listed is '
              'reached as ~/.ssh/config says; localhost, 127.0.0.1 and ::1 run as local processes unless listed '
-             'here.',
+             'here. With --backend ray, which Ray nodes run their tasks (labels).',
     'isolation': 'How the tasks of a local cluster are kept from the network.',
     'env': 'Environment variables of every task.',
     'tasks': f'Settings of every task of one job ({JOB}: {", ".join(JOBS)}).',
@@ -125,8 +125,10 @@ def _default(cls: type, name: str) -> str:
 
 def _field_key(prefix: str, field: dataclasses.Field) -> SpecKey:
     meta = field.metadata
-    return SpecKey(f'{prefix}.{field.name}', meta['yaml_type'] or yaml_type(str(field.type), field.name),
-                   yaml_value(field.default), meta['doc'], tuple(meta['allowed']))
+    type_ = meta['yaml_type'] or yaml_type(str(field.type), field.name)
+    # A mapping kept as pairs (hosts.<host>.labels) has no default to show but the empty mapping.
+    default = '{}' if type_.startswith('mapping') and not field.default else yaml_value(field.default)
+    return SpecKey(f'{prefix}.{field.name}', type_, default, meta['doc'], tuple(meta['allowed']))
 
 
 _YAML_TYPES = {'bool': 'boolean', 'int': 'integer', 'float': 'number', 'str': 'string'}

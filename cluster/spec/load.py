@@ -97,7 +97,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     """'train.steps=50' -> (['train', 'steps'], 50); the value is read as YAML."""
     key, sep, value = text.partition('=')
     parts = key.strip().split('.')
-    if not sep or not all(re.fullmatch(r'[A-Za-z0-9_-]+', p) for p in parts):
+    labels = _labels_at(parts)      # a label's name may hold a / (tfcluster.io/host)
+    if not sep or not all(re.fullmatch(r'[A-Za-z0-9_/-]+' if labels and i > labels else r'[A-Za-z0-9_-]+', p)
+                          for i, p in enumerate(parts)):
         raise SpecError(f'--set {text}: expected dotted.key=value, e.g. --set train.steps=50')
     try:
         parsed = parse_yaml(value, f'--set {_shorten(text)}', line_numbers=False)[1]
@@ -177,6 +179,9 @@ def _override_key(parts: list[str], value: Any, raw: dict) -> list[str]:
     """The path an override's dotted key names, where a host name holds dots of its own."""
     if parts[0] == 'gpus' and len(parts) > 2:      # gpus.10.0.0.5=4: the rest is one host name
         return ['gpus', '.'.join(parts[1:])]
+    labels = _labels_at(parts)
+    if labels:      # hosts.10.0.0.5.labels.tfcluster.io/host: host 10.0.0.5, label tfcluster.io/host
+        return ['hosts', '.'.join(parts[1:labels]), 'labels', '.'.join(parts[labels + 1:])]
     if parts[0] == 'hosts' and len(parts) > 2:
         # Host names have dots of their own: hosts.10.0.0.5.user is host 10.0.0.5, setting user.
         # The whole rest names a host only when it is given a section (or null) and its last part
@@ -187,3 +192,11 @@ def _override_key(parts: list[str], value: Any, raw: dict) -> list[str]:
         name = parts[1:] if whole else parts[1:-1]
         return ['hosts', '.'.join(name)] + parts[1 + len(name):]
     return parts
+
+
+def _labels_at(parts: list[str]) -> int | None:
+    """Where `labels` is in an override's key that names one label of a host
+    (hosts.HOST.labels.NAME, the host's name and the label's may hold dots), else None."""
+    if parts[0] != 'hosts':
+        return None
+    return next((i for i in range(2, len(parts) - 1) if parts[i] == 'labels'), None)

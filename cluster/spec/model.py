@@ -98,7 +98,8 @@ def setting(default: Any, doc: str, value: Value, *, yaml_type: str | None = Non
 
 @dataclass(frozen=True)
 class HostConfig:
-    """How to reach a host over SSH; None means "ask ~/.ssh/config, then the defaults"."""
+    """How to reach a host over SSH; None means "ask ~/.ssh/config, then the defaults". With the
+    Ray backend, also which nodes may run its tasks (labels)."""
     name: str
     user: str | None = setting(None, 'The SSH user; null: as ~/.ssh/config says, else your own user name.', Value.TEXT)
     port: int | None = setting(None, 'The SSH port; null: as ~/.ssh/config says, else 22.', Value.OWN)
@@ -112,9 +113,20 @@ class HostConfig:
     address: str | None = setting(None, 'The host name or IP address the other tasks reach this host at (TF_CONFIG), '
                                         "when it differs from the name SSH uses; null: the ssh config's HostName, "
                                         'else the name itself.', Value.OWN)
+    # Pairs, not a dict: the config stays hashable; `selector` is the mapping.
+    labels: tuple[tuple[str, str], ...] = setting(
+        (), 'With --backend ray: Ray node labels (label: value) that place the tasks on this host on any node '
+            'that has them all, e.g. {zone: b}; Ray picks among the nodes that match. Other backends refuse a '
+            'host with labels (they could not honour them); null: no labels.', Value.OWN,
+        yaml_type='mapping of string to string')
+
+    @property
+    def selector(self) -> dict[str, str]:
+        """The labels as Ray's label_selector takes them ({} where none are given)."""
+        return dict(self.labels)
 
 
-HOST_SETTINGS = ('user', 'port', 'key', 'python', 'workdir', 'address')
+HOST_SETTINGS = ('user', 'port', 'key', 'python', 'workdir', 'address', 'labels')
 # What the weights and gradients are sent between the ps tasks and the workers as; the variables
 # and their updates stay float32 on the ps either way (cluster/training/train.py WeightReads).
 TRANSFER_DTYPES = ('float32', 'bfloat16')
@@ -355,8 +367,8 @@ class ClusterSpec:
         there, and the copy is safe to keep and to upload."""
         out: dict[str, Any] = {'cluster': self.all_jobs_def(), 'train': _train_dict(self.train),
                'supervise': dataclasses.asdict(self.supervise)}
-        hosts = {name: {k: v for k, v in dataclasses.asdict(h).items() if k != 'name' and v is not None}
-                 for name, h in self.hosts.items()}
+        hosts = {name: {k: v for k, v in {**dataclasses.asdict(h), 'labels': h.selector or None}.items()
+                        if k != 'name' and v is not None} for name, h in self.hosts.items()}
         if hosts:
             out['hosts'] = hosts
         if self.isolation != 'none':

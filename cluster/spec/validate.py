@@ -19,6 +19,7 @@ from cluster.spec.model import (HOST_SETTINGS, ISOLATION_MODES, JOB_SETTINGS, JO
                                 same_machine_key)
 from cluster.spec import environ as environ_
 from cluster.spec.errors import Origins
+from cluster.spec.labels import parse_labels
 
 SECTIONS = ('cluster', 'train', 'supervise', 'hosts', 'isolation', 'env', 'tasks', 'gpus')
 _HOSTNAME = re.compile(r'^(?=.{1,253}$)[A-Za-z0-9_]([A-Za-z0-9_-]{0,62})(\.[A-Za-z0-9_-]{1,63})*$')
@@ -485,4 +486,5 @@ OWN_PARSERS: dict[tuple[type, str], Callable[[Any, str, Origins], Any]] = {
     (TrainConfig, 'evaluator'): _parse_evaluator,
     (HostConfig, 'port'): _parse_host_port,
     (HostConfig, 'address'): _parse_host_address,
+    (HostConfig, 'labels'): parse_labels,
 }

@@ -78,6 +78,7 @@ class Kind:
     user_code_refusal: ClassVar[str] = ''
     ships: ClassVar[tuple[str, ...]] = ()
     netns_refusal: ClassVar[str] = ''           # why `isolation: netns` cannot apply ('': it can)
+    places_by_labels: ClassVar[bool] = False    # it places a host's tasks by its `labels` (others refuse them)
     # The fields of its options that only it takes (`up` refuses them for another backend), and for what.
     exclusive: ClassVar[tuple[str, ...]] = ()
     options_label: ClassVar[str] = ''           # 'Slurm jobs'

@@ -62,6 +62,7 @@ def check_request(spec: ClusterSpec, req: Request[F]) -> Request[F]:
     launching.check_options(spec, req.command, req.backend, req.options)
     check_isolation(spec, req.command, req.backend)
     launching.check_user_code_place(spec, req.command, req.backend)
+    launching.check_labels_place(spec, req.command, req.backend)
     if req.backend is None and req.command in REMEMBERING:
         state = LaunchState.load(state_path(spec))
         remembered = registry.remembered({r.backend for r in state.tasks}) if state else None

@@ -165,6 +165,26 @@ def check_user_code_place(spec: ClusterSpec, command: str, name: str | None) -> 
             raise spec.error(key, k.user_code_refusal.format(code=missing))
 
 
+def check_labels_place(spec: ClusterSpec, command: str, name: str | None) -> None:
+    """SpecError, naming the key, for a host with `labels` whose tasks the command places on a
+    backend that cannot pick a node by its labels: there they would run on the host by its name,
+    a placement other than the one the spec asks for, without a word."""
+    if command not in PLACING:
+        return
+    k = kind('compose' if command == 'compose' else name)
+    if k.places_by_labels:
+        return
+    for task in spec.tasks:
+        host = spec.hosts.get(task.host)
+        if host is not None and host.labels:
+            given = f'with --backend {name}' if name else ('in a compose file' if command == 'compose'
+                                                           else 'without --backend')
+            raise spec.error(f'hosts.{task.host}.labels',
+                             f'node labels place tasks with --backend ray only; {given}, {task.name} would run on '
+                             f'{task.host} itself: use --backend ray, or drop them '
+                             f'(--set hosts.{task.host}.labels=null)')
+
+
 def _not_shipped(code: str | tuple[str, ...], ships: tuple[str, ...]) -> str | None:
     """What of a program (package.module:function) or a command line lies outside the folders
     `ships`, said as the user wrote it; None when all of it is in them (a command naming no file

@@ -6,8 +6,8 @@ the rest of the package is the machinery:
   the run, and the refusals before either;
 - `nodes` (pure): which node each spec host is, and whether the cluster can hold the tasks' CPUs
   and GPUs;
-- `placement`: the actors' scheduling (pinned to a node, or in the run's placement group) and the
-  ports they choose on their nodes;
+- `placement`: the actors' scheduling (pinned to a node, to the nodes with the host's labels, or
+  in the run's placement group) and the ports they choose on their nodes;
 - `actor`: TaskActor, what runs on a node for one task; `childenv` (pure): what the task starts with;
 - `backend`: RayBackend, the Backend over those actors.
 
@@ -59,19 +59,21 @@ def plan_ray(spec: ClusterSpec, cwd: str) -> tuple[TaskPlan, ...]:
         reach = net.task(task.job, task.index)
         plans.append(TaskPlan(task=task, backend=Ray.name, argv=task_argv(python, spec_file, TaskName(task.job, task.index)),
                               env=task_env(net, reach, Ray.name, Slot(task.host, None)), cwd=cwd,
-                              spec_path=spec_file, log_path=log_path(spec, task), address=reach.host))
+                              spec_path=spec_file, log_path=log_path(spec, task), host=host, address=reach.host))
     return tuple(plans)
 
 
 class Ray(Kind):
     """Tasks on a Ray cluster's nodes: a spec host that names a node (its address or name) pins its
-    tasks there; `localhost` tasks go where the run's placement group spreads them."""
+    tasks there, one with `labels` puts them on any node that has those labels; `localhost` tasks
+    go where the run's placement group spreads them."""
     name = 'ray'
     summary = ('ray: every task on a node of a Ray cluster (--ray-address or RAY_ADDRESS; with neither, a Ray '
                'instance started for the run)')
     logs_here = True            # the nodes share the train_dir (checked at placement)
     remembered = True
     places = True
+    places_by_labels = True
     exclusive = ('address',)
     options_label = 'Ray clusters'
     netns_refusal = ('isolation: netns is for local processes; Ray runs the tasks on its nodes, on their own '
@@ -104,6 +106,9 @@ class Ray(Kind):
         return plan_ray(spec, os.getcwd())
 
     def where(self, plan: TaskPlan, task: TaskSpec, opts: Options) -> str:
+        if plan.host is not None and plan.host.labels:
+            labels = ', '.join(f'{key}={value}' for key, value in plan.host.labels)
+            return f'ray actor on a node labelled {labels} (port chosen there)'
         if task.host in LOOPBACK_NAMES:
             return 'ray actor in the run\'s placement group (spread over the nodes; port chosen there)'
         return f'ray actor on the node {task.host} (port chosen there)'

@@ -118,7 +118,8 @@ class RayBackend(Backend):
             return self._place_again()
         if self._address is None:       # the run's own instance: a spec it could never hold starts none
             here = _this_machine()
-            nodes.demand(spec, nodes.resolve_hosts(spec, here, self.where), here[:1], self.where)
+            places = nodes.resolve_hosts(spec, here, self.where, nodes.spec_labels(spec))
+            nodes.demand(spec, places, here[:1], self.where)
         ray = self._connect()
         try:
             return self._place(ray, spec, timeout)
@@ -127,7 +128,7 @@ class RayBackend(Backend):
 
     def _place(self, ray: Any, spec: ClusterSpec, timeout: float) -> ClusterSpec:
         alive = nodes.alive_nodes(ray.nodes())
-        places = nodes.resolve_hosts(spec, alive, self.where)
+        places = nodes.resolve_hosts(spec, alive, self.where, nodes.spec_labels(spec))
         nodes.demand(spec, places, alive, self.where)
         self._wheres, bundles = placement.wheres(spec, places)
         self._group = placement.group(ray, self._key, bundles, timeout, alive)
@@ -170,13 +171,14 @@ class RayBackend(Backend):
     def moved(self) -> dict[str, str]:
         return dict(self._moved)
 
-    def _new_actor(self, name: str) -> Any:
+    def _new_actor(self, name: str, moving: bool = False) -> Any:
         """A new actor for the task, named after the run and task (and how many it had before: a
-        dead actor's name may still be held a while)."""
+        dead actor's name may still be held a while); made again, where it was unless `moving`."""
         from launch.backends.ray.actor import TaskActor
         ray = self._ray
         task = self._spec.task(*_job_index(name))
-        opts = placement.options(ray, self._key, task, self._asks[name], self._wheres[name], self._group)
+        opts = placement.options(ray, self._key, task, self._asks[name], self._wheres[name], self._group,
+                                 '' if moving else self._facts.get(name, {}).get('node_id', ''))
         made = self._made.get(name, 0)
         if made:
             opts['name'] = f'{opts["name"]}.{made}'
@@ -257,7 +259,7 @@ class RayBackend(Backend):
             raise BackendError(f'{name}: its node {facts["address"]} left the Ray cluster (it moves with all)')
         # The same node, or the same bundle of the group (which holds the dead actor's CPUs and GPUs,
         # on another node once Ray moved the bundles of a node that left).
-        self._actors[name] = actor = self._new_actor(name)
+        self._actors[name] = actor = self._new_actor(name, moving=gone)
         doing = f"starting {name}'s actor again"
         now = self._get([actor.facts.remote()], placement.FACTS_TIMEOUT, doing)[0]
         mine = self._ports[name]

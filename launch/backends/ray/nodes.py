@@ -117,6 +117,11 @@ def _selector_words(selector: Mapping[str, str]) -> str:
     return ', '.join(f'{key}={value}' for key, value in selector.items())
 
 
+def spec_labels(spec: ClusterSpec) -> dict[str, Mapping[str, str]]:
+    """Spec host -> the labels its `hosts.NAME.labels` gives, for the hosts that have some."""
+    return {name: host.selector for name, host in spec.hosts.items() if host.labels}
+
+
 def resolve_hosts(spec: ClusterSpec, nodes: Sequence[NodeFacts], where: str,
                   labels: Mapping[str, Mapping[str, str]] | None = None,
                   resolver: Resolver = resolve_name) -> dict[str, HostPlace]:

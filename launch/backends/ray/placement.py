@@ -1,7 +1,8 @@
 """Where each task of a run goes on a Ray cluster, and the ports it gets there: the actors are
-created first (pinned to the node its host names, or in one bundle each of the run's placement
-group), then each picks a free port on its node, and only then is the cluster written: the spec
-the tasks read and their TF_CONFIG name the nodes and ports the tasks really have.
+created first (pinned to the node its host names, on any node with its host's labels, or in one
+bundle each of the run's placement group), then each picks a free port on its node, and only then
+is the cluster written: the spec the tasks read and their TF_CONFIG name the nodes and ports the
+tasks really have.
 
 Ray is passed in (the module the connection made), never imported here.
 """
@@ -22,24 +23,30 @@ FACTS_TIMEOUT = 60.0        # an actor's process starting on a busy node: second
 
 @dataclass(frozen=True)
 class Where:
-    """How one task's actor is scheduled: on a node (`node_id`), or in a bundle of the group."""
+    """How one task's actor is scheduled: on a node (`node_id`), on any node with the labels of
+    `selector` (pairs, so that a Where stays hashable), or in a bundle of the group."""
     node_id: str = ''
     bundle: int = -1
+    selector: tuple[tuple[str, str], ...] = ()
 
 
-def options(ray: Any, run_id: str, task: TaskSpec, ask: Ask, where: Where, group: Any) -> dict[str, Any]:
+def options(ray: Any, run_id: str, task: TaskSpec, ask: Ask, where: Where, group: Any,
+            placed_on: str = '') -> dict[str, Any]:
     """The actor's options: named after the run and task in tfcluster's namespace, owned by this
     driver (it dies with it), never restarted by Ray (the launcher's policy decides), threaded
-    (wait_exit blocks one thread while the others answer), and scheduled as `where` says."""
+    (wait_exit blocks one thread while the others answer), and scheduled as `where` says. A task
+    placed by labels whose actor is made again (`placed_on`: the node it was placed on) goes back
+    to that node: its address and port are in every task's TF_CONFIG."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
-    if where.node_id:
-        strategy: Any = NodeAffinitySchedulingStrategy(where.node_id, soft=False)
-    else:
-        strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=where.bundle,
-                                                    placement_group_capture_child_tasks=False)
-    return {'name': actor_name(run_id, task), 'namespace': NAMESPACE, 'lifetime': None, 'max_restarts': 0,
-            'max_task_retries': 0, 'max_concurrency': 8, 'num_cpus': ask.cpus, 'num_gpus': ask.gpus,
-            'scheduling_strategy': strategy}
+    own = {'name': actor_name(run_id, task), 'namespace': NAMESPACE, 'lifetime': None, 'max_restarts': 0,
+           'max_task_retries': 0, 'max_concurrency': 8, 'num_cpus': ask.cpus, 'num_gpus': ask.gpus}
+    node_id = where.node_id or (placed_on if where.selector else '')
+    if node_id:
+        return {**own, 'scheduling_strategy': NodeAffinitySchedulingStrategy(node_id, soft=False)}
+    if where.selector:
+        return {**own, 'label_selector': dict(where.selector)}    # Ray picks among the nodes that match
+    return {**own, 'scheduling_strategy': PlacementGroupSchedulingStrategy(
+        group, placement_group_bundle_index=where.bundle, placement_group_capture_child_tasks=False)}
 
 
 def actor_name(run_id: str, task: TaskSpec) -> str:
@@ -47,14 +54,17 @@ def actor_name(run_id: str, task: TaskSpec) -> str:
 
 
 def wheres(spec: ClusterSpec, places: Mapping[str, HostPlace]) -> tuple[dict[str, Where], list[dict[str, float]]]:
-    """Each task's Where, and the bundles of the placement group its unpinned tasks share (one per
-    task, its CPUs and GPUs; [] when every task is pinned)."""
+    """Each task's Where, and the bundles of the placement group the tasks on loopback hosts share
+    (one per task, its CPUs and GPUs; [] when every task is pinned or placed by labels)."""
     out: dict[str, Where] = {}
     bundles: list[dict[str, float]] = []
     for task in spec.tasks:
         place = places[task.host]
         if place.how is How.NODE:
             out[task.name] = Where(node_id=place.nodes[0].node_id)
+            continue
+        if place.how is How.LABELS:
+            out[task.name] = Where(selector=tuple(place.selector.items()))
             continue
         ask = asks(spec, task)
         bundle = {'CPU': float(ask.cpus)}

@@ -36,6 +36,9 @@ ALSO_DOCUMENTED = {
     'ray-no-cluster': 'tests/unit/launch/backends/ray/test_kind.py::test_nothing_at_the_address_is_one_line_naming_it',
     'ray-host-no-node': 'tests/system/launch/backends/test_ray.py::test_bad_input_is_one_line_and_places_nothing',
     'ray-gpus-over-cluster': 'tests/system/launch/backends/test_ray.py::test_bad_input_is_one_line_and_places_nothing',
+    'host-labels-not-a-mapping': 'tests/unit/cluster/spec/test_host_labels.py::test_a_non_mapping_is_the_documented_line',
+    'ray-labels-no-node': 'tests/unit/launch/backends/ray/test_labels.py::test_labels_no_node_has_are_the_documented_line',
+    'labels-need-ray': 'tests/unit/launch/run/test_labels_place.py::test_another_backend_refuses_host_labels_in_one_line',
 }
 
 

@@ -74,11 +74,12 @@ def test_tf1_sync_trains_to_the_end_with_workers_on_the_nodes_their_hosts_name(r
 
 
 def test_pss_with_an_evaluator_on_named_nodes_restarts_a_killed_worker_alone(ray_cluster, tmp_path):
-    """PSS (chief, ps, 2 workers, evaluator), the workers pinned to .2 and .3: kill -9 of
-    worker:1's process starts worker:1 alone again, on its node, in the same attempt, while the
-    chief trains on; the run ends at its last step, evaluated."""
-    spec = write_coordinator_spec(tmp_path, steps=300, checkpoint_steps=100, worker_hosts=('127.0.0.2', '127.0.0.3'),
-                                  top=PACED)
+    """PSS (chief, ps, 2 workers, evaluator), worker:0 pinned to .2 by its address and worker:1
+    placed by a node label (its host `third` is no node's name: only the label tfcluster.io/host=n3
+    puts it on .3): kill -9 of worker:1's process starts worker:1 alone again, on its node, in the
+    same attempt, while the chief trains on; the run ends at its last step, evaluated."""
+    spec = write_coordinator_spec(tmp_path, steps=300, checkpoint_steps=100, worker_hosts=('127.0.0.2', 'third'),
+                                  hosts={'third': {'labels': {'tfcluster.io/host': 'n3'}}}, top=PACED)
     run = str(tmp_path / 'run')
     proc = up_bg(ray_cluster, spec)
     lines = until_step(proc, 60)
@@ -90,7 +91,8 @@ def test_pss_with_an_evaluator_on_named_nodes_restarts_a_killed_worker_alone(ray
     assert [e['tasks'] for e in log if e['event'] == 'restart'] == [['worker:1']], log
     assert {e['attempt'] for e in log} == {1}
     starts = [e['node'] for e in log if e['event'] == 'task_started' and e['task'] == 'worker:1']
-    assert starts == ['127.0.0.3', '127.0.0.3'], starts
+    assert starts == ['127.0.0.3', '127.0.0.3'], starts        # the labelled node, both times
+    assert started_on(log)['worker:0'] == '127.0.0.2', log
     final = [e for e in log if e['event'] == 'evaluation' and e['step'] == 300]
     assert final and final[-1]['task'] == 'evaluator:0', log[-5:]
     assert log[-1]['event'] == 'finished' and log[-1]['result']['state'] == 'done'

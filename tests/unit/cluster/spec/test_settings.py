@@ -34,6 +34,7 @@ OWN: dict[str, tuple[Any, Any, dict]] = {
                          'train': {'program': 'examples.linear_program:train'}}),
     'hosts.node1.port': (2200, 2200, {}),
     'hosts.node1.address': ('10.0.0.5', '10.0.0.5', {}),
+    'hosts.node1.labels': ({'zone': 'b'}, (('zone', 'b'),), {}),
 }
 
 
