@@ -31,7 +31,9 @@ The rules, in order:
 A coordinator run (a `chief`: TF2 ParameterServerStrategy) follows PSS's own recovery rules
 (`decide_coordinator`): a lost worker is started again alone at its address while the chief
 trains on (PSS re-queues its work and takes it back); a lost ps is started again with the chief,
-which resumes from its checkpoint; a lost chief or evaluator is started again alone. A ps or chief
+which resumes from its checkpoint; a lost chief or evaluator is started again alone (a chief lost
+while a ps cannot be asked waits for that ps's verdict first, for the ps is most often what it
+lost). A ps or chief
 lost with its host starts again only where its backend can place it elsewhere (Ray), and then with
 the whole cluster, which must learn its new address. Without
 restarts a lost worker or evaluator is let go, a lost ps or chief ends the run. The evaluator's
@@ -300,6 +302,11 @@ def decide_coordinator(policy: Policy, tasks: list[TaskStatus], tolerated: froze
     if lost and all(t.job == 'evaluator' for t in lost):
         return decide_evaluator(policy, lost, evaluator_restarts)
     lost = [t for t in lost if t.job != 'evaluator']    # an evaluator lost with them is decided on next
+    if any(t.job == 'chief' for t in lost) and not any(t.job == 'ps' for t in lost) and any(
+            t.job == 'ps' and t.state is TaskState.UNKNOWN for t in tasks):
+        # A chief lost while a ps cannot be asked most often lost that ps: the ps's verdict first
+        # (within unreachable_secs), so that one restart mends both.
+        return Decision(Action.CONTINUE)
     if lost:
         reason = how_lost(lost[0]) + (f' (then {", ".join(how_lost(t) for t in lost[1:])})' if len(lost) > 1 else '')
         if any(t.exit_code == EXIT_NO_RESTART for t in lost):
