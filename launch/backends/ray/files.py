@@ -243,9 +243,16 @@ class NodeFiles:
                              for group in groups.values()], timeout=CALL_TIMEOUT)
 
     def to_start(self, plan: TaskPlan) -> TaskPlan:
-        """The plan as its node starts it: a private task in its node's cwd."""
+        """The plan as its node starts it: a private task in its node's cwd, its --spec made
+        absolute there (so `ps` on the node shows which run a task is of, as over SSH)."""
         node = self.nodes.get(plan.name)
-        return plan if node is None else dataclasses.replace(plan, cwd=node.cwd)
+        if node is None:
+            return plan
+        argv = list(plan.argv)
+        if '--spec' in argv[:-1]:
+            i = argv.index('--spec') + 1
+            argv[i] = os.path.join(node.cwd, argv[i])
+        return dataclasses.replace(plan, cwd=node.cwd, argv=tuple(argv))
 
     def started(self, record: TaskRecord, plan: TaskPlan) -> TaskRecord:
         """A private task's record as the launcher keeps it: its log the mirror here (linked as

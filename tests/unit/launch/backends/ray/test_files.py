@@ -261,3 +261,19 @@ def test_a_private_nodes_leases_are_renewed_by_one_actor_at_sshs_pace(spec, tmp_
     assert len(actors['ps:0'].calls) == 2
     files.renew(plans, text='worker:0')             # the live workers changed: at once
     assert actors['ps:0'].calls[-1][0][1] == 'worker:0' and len(actors['ps:0'].calls) == 3
+
+
+def test_a_private_task_starts_in_its_workdir_and_its_record_names_the_mirror(spec, tmp_path):
+    files = NodeFiles(spec, {}, lambda: None, lambda r: None)
+    files.place({'ps:0': _facts(HERE, True, '127.0.0.2'), 'worker:0': _facts(HERE, True, '127.0.0.2'),
+                 'worker:1': _facts(ELSEWHERE, False, '127.0.0.3')}, HERE, {})
+    ps, worker = plan_ray(spec, str(tmp_path))[0], plan_ray(spec, str(tmp_path))[2]
+    assert files.to_start(ps) == ps                     # shared: as planned
+    there = files.to_start(worker)
+    assert there.cwd == '/scratch/tf' and there.argv[there.argv.index('--spec') + 1] == '/scratch/tf/runs/r/spec.yaml'
+    on_node = TaskRecord(name='worker:1', job='worker', index=1, host='127.0.0.3', port=2224, backend='ray', pid=7,
+                         log='/scratch/tf/runs/r/logs/attempt-1/worker-1.log', cwd='/scratch/tf', log_offset=0)
+    kept = files.started(on_node, worker)
+    assert kept.log == str(tmp_path / 'runs' / 'r' / 'logs' / 'attempt-1' / 'worker-1.log') and kept.cwd == str(tmp_path)
+    assert os.path.realpath(tmp_path / 'runs' / 'r' / 'logs' / 'worker-1.log') == kept.log     # linked, as locally
+    assert files.private('worker:1')['node_dir'] == '/scratch/tf/runs/r' and files.private('ps:0') == {}
