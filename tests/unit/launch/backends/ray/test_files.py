@@ -277,3 +277,41 @@ def test_a_private_task_starts_in_its_workdir_and_its_record_names_the_mirror(sp
     assert kept.log == str(tmp_path / 'runs' / 'r' / 'logs' / 'attempt-1' / 'worker-1.log') and kept.cwd == str(tmp_path)
     assert os.path.realpath(tmp_path / 'runs' / 'r' / 'logs' / 'worker-1.log') == kept.log     # linked, as locally
     assert files.private('worker:1')['node_dir'] == '/scratch/tf/runs/r' and files.private('ps:0') == {}
+
+
+class Reader:
+    """An actor's read_text, answering from a dict of the node's files."""
+
+    def __init__(self, files: dict[str, str]) -> None:
+        self.files, self.asked = files, []
+        self.read_text = self
+
+    def remote(self, path):
+        self.asked.append(path)
+        return self.files.get(path)
+
+
+class GetRay:
+    @staticmethod
+    def get(ref, timeout=None):
+        return ref
+
+
+def test_a_private_tasks_small_files_are_read_on_its_node_by_this_launcher_and_by_another(spec, tmp_path):
+    """The launcher reads through its own actor; `launch debug` (another process) through the
+    actor the record's handle leads to; a shared task's file, and a record of no actor, here."""
+    node_file = '/scratch/tf/runs/r/stacks/attempt-1/worker-1.txt'
+    actor = Reader({node_file: 'Thread 0x1 (most recent call first)'})
+    files = NodeFiles(spec, {'worker:1': actor}, lambda: GetRay, lambda r: None)
+    files.place({'worker:1': _facts(ELSEWHERE, False, '127.0.0.3')}, HERE, {})
+    record = TaskRecord(name='worker:1', job='worker', index=1, host='127.0.0.3', port=2224, backend='ray', pid=7,
+                        log=str(tmp_path / 'runs/r/logs/attempt-1/worker-1.log'), cwd=str(tmp_path),
+                        handle={'private': files.private('worker:1')})
+    assert files.read_file(record, 'runs/r/stacks/attempt-1/worker-1.txt').startswith('Thread')
+    elsewhere = NodeFiles(spec, {}, lambda: GetRay, lambda r: actor)     # found by its name, as `launch debug` does
+    assert elsewhere.read_file(record, 'runs/r/stacks/attempt-1/worker-1.txt').startswith('Thread')
+    assert actor.asked == [node_file, node_file]
+    gone = NodeFiles(spec, {}, lambda: GetRay, lambda r: None)
+    (tmp_path / 'runs' / 'r').mkdir(parents=True)
+    (tmp_path / 'runs' / 'r' / 'checkpoint').write_text('model_checkpoint_path: "model.ckpt-20"\n')
+    assert gone.read_file(record, 'runs/r/checkpoint').startswith('model_checkpoint_path')
