@@ -100,7 +100,7 @@ class RayTail(LogTail):
             self.offset += len(data)
         if self._ticket is None and not done and (data or self._closing or
                                                   self._clock() - self._asked_at >= READ_SECS):
-            self._ask()
+            done = not self._ask() and self._closing
         text = self._pending + self._decoder.decode(data, final=done)
         *lines, self._pending = text.split('\n')
         if done:
@@ -124,10 +124,16 @@ class RayTail(LogTail):
             return b'', self._asked_closing
         return data, self._asked_closing and not data
 
-    def _ask(self) -> None:
+    def _ask(self) -> bool:
+        """Send the next read; False when it cannot be sent (the actor gone: asked again later)."""
         self._asked_closing = self._closing
         self._asked_at = self._clock()
-        self._ticket = self.chunks.ask(self.offset, READ_SIZE)
+        try:
+            self._ticket = self.chunks.ask(self.offset, READ_SIZE)
+        except Exception as e:      # noqa: BLE001 (Ray's many errors; no actor left to ask)
+            log.debug('cannot ask for the log mirrored to %s: %s', self.mirror, e)
+            return False
+        return True
 
     def _write(self, data: bytes) -> None:
         """At the node's offset: the mirror is the node's file byte for byte (a chunk read twice

@@ -53,7 +53,11 @@ class FakeNode:
     answered: set[int] = field(default_factory=set)
     failing: bool = False
 
+    gone: bool = False
+
     def ask(self, offset: int, size: int) -> int:
+        if self.gone:
+            raise KeyError('worker:0')      # no actor left to ask (the backend closed)
         self.asked.append((offset, size))
         return len(self.asked) - 1
 
@@ -155,6 +159,16 @@ def test_a_node_that_cannot_be_read_ends_the_tail_once_closed(tmp_path):
     tail.close()
     _drain(tail, node, clock, 3)
     assert tail.ended
+
+
+def test_a_tail_whose_actor_is_gone_ends_once_closed(tmp_path):
+    node = FakeNode(b'one\n')
+    tail, clock = _tail(tmp_path, node)
+    assert _drain(tail, node, clock, 3) == ['one']
+    node.gone = True
+    assert _drain(tail, node, clock, 3) == [] and not tail.ended
+    tail.close()
+    assert _drain(tail, node, clock, 3) == [] and tail.ended
 
 
 # -- NodeFiles ----------------------------------------------------------------------------------------
