@@ -9,6 +9,8 @@ the rest of the package is the machinery:
 - `placement`: the actors' scheduling (pinned to a node, to the nodes with the host's labels, or
   in the run's placement group) and the ports they choose on their nodes;
 - `actor`: TaskActor, what runs on a node for one task; `childenv` (pure): what the task starts with;
+- `files`: where the tasks' files lie (the shared train_dir, or a node's workdir with each log
+  mirrored here) and how they are read and their leases renewed;
 - `backend`: RayBackend, the Backend over those actors.
 
 Nothing in this package imports Ray at module level: Ray takes over a second to import, and every
@@ -46,9 +48,9 @@ class RayOptions:
 
 
 def plan_ray(spec: ClusterSpec, cwd: str) -> tuple[TaskPlan, ...]:
-    """Every task as a process on a Ray node, started in `cwd` (the launcher's folder, which the
-    nodes share) by the host's `python`, else the node's own (the backend puts it in at the
-    start). Hosts and ports are the spec's until the backend places the tasks (RayBackend.place)
+    """Every task as a process on a Ray node, started in `cwd` (the launcher's folder; a node that
+    does not share it starts the task in a workdir of its own: files.py) by the host's `python`,
+    else the node's own (the backend puts it in at the start). Hosts and ports are the spec's until the backend places the tasks (RayBackend.place)
     and the plans are made again from the spec as placed. GPUs are Ray's to give (no slot)."""
     net = task_spec(spec)
     spec_file = effective_spec_path(spec)
@@ -70,7 +72,7 @@ class Ray(Kind):
     name = 'ray'
     summary = ('ray: every task on a node of a Ray cluster (--ray-address or RAY_ADDRESS; with neither, a Ray '
                'instance started for the run)')
-    logs_here = True            # the nodes share the train_dir (checked at placement)
+    logs_here = True            # in the train_dir here: shared, or mirrored from the node (files.py)
     remembered = True
     places = True
     places_by_labels = True

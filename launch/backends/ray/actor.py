@@ -26,8 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from cluster.runtime.ports import port_in_use
-from cluster.runtime.rundir import read_text
-from launch.backends.base import ENDED, Observation, TaskRecord
+from cluster.runtime.rundir import no_room, read_text
+from launch.backends.base import ENDED, Observation, TaskRecord, touch_leases
 from launch.backends.local.backend import LocalBackend
 from launch.backends.ray.childenv import GPUS_ENV, read_machine_key
 from launch.planning.plan import TaskPlan
@@ -65,14 +65,16 @@ class TaskActor:
     def facts(self, token_path: str = '', token: str = '') -> dict:
         """Where the actor runs: the node's id and address, this machine's key (ports are the
         machine's, whatever node of it), the GPUs Ray gave it, its Python, whether TensorFlow is
-        installed, and whether it reads `token` at `token_path` (the launcher's train_dir is the
-        same folder here)."""
+        installed, its home (a node that does not share the launcher's train_dir runs the task in a
+        workdir there), and whether it reads `token` at `token_path` (the launcher's train_dir is
+        the same folder here)."""
         import ray      # installed wherever the actor runs: it is a Ray worker
         context = ray.get_runtime_context()
         gpus = context.get_accelerator_ids().get('GPU', [])
         return {'node_id': context.get_node_id(), 'address': ray.util.get_node_ip_address(),
                 'machine': read_machine_key(), 'gpus': [str(g) for g in gpus], 'python': sys.executable,
                 'pid': os.getpid(), 'tensorflow': importlib.util.find_spec('tensorflow') is not None,
+                'home': os.path.expanduser('~'),
                 'shared': bool(token_path) and read_text(token_path) == token}
 
     def reserve_port(self, preferred: int, avoid: list[int]) -> int:
@@ -138,14 +140,35 @@ class TaskActor:
             self._local.stop([self._record], grace=grace)
             return not self._local.status(self._record).alive
 
-    def read(self, path: str, offset: int = 0, size: int = 1 << 20) -> bytes:
-        """Up to `size` bytes of a file on this node from `offset` (b'' where it is not there)."""
+    # -- files on this node, for a node that does not share the launcher's train_dir (files.py)
+    def prepare(self, plans: list[TaskPlan], spec_yaml: str) -> None:
+        """What the launcher's prepare writes for tasks that share its files, here: the workdir,
+        the tasks' log folders and the spec file they read (`plans` carry this node's cwd)."""
+        for cwd in {p.cwd for p in plans}:
+            os.makedirs(cwd, exist_ok=True)
+        self._local.prepare(plans, spec_yaml)
+
+    def read(self, path: str, offset: int = 0, size: int = 1 << 20) -> bytes | None:
+        """Up to `size` bytes of a file on this node from `offset`; None where it is not there."""
         try:
             with open(path, 'rb') as f:
                 f.seek(offset)
                 return f.read(size)
         except OSError:
-            return b''
+            return None
+
+    def read_text(self, path: str) -> str | None:
+        """A small file on this node (a channel, a checkpoint index, a pulse), as rundir reads one."""
+        return read_text(path)
+
+    def no_room(self, path: str) -> str | None:
+        """Why the file system under `path` on this node has no room left, or None."""
+        return no_room(path)
+
+    def renew(self, plans: list[TaskPlan], text: str | None = None) -> None:
+        """Renew these tasks' lease files on this node (`plans` carry this node's cwd), as the
+        launcher renews its own tasks' (base.touch_leases)."""
+        touch_leases(plans, text=text)
 
     def ping(self) -> int:
         return os.getpid()

@@ -10,9 +10,10 @@ each kept by its own TaskActor (launch/backends/ray/actor.py) that this launcher
   tells a task lost with its node (UNKNOWN: the policy's lost host) from a task whose keeper died
   (ENDED). Every STOPPED_SECS the running tasks' states (stopped, uninterruptible) are asked in one
   batch.
-- Files: the nodes share the launcher's filesystem (a token written in the train_dir is read back
-  by every actor at placement: a node that does not see it is refused), so logs, the channel, the
-  spec and the leases are files here, as for the local backend.
+- Files (launch/backends/ray/files.py): a node that shares the launcher's filesystem (a token
+  written in the train_dir is read back by its actor at placement) runs its tasks here, with their
+  files; any other runs them in a workdir of its own, and their logs are mirrored here as they are
+  written.
 """
 from __future__ import annotations
 
@@ -24,16 +25,17 @@ import socket
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from cluster.runtime.rundir import PRIVATE, read_text, write_atomically
+from cluster.runtime.rundir import PRIVATE, write_atomically
 from cluster.spec import ClusterSpec
 from launch.backends.base import (ENDED, RUNNING, STOP_GRACE_SECS, UNKNOWN, Backend, BackendError, HostCheck,
-                                  Observation, TaskRecord, handle_of, local_disk_full, planned_record, touch_leases)
+                                  Observation, TaskRecord, handle_of)
 from launch.backends.ray import connect, nodes, placement
-from launch.backends.ray.childenv import read_machine_key
-from launch.backends.tail import FileTail, follow_file
+from launch.backends.ray.childenv import child_python, read_machine_key
+from launch.backends.ray.files import NodeFiles
+from launch.backends.tail import LogTail
 from launch.errors import UsageError
 from launch.planning.plan import TaskPlan
 
@@ -53,11 +55,12 @@ class RayHandle:
     node: str = ''           # the node's address
     cluster: str = ''        # the GCS address (`launch status`/`down` from another process join there)
     embedded: bool = False   # the cluster was the launcher's own Ray instance (it ended with it)
+    private: dict = field(default_factory=dict)     # a node that does not share the train_dir: files.NodeDirs
 
 
 class RayBackend(Backend):
     name = 'ray'
-    records_channel = True      # a file in the shared train_dir
+    records_channel = True      # a file beside the log (on its node: read by its actor)
 
     def __init__(self, spec: ClusterSpec, address: str | None, source: str = '') -> None:
         self._spec, self._address, self._source = spec, address, source
@@ -82,6 +85,7 @@ class RayBackend(Backend):
         self._here = read_machine_key()
         self._lock = threading.RLock()      # the books below: the supervisor, the stall watchdog's threads, a failover's stop
         self._joining = threading.Lock()
+        self._files = NodeFiles(spec, self._actors, lambda: self._ray, self._find)
 
     # -- the connection and placement ------------------------------------------------------------
     def _connect(self, address: str | None = None, embedded: bool = False) -> Any:
@@ -135,25 +139,29 @@ class RayBackend(Backend):
         self._asks = {t.name: nodes.asks(spec, t) for t in spec.tasks}
         for task in spec.tasks:
             self._actors[task.name] = self._new_actor(task.name)
-        token_path = os.path.abspath(os.path.join(spec.train.train_dir, f'{TOKEN_FILE}-{self._key}'))
+        self._facts = self._facts_of([t.name for t in spec.tasks], "starting the tasks' actors")
+        apart = self._files.place(self._facts, self._here)
+        if apart:
+            log.info('the Ray node(s) %s do not share this train_dir: their tasks run in a workdir there, their '
+                     'logs mirrored here', ', '.join(apart))
+        self._ports = placement.ports(ray, spec, self._actors, self._facts)
+        self._placed = placement.placed_spec(spec, self._facts, self._ports)
+        return self._placed
+
+    def _facts_of(self, names: list[str], doing: str) -> dict[str, dict]:
+        """Where each of these tasks' actors runs (TaskActor.facts), and whether it sees the
+        launcher's train_dir: a token written there, read back by the actor."""
+        token_path = os.path.abspath(os.path.join(self._spec.train.train_dir, f'{TOKEN_FILE}-{self._key}'))
         token = secrets.token_hex(8)
         os.makedirs(os.path.dirname(token_path), exist_ok=True)
         write_atomically(token_path, token, PRIVATE)
         try:
-            got = self._get([self._actors[t.name].facts.remote(token_path, token) for t in spec.tasks],
-                            placement.FACTS_TIMEOUT, "starting the tasks' actors")
+            got = self._get([self._actors[name].facts.remote(token_path, token) for name in names],
+                            placement.FACTS_TIMEOUT, doing)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(token_path)
-        self._facts = dict(zip((t.name for t in spec.tasks), got))
-        apart = sorted({f['address'] for f in self._facts.values() if not f['shared']})
-        if apart:
-            raise UsageError(f'{spec.path}: the Ray node(s) {", ".join(apart)} do not see this train_dir '
-                             f'({os.path.abspath(spec.train.train_dir)}): --backend ray needs the train_dir on a '
-                             'filesystem every node shares (NFS, or one machine)')
-        self._ports = placement.ports(ray, spec, self._actors, self._facts)
-        self._placed = placement.placed_spec(spec, self._facts, self._ports)
-        return self._placed
+        return dict(zip(names, got))
 
     def _place_again(self) -> ClusterSpec:
         """Every task where it can start again (`_live_actor`, moving those whose node left): the
@@ -213,9 +221,8 @@ class RayBackend(Backend):
 
     # -- starting -----------------------------------------------------------------------------------
     def prepare(self, plans: list[TaskPlan], spec_yaml: str) -> None:
-        """The spec and the log folders, in the shared train_dir, as for local tasks."""
-        from launch.backends.local.backend import LocalBackend
-        LocalBackend().prepare(plans, spec_yaml)
+        """The spec and the log folders, here and on each node that does not share the train_dir."""
+        self._files.prepare(plans, spec_yaml)
 
     def start(self, plan: TaskPlan) -> TaskRecord:
         ray = self._connect()
@@ -223,13 +230,14 @@ class RayBackend(Backend):
         actor = self._live_actor(name)
         facts = self._facts[name]
         host = self._spec.hosts.get(self._spec.task(*_job_index(name)).host)
-        if not (host and host.python):      # the node's own Python (the one Ray runs in)
-            plan = replace(plan, argv=(facts['python'], *plan.argv[1:]))
-        record = self._get([actor.start.remote(plan)], CALL_TIMEOUT, f'starting {name} on {facts["address"]}')[0]
+        python = child_python(host.python if host else None, facts['python'])     # else the node's Ray's
+        there = self._files.to_start(replace(plan, argv=(python, *plan.argv[1:])))
+        record = self._get([actor.start.remote(there)], CALL_TIMEOUT, f'starting {name} on {facts["address"]}')[0]
+        record = self._files.started(record, plan)
         record.backend = self.name
         record.handle = RayHandle(actor=self._names[name], node_id=facts['node_id'],
                                   node=facts['address'], cluster=connect.gcs_address(ray),
-                                  embedded=self._address is None)
+                                  embedded=self._address is None, private=self._files.private(name))
         with self._lock:
             self._exits[name] = (record.pid, actor.wait_exit.remote(record.pid))
             self._asking.pop(name, None)        # an observe of the start before is not this one's
@@ -261,7 +269,7 @@ class RayBackend(Backend):
         # on another node once Ray moved the bundles of a node that left).
         self._actors[name] = actor = self._new_actor(name, moving=gone)
         doing = f"starting {name}'s actor again"
-        now = self._get([actor.facts.remote()], placement.FACTS_TIMEOUT, doing)[0]
+        now = self._facts_of([name], doing)[name]
         mine = self._ports[name]
         avoid = [port for task, port in self._ports.items()
                  if task != name and self._facts[task]['machine'] == now['machine']]
@@ -269,14 +277,16 @@ class RayBackend(Backend):
         if port != mine and not gone:
             raise BackendError(f'{name}: its port {mine} on {now["address"]} is still taken, so it cannot start '
                                'there again at its address')
-        self._facts[name] = {**now, 'shared': True}
+        self._facts[name] = now
+        self._files.nodes.pop(name, None)       # a task moved may now share the train_dir, or not
+        self._files.place({name: now}, self._here)
         if gone:
             self._ports[name] = port
             self._moved[name] = f'its node {facts["address"]} left the Ray cluster'
         return actor
 
     def renew(self, plans: list[TaskPlan], text: str | None = None) -> None:
-        touch_leases(plans, text=text)      # the train_dir is shared: the leases are files here
+        self._files.renew(plans, text)
 
     # -- observing ----------------------------------------------------------------------------------
     def status(self, record: TaskRecord) -> Observation:
@@ -420,24 +430,22 @@ class RayBackend(Backend):
                 if seen is not None and seen.state == UNKNOWN:
                     self._ended[r.name] = Observation(ENDED, None)
 
-    # -- files --------------------------------------------------------------------------------------
+    # -- files (files.py) ------------------------------------------------------------------------
     def log_record(self, plan: TaskPlan) -> TaskRecord:
-        return planned_record(plan, os.path.abspath(os.path.join(plan.cwd, plan.log_path)),
-                              os.path.abspath(plan.cwd), self.name)
+        return self._files.log_record(plan)
 
     def read_log(self, record: TaskRecord, follow: bool = False, stop: threading.Event | None = None,
                  offset: int = 0) -> Iterator[str]:
-        return follow_file(record.log, stop if follow else None, offset=offset)
+        return self._files.read_log(record, follow, stop, offset)
 
-    def log_tail(self, record: TaskRecord, offset: int = 0) -> FileTail:
-        machine = self._facts.get(record.name, {}).get('machine')
-        return FileTail(record.log, offset, written_here=machine == self._here)     # else polled
+    def log_tail(self, record: TaskRecord, offset: int = 0) -> LogTail:
+        return self._files.log_tail(record, offset, self._here)
 
     def read_file(self, record: TaskRecord, path: str) -> str | None:
-        return read_text(os.path.join(record.cwd, path))
+        return self._files.read_file(record, path)
 
     def disk_full(self, record: TaskRecord) -> str | None:
-        return local_disk_full(record)
+        return self._files.disk_full(record)
 
     def close(self) -> None:
         """Kill this launcher's actors (their tasks get SIGTERM), remove its placement group, and

@@ -1,41 +1,17 @@
-"""What a task's process starts with on a Ray node: its environment, its Python, its working
-directory, and the key that tells which machine it runs on. The actor that starts the task is a Ray
-worker process, whose environment Ray has filled for the actor, not for the task; these decide
-what of it the task keeps.
+"""What a task's process starts with on a Ray node: its Python, its working directory, and the
+key that tells which machine it runs on. (Its environment is a local task's, taken from the actor's
+as the local backend takes the launcher's, plus the GPUs Ray gave the actor: actor.py.)
 
-Pure, so that the rules are tested here without Ray: the actor passes in its own environment, its
-GPU ids and paths, and starts the task with what comes out.
+Pure, so that the rules are tested here without Ray: the backend passes in what the actor found
+on its node and starts the task with what comes out.
 """
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
 
-from cluster.runtime.messages import channel_env
-from launch.backends.local.backend import inherited
 from launch.planning.plan import DEFAULT_REMOTE_WORKDIR
 
-# What Ray sets in an actor's process for the actor's own sake, which a task must not take with it:
-# OMP_NUM_THREADS is the actor's CPUs (1 for most tasks), and would hold TensorFlow's thread pools
-# to one thread. A spec that sets one of these still gets its value (the plan's env).
-RAY_SETS = ('OMP_NUM_THREADS',)
-GPUS_ENV = 'CUDA_VISIBLE_DEVICES'
-
-
-def child_env(actor_environ: Mapping[str, str], plan_env: Mapping[str, str], gpu_ids: Sequence[str],
-              log_path: str) -> dict[str, str]:
-    """The task's environment: what a local task would take of the actor's environment
-    (local.backend.inherited) less RAY_SETS, then the plan's (the spec's `env` and the launcher's
-    own variables), then the GPUs Ray gave the actor, and the channel beside `log_path`.
-
-    CUDA_VISIBLE_DEVICES is always set: to the GPU ids Ray gave the actor, or empty when it gave
-    none. Ray leaves the variable alone in an actor that asked for no GPU, and a ps started with
-    it unset would see, and take memory on, every GPU of the node."""
-    env = {name: value for name, value in inherited(actor_environ).items() if name not in RAY_SETS}
-    env.update(plan_env)
-    env[GPUS_ENV] = ','.join(str(i) for i in gpu_ids)
-    env.update(channel_env(log_path))
-    return env
+GPUS_ENV = 'CUDA_VISIBLE_DEVICES'     # set for every task: to the GPUs Ray gave its actor, else empty
 
 
 def child_python(configured: str | None, actor_python: str) -> str:

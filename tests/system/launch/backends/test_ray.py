@@ -235,3 +235,29 @@ def test_status_logs_debug_scale_and_down_reach_the_tasks_on_their_nodes(ray_clu
         out = ''.join(lines) + finish(proc)
     assert proc.returncode == 128 + signal.SIGTERM, out       # stopped by `down`
     assert not no_actor_left(ray_cluster)
+
+
+def test_nodes_that_do_not_share_the_train_dir_run_in_their_workdirs_and_their_logs_stream_here(ray_cluster,
+                                                                                                 tmp_path):
+    """TFCLUSTER_RAY_FS=private: every node counts as not sharing the launcher's train_dir (one
+    machine stands in for three). The tasks run in their hosts' workdirs, where their logs and
+    the chief's checkpoints are; every log is mirrored into the launcher's run directory as it is
+    written, byte for byte: the supervisor sees each task serve, the run trains to the end, and
+    `launch logs` shows them afterwards."""
+    hosts = {'127.0.0.2': {'workdir': str(tmp_path / 'n2')}, '127.0.0.3': {'workdir': str(tmp_path / 'n3')}}
+    spec = write_spec(tmp_path, steps=20, sync=False, train_dir='run', hosts=hosts,
+                      task_hosts=['127.0.0.2', '127.0.0.2', '127.0.0.3'])
+    env = {**ray_cluster.env, 'TFCLUSTER_RAY_FS': 'private'}
+    result = launch('up', spec, '--backend', 'ray', '--ray-address', ray_cluster.address, cwd=tmp_path, env=env)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0 and 'done in' in out, out
+    assert {e['task'] for e in events(tmp_path / 'run') if e['event'] == 'serving'} == {'ps:0', 'worker:0', 'worker:1'}
+    for name, node in (('ps-0', 'n2'), ('worker-0', 'n2'), ('worker-1', 'n3')):
+        here = (tmp_path / 'run' / 'logs' / f'{name}.log').read_bytes()
+        assert here == (tmp_path / node / 'run' / 'logs' / f'{name}.log').read_bytes()
+        assert b'serving on 127.0.0.' in here, here[-2000:]
+    assert os.path.exists(tmp_path / 'n2' / 'run' / 'checkpoint') and not os.path.exists(tmp_path / 'run' / 'checkpoint')
+    logs = launch('logs', str(tmp_path / 'run'), cwd=tmp_path, timeout=60, env=env)
+    assert logs.returncode == 0 and all(f'{t}' in logs.stdout for t in ('ps:0', 'worker:0', 'worker:1')), logs.stdout
+    assert 'serving on' in logs.stdout, logs.stdout
+    assert not no_actor_left(ray_cluster)

@@ -1,6 +1,6 @@
-"""What a task starts with on a Ray node (launch/backends/ray/childenv.py): the environment it takes
-from the actor that starts it, its Python and working directory, and the machine key; and that none
-of the Ray backend's pure modules imports Ray, so they load where it is not installed."""
+"""What a task starts with on a Ray node (launch/backends/ray/childenv.py): its Python and working
+directory, and the machine key; and that none of the Ray backend's pure modules imports Ray, so
+they load where it is not installed."""
 from __future__ import annotations
 
 import ast
@@ -9,48 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster.runtime.messages import CHANNEL_ENV, channel_beside
 from launch.backends.ray import childenv
-from launch.backends.ray.childenv import child_cwd, child_env, child_python, machine_key, read_machine_key
-
-# An actor's environment as Ray 2.60 leaves it in a worker process (abridged), with the node's own.
-ACTOR = {'PATH': '/opt/venv/bin:/usr/bin', 'HOME': '/home/ray', 'LANG': 'C.UTF-8', 'PYTHONPATH': '/srv/code',
-         'VIRTUAL_ENV': '/opt/venv', 'TFCLUSTER_PROFILE': '1', 'OMP_NUM_THREADS': '1',
-         'RAY_RAYLET_PID': '4242', 'RAY_NODE_ID': 'ab' * 14, 'RAY_ADDRESS': '127.0.0.1:6379',
-         'RAY_JOB_ID': '01000000', 'CUDA_VISIBLE_DEVICES': '0,1,2,3', 'SECRET_TOKEN': 'x'}
-PLAN = {'PYTHONUNBUFFERED': '1', 'TF_CONFIG': '{"cluster": {}}', 'RUN_ENV': 'mine'}
-LOG = 'runs/r/logs/worker-0.log'
-
-
-def test_the_task_takes_what_a_local_task_would_of_the_actor():
-    env = child_env(ACTOR, PLAN, [], LOG)
-    assert {k: env[k] for k in ('PATH', 'HOME', 'LANG', 'PYTHONPATH', 'VIRTUAL_ENV', 'TFCLUSTER_PROFILE')} == \
-        {k: ACTOR[k] for k in ('PATH', 'HOME', 'LANG', 'PYTHONPATH', 'VIRTUAL_ENV', 'TFCLUSTER_PROFILE')}
-    assert not [k for k in env if k.startswith('RAY_') or k == 'SECRET_TOKEN']
-    assert {k: env[k] for k in PLAN} == PLAN
-
-
-def test_rays_thread_count_is_dropped_unless_the_spec_sets_one():
-    assert 'OMP_NUM_THREADS' not in child_env(ACTOR, PLAN, [], LOG)
-    assert child_env(ACTOR, {**PLAN, 'OMP_NUM_THREADS': '8'}, [], LOG)['OMP_NUM_THREADS'] == '8'
-
-
-def test_the_plan_wins_over_the_actor():
-    assert child_env(ACTOR, {'PATH': '/usr/local/bin'}, [], LOG)['PATH'] == '/usr/local/bin'
-
-
-@pytest.mark.parametrize('gpu_ids, visible', [
-    ([], ''),               # no GPU asked: none seen, though the actor's variable names four
-    (['2'], '2'),
-    (['0', '3'], '0,3'),    # Ray's ids, in the order it gave them
-    ([1, 2], '1,2'),        # ids as numbers, as older Rays gave them
-])
-def test_the_task_sees_the_gpus_ray_gave_its_actor_and_no_other(gpu_ids, visible):
-    assert child_env(ACTOR, PLAN, gpu_ids, LOG)['CUDA_VISIBLE_DEVICES'] == visible
-
-
-def test_the_channel_lies_beside_the_log():
-    assert child_env(ACTOR, PLAN, [], LOG)[CHANNEL_ENV] == channel_beside(LOG)
+from launch.backends.ray.childenv import child_cwd, child_python, machine_key, read_machine_key
 
 
 def test_the_hosts_python_else_the_actors():
