@@ -28,7 +28,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from cluster.runtime.rundir import PRIVATE, write_atomically
 from cluster.spec import ClusterSpec
 from launch.backends.base import (ENDED, RUNNING, STOP_GRACE_SECS, UNKNOWN, Backend, BackendError, HostCheck,
                                   Observation, TaskRecord, handle_of)
@@ -149,19 +148,10 @@ class RayBackend(Backend):
         return self._placed
 
     def _facts_of(self, names: list[str], doing: str) -> dict[str, dict]:
-        """Where each of these tasks' actors runs (TaskActor.facts), and whether it sees the
-        launcher's train_dir: a token written there, read back by the actor."""
+        """Where each of these tasks' actors runs, and whether it sees the train_dir (placement.facts)."""
         token_path = os.path.abspath(os.path.join(self._spec.train.train_dir, f'{TOKEN_FILE}-{self._key}'))
-        token = secrets.token_hex(8)
-        os.makedirs(os.path.dirname(token_path), exist_ok=True)
-        write_atomically(token_path, token, PRIVATE)
-        try:
-            got = self._get([self._actors[name].facts.remote(token_path, token) for name in names],
-                            placement.FACTS_TIMEOUT, doing)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(token_path)
-        return dict(zip(names, got))
+        return placement.facts(lambda refs: self._get(refs, placement.FACTS_TIMEOUT, doing),
+                               [self._actors[name] for name in names], names, token_path)
 
     def _place_again(self) -> ClusterSpec:
         """Every task where it can start again (`_live_actor`, moving those whose node left): the
@@ -205,19 +195,7 @@ class RayBackend(Backend):
     # -- the pre-flight -----------------------------------------------------------------------------
     def check(self, plans: list[TaskPlan], imports: bool = False) -> list[HostCheck]:
         """One verdict per node the tasks were placed on: its Python, and TensorFlow found there."""
-        by_node: dict[str, list[str]] = {}
-        for p in plans:
-            facts = self._facts.get(p.name)
-            if facts is not None:
-                by_node.setdefault(facts['address'], []).append(p.name)
-        out = []
-        for node, names in sorted(by_node.items()):
-            facts = self._facts[names[0]]
-            ok = bool(facts['tensorflow'])
-            detail = (f'{len(names)} task(s), python {facts["python"]}' if ok else
-                      f'python {facts["python"]} on the Ray node cannot import tensorflow')
-            out.append(HostCheck(f'ray node {node}', ok, detail))
-        return out
+        return placement.node_checks(plans, self._facts)
 
     # -- starting -----------------------------------------------------------------------------------
     def prepare(self, plans: list[TaskPlan], spec_yaml: str) -> None:
@@ -264,7 +242,8 @@ class RayBackend(Backend):
             raise BackendError(f'{name}: its node {facts["address"]} left the Ray cluster, and its host '
                                f'{self._spec.task(*_job_index(name)).host} pins it to that node')
         if gone and not move:
-            raise BackendError(f'{name}: its node {facts["address"]} left the Ray cluster (it moves with all)')
+            raise BackendError(f'{name}: its node {facts["address"]} left the Ray cluster; it moves to another '
+                               'node only as the whole cluster starts again')
         # The same node, or the same bundle of the group (which holds the dead actor's CPUs and GPUs,
         # on another node once Ray moved the bundles of a node that left).
         self._actors[name] = actor = self._new_actor(name, moving=gone)
