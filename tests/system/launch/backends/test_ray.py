@@ -141,7 +141,10 @@ def test_a_node_stopped_under_the_ps_is_named_and_the_ps_moves_to_another_node(r
     assert [(e['task'], e['before'].split(':')[0], e['address'].split(':')[0]) for e in log
             if e['event'] == 'moved'] == [('ps:0', lost, other)], log
     assert started_on(log)['ps:0'] == other
-    assert [e.get('tasks') for e in log if e['event'] == 'restart'] == [None], log     # once: the whole cluster
+    # The chief may first be started again alone: its "connection refused" to the ps can come before
+    # the cluster knows the node is gone (Ray's health checks); the move is the whole cluster's.
+    restarts = [e.get('tasks') for e in log if e['event'] == 'restart']
+    assert restarts in ([None], [['chief:0'], None]), log
     assert log[-1]['event'] == 'finished' and log[-1]['result']['state'] == 'done', log[-1]
     assert not no_actor_left(ray_cluster)
 

@@ -119,3 +119,16 @@ def test_a_ps_lost_with_its_node_restarts_the_whole_cluster_where_it_can_move(mo
     if movable:
         assert decision.tasks == ('chief:0', 'ps:0', 'worker:0', 'worker:1')
         assert decision.reason.endswith("; the cluster starts again elsewhere, from the chief's checkpoint")
+
+
+@pytest.mark.parametrize('ps, action', [
+    (U, Action.CONTINUE),           # the ps cannot be asked: its verdict first, one restart for both
+    (R, Action.RESTART_TASKS),      # the ps answers: the chief alone starts again
+])
+def test_a_chief_lost_while_a_ps_cannot_be_asked_waits_for_the_ps(ps, action):
+    rules = Policy(sync=False, num_workers=2, replicas_to_aggregate=2, restart='on-failure', unreachable_secs=5,
+                   coordinator=True)
+    tasks = [TaskStatus('chief:0', 'chief', 0, TaskState.FAILED, exit_code=1),
+             TaskStatus('ps:0', 'ps', 0, ps, since=1), TaskStatus('worker:0', 'worker', 0, R)]
+    decision = decide_coordinator(rules, tasks, set(), 0, Progress(step=40, total=100, quiet_secs=1))
+    assert decision.action is action
