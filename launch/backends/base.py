@@ -172,12 +172,14 @@ class Observation:
     a signal), or unknown (its host cannot be asked; `error` says why). A running task that makes
     no progress says how in `stopped` (e.g. 'is stopped (SIGSTOP, or a debugger)'). An ended task
     whose process group still runs (a command it started, which may hold its port) lists those
-    processes in `left`: the task is gone, but not all of it."""
+    processes in `left`: the task is gone, but not all of it. An unknown task that `movable` was
+    lost with its host, which its backend can place elsewhere (a Ray node that left; placing.py)."""
     state: Seen
     exit_code: int | None = None
     stopped: str | None = None
     error: str = ''
     left: tuple[int, ...] = ()
+    movable: bool = False
 
     @property
     def alive(self) -> bool:
@@ -246,8 +248,14 @@ class Backend(abc.ABC):
 
     def place(self, spec: ClusterSpec, plans: list[TaskPlan], timeout: float) -> ClusterSpec | None:
         """Put the tasks where they will run before any starts, and return the spec as placed (its
-        hosts and ports those the tasks got: a Ray cluster's nodes); None: they run as planned."""
+        hosts and ports those the tasks got: a Ray cluster's nodes); None: they run as planned.
+        Called again before each restart of the whole cluster: a task that cannot start where it
+        ran (its node is gone) may be placed elsewhere (`moved` says why), or BackendError."""
         return None
+
+    def moved(self) -> dict[str, str]:
+        """The tasks the last `place` put somewhere new, and why, in one line each."""
+        return {}
 
     def prepare(self, plans: list[TaskPlan], spec_yaml: str) -> None:     # noqa: B027 (a hook: no-op by default)
         """Put what the tasks need in place (the effective spec, log folders) before any start."""

@@ -39,6 +39,7 @@ class EventKind(str, enum.Enum):
     SCALE = 'scale'
     SCALED = 'scaled'
     FAILOVER = 'failover'
+    MOVED = 'moved'
     DISK_FULL = 'disk_full'
     DISK_FREE = 'disk_free'
     INTERRUPTED = 'interrupted'
@@ -290,6 +291,17 @@ class Failover(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Moved(Event):
+    """A task placed on another node as the cluster started again, since it could not start where
+    it ran (a backend that places its tasks: Ray); every task was told the new address."""
+    kind = EventKind.MOVED
+    task: str | None = json_field(read_text, doc='The task that moved.')
+    before: str | None = json_field(read_text, doc='Its address before (host:port).')
+    address: str | None = json_field(read_text, doc='Its address now (host:port).')
+    cause: str | None = json_field(read_text, doc='Why it could not start where it ran, in one line.')
+
+
+@dataclass(frozen=True, kw_only=True)
 class DiskFull(Event):
     """The disk under the run's files (`path`) is full, or refuses the event log: `cause`. The
     event is written into the log's reserve."""
@@ -336,7 +348,7 @@ class OtherEvent(Event):
 
 EVENT_TYPES: dict[str, type[Event]] = {cls.kind.value: cls for cls in (
     RunStarted, TaskStarted, Serving, FirstStep, Progress, Checkpoint, Evaluation, TaskLost, Tolerated, Stall, Restart,
-    Recovered, Scale, Scaled, Failover, DiskFull, DiskFree, Interrupted, Finished) if cls.kind is not None}
+    Recovered, Scale, Scaled, Failover, Moved, DiskFull, DiskFree, Interrupted, Finished) if cls.kind is not None}
 assert set(EVENT_TYPES) == {k.value for k in EventKind}
 
 

@@ -46,6 +46,7 @@ MARKS = {
     'resumed': ('resumed (a new launch up)', 'P', 11, 'white', 'black'),
     'scale': ('scaled (launch scale)', 'd', 11, '#1f77b4', 'black'),
     'failover': ('failed over to a spare', '^', 11, LOST, 'black'),
+    'moved': ('moved to another node', '>', 11, WARN, 'black'),
     'stopped': ('stopped', 's', 6, 'black', 'black'),
     'done': ('finished: done', '*', 15, '#2ca02c', 'black'),
     'ended': ('ended: interrupted', '*', 15, 'white', 'black'),

@@ -98,26 +98,35 @@ def _supervised(spec: ClusterSpec, name: str | None, opts: Options, up: UpSettin
     """The supervised strategy (launch/run/supervised/loop.py) over the backends the plans need, with
     the GPUs their hosts say they have (too few: SpecError, nothing started)."""
     from launch.run.supervised import SupervisedRun
+    from launch.run.supervised.placing import Placement
     planned = plans(spec, name, opts)
     check_limits(spec, planned)
     spec_yaml = tasks_spec_yaml(spec, name, opts)
     with make_backends(spec, opts, {p.backend for p in planned}) as backends:
         placed = with_gpus(spec, name, opts, planned, backends)
-        run_spec, run_yaml = spec, spec_yaml
-        for backend in backends.values():       # a backend that places the tasks itself (Ray) gives their ports
-            moved = backend.place(spec, placed, up.start_timeout)
-            if moved is not None:
-                run_spec, run_yaml, placed = moved, tasks_spec_yaml(moved, name, opts), plans(moved, name, opts)
-        strategy_class = SupervisedRun
+        strategy_class, stand_ins = SupervisedRun, (lambda p: p)
         if up.rehearse:
             from launch.run import rehearsal
             rehearsal.check_backends(backends)
-            placed, strategy_class = rehearsal.stand_ins(placed), rehearsal.RehearsedRun
-        run = strategy_class(run_spec, run_yaml, placed, backends, start_timeout=up.start_timeout,
+            strategy_class, stand_ins = rehearsal.RehearsedRun, rehearsal.stand_ins
+
+        def place() -> Placement | None:
+            """The tasks placed by the backends that place them themselves (Ray: nodes and ports)."""
+            got = [(b.place(spec, placed, up.start_timeout), b) for b in backends.values()]
+            moved = [(s, b.moved()) for s, b in got if s is not None]
+            if not moved:
+                return None
+            return Placement(moved[-1][0], tasks_spec_yaml(moved[-1][0], name, opts),
+                             stand_ins(plans(moved[-1][0], name, opts)), {k: v for _, why in moved for k, v in why.items()})
+
+        first = place()
+        run_spec, run_yaml, run_plans = (spec, spec_yaml, stand_ins(placed)) if first is None else \
+            (first.spec, first.spec_yaml, first.plans)
+        run = strategy_class(run_spec, run_yaml, run_plans, backends, start_timeout=up.start_timeout,
                             finish_timeout=up.finish_timeout,
-                            checks=lambda: preflight.checks_before_up(run_spec, placed, backends, up.say),
-                            warn=lambda: preflight.warn_exposure(placed, short=True),
-                            workers=up.workers)
+                            checks=lambda: preflight.checks_before_up(run_spec, run_plans, backends, up.say),
+                            warn=lambda: preflight.warn_exposure(run_plans, short=True),
+                            workers=up.workers, place_again=None if first is None else place)
         yield Launch(run, ','.join(sorted({p.backend for p in placed})), spec_yaml)
 
 

@@ -31,7 +31,11 @@ The rules, in order:
 A coordinator run (a `chief`: TF2 ParameterServerStrategy) follows PSS's own recovery rules
 (`decide_coordinator`): a lost worker is started again alone at its address while the chief
 trains on (PSS re-queues its work and takes it back); a lost ps is started again with the chief,
-which resumes from its checkpoint; a lost chief or evaluator is started again alone. Without
+which resumes from its checkpoint; a lost chief or evaluator is started again alone (a chief lost
+while a ps cannot be asked waits for that ps's verdict first, for the ps is most often what it
+lost). A ps or chief
+lost with its host starts again only where its backend can place it elsewhere (Ray), and then with
+the whole cluster, which must learn its new address. Without
 restarts a lost worker or evaluator is let go, a lost ps or chief ends the run. The evaluator's
 restarts are its own (as many as supervise.max_restarts), never the run's, and it never ends the
 training. On a full disk neither the ps nor the chief is started again (the chief could not save).
@@ -76,6 +80,7 @@ class TaskStatus:
     state: TaskState
     exit_code: int | None = None     # FAILED: the code (negative: killed by that signal)
     since: float = 0.0               # UNKNOWN: seconds it has been unknown
+    movable: bool = False            # UNKNOWN: lost with its host, it can start elsewhere (Ray; placing.py)
     frozen: float = 0.0              # RUNNING: seconds it has been stopped (SIGSTOP, docker pause)
 
     @property
@@ -297,6 +302,11 @@ def decide_coordinator(policy: Policy, tasks: list[TaskStatus], tolerated: froze
     if lost and all(t.job == 'evaluator' for t in lost):
         return decide_evaluator(policy, lost, evaluator_restarts)
     lost = [t for t in lost if t.job != 'evaluator']    # an evaluator lost with them is decided on next
+    if any(t.job == 'chief' for t in lost) and not any(t.job == 'ps' for t in lost) and any(
+            t.job == 'ps' and t.state is TaskState.UNKNOWN for t in tasks):
+        # A chief lost while a ps cannot be asked most often lost that ps: the ps's verdict first
+        # (within unreachable_secs), so that one restart mends both.
+        return Decision(Action.CONTINUE)
     if lost:
         reason = how_lost(lost[0]) + (f' (then {", ".join(how_lost(t) for t in lost[1:])})' if len(lost) > 1 else '')
         if any(t.exit_code == EXIT_NO_RESTART for t in lost):
@@ -306,10 +316,16 @@ def decide_coordinator(policy: Policy, tasks: list[TaskStatus], tolerated: froze
         if vital:
             chiefs = [t.name for t in tasks if t.job == 'chief']
             names = tuple(dict.fromkeys([t.name for t in vital if t.job == 'ps'] + chiefs))
-            if not can_restart or not reachable or progress.disk:
+            # A task lost with its host starts again only where its backend can place it elsewhere,
+            # at a new address every task must be told: with the whole cluster.
+            movable = all(t.state in (TaskState.FAILED, TaskState.RUNNING) or t.movable for t in lost)
+            if not can_restart or not movable or progress.disk:
                 # A chief started again on a full disk fails at its next checkpoint as this one did.
-                note = NO_RESTART_ON_FULL_DISK if can_restart and reachable else ''
+                note = NO_RESTART_ON_FULL_DISK if can_restart and movable else ''
                 return Decision(Action.GIVE_UP, names, reason, note=note)
+            if not reachable:
+                return Decision(Action.RESTART, tuple(t.name for t in tasks if t.job != 'evaluator'),
+                                reason + '; the cluster starts again elsewhere, from the chief\'s checkpoint')
             why = ('; the chief resumes from its checkpoint' if any(t.job == 'ps' for t in vital)
                    else '; it resumes from its checkpoint')
             return Decision(Action.RESTART_TASKS, names, reason + why)

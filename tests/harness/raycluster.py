@@ -220,9 +220,10 @@ class RayCluster:
             self._wait_ready([name])
         self.start_seconds = time.monotonic() - started
 
-    def add_node(self, ip: str = '127.0.0.4', label: str = 'n4') -> Node:
-        """One more node, labelled `label`, alive when this returns; stopped at the end if no test did."""
-        node = self._spawn(label, ip, [f'--address={self.address}'])
+    def add_node(self, ip: str = '127.0.0.4', label: str = 'n4', labels: dict[str, str] | None = None) -> Node:
+        """One more node, labelled `label` (and `labels` besides), alive when this returns; stopped at
+        the end if no test did."""
+        node = self._spawn(label, ip, [f'--address={self.address}'], labels or {})
         self._extra.append(label)
         self._wait_ready([label])
         return node
@@ -241,14 +242,14 @@ class RayCluster:
         self._end(node)
         return seconds
 
-    def _spawn(self, name: str, ip: str, args: list[str]) -> Node:
+    def _spawn(self, name: str, ip: str, args: list[str], labels: dict[str, str] | None = None) -> Node:
         if name in self._nodes:
             raise RayUnavailable(f'a node named {name} is there already')
         ports = dict(zip(('agent', 'agent_grpc', 'metrics', 'runtime_env', 'node_manager', 'object_manager'),
                          free_ports(6)))
         low = self._worker_base + WORKER_PORTS * (self._spawned % 20)
         self._spawned += 1
-        argv = ['ray', 'start', '--block', *([f'--node-ip-address={ip}'] if ip else []), f'--labels={LABEL}={name}',
+        argv = ['ray', 'start', '--block', *([f'--node-ip-address={ip}'] if ip else []), f'--labels={",".join(f"{k}={v}" for k, v in {LABEL: name, **(labels or {})}.items())}',
                 f'--node-name={name}', '--num-cpus=8', '--object-store-memory=100000000', '--disable-usage-stats',
                 f'--temp-dir={self.temp_dir}', f'--dashboard-agent-listen-port={ports["agent"]}',
                 f'--dashboard-agent-grpc-port={ports["agent_grpc"]}', f'--metrics-export-port={ports["metrics"]}',

@@ -28,7 +28,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from cluster.runtime.rundir import PRIVATE, write_atomically
 from cluster.spec import ClusterSpec
 from launch.backends.base import (ENDED, RUNNING, STOP_GRACE_SECS, UNKNOWN, Backend, BackendError, HostCheck,
                                   Observation, TaskRecord, handle_of)
@@ -72,6 +71,8 @@ class RayBackend(Backend):
         self._asks: dict[str, nodes.Ask] = {}
         self._facts: dict[str, dict] = {}           # task -> where its actor runs (TaskActor.facts)
         self._made: dict[str, int] = {}             # task -> how many actors it has had
+        self._ports: dict[str, int] = {}            # task -> the port it was given on its node
+        self._moved: dict[str, str] = {}            # task -> why the last placement moved it
         self._names: dict[str, str] = {}            # task -> its actor's name now
         self._group: Any = None
         self._exits: dict[str, tuple[int, Any]] = {}    # task -> (pid, its outstanding wait_exit)
@@ -114,7 +115,10 @@ class RayBackend(Backend):
 
     def place(self, spec: ClusterSpec, plans: list[TaskPlan], timeout: float) -> ClusterSpec:
         """Place every task (see the module's docstring) and return the spec as placed. What cannot
-        be placed is one line (UsageError: exit 2); what was placed is removed by close()."""
+        be placed is one line (UsageError: exit 2); what was placed is removed by close(). Called
+        again as the whole cluster starts again: `_place_again`."""
+        if self._facts:
+            return self._place_again()
         if self._address is None:       # the run's own instance: a spec it could never hold starts none
             here = _this_machine()
             places = nodes.resolve_hosts(spec, here, self.where, nodes.spec_labels(spec))
@@ -134,33 +138,45 @@ class RayBackend(Backend):
         self._asks = {t.name: nodes.asks(spec, t) for t in spec.tasks}
         for task in spec.tasks:
             self._actors[task.name] = self._new_actor(task.name)
-        token_path = os.path.abspath(os.path.join(spec.train.train_dir, f'{TOKEN_FILE}-{self._key}'))
-        token = secrets.token_hex(8)
-        os.makedirs(os.path.dirname(token_path), exist_ok=True)
-        write_atomically(token_path, token, PRIVATE)
-        try:
-            got = self._get([self._actors[t.name].facts.remote(token_path, token) for t in spec.tasks],
-                            placement.FACTS_TIMEOUT, "starting the tasks' actors")
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(token_path)
-        self._facts = dict(zip((t.name for t in spec.tasks), got))
+        self._facts = self._facts_of([t.name for t in spec.tasks], "starting the tasks' actors")
         apart = self._files.place(self._facts, self._here)
         if apart:
             log.info('the Ray node(s) %s do not share this train_dir: their tasks run in a workdir there, their '
                      'logs mirrored here', ', '.join(apart))
-        chosen = placement.ports(ray, spec, self._actors, self._facts)
-        self._placed = placement.placed_spec(spec, self._facts, chosen)
+        self._ports = placement.ports(ray, spec, self._actors, self._facts)
+        self._placed = placement.placed_spec(spec, self._facts, self._ports)
         return self._placed
 
-    def _new_actor(self, name: str) -> Any:
+    def _facts_of(self, names: list[str], doing: str) -> dict[str, dict]:
+        """Where each of these tasks' actors runs, and whether it sees the train_dir (placement.facts)."""
+        token_path = os.path.abspath(os.path.join(self._spec.train.train_dir, f'{TOKEN_FILE}-{self._key}'))
+        return placement.facts(lambda refs: self._get(refs, placement.FACTS_TIMEOUT, doing),
+                               [self._actors[name] for name in names], names, token_path)
+
+    def _place_again(self) -> ClusterSpec:
+        """Every task where it can start again (`_live_actor`, moving those whose node left): the
+        spec as placed now. A task pinned to a node that left is BackendError."""
+        self._moved = {}
+        try:
+            for task in self._spec.tasks:
+                self._live_actor(task.name, move=True)
+        except self._ray.exceptions.RayError as e:
+            raise BackendError(f'placing the tasks again on {self.where}: {_first_line(e)}') from None
+        if self._moved:
+            self._placed = placement.placed_spec(self._spec, self._facts, self._ports)
+        return self._placed
+
+    def moved(self) -> dict[str, str]:
+        return dict(self._moved)
+
+    def _new_actor(self, name: str, moving: bool = False) -> Any:
         """A new actor for the task, named after the run and task (and how many it had before: a
-        dead actor's name may still be held a while)."""
+        dead actor's name may still be held a while); made again, where it was unless `moving`."""
         from launch.backends.ray.actor import TaskActor
         ray = self._ray
         task = self._spec.task(*_job_index(name))
         opts = placement.options(ray, self._key, task, self._asks[name], self._wheres[name], self._group,
-                                 self._facts.get(name, {}).get('node_id', ''))     # made again: where it was
+                                 '' if moving else self._facts.get(name, {}).get('node_id', ''))
         made = self._made.get(name, 0)
         if made:
             opts['name'] = f'{opts["name"]}.{made}'
@@ -179,19 +195,7 @@ class RayBackend(Backend):
     # -- the pre-flight -----------------------------------------------------------------------------
     def check(self, plans: list[TaskPlan], imports: bool = False) -> list[HostCheck]:
         """One verdict per node the tasks were placed on: its Python, and TensorFlow found there."""
-        by_node: dict[str, list[str]] = {}
-        for p in plans:
-            facts = self._facts.get(p.name)
-            if facts is not None:
-                by_node.setdefault(facts['address'], []).append(p.name)
-        out = []
-        for node, names in sorted(by_node.items()):
-            facts = self._facts[names[0]]
-            ok = bool(facts['tensorflow'])
-            detail = (f'{len(names)} task(s), python {facts["python"]}' if ok else
-                      f'python {facts["python"]} on the Ray node cannot import tensorflow')
-            out.append(HostCheck(f'ray node {node}', ok, detail))
-        return out
+        return placement.node_checks(plans, self._facts)
 
     # -- starting -----------------------------------------------------------------------------------
     def prepare(self, plans: list[TaskPlan], spec_yaml: str) -> None:
@@ -219,34 +223,46 @@ class RayBackend(Backend):
             self._states.pop(name, None)
         return record
 
-    def _live_actor(self, name: str) -> Any:
+    def _live_actor(self, name: str, move: bool = False) -> Any:
         """The task's actor; a new one on the same node (or bundle) when it died and its node lives;
-        BackendError when its node left the cluster (the task would get another address)."""
+        when its node left, with `move` (the whole cluster starts again) one elsewhere where its host
+        does not pin it (Ray moves a dead node's bundles), else BackendError."""
         actor = self._actors.get(name)
         if actor is None:
             raise BackendError(f'{name} was not placed on {self.where}')
+        errors = self._ray.exceptions
         try:
             self._ray.get(actor.ping.remote(), timeout=CALL_TIMEOUT)
             return actor
-        except (self._ray.exceptions.RayActorError, self._ray.exceptions.GetTimeoutError):
+        except (errors.RayActorError, errors.ActorUnavailableError, errors.GetTimeoutError):
             pass
         facts = self._facts[name]
-        if not self._node_alive(facts['node_id'], fresh=True):
-            raise BackendError(f'{name}: its node {facts["address"]} left the Ray cluster; a task placed there '
-                               'cannot start elsewhere without changing the cluster\'s addresses')
-        # The same node, or the same bundle of the group (which holds the dead actor's CPUs and GPUs).
-        self._actors[name] = actor = self._new_actor(name)
-        port = self._port(name)
-        got = self._get([actor.facts.remote(), actor.reserve_port.remote(port, [])],
-                        placement.FACTS_TIMEOUT, f"starting {name}'s actor again")
-        if got[1] != port:
-            raise BackendError(f'{name}: its port {port} on {got[0]["address"]} is still taken, so it cannot start '
+        gone = not self._node_alive(facts['node_id'], fresh=True)
+        if gone and self._wheres[name].node_id:
+            raise BackendError(f'{name}: its node {facts["address"]} left the Ray cluster, and its host '
+                               f'{self._spec.task(*_job_index(name)).host} pins it to that node')
+        if gone and not move:
+            raise BackendError(f'{name}: its node {facts["address"]} left the Ray cluster; it moves to another '
+                               'node only as the whole cluster starts again')
+        # The same node, or the same bundle of the group (which holds the dead actor's CPUs and GPUs,
+        # on another node once Ray moved the bundles of a node that left).
+        self._actors[name] = actor = self._new_actor(name, moving=gone)
+        doing = f"starting {name}'s actor again"
+        now = self._facts_of([name], doing)[name]
+        mine = self._ports[name]
+        avoid = [port for task, port in self._ports.items()
+                 if task != name and self._facts[task]['machine'] == now['machine']]
+        port = self._get([actor.reserve_port.remote(mine, avoid)], placement.FACTS_TIMEOUT, doing)[0]
+        if port != mine and not gone:
+            raise BackendError(f'{name}: its port {mine} on {now["address"]} is still taken, so it cannot start '
                                'there again at its address')
-        self._facts[name] = {**got[0], 'shared': True}
+        self._facts[name] = now
+        self._files.nodes.pop(name, None)       # a task moved may now share the train_dir, or not
+        self._files.place({name: now}, self._here)
+        if gone:
+            self._ports[name] = port
+            self._moved[name] = f'its node {facts["address"]} left the Ray cluster'
         return actor
-
-    def _port(self, name: str) -> int:
-        return self._placed.task(*_job_index(name)).port
 
     def renew(self, plans: list[TaskPlan], text: str | None = None) -> None:
         self._files.renew(plans, text)
@@ -289,7 +305,8 @@ class RayBackend(Backend):
         actor's death took the task with it: PR_SET_PDEATHSIG)."""
         facts = self._facts[name]
         if not self._node_alive(facts['node_id'], fresh=True):
-            return Observation(UNKNOWN, error=f'its node {facts["address"]} left the Ray cluster')
+            return Observation(UNKNOWN, error=f'its node {facts["address"]} left the Ray cluster',
+                               movable=not self._wheres[name].node_id)
         log.info('%s: its actor died: %s', name, _first_line(error))
         return Observation(ENDED, None)
 

@@ -8,15 +8,20 @@ Ray is passed in (the module the connection made), never imported here.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Mapping, Sequence
+import os
+import secrets
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from cluster.spec import ClusterSpec, TaskSpec
-from launch.backends.base import BackendError
+from cluster.runtime.rundir import PRIVATE, write_atomically
+from launch.backends.base import BackendError, HostCheck
 from launch.backends.ray.connect import NAMESPACE
 from launch.backends.ray.nodes import Ask, How, HostPlace, NodeFacts, asks
+from launch.planning.plan import TaskPlan
 
 FACTS_TIMEOUT = 60.0        # an actor's process starting on a busy node: seconds, not minutes
 
@@ -112,3 +117,35 @@ def placed_spec(spec: ClusterSpec, facts: Mapping[str, dict], chosen: Mapping[st
     """The spec as placed: every task at its node's address and the port it was given."""
     tasks = tuple(dataclasses.replace(t, host=facts[t.name]['address'], port=chosen[t.name]) for t in spec.tasks)
     return dataclasses.replace(spec, tasks=tasks)
+
+
+def facts(get: Callable[[list[Any]], list[Any]], actors: Sequence[Any], names: Sequence[str],
+          token_path: str) -> dict[str, dict]:
+    """Task -> what its actor finds where it runs (TaskActor.facts), `shared` among them: whether
+    the actor reads back a token written at `token_path` in the launcher's train_dir (the node
+    sees that folder at the same path). `get` waits for the actors' answers."""
+    token = secrets.token_hex(8)
+    os.makedirs(os.path.dirname(token_path), exist_ok=True)
+    write_atomically(token_path, token, PRIVATE)
+    try:
+        got = get([actor.facts.remote(token_path, token) for actor in actors])
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(token_path)
+    return dict(zip(names, got))
+
+
+def node_checks(plans: Sequence[TaskPlan], facts: Mapping[str, dict]) -> list[HostCheck]:
+    """One verdict per node these tasks were placed on: its Python, and TensorFlow found there."""
+    by_node: dict[str, list[str]] = {}
+    for p in plans:
+        if p.name in facts:
+            by_node.setdefault(facts[p.name]['address'], []).append(p.name)
+    out = []
+    for node, names in sorted(by_node.items()):
+        first = facts[names[0]]
+        ok = bool(first['tensorflow'])
+        detail = (f'{len(names)} task(s), python {first["python"]}' if ok else
+                  f'python {first["python"]} on the Ray node cannot import tensorflow')
+        out.append(HostCheck(f'ray node {node}', ok, detail))
+    return out

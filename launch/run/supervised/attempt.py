@@ -84,7 +84,8 @@ class Attempt:
                 first = self.unknown_since.setdefault(r.name, now)
                 if now - first < 1:
                     say(f'warning: cannot ask about {r.name} ({seen.error}); retrying')
-                out.append(TaskStatus(r.name, r.job, r.index, TaskState.UNKNOWN, since=now - first))
+                out.append(TaskStatus(r.name, r.job, r.index, TaskState.UNKNOWN, since=now - first,
+                                      movable=seen.movable))
                 continue
             if self.unknown_since.pop(r.name, None) is not None:
                 say(f'{r.name} can be reached again')

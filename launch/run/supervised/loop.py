@@ -42,6 +42,7 @@ from launch.run.supervised.recovery import Recovery, resume
 from launch.run.supervised.scaling import Scaling, resume_scaled
 from launch.run.supervised.startup import wait_for_servers
 from launch.run.supervised.plan import Plan, SaveFirst
+from launch.run.supervised.placing import PlaceAgain, place_again
 from launch.run.supervised.reconcile import reconcile
 from launch.run.supervised.state import StartLoss, SupervisorState
 from launch.run.supervised.statefile import StateFile
@@ -92,8 +93,9 @@ class SupervisedRun(Strategy):
     def __init__(self, spec: ClusterSpec, spec_yaml: str, plans: list[TaskPlan], backends: Mapping[str, Backend],
                  start_timeout: float = 120.0, finish_timeout: float = 60.0,
                  checks: Callable[[], None] | None = None, warn: Callable[[], None] | None = None,
-                 workers: int | None = None) -> None:
+                 workers: int | None = None, place_again: PlaceAgain | None = None) -> None:
         self.spec, self.spec_yaml, self.backends = spec, spec_yaml, backends
+        self._place_again = place_again              # a restart of the cluster may move tasks (placing.py)
         self.start_timeout, self.finish_timeout = start_timeout, finish_timeout
         self._checks = checks                        # the pre-flight, run by prepare()
         self._warn = warn                            # once per run: what the user should know (exposure)
@@ -424,6 +426,8 @@ class SupervisedRun(Strategy):
         """Start every live task (`restart`: as that restart, their logs appended to) and wait for
         their servers."""
         t0 = time.monotonic()
+        if restart is not None and self._place_again is not None:
+            place_again(self, self._place_again)
         plans = self.state.desired()
         self._start(plans if restart is None else [dataclasses.replace(p, restart=restart) for p in plans])
         self.wait_ready(t0)

@@ -3,7 +3,7 @@
 starts for itself. A TF1 sync run and a PSS coordinator run with an evaluator train to the end
 with tasks on the nodes their hosts name; kill -9 of a PSS worker's process starts that worker
 alone again (same attempt, same node); a node stopped while it runs a task is named, and the run
-goes on as its policy says; a launcher killed -9 leaves no actor and no task; every bad input is
+goes on as its policy says (its tasks moved to another node); a launcher killed -9 leaves no actor and no task; every bad input is
 one line, exit 2, with nothing placed. The autouse guard fails a test that leaves a task behind."""
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import signal
 import time
 
 import pytest
+import yaml
 
 from tests.conftest import launch, launch_bg, project_processes, read_until, write_coordinator_spec, write_spec
 from tests.harness.documented import check_documented
@@ -98,32 +99,53 @@ def test_pss_with_an_evaluator_on_named_nodes_restarts_a_killed_worker_alone(ray
     assert not no_actor_left(ray_cluster)
 
 
-def test_a_node_stopped_under_a_worker_is_named_and_the_async_run_goes_on(ray_cluster, tmp_path):
-    """A node of its own (127.0.0.4, so the shared cluster stays whole) runs worker:2 of an async
-    run, and only it: every task is pinned (a `localhost` ps could be spread onto that node too);
-    stopping that node loses the worker with its node named, and the run, which tolerates a lost
-    async worker, trains on."""
-    node = ray_cluster.add_node('127.0.0.4', 'n4')
+def on_head(spec: str, job: str) -> None:
+    """The spec file with `job`'s first task on the node named head."""
+    with open(spec) as f:
+        data = yaml.safe_load(f)
+    data['cluster'][job][0] = 'head:' + data['cluster'][job][0].rsplit(':', 1)[1]
+    with open(spec, 'w') as f:
+        yaml.safe_dump(data, f, sort_keys=False)
+
+
+def test_a_node_stopped_under_the_ps_is_named_and_the_ps_moves_to_another_node(ray_cluster, tmp_path):
+    """The ps of a PSS run goes to a node labelled `pool=spare`: two such nodes join (127.0.0.4 and
+    .5, of their own, so the shared cluster stays whole), and the one the ps runs on is killed
+    mid-run (SIGKILL to its `ray start`, raylet and actors). The run names the node the ps lost; a lost ps would start again with the chief, but
+    it must move, so the whole cluster starts again, the ps on the other spare node at an address
+    every task is told, and the run trains to its last step from the chief's checkpoint."""
+    spare = {'tfcluster.io/pool': 'spare'}
+    nodes = {ip: ray_cluster.add_node(ip, label, labels=spare) for ip, label in (('127.0.0.4', 'n4'),
+                                                                              ('127.0.0.5', 'n5'))}
     try:
-        spec = write_spec(tmp_path, workers=3, sync=False, steps=100000,
-                          task_hosts=['head', '127.0.0.2', '127.0.0.3', '127.0.0.4'],
-                          supervise={'unreachable_secs': 5})
+        spec = write_coordinator_spec(tmp_path, evaluator=None, steps=600, checkpoint_steps=50, host='spare',
+                                      worker_hosts=('127.0.0.2', '127.0.0.3'), hosts={'spare': {'labels': spare}},
+                                      supervise={'unreachable_secs': 2, 'max_restarts': 3}, top=PACED)
+        on_head(spec, 'chief')
+        run = str(tmp_path / 'run')
         proc = up_bg(ray_cluster, spec)
-        lines = until_step(proc, 50)
-        ray_cluster.stop_node(node)
-        lines += read_until(proc, 'left the Ray cluster')
-        lines += read_until(proc, 'training goes on with 2 worker(s)')
-        lines += until_step(proc, int(re.findall(r'step (\d+)/', ''.join(lines))[-1]) + 50)     # and it does
-        proc.send_signal(signal.SIGINT)
-        out = ''.join(lines) + proc.communicate(timeout=120)[0]
+        lines = until_step(proc, 100)
+        lost = started_on(events(run))['ps:0']
+        other = next(ip for ip in nodes if ip != lost)
+        ray_cluster.stop_node(nodes[lost], signal.SIGKILL)      # a host lost: its raylet and actors at once
+        out = ''.join(lines) + finish(proc)
     finally:
-        if node.proc.poll() is None:
-            ray_cluster.stop_node(node)
-    assert 'worker:2 (its node 127.0.0.4 left the Ray cluster)' in out, out
-    log = events(tmp_path / 'run')
-    assert started_on(log) == {'ps:0': ray_cluster.nodes['head'], 'worker:0': '127.0.0.2', 'worker:1': '127.0.0.3',
-                               'worker:2': '127.0.0.4'}, log
-    assert [e['task'] for e in log if e['event'] == 'tolerated'] == ['worker:2'], log
+        for node in nodes.values():
+            if node.proc.poll() is None:
+                ray_cluster.stop_node(node)
+    assert proc.returncode == 0, out
+    assert f'its node {lost} left the Ray cluster' in out, out
+    assert re.search(rf'ps:0 moves from {re.escape(lost)}:\d+ to {re.escape(other)}:\d+: its node '
+                     rf'{re.escape(lost)} left the Ray cluster', out), out
+    log = events(run)
+    assert [(e['task'], e['before'].split(':')[0], e['address'].split(':')[0]) for e in log
+            if e['event'] == 'moved'] == [('ps:0', lost, other)], log
+    assert started_on(log)['ps:0'] == other
+    # The chief may first be started again alone: its "connection refused" to the ps can come before
+    # the cluster knows the node is gone (Ray's health checks); the move is the whole cluster's.
+    restarts = [e.get('tasks') for e in log if e['event'] == 'restart']
+    assert restarts in ([None], [['chief:0'], None]), log
+    assert log[-1]['event'] == 'finished' and log[-1]['result']['state'] == 'done', log[-1]
     assert not no_actor_left(ray_cluster)
 
 
