@@ -75,6 +75,9 @@ RESTART_ENV = 'TFCLUSTER_RESTART'
 # Exit codes, of a task and of the launcher alike.
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 EXIT_NO_RESTART = 3     # a task failed in a way a restart cannot mend (no checkpoint restores)
+# A task that left on a preemption notice (a SIGTERM from outside the launcher, supervise.preemption_grace):
+# >= 128, so TFJob's ExitCode policy and the like take it as retryable; > 192, so no decoder reads a signal.
+EXIT_PREEMPTED = 200
 
 
 # -- the task's command line ----------------------------------------------------------------------

@@ -43,6 +43,7 @@ class Kind(str, Enum):
     PROGRESS = 'progress'
     CHECKPOINT = 'checkpoint'
     EVALUATION = 'evaluation'
+    PREEMPTED = 'preempted'
 
 
 class _Logger(Protocol):
@@ -131,8 +132,22 @@ class Evaluation:
             f'{k}={v:.6g}' for k, v in sorted(self.metrics.items()))
 
 
-Message = Serving | Started | Progress | Checkpoint | Evaluation
-MESSAGES: dict[Kind, type[Message]] = {m.KIND: m for m in (Serving, Started, Progress, Checkpoint, Evaluation)}
+@dataclass(frozen=True)
+class Preempted:
+    """`task` got a preemption notice (a SIGTERM from outside its launcher) at global step `step`
+    (None: not known to it): `grace` seconds to have the checkpoint saved and go."""
+    KIND: ClassVar[Kind] = Kind.PREEMPTED
+    task: str
+    grace: float
+    step: int | None = None
+
+    def human(self) -> str:
+        return f'{self.task}: preemption notice (SIGTERM from outside the launcher): {self.grace:g}s to save and go'
+
+
+Message = Serving | Started | Progress | Checkpoint | Evaluation | Preempted
+MESSAGES: dict[Kind, type[Message]] = {m.KIND: m for m in (Serving, Started, Progress, Checkpoint, Evaluation,
+                                                           Preempted)}
 
 
 def say(log: _Logger, message: Message, environ: Mapping[str, str] = os.environ) -> None:

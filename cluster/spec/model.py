@@ -213,6 +213,11 @@ class SuperviseConfig:
     backoff_max_secs: float = setting(30.0, 'The longest wait before a restart.', Value.POSITIVE, unit='seconds')
     unreachable_secs: float = setting(30.0, 'A host that cannot be asked about its tasks for this long (SSH) has '
                                             'lost them.', Value.POSITIVE, unit='seconds')
+    preemption_grace: float = setting(30.0, 'Seconds a task has, after a SIGTERM from outside the launcher (a node '
+                                            'shutting down, a pod deleted, Slurm\'s --signal, launch preempt), to '
+                                            'have its checkpoint saved and exit "preempted", which is not counted '
+                                            'against max_restarts; 0: such a SIGTERM is a fault, as before.',
+                                      Value.NONNEGATIVE, unit='seconds')
 
 
 def _empty() -> Mapping:
