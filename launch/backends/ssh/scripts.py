@@ -254,10 +254,12 @@ class Seen(NamedTuple):
 def snapshot_script(tasks: Iterable[Watched]) -> str:
     """One line per task: `name|rc|stat|wrapper stat`, then SNAPSHOT_END.
 
-    /proc first, then the rc file: a task seen gone has written its rc file already, unless its
-    wrapper (asked last) is still about to."""
-    lines = [f's=$(cat /proc/{int(t.pid)}/stat 2>/dev/null); r=$(cat {q(t.rcfile or "/dev/null")} '
-             f'2>/dev/null); w=$(cat /proc/{t.group}/stat 2>/dev/null); '
+    The task's /proc, then its wrapper's, then the rc file, which the wrapper writes before it
+    exits: a wrapper seen gone wrote the rc that is read after it. (The rc read before the wrapper
+    left a window, wider on a busy host, where the wrapper wrote its rc and exited between the two
+    reads: a task that ended well read as killed hard, SIGKILL.)"""
+    lines = [f's=$(cat /proc/{int(t.pid)}/stat 2>/dev/null); w=$(cat /proc/{t.group}/stat 2>/dev/null); '
+             f'r=$(cat {q(t.rcfile or "/dev/null")} 2>/dev/null); '
              f'printf "%s|%s|%s|%s\\n" {q(t.name)} "$r" "$s" "$w"' for t in tasks]
     return '\n'.join(lines + [f'echo {SNAPSHOT_END}'])
 
