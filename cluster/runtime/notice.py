@@ -2,7 +2,9 @@
 
 The rule: a SIGTERM is the launcher's stop when the launcher marked the task first (a file,
 rundir.stop_mark_path, or the run-wide rundir.stop_all_path, written before it signals), when the
-task stops itself (its lease went stale: STOPPING), or when supervise.preemption_grace is 0. Any
+task stops itself (its lease went stale: STOPPING), when the process that started it is gone (a
+Ray actor's death signal, PR_SET_PDEATHSIG: its keeper went, as it does with its launcher), or
+when supervise.preemption_grace is 0. Any
 other SIGTERM (a node shutting down, a pod deleted, Slurm's --signal, `launch preempt`) is a
 preemption notice: the task says so at once (messages.Preempted), its role does what it owes (a
 chief saves its checkpoint), and it exits EXIT_PREEMPTED, at the grace's deadline at the latest.
@@ -109,6 +111,7 @@ class Notices:
         self.role = Role()
         self.preempted = threading.Event()
         self.installed = False
+        self.parent = os.getppid()
         self._lock = threading.Lock()
 
     def install(self, task: str, train_dir: str, job: str, index: int, grace: float,
@@ -120,6 +123,7 @@ class Notices:
                       os.path.abspath(rundir.stop_all_path(train_dir)))
         if step is not None:
             self.step = step
+        self.parent = os.getppid()
         read, write = os.pipe()
         os.set_blocking(write, False)
         signal.set_wakeup_fd(write)
@@ -146,6 +150,11 @@ class Notices:
         """Whether the launcher marked this task (or the whole run) for its stop."""
         return any(os.path.exists(m) for m in self.marks)
 
+    def stopping(self) -> bool:
+        """Whether the task stops itself (STOPPING), or the process that started it is gone: a
+        death signal (PR_SET_PDEATHSIG, the Ray actor's) comes once the task has a new parent."""
+        return STOPPING.is_set() or os.getppid() != self.parent
+
     def _wait(self, read: int) -> None:
         while True:
             for signum in os.read(read, 64):
@@ -160,11 +169,11 @@ class Notices:
         if signum == signal.SIGINT and not role.interrupt:
             return      # Python's KeyboardInterrupt in the main thread, as before
         if self.preempted.is_set():
-            if signum == signal.SIGTERM and not (self.marked() or STOPPING.is_set()):
+            if signum == signal.SIGTERM and not (self.marked() or self.stopping()):
                 log.info('%s: another preemption notice; already on the way out', self.task)
                 return
             exit_now(EXIT_PREEMPTED, logging.INFO, f'{self.task}: stopped after the preemption notice')
-        if classify(signum, self.marked(), STOPPING.is_set(), self.grace) is Kind.STOP:
+        if classify(signum, self.marked(), self.stopping(), self.grace) is Kind.STOP:
             if role.on_stop is None:
                 die_of(signum)
             role.on_stop(signum)

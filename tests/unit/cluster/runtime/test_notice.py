@@ -125,6 +125,16 @@ def test_a_notice_is_said_at_once_and_the_role_acts(notices, caplog):
     assert notices.ends == [('exit', EXIT_PREEMPTED, 'worker:1: stopped after the preemption notice')]
 
 
+def test_a_sigterm_once_the_tasks_parent_is_gone_is_a_stop(notices):
+    """A Ray actor's death signal (PR_SET_PDEATHSIG) comes when the task has a new parent: the
+    keeper went (with its launcher), which is no notice to save and linger for."""
+    stops: list[int] = []
+    notices.role = Role(on_stop=stops.append)
+    notices.parent = -1
+    notices.handle(TERM)
+    assert stops == [TERM] and not notices.preempted.is_set()
+
+
 def test_no_grace_makes_every_sigterm_a_stop(notices):
     stops: list[int] = []
     notices.grace = 0.0
