@@ -279,11 +279,10 @@ def stop_script(processes: Iterable[TaskProcess], grace: float, marks: Iterable[
     """SIGTERM every task's process group that is still ours, wait up to `grace` for all, SIGKILL
     what is left (printing `killed` and the groups), wait for that too. The tasks' stop `marks`
     are written first, so that each reads its SIGTERM as the launcher's stop (launch/backends/marks.py)."""
-    found = '\n'.join(f'g=$({ours(p)}); [ -n "$g" ] && k="$k $g"' for p in processes)
-    marked = '\n'.join(f'mkdir -p {q(posixpath.dirname(m))} 2>/dev/null; : > {q(m)} 2>/dev/null' for m in marks)
+    found = '\n'.join([f'g=$({ours(p)}); [ -n "$g" ] && k="$k $g"' for p in processes]
+                      + [f'mkdir -p {q(posixpath.dirname(m))} 2>/dev/null; : > {q(m)} 2>/dev/null' for m in marks])
     rounds = max(1, int(grace / 0.1))
     return f'''k=''
-{marked}
 {found}
 [ -n "$k" ] || exit 0
 for p in $k; do kill -TERM -$p 2>/dev/null; kill -CONT -$p 2>/dev/null; done
