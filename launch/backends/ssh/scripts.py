@@ -227,12 +227,14 @@ def parse_started(stdout: str) -> Started | None:
         return None
 
 
-def undo_start_script(files: TaskFiles) -> str:
+def undo_start_script(files: TaskFiles, mark: str = '') -> str:
     """Stop the process group the pidfile names if its leader is this task's wrapper (its command
-    line names the task's rc file); prints `stopped` if there was one."""
+    line names the task's rc file); prints `stopped` if there was one. `mark`: the task's stop
+    mark, written before the SIGTERM (launch/backends/marks.py)."""
+    marked = f'mkdir -p {q(posixpath.dirname(mark))} 2>/dev/null; : > {q(mark)} 2>/dev/null; ' if mark else ''
     return (f'p=$(cat {q(files.pidfile)} 2>/dev/null) || exit 0; [ -n "$p" ] || exit 0; '
             f'tr "\\0" " " < /proc/$p/cmdline 2>/dev/null | grep -qF {q(files.rcfile)} || exit 0; '
-            'kill -TERM -$p 2>/dev/null || exit 0; echo stopped; i=0; '
+            f'{marked}kill -TERM -$p 2>/dev/null || exit 0; echo stopped; i=0; '
             'while kill -0 -$p 2>/dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done; '
             'kill -KILL -$p 2>/dev/null; exit 0')
 

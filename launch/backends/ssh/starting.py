@@ -181,7 +181,8 @@ def _undo(backend: SSHBackend, name: str, batch: list[_Part]) -> str:
     """Stop whatever these tasks' starts launched (undo_start_script); says what came of it."""
     tasks = [p.plan.name for p in batch]
     try:
-        result = backend._run(name, host_script([(p.plan.name, undo_start_script(p.files)) for p in batch]),
+        undo = [(p.plan.name, undo_start_script(p.files, marks.of_plan(p.plan, p.workdir))) for p in batch]
+        result = backend._run(name, host_script(undo),
                               timeout=COMMAND_TIMEOUT + STOP_GRACE_SECS * len(batch))
     except SSHError as e:
         which = f'{tasks[0]} may be running there' if len(tasks) == 1 else f'{", ".join(tasks)} may be running there'

@@ -9,7 +9,7 @@ from cluster.runtime import rundir
 from cluster.spec import TaskSpec
 from launch.backends import marks
 from launch.backends.base import TaskRecord
-from launch.backends.ssh.scripts import TaskProcess, start_script, stop_script
+from launch.backends.ssh.scripts import TaskFiles, TaskProcess, start_script, stop_script, undo_start_script
 from launch.planning.plan import TaskPlan
 
 
@@ -49,3 +49,10 @@ def test_the_ssh_stop_script_marks_before_it_signals_and_a_start_clears_the_mark
                          '/w/run/logs/attempt-1/worker-1.log', '/w/run/logs/attempt-0', None, '/w/run/stops/worker-1')
     assert 'rm -f' in start and '/w/run/stops/worker-1' in start
     assert start.index('/w/run/stops/worker-1') < start.index('setsid')
+
+
+def test_undoing_a_half_done_ssh_start_marks_what_it_stops():
+    files = TaskFiles.beside('/w/run/logs/worker-1.log')
+    script = undo_start_script(files, '/w/run/stops/worker-1')
+    assert script.index(': > /w/run/stops/worker-1') < script.index('kill -TERM')
+    assert 'stops' not in undo_start_script(files)
