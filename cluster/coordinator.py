@@ -30,7 +30,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from cluster.program import connects
-from cluster.runtime import messages, rundir, runjson
+from cluster.runtime import messages, notice, rundir, runjson
+from cluster.runtime.membership import LIVE
+from cluster.runtime.contract import EXIT_PREEMPTED
 from cluster.runtime.pulse import PULSE
 from cluster.spec import ClusterSpec, TaskSpec, TrainConfig
 
@@ -44,18 +46,27 @@ _CKPT_STEP = re.compile(r'-(\d+)$')
 
 
 class StopSignal:
-    """SIGTERM or SIGINT asks the program to stop at its next `should_stop()` (the chief's then
-    saves and returns); a second one ends the process at once. `after`: what the task finishes
-    first, as its line says it (the chief saves a checkpoint; the evaluator saves nothing)."""
+    """The launcher's SIGTERM or SIGINT asks the program to stop at its next `should_stop()` (the
+    chief's then saves and returns); a second one ends the process at once. A preemption notice
+    (cluster/runtime/notice.py) stops it the same way, and the task then exits EXIT_PREEMPTED.
+    `after`: what the task finishes first, as its line says it (the chief saves a checkpoint; the
+    evaluator saves nothing)."""
 
     def __init__(self, after: str = 'the work under way (a checkpoint is saved first)') -> None:
         self.event = threading.Event()
         self.signum = 0
+        self.preempted = False
         self.after = after
 
     def install(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        notice.NOTICES.take(notice.Role(on_stop=lambda signum: self._on_signal(signum, None),
+                                        on_preempted=self._on_preempted))
+
+    def _on_preempted(self) -> None:
+        self.preempted = True
+        self.event.set()
+        log.info('preemption notice: stopping after %s', self.after)
 
     def _on_signal(self, signum: int, frame: types.FrameType | None) -> None:
         if self.event.is_set():
@@ -158,6 +169,7 @@ class CoordinatorContext:
         self._stop = stop or StopSignal()
         self._progress = _Progress()
         self.checkpoints: Checkpoints | None = None
+        self._saves_asked = LIVE.save_requests()    # a request made before this start was for the last cluster
 
     @property
     def cluster_resolver(self) -> Any:
@@ -221,9 +233,20 @@ class CoordinatorContext:
         final = p.step >= self.train.steps and c.saved_step != p.step
         if p.step >= self.train.steps:
             keep_program_alive(sys._getframe(1))
-        if final or save_due(self.train, p.step, c.saved_step if c.saved_step is not None else previous,
-                             now - c.saved_at):
+        asked = self._save_asked(p.step)
+        if final or asked or save_due(
+                self.train, p.step, c.saved_step if c.saved_step is not None else previous, now - c.saved_at):
             c.save()
+
+    def _save_asked(self, step: int) -> bool:
+        """Whether the launcher asked for a save since the last one (the lease's save requests,
+        as the TF1 chief honours them: a ps or worker got a preemption notice, a scale)."""
+        asked = LIVE.save_requests()
+        if asked <= self._saves_asked:
+            return False
+        self._saves_asked = asked
+        log.info('saving a checkpoint at global step %d: the launcher asked for one', step)
+        return True
 
     def finish(self) -> None:
         """After the program: the last checkpoint, unless the newest step is saved already."""
@@ -355,6 +378,8 @@ def run_chief(spec: ClusterSpec, task: TaskSpec, program: Callable[[CoordinatorC
     ctx.finish()
     rundir.write_atomically(rundir.chief_result_path(spec.train.train_dir), runjson.dumps(ctx.result()))
     log.info('the program ended at global step %d', ctx.step)
+    if stop.preempted and ctx.step < spec.train.steps:
+        return EXIT_PREEMPTED
     return 128 + stop.signum if stop.signum and ctx.step < spec.train.steps else rundir.EXIT_OK
 
 
@@ -367,4 +392,6 @@ def run_evaluator(spec: ClusterSpec, task: TaskSpec, function: Callable[[Evaluat
     log.info('%s', rundir.evaluator_waits_line(task.name, spec.train.train_dir))
     function(ctx)
     log.info('evaluated up to global step %s', ctx.evaluated)
+    if stop.preempted:
+        return EXIT_PREEMPTED
     return 128 + stop.signum if stop.signum else rundir.EXIT_OK

@@ -49,7 +49,8 @@ from typing import TYPE_CHECKING, Any
 
 from cluster.checks.code import PROGRAM_IS, PYTHON_NAMES, ProgramError, split_program
 from cluster.runtime.membership import LIVE
-from cluster.runtime import children as lineage, masking, messages, ports, rundir
+from cluster.runtime import children as lineage, masking, messages, notice, ports, rundir
+from cluster.runtime.contract import EXIT_PREEMPTED
 from cluster.spec import ClusterSpec, TaskSpec, TrainConfig, address
 
 if TYPE_CHECKING:
@@ -300,13 +301,15 @@ def run_command(spec: ClusterSpec, task: TaskSpec, listening: Callable[[int], bo
     else:
         log.info('%s runs %s (pid %d)', task.name, ' '.join(argv), child.pid)
 
-    def forward(signum: int, frame: types.FrameType | None) -> None:
+    def forward(signum: int, frame: types.FrameType | None = None) -> None:
         try:
             child.send_signal(signum)
         except ProcessLookupError:
             pass
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for sig in (signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, forward)
+    # SIGTERM through the notice thread: passed on either way; a notice makes the end "preempted".
+    notice.NOTICES.take(notice.Role(on_stop=forward, on_preempted=lambda: forward(signal.SIGTERM)))
     serving = listening is None
     watch = _WorkersGone(spec) if stop_with_workers and task.job == 'ps' else None
     while child.poll() is None:
@@ -324,6 +327,9 @@ def run_command(spec: ClusterSpec, task: TaskSpec, listening: Callable[[int], bo
             return 0
         time.sleep(0.05 if not serving else 0.2)
     code = child.returncode
+    if notice.NOTICES.preempted.is_set():
+        log.info('%s: the command ended (%s) after the preemption notice', task.name, code)
+        return EXIT_PREEMPTED
     return 128 - code if code < 0 else code
 
 

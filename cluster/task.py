@@ -20,7 +20,7 @@ import types
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from cluster.runtime import masking, ports, pulse, stacks, tfenv
+from cluster.runtime import masking, notice, ports, pulse, stacks, tfenv
 from cluster.runtime.causes import cause_line
 from cluster.runtime.ports import port_in_use
 from cluster.runtime.lease import CHILDREN, resolve_task, watch_lease
@@ -111,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, handlers=[handler])
     # Before anything that can hang: from here on, SIGUSR1 dumps every thread's stack (a stall, `launch debug`).
     stacks.install(spec.train.train_dir, task.job, task.index, time.time())
+    # SIGTERM from here on: the launcher's stop if it marked the task, else a preemption notice.
+    notice.install(task.name, spec.train.train_dir, task.job, task.index, spec.supervise.preemption_grace)
     pulse.start_beating()       # the launcher sees the steps even when the disk refuses the log
     if os.environ.get(LEASE_ENV):
         watch_lease(os.environ[LEASE_ENV], float(os.environ.get(LEASE_SECS_ENV) or 10), pool=spec.num_workers)

@@ -33,9 +33,9 @@ from collections.abc import Sequence
 from cluster.rehearsal import probe, wire
 from cluster.rehearsal.parts import Part, part_of, peers
 from cluster.rehearsal.messages import Link, Links, say_links
-from cluster.runtime import ports, rundir, stacks
+from cluster.runtime import notice, ports, rundir, stacks
 from cluster.runtime.membership import LIVE, DoneTracker
-from cluster.runtime.contract import EXIT_OK, EXIT_USAGE, LEASE_ENV, LEASE_SECS_ENV, parse_task_argv
+from cluster.runtime.contract import EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE, LEASE_ENV, LEASE_SECS_ENV, parse_task_argv
 from cluster.runtime.lease import resolve_task, watch_lease
 from cluster.runtime.messages import Checkpoint, Evaluation, Serving, Started, progress, say
 from cluster.runtime.rundir import TaskLogFormatter
@@ -77,6 +77,7 @@ class Trainer:
         self.train, self.task, self.start, self.saves, self.rate = spec.train, task, start, saves, rate
         self.pool = spec.num_workers
         self.log_every = spec.train.log_every_secs if saves else max(NON_CHIEF_LOG_SECS, spec.train.log_every_secs)
+        self.step = start       # the newest global step: what a preemption notice names and saves
 
     def run(self) -> None:
         total, every = self.train.steps, self.train.checkpoint_steps
@@ -96,7 +97,7 @@ class Trainer:
                     wake.append(t0 + ((saved // every + 1) * every - self.start) / self.rate)
             time.sleep(max(0.0, min(wake) - time.monotonic()))
             now = time.monotonic()
-            step = min(total, self.start + int((now - t0) * self.rate + 1e-6))
+            step = self.step = min(total, self.start + int((now - t0) * self.rate + 1e-6))
             if self.saves:
                 due = checkpoints_between(saved, step, every)
                 if not due and step > saved and (now - last_save >= self.train.checkpoint_secs
@@ -111,6 +112,13 @@ class Trainer:
                 last_log = now
         if self.saves and saved < total:
             self.save(total)
+
+    def preempted(self) -> None:
+        """A preemption notice (cluster/runtime/notice.py): a chief saves at once, as the real one
+        does, and exits EXIT_PREEMPTED."""
+        self.save(self.step)
+        notice.exit_now(EXIT_PREEMPTED, logging.INFO, f'preemption notice received: {Checkpoint(self.step).human()}, '
+                                                      'exiting')
 
     def save(self, step: int) -> None:
         """A chief's save: its line, and the checkpoint index naming the step (no model behind it)."""
@@ -201,10 +209,16 @@ def step(spec: ClusterSpec, task: TaskSpec, part: Part) -> None:
     """A trainer's, a coordinator's or an evaluator's steps to train.steps."""
     start = start_step(spec)
     if part is Part.EVALUATE:
+        notice.NOTICES.take(notice.Role(on_preempted=lambda: notice.exit_now(
+            EXIT_PREEMPTED, logging.INFO, 'preemption notice received: the evaluator stops')))
         time.sleep(max(0.0, (spec.train.steps - start) / STEPS_PER_SEC))     # the training's length
         say(log, Evaluation(spec.train.steps, {'loss': round(fake_loss(spec.train.steps, spec.train.steps), 6)}))
     else:
-        Trainer(spec, task, start, saves=part is Part.COORDINATE or task.is_chief).run()
+        trainer = Trainer(spec, task, start, saves=part is Part.COORDINATE or task.is_chief)
+        notice.NOTICES.step = lambda: trainer.step
+        if trainer.saves:       # the others keep training until stopped or the deadline, as the real ones
+            notice.NOTICES.take(notice.Role(on_preempted=trainer.preempted))
+        trainer.run()
         if part is Part.TRAIN:
             say_done(spec, task)
 
@@ -228,6 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, handlers=[handler])
     log.info('%s: a rehearsal stand-in (no TensorFlow)', task.name)
     stacks.install(spec.train.train_dir, task.job, task.index, time.time())    # `launch debug`, a stall's dump
+    notice.install(task.name, spec.train.train_dir, task.job, task.index, spec.supervise.preemption_grace)
     if os.environ.get(LEASE_ENV):
         watch_lease(os.environ[LEASE_ENV], float(os.environ.get(LEASE_SECS_ENV) or 10), pool=spec.num_workers)
     return play(spec, task)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from cluster.env import places
 from cluster.runtime.contract import EXIT_FAILED, TaskArgs
+from cluster.runtime.notice import STOPPING
 from cluster.runtime.membership import LIVE, Members
 from cluster.runtime.rundir import read_text
 from cluster.spec import DEFAULT_SPEC, ClusterSpec, TaskSpec, load_spec
@@ -80,6 +81,7 @@ def watch_lease(path: str, secs: float, poll: float = 1.0, pool: int = 0) -> Non
             if age > secs:
                 log.error('the launcher has not renewed %s for %.0fs: it is gone or cannot reach this '
                           'host; stopping', path, age)
+                STOPPING.set()      # this SIGTERM is a stop, not a preemption notice (notice.py)
                 os.kill(os.getpid(), signal.SIGTERM)   # a chief saves; the others end at once
                 time.sleep(3)       # short: the ps tasks are likely ending too, a save may not come
                 for child in CHILDREN:                  # a train.command that ignored the SIGTERM

@@ -142,7 +142,8 @@ class Preempted:
     step: int | None = None
 
     def human(self) -> str:
-        return f'{self.task}: preemption notice (SIGTERM from outside the launcher): {self.grace:g}s to save and go'
+        at = '' if self.step is None else f' at global step {self.step}'
+        return f'{self.task}: preemption notice (SIGTERM from outside the launcher){at}: {self.grace:g}s to save and go'
 
 
 Message = Serving | Started | Progress | Checkpoint | Evaluation | Preempted
@@ -276,6 +277,8 @@ _RATE = re.compile(r'\b([\d.]+) images/s\b')
 _LIVE = re.compile(r'\b(\d+) of \d+ workers\b')
 _SAVED = re.compile(r'\bsaved a checkpoint at global step (\d+)\b')
 _EVALUATION = re.compile(r'\bevaluation at global step (\d+): (.*)$')
+_PREEMPTED = re.compile(r'(?:^|\s)([A-Za-z_][\w-]*:\d+): preemption notice \(SIGTERM from outside the launcher\)'
+                        r'(?: at global step (\d+))?: (\d+(?:\.\d+)?(?:e[-+]?\d+)?)s to save and go')
 _METRIC = re.compile(r'([A-Za-z_][\w./-]*)=(-?[\d.]+(?:e[-+]?\d+)?|nan|inf|-inf)')
 
 
@@ -375,6 +378,9 @@ def _from_human(line: str) -> Message | None:
     m = _SAVED.search(line)
     if m:
         return Checkpoint(int(m.group(1)))
+    m = _PREEMPTED.search(line)
+    if m:
+        return Preempted(m.group(1), float(m.group(3)), None if m.group(2) is None else int(m.group(2)))
     return _progress_of(line)
 
 

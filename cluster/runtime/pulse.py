@@ -105,6 +105,11 @@ class Pulse:
                 self._write(Beat(self._beat.step, self._beat.total, why))
 
     @property
+    def step(self) -> int | None:
+        """The newest global step beaten (None before the first): what a preemption notice names."""
+        return self._beat.step
+
+    @property
     def refused(self) -> str | None:
         return self._beat.refused
 

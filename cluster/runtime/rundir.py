@@ -27,6 +27,9 @@ A run directory (`train.train_dir`) holds:
     logs/attempt-<n>/<job>-<index>.pulse a trainer's newest step, overwritten in place (cluster/runtime/pulse.py)
     logs/attempt-<n>/<job>-<index>.records  the task's messages to its launcher, one tagged JSON record a
                            line, where the launcher named it a channel (cluster/runtime/messages.py)
+    stops/<job>-<index>, stops/all   the launcher's stop marks: a SIGTERM to a task whose mark (or
+                           `all`) is there is the launcher's stop; any other is a preemption notice
+                           (cluster/runtime/notice.py)
     stacks/attempt-<n>/<job>-<index>.txt  a task's Python stacks, dumped on DUMP_SIGNAL (a stall,
                            `launch debug`, or `kill -USR1`); stacks/<job>-<index>.txt for a task
                            started without a launcher's logs (by hand, by Slurm)
@@ -57,6 +60,8 @@ COMPOSE_FILE = 'compose.yaml'
 BATCH_SCRIPT = 'job.sbatch'
 EVENTS_FILE = 'events.jsonl'
 RUN_FILE = 'run.json'
+STOPS_DIR = 'stops'     # the launcher's stop marks (stop_mark_path)
+STOP_ALL = 'all'        # the run-wide mark: every task's SIGTERM is the launcher's stop
 REPORT_FILE = 'report.html'
 
 # The environment's names and the exit codes both sides use: cluster/runtime/contract.py.
@@ -198,6 +203,26 @@ def lock_path(train_dir: str) -> str:
 
 def lease_path(train_dir: str) -> str:
     return os.path.join(train_dir, LEASE_FILE)
+
+
+def stop_mark_path(train_dir: str, job: str, index: int) -> str:
+    """The launcher's stop mark of one task, written before its SIGTERM: with it (or `stop_all_path`)
+    there, the SIGTERM is the launcher's stop; without, a preemption notice (cluster/runtime/notice.py)."""
+    return os.path.join(train_dir, STOPS_DIR, f'{job}-{index}')
+
+
+def stop_all_path(train_dir: str) -> str:
+    """The run-wide stop mark (a Slurm cancel, a whole compose project going down)."""
+    return os.path.join(train_dir, STOPS_DIR, STOP_ALL)
+
+
+def train_dir_of_log(log: str) -> str:
+    """The train_dir of a task whose log is `log` (log_path or attempt_log_path: what a backend's
+    record holds, on the task's host), so that a launcher holding only the record finds the marks."""
+    folder = os.path.dirname(log)
+    if os.path.basename(folder).startswith(attempt_dirname('')):
+        folder = os.path.dirname(folder)
+    return os.path.dirname(folder)
 
 
 def checkpoint_index_path(train_dir: str) -> str:

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, NoReturn
 
 import tensorflow as tf
 
-from cluster.runtime import messages, rundir, runjson
+from cluster.runtime import messages, notice, rundir, runjson
+from cluster.runtime.contract import EXIT_PREEMPTED
 from cluster.runtime.pulse import PULSE
 
 if TYPE_CHECKING:
@@ -208,37 +209,38 @@ def save_due(train: TrainConfig, step: int, last_saved_step: int, since_save: fl
 
 
 class GracefulStop:
-    """SIGTERM or SIGINT to the chief: write a checkpoint, then exit (128 + the signal).
+    """The TF1 chief's part on a signal (cluster/runtime/notice.py): the launcher's SIGTERM, or
+    SIGINT, writes a checkpoint, then exits 128 + the signal; a preemption notice writes one at
+    once, then exits EXIT_PREEMPTED.
 
     The main thread may be blocked in a session call for as long as a sync step waits for a lost
     worker, and Python runs signal handlers only between bytecodes of the main thread. So the
-    handler is a no-op and the signal's number arrives through `signal.set_wakeup_fd` at a thread
-    of its own, which saves with the session the training loop uses (sessions are thread-safe).
-    The launcher stops the chief first, while the ps tasks still hold the variables."""
+    notice thread calls this, and it saves with the session the training loop uses (sessions are
+    thread-safe). The launcher stops the chief first, while the ps tasks still hold the variables."""
 
     def __init__(self) -> None:
-        read, write = os.pipe()
-        os.set_blocking(write, False)
-        self._read = read
         self._save: Callable[[], int] | None = None
         self.lock = threading.Lock()        # one save at a time: the loop's, the final one, or ours
         self.step_lock = threading.Lock()   # held by the loop while it trains one step
-        signal.set_wakeup_fd(write)
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *a: None)
-        threading.Thread(target=self._wait, name='graceful-stop', daemon=True).start()
+        notice.NOTICES.take(notice.Role(on_stop=self._stop, on_preempted=self._preempted, interrupt=True))
 
     def arm(self, save: Callable[[], int]) -> None:
         self._save = save
 
-    def _wait(self) -> None:
-        signum = os.read(self._read, 1)[0]
+    def _stop(self, signum: int) -> None:
         name = signal.Signals(signum).name
         code = 128 + signum
-        threading.Timer(STOP_SAVE_SECS, _exit_now, (code, logging.WARNING, f'{name}: the checkpoint did not '
-                                                    f'finish within {STOP_SAVE_SECS:.0f}s; exiting')).start()
+        threading.Timer(STOP_SAVE_SECS, notice.exit_now, (code, logging.WARNING, f'{name}: the checkpoint did not '
+                                                          f'finish within {STOP_SAVE_SECS:.0f}s; exiting')).start()
+        self._save_and_exit(code, name)
+
+    def _preempted(self) -> None:
+        """A notice: save at once (the notice's deadline bounds it), then exit EXIT_PREEMPTED."""
+        self._save_and_exit(EXIT_PREEMPTED, 'preemption notice')
+
+    def _save_and_exit(self, code: int, why: str) -> NoReturn:
         if self._save is None:
-            _exit_now(code, logging.INFO, f'{name} received before training began; nothing to save')
+            notice.exit_now(code, logging.INFO, f'{why} received before training began; nothing to save')
         # Between two steps the global step is still (in sync mode), so the checkpoint's name
         # matches what it holds; a loop blocked in a stalled step is not waited for long. The loop
         # never gets the lock back: no step starts after the save.
@@ -247,15 +249,9 @@ class GracefulStop:
             with self.lock:
                 step = self._save()
         except Exception as e:
-            _exit_now(code, logging.WARNING, f'{name} received, and the checkpoint failed: {type(e).__name__}: '
-                                             f'{first_line(str(e))}')
-        _exit_now(code, logging.INFO, f'{name} received: {messages.Checkpoint(step).human()}, exiting')
-
-
-def _exit_now(code: int, level: int, message: str) -> NoReturn:
-    log.log(level, message)
-    logging.shutdown()
-    os._exit(code)
+            notice.exit_now(code, logging.WARNING, f'{why} received, and the checkpoint failed: {type(e).__name__}: '
+                                                   f'{first_line(str(e))}')
+        notice.exit_now(code, logging.INFO, f'{why} received: {messages.Checkpoint(step).human()}, exiting')
 
 
 # -- progress, done, result -------------------------------------------------------------------

@@ -36,6 +36,7 @@ from launch.records.result import steps_note
 from cluster.runtime.masking import spec_masker
 from launch.records.lock import LockBusy, TrainDirLock, in_use
 from launch.run.console import Console
+from launch.backends import marks
 from launch.backends.tail import LogTail, ThreadTail
 from launch.run.pump import Pump
 from launch.backends.strategy import CHECKPOINT_GRACE_SECS, Outcome, Strategy, resume_hint  # noqa: F401 (theirs, re-exported)
@@ -144,6 +145,7 @@ class Lifecycle:
                         os.remove(path)
                     except FileNotFoundError:
                         pass
+            marks.clear_all(self.spec.train.train_dir)     # an earlier launcher's run-wide stop mark (Slurm)
             self._begin()
             return self._run(strategy)
         finally:

@@ -33,6 +33,7 @@ from cluster.runtime.rundir import PRIVATE, read_text, write_atomically
 from cluster.spec import ClusterSpec
 from launch import system
 from launch.render import compose as compose_file
+from launch.backends import marks
 from launch.backends.tail import FileTail, follow_file
 from launch.backends.base import (ENDED, RUNNING, STOP_GRACE_SECS, Backend, BackendError, HostCheck, Observation, TaskRecord,
                             decode_exit, handle_of, link_attempt_log, local_disk_full, planned_record,
@@ -308,6 +309,7 @@ class ComposeBackend(Backend):
         # keeps its earlier output; an earlier attempt's is never touched).
         log_file = link_attempt_log(self.project_dir, plan)
         offset = os.path.getsize(log_file) if os.path.exists(log_file) else 0
+        marks.clear(marks.of_plan(plan, self.project_dir))      # the bind-mounted train_dir, seen from here
         out = _run(['docker', 'start', container])
         if out.returncode != 0:
             raise ComposeError(f'{plan.name}: docker start of {service} failed: {_last_line(out.stderr)}')
@@ -366,6 +368,7 @@ class ComposeBackend(Backend):
         checkpoints while the ps holds the variables; ps tasks left waiting for a lost worker),
         only these stop and stay, to be started again; else every container and the network of
         the project are removed."""
+        marks.write(marks.of_record(r) for r in records)    # docker-init passes the SIGTERM on: a stop, not a notice
         mine = {handle_of(r, ComposeHandle).container or r.ident for r in records}
         out = _run(['docker', 'ps', '-q', '--no-trunc', '--filter', f'label={PROJECT_LABEL}={self.project}'])
         running = set(out.stdout.split()) if out.returncode == 0 else set()

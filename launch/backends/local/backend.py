@@ -20,7 +20,7 @@ from cluster.runtime import children, hostinfo, ports
 from cluster.runtime.contract import TASK_MODULE
 from cluster.runtime.messages import channel_beside, channel_env, clear_channel
 from cluster.runtime.ports import port_in_use
-from launch.backends import netns, sessions
+from launch.backends import marks, netns, sessions
 from launch.backends.procstat import STATE, process_ident, read_stat_fields
 from launch.backends.tail import FileTail, follow_file
 from launch.system import poll_until
@@ -199,6 +199,7 @@ class LocalBackend(Backend):
     def start(self, plan: TaskPlan) -> TaskRecord:
         log_file = link_attempt_log(plan.cwd, plan)
         clear_channel(channel_beside(os.path.abspath(log_file)))   # its records: this start's alone
+        marks.clear(marks.of_plan(plan))        # a stop mark was for an earlier copy
         with open(log_file, 'ab') as out:       # a task restarted in the same attempt appends
             offset = out.tell()
             argv = netns.wrap(plan.netns, plan.argv) if plan.netns else plan.argv
@@ -337,6 +338,7 @@ class LocalBackend(Backend):
         return out
 
     def stop(self, records: list[TaskRecord], grace: float = STOP_GRACE_SECS) -> None:
+        marks.write(marks.of_record(r) for r in records)    # this SIGTERM is a stop, not a preemption notice
         live = [r for r in records if self._ours(r)]
         left = [p for r in records if r not in live for p in self._left(r)]     # its leader gone, its command not
         for sig in (signal.SIGTERM, signal.SIGKILL):

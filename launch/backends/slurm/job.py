@@ -25,6 +25,7 @@ from cluster.env.slurm import rank_task
 from cluster.spec import ClusterSpec, TaskSpec
 from launch import system
 from launch.errors import UsageError
+from launch.backends import marks
 from launch.backends.tail import follow_file
 from launch.backends.tail import FileTail
 from launch.records.event_types import Interrupted, TaskLost
@@ -298,6 +299,7 @@ class SubmittedJob:
         try:
             if not self.strategy.hurried.is_set() and self.state != 'PENDING':
                 try:
+                    marks.write([rundir.stop_all_path(self.train_dir)])     # every task: a stop, not a notice
                     cancel(self.job, 'TERM')
                     self._wait_gone(time.monotonic() + CHECKPOINT_GRACE_SECS, self.strategy.hurried)
                 except SlurmError as e:     # e.g. a job still pending has no task to signal

@@ -29,6 +29,7 @@ from cluster.runtime import rundir, runjson
 from cluster.runtime.rundir import LEASE_ENV
 from cluster.spec import ClusterSpec
 from cluster.rehearsal.argv import task_module
+from launch.backends import marks
 from launch.backends.base import (ENDED, GPU_COUNT_SH, RUNNING, STOP_GRACE_SECS, UNKNOWN, Backend, HostCheck,
                                   Observation, busy_port, TaskRecord, decode_exit, handle_of, parse_gpu_count, planned_record)
 from launch.backends.procstat import STATE, start_time, stat_fields
@@ -372,7 +373,7 @@ class SSHBackend(Backend):
 
     def _stop_host(self, name: str, records: list[TaskRecord], grace: float) -> None:
         """One command (stop_script) for every task of the host."""
-        script = stop_script([_process(r) for r in records], grace)
+        script = stop_script([_process(r) for r in records], grace, [marks.of_record(r) for r in records])
         try:
             result = self._run(name, script, timeout=grace + COMMAND_TIMEOUT)
             if result.stdout.strip():

@@ -180,15 +180,16 @@ END_SESSION = ('k=; for d in /proc/[0-9]*; do read -r l < "$d/stat" || continue;
 
 
 def start_script(command: str, workdir: str, link: str, log_file: str, legacy: str,
-                 earlier: TaskProcess | None) -> str:
+                 earlier: TaskProcess | None, mark: str = '') -> str:
     """Start `command` detached in `workdir`, its output appended to `log_file` and `link` leading
     there (a plain file at `link` moves into `legacy` first); answers one STARTED line: the log's
-    size before, the wrapper's pid and start time, the task's pid and start time ('-': none)."""
+    size before, the wrapper's pid and start time, the task's pid and start time ('-': none).
+    `mark`: the task's stop mark, removed (it was for an earlier copy: launch/backends/marks.py)."""
     files = TaskFiles.beside(link)
     return '\n'.join([
         f'cd {q(workdir)} || exit 1',
         end_earlier_copy(earlier),
-        f'rm -f {q(files.rcfile)} {q(files.pidfile)} {q(files.taskfile)}',
+        f'rm -f {q(files.rcfile)} {q(files.pidfile)} {q(files.taskfile)}' + (f' {q(mark)}' if mark else ''),
         f'rm -f {q(channel_beside(log_file))}',         # its records: this start's alone (clear_channel)
         f'mkdir -p {q(posixpath.dirname(log_file))}',
         f'if [ -f {q(link)} ] && [ ! -L {q(link)} ]; then mkdir -p {q(legacy)} && '
@@ -226,12 +227,14 @@ def parse_started(stdout: str) -> Started | None:
         return None
 
 
-def undo_start_script(files: TaskFiles) -> str:
+def undo_start_script(files: TaskFiles, mark: str = '') -> str:
     """Stop the process group the pidfile names if its leader is this task's wrapper (its command
-    line names the task's rc file); prints `stopped` if there was one."""
+    line names the task's rc file); prints `stopped` if there was one. `mark`: the task's stop
+    mark, written before the SIGTERM (launch/backends/marks.py)."""
+    marked = f'mkdir -p {q(posixpath.dirname(mark))} 2>/dev/null; : > {q(mark)} 2>/dev/null; ' if mark else ''
     return (f'p=$(cat {q(files.pidfile)} 2>/dev/null) || exit 0; [ -n "$p" ] || exit 0; '
             f'tr "\\0" " " < /proc/$p/cmdline 2>/dev/null | grep -qF {q(files.rcfile)} || exit 0; '
-            'kill -TERM -$p 2>/dev/null || exit 0; echo stopped; i=0; '
+            f'{marked}kill -TERM -$p 2>/dev/null || exit 0; echo stopped; i=0; '
             'while kill -0 -$p 2>/dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done; '
             'kill -KILL -$p 2>/dev/null; exit 0')
 
@@ -276,10 +279,12 @@ def parse_snapshot(stdout: str) -> dict[str, Seen] | None:
     return out
 
 
-def stop_script(processes: Iterable[TaskProcess], grace: float) -> str:
+def stop_script(processes: Iterable[TaskProcess], grace: float, marks: Iterable[str] = ()) -> str:
     """SIGTERM every task's process group that is still ours, wait up to `grace` for all, SIGKILL
-    what is left (printing `killed` and the groups), wait for that too."""
-    found = '\n'.join(f'g=$({ours(p)}); [ -n "$g" ] && k="$k $g"' for p in processes)
+    what is left (printing `killed` and the groups), wait for that too. The tasks' stop `marks`
+    are written first, so that each reads its SIGTERM as the launcher's stop (launch/backends/marks.py)."""
+    found = '\n'.join([f'g=$({ours(p)}); [ -n "$g" ] && k="$k $g"' for p in processes]
+                      + [f'mkdir -p {q(posixpath.dirname(m))} 2>/dev/null; : > {q(m)} 2>/dev/null' for m in marks])
     rounds = max(1, int(grace / 0.1))
     return f'''k=''
 {found}

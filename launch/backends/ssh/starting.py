@@ -23,6 +23,7 @@ import paramiko
 
 from cluster.runtime import rundir
 from cluster.runtime.messages import channel_env
+from launch.backends import marks
 from launch.backends.base import STOP_GRACE_SECS, TaskRecord
 from launch.backends.ssh.connections import COMMAND_TIMEOUT, SSHError, parallel
 from launch.backends.ssh.scripts import (Started, TaskFiles, TaskProcess, env_file_text, start_script, task_command, host_script, parse_host_script, parse_started,
@@ -120,7 +121,8 @@ def _start_script(plan: TaskPlan, workdir: str, earlier: TaskProcess | None) -> 
     # leads to the newest, and a plain file left there by an older version becomes attempt-0's.
     legacy = posixpath.join(posixpath.dirname(link), rundir.attempt_dirname(0))
     command = task_command(_spec_made_absolute(plan.argv, workdir), TaskFiles.beside(link).envfile)
-    return start_script(command, workdir, link, posixpath.join(workdir, plan.attempt_log_path), legacy, earlier)
+    return start_script(command, workdir, link, posixpath.join(workdir, plan.attempt_log_path), legacy, earlier,
+                        marks.of_plan(plan, workdir))
 
 
 def _part(backend: SSHBackend, name: str, plan: TaskPlan) -> _Part:
@@ -179,7 +181,8 @@ def _undo(backend: SSHBackend, name: str, batch: list[_Part]) -> str:
     """Stop whatever these tasks' starts launched (undo_start_script); says what came of it."""
     tasks = [p.plan.name for p in batch]
     try:
-        result = backend._run(name, host_script([(p.plan.name, undo_start_script(p.files)) for p in batch]),
+        undo = [(p.plan.name, undo_start_script(p.files, marks.of_plan(p.plan, p.workdir))) for p in batch]
+        result = backend._run(name, host_script(undo),
                               timeout=COMMAND_TIMEOUT + STOP_GRACE_SECS * len(batch))
     except SSHError as e:
         which = f'{tasks[0]} may be running there' if len(tasks) == 1 else f'{", ".join(tasks)} may be running there'
