@@ -29,6 +29,7 @@ class Relaunch:
     checkpoint: bool        # the chief saves first (it and every ps can still answer)
     members: Members | None = None      # a sync scale's live set from the next attempt on
     leaving: tuple[str, ...] = ()       # ... and the workers that leave it
+    preempted: bool = False             # a preemption's: `number` is the restarts so far (none spent), no backoff
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ VALUES = {
     'phases': {'stop': 0.5, 'backoff': 1.0, 'start': 3.25, 'step': 1.5},
     'path': '/home/me/runs/local2',
     'stacks': 'stacks/attempt-1', 'no_stacks': ['worker:1'],
-    'before': '127.0.0.4:2222', 'address': '127.0.0.3:2222',
+    'before': '127.0.0.4:2222', 'address': '127.0.0.3:2222', 'grace': 30.0, 'checkpoint': 800,
 }
 SPEC, TRAIN_DIR = '/home/me/specs/local2.yaml', '/home/me/runs/local2'
 BY_EVENT = {('evaluation', 'task'): 'evaluator:0', ('failover', 'to'): 'worker:3', ('failover', 'task'): 'worker:1',
