@@ -216,7 +216,8 @@ class SupervisedRun(Strategy):
         seen = {f.task for f in failures}
         every = [f for f in self.state.attempt.failures if f.task not in seen] + list(failures)
         return Outcome(code, headline, self.state.restarts, every, tuple(sorted(self.state.attempt.tolerated)),
-                       global_step=self.state.attempt.global_step, recoveries=list(self.clock.done))
+                       global_step=self.state.attempt.global_step, recoveries=list(self.clock.done),
+                       preemptions=self.state.preemptions)
 
     def _mended(self, mended: MendedFault) -> None:
         """The training is back after a fault: one line, and the event."""
@@ -320,6 +321,7 @@ class SupervisedRun(Strategy):
         if plan.relaunch is not None and plan.relaunch.number is not None:
             state.restarts = plan.relaunch.number
         state.evaluator_restarts += plan.evaluator_restart
+        state.preemptions += plan.preemptions
         state.retired |= plan.retire
         state.attempt.tolerated = (state.attempt.tolerated | plan.tolerate) - plan.welcome
         if plan.members is not None:

@@ -60,7 +60,8 @@ def told(state: SupervisorState, new: Sequence[Notice]) -> Plan | None:
     members = None
     if any(n.task != chief for n in new):
         members = dataclasses.replace(state.members, save=state.members.save + 1)
-    return Plan(members=members, publish=members is not None, say=tuple(say), events=tuple(events))
+    return Plan(members=members, publish=members is not None, say=tuple(say), events=tuple(events),
+                preemptions=len(new))
 
 
 def is_done(notice: Notice, saved: int | None, now: float) -> bool:
