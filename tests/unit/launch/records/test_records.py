@@ -90,7 +90,7 @@ def run_json_example() -> dict:
                        started=1795468123.0, ended=1795468156.5,
                        rehearsal=Rehearsal(tasks=2, links=[RehearsedLink(source='worker:0', target='ps:0', address='h:1',
                                                                          rtt_ms=0.5, mb_per_s=120.0, error='')],
-                                           unreported=[]))
+                                           unreported=[]), preemptions=1)
     return result.to_json(RUN_ID, 2, SPEC, 'local', TRAIN_DIR)
 
 
