@@ -192,8 +192,8 @@ class Recovery:
         """The event log's account of a fault first, then the repeat rule: a restart that would fail
         as the last one did becomes giving up."""
         run = self.run
-        if decision.preempted:      # told as it came (preemption.py): no fault to account for, nor to repeat
-            return decision
+        if decision.preempted and decision.action is not Action.GIVE_UP:
+            return decision         # told as it came (preemption.py): no fault to account for, nor to repeat
         starting = {name for name, said in run.state.serving.items() if not said.is_set()}
         decision = faults.dump_stacks(run.life, decision, run.state.records, run.backends, starting)   # before any stop
         errors, failures = faults.record_faults(run.life, decision, statuses, run.state.records, run.backends)
