@@ -16,7 +16,7 @@ from cluster.spec import ClusterSpec, SpecError, load_spec
 from cluster.spec.load import take_overrides
 from launch.commands import COMMANDS, Request, check_request, cmd_download, cmd_list, load_target
 from launch.commands.flags import (DownloadFlags, EvalFlags, JsonFlags, ListFlags, LogsFlags, NoFlags, OutputFlags,
-                                   RenderFlags, ScaleFlags, StatusFlags, UpFlags)
+                                   PreemptFlags, RenderFlags, ScaleFlags, StatusFlags, UpFlags)
 from launch.errors import LaunchError, NoSuchRun
 from launch.records.runs import RunNotFound
 from launch.render import RENDERERS, RenderOptions, takers
@@ -25,7 +25,7 @@ from launch.run import registry
 from launch.run.launching import backend_help
 
 
-RUN_COMMANDS = ('status', 'down', 'logs', 'eval', 'report', 'scale', 'debug')     # they take a run id or train_dir too
+RUN_COMMANDS = ('status', 'down', 'logs', 'eval', 'report', 'scale', 'debug', 'preempt')     # they take a run id or train_dir too
 # The commands that hand the tasks their environment, or show or write it: every `{from_env: NAME}`
 # of the spec must have its value (the others, `down` of a run included, work without).
 VALUE_COMMANDS = ('up', 'plan', 'check', 'compose', 'render')
@@ -118,6 +118,11 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
     debug = sub.add_parser('debug', help="every task of a running run writes its Python stacks (every thread's) "
                                          'to <train_dir>/stacks/attempt-N/ (exit 1: none answered, 2: not running)')
     _spec_args(debug, run=True)
+    preempt = sub.add_parser('preempt', help='give a task of a running run the preemption notice a spot watcher would: '
+                                             'it has supervise.preemption_grace seconds to save and go, and no fault '
+                                             'is counted')
+    _spec_args(preempt, run=True)
+    preempt.add_argument('task', help='job:index, e.g. ps:0')
 
 
 def _add_reading_commands(sub: argparse._SubParsersAction) -> None:
@@ -286,7 +291,7 @@ FLAGS: dict[str, Callable[[argparse.Namespace], object]] = {
                             finish_timeout=a.finish_timeout, overrides=tuple(a.overrides), rehearse=a.rehearse),
     'scale': lambda a: ScaleFlags(a.workers),
     'status': lambda a: StatusFlags(a.json, a.all), 'plan': _json_flags, 'check': _json_flags,
-    'down': lambda a: NoFlags(), 'debug': lambda a: NoFlags(),
+    'down': lambda a: NoFlags(), 'debug': lambda a: NoFlags(), 'preempt': lambda a: PreemptFlags(a.task),
     'logs': lambda a: LogsFlags(task=a.task, follow=a.follow, attempt=a.attempt),
     'eval': lambda a: EvalFlags(a.checkpoint, a.verbose),
     'report': _output_flags, 'compose': _output_flags,

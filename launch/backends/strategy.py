@@ -36,6 +36,7 @@ class Outcome:
     recoveries: list[MendedFault] = field(default_factory=list)     # the faults mended, with their times
     rehearsal: Rehearsal | None = None  # a rehearsal's findings (launch/run/rehearsal.py)
     resume: str | None = None           # interrupted: what a new `launch up` does, where resume_hint's words are not it
+    preemptions: int = 0                # preemption notices (none counted among the restarts)
 
     @property
     def state(self) -> RunState:

@@ -47,6 +47,11 @@ class LogsFlags:
 
 
 @dataclass(frozen=True)
+class PreemptFlags:
+    task: str                       # job:index: the task that gets the notice
+
+
+@dataclass(frozen=True)
 class EvalFlags:
     checkpoint: str | None          # a checkpoint prefix (None: the newest in train_dir)
     verbose: bool = False           # show TensorFlow's C++ start-up messages too

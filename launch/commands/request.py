@@ -19,7 +19,7 @@ from launch.run.state import LaunchState
 F = TypeVar('F')
 
 # Commands that, with no --backend, use the backend the run's state file remembers.
-REMEMBERING = ('status', 'down', 'logs', 'scale', 'debug')
+REMEMBERING = ('status', 'down', 'logs', 'scale', 'debug', 'preempt')
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ def cmd_status(spec: ClusterSpec, req: Request[StatusFlags]) -> int:
                           'launcher': {'pid': state.launcher_pid, 'alive': launcher_alive(state)} if state else None,
                           'progress': state.progress.to_json() if state and state.progress else None,
                           'restarts': state.restarts if state else 0,
+                          'preemptions': state.preemptions if state else 0,
                           'workers': state.workers.to_json() if state and state.workers else None,
                           'tasks': [t.to_json() for t in tasks]},
                          indent=1))
@@ -66,7 +67,8 @@ def _print_launcher(spec: ClusterSpec, req: Request[StatusFlags], plans: list[Ta
         print(f'no cluster of {spec.path} is running: no task of it is left to show' if info else no_state(spec))
         return
     if launcher_alive(state):
-        restarts = f', {state.restarts} restart(s)' if state.restarts else ''
+        restarts = (f', {state.restarts} restart(s)' if state.restarts else '') + \
+            (f', {state.preemptions} preemption(s)' if state.preemptions else '')
         print(f'launcher pid {state.launcher_pid}, started {time.ctime(state.started)}{restarts}')
         w = state.workers
         if w and len(w.live) != w.pool:

@@ -40,6 +40,7 @@ class EventKind(str, enum.Enum):
     SCALED = 'scaled'
     FAILOVER = 'failover'
     MOVED = 'moved'
+    PREEMPTED = 'preempted'
     DISK_FULL = 'disk_full'
     DISK_FREE = 'disk_free'
     INTERRUPTED = 'interrupted'
@@ -302,6 +303,18 @@ class Moved(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Preempted(Event):
+    """A task got a preemption notice (a SIGTERM from outside the launcher): no fault, not counted
+    against supervise.max_restarts; the restart that follows (if any) is in its own event."""
+    kind = EventKind.PREEMPTED
+    task: str | None = json_field(read_text, doc='The task that got the notice.')
+    cause: str | None = json_field(read_text, doc='Where the notice came from, in words.')
+    grace: float | None = json_field(read_real, doc='Its seconds to have the checkpoint saved and go.')
+    step: int | None = json_field(read_whole, doc='The global step it had reached (null: not known to it).')
+    checkpoint: int | None = json_field(read_whole, doc='The newest checkpoint at the notice (null: none yet).')
+
+
+@dataclass(frozen=True, kw_only=True)
 class DiskFull(Event):
     """The disk under the run's files (`path`) is full, or refuses the event log: `cause`. The
     event is written into the log's reserve."""
@@ -348,7 +361,7 @@ class OtherEvent(Event):
 
 EVENT_TYPES: dict[str, type[Event]] = {cls.kind.value: cls for cls in (
     RunStarted, TaskStarted, Serving, FirstStep, Progress, Checkpoint, Evaluation, TaskLost, Tolerated, Stall, Restart,
-    Recovered, Scale, Scaled, Failover, Moved, DiskFull, DiskFree, Interrupted, Finished) if cls.kind is not None}
+    Recovered, Scale, Scaled, Failover, Moved, Preempted, DiskFull, DiskFree, Interrupted, Finished) if cls.kind is not None}
 assert set(EVENT_TYPES) == {k.value for k in EventKind}
 
 

@@ -47,6 +47,7 @@ MARKS = {
     'scale': ('scaled (launch scale)', 'd', 11, '#1f77b4', 'black'),
     'failover': ('failed over to a spare', '^', 11, LOST, 'black'),
     'moved': ('moved to another node', '>', 11, WARN, 'black'),
+    'preempted': ('preemption notice', 'v', 11, '#1f77b4', 'black'),
     'stopped': ('stopped', 's', 6, 'black', 'black'),
     'done': ('finished: done', '*', 15, '#2ca02c', 'black'),
     'ended': ('ended: interrupted', '*', 15, 'white', 'black'),

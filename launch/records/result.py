@@ -111,7 +111,7 @@ def read_mended(value: Any) -> list[MendedFault] | None:
 class RunRecord(JsonRecord):
     """run.json as read (or a `finished` event's result): every field may be missing (`has` says
     which were written) or null; the field order is the order the launcher writes them in."""
-    OPTIONAL = frozenset({'recoveries', 'rehearsal'})     # only once a fault was mended; only for a rehearsal
+    OPTIONAL = frozenset({'recoveries', 'rehearsal', 'preemptions'})    # once a fault was mended; a rehearsal; once preempted
     state: RunState | str | None = json_field(read_state)
     exit_code: int | None = json_field(read_whole)
     seconds: float | None = json_field(read_real)
@@ -129,6 +129,7 @@ class RunRecord(JsonRecord):
     backend: str | None = json_field(read_text)
     train_dir: str | None = json_field(read_text)
     rehearsal: Rehearsal | None = json_field(read_rehearsal)     # `launch up --rehearse`: the links tried
+    preemptions: int | None = json_field(read_whole)     # preemption notices, none counted among the restarts
 
     def is_empty(self) -> bool:
         return not self.written_keys()
@@ -140,7 +141,7 @@ class RunRecord(JsonRecord):
                          global_step=self.global_step, images_per_sec=self.images_per_sec, loss=self.loss,
                          restarts=self.restarts or 0, failures=list(self.failures or ()),
                          recoveries=list(self.recoveries or ()), started=read_epoch(self.started) or 0.0, ended=read_epoch(self.ended) or 0.0,
-                         rehearsal=self.rehearsal)
+                         rehearsal=self.rehearsal, preemptions=self.preemptions or 0)
 
 
 @dataclass
@@ -158,6 +159,7 @@ class RunResult:
     started: float = 0.0                # epoch seconds
     ended: float = 0.0
     rehearsal: Rehearsal | None = None      # a rehearsal's findings (launch up --rehearse)
+    preemptions: int = 0                # preemption notices in this `launch up` (not among the restarts)
 
     def __post_init__(self) -> None:
         self.state = RunState(self.state)       # a caller's 'done' is the state DONE
@@ -169,7 +171,7 @@ class RunResult:
                          restarts=self.restarts, failures=list(self.failures), recoveries=list(self.recoveries) or None,
                          started=rundir.iso_time(self.started),
                          ended=rundir.iso_time(self.ended), id=run, attempt=attempt, spec=spec, backend=backend,
-                         train_dir=train_dir, rehearsal=self.rehearsal)
+                         train_dir=train_dir, rehearsal=self.rehearsal, preemptions=self.preemptions or None)
 
     def to_json(self, run: str, attempt: int, spec: str, backend: str, train_dir: str) -> dict[str, Any]:
         """run.json: the fields `launch status --json` and `launch list --json` agree with."""

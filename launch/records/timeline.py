@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 from cluster.runtime import rundir
 from launch.records.event_types import (Checkpoint, DiskFull, Event, Failover, Finished, FirstStep, Interrupted, Moved,
-                                        Progress, Restart, RunStarted, Scale, Serving, Stall, TaskLost, TaskStarted, Tolerated)
+                                        Preempted, Progress, Restart, RunStarted, Scale, Serving, Stall, TaskLost, TaskStarted, Tolerated)
 from launch.records.events import typed_events, typed_run_record
 from launch.records.result import RunRecord, RunState
 
@@ -231,6 +231,8 @@ class _Walk:
             self._fault(e, task, f'{task}\'s host could not be reached: {_or(e.to)} started in its place')
         elif isinstance(e, Moved):
             mark((task, t, 'moved'))
+        elif isinstance(e, Preempted):     # no fault: the restart that follows shows as its own
+            mark((task, t, 'preempted'))
         elif isinstance(e, DiskFull):
             mark((RUN_ROW, t, 'disk full'))
             self._fault(e, RUN_ROW, f'the disk under {_or(e.path)} is full: {_or(e.cause)}')

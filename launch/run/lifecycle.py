@@ -275,6 +275,7 @@ class Lifecycle:
             result.global_step = self._step_reached(outcome.global_step)
         result.recoveries = list(outcome.recoveries)
         result.rehearsal = outcome.rehearsal
+        result.preemptions = outcome.preemptions
         if outcome.state == RunState.DONE:
             figures = self.summary(result, outcome.lost, asked=self.spec.train.steps, saved=self.checkpoint_step())
             self.console.say(outcome.headline + figures + self._unevaluated())
@@ -440,6 +441,8 @@ class Lifecycle:
         notes = []
         if result.restarts:
             notes.append(f'{result.restarts} restart(s)')
+        if result.preemptions:
+            notes.append(f'{result.preemptions} preemption(s), not counted as faults')
         if lost:
             notes.append(f'lost {", ".join(sorted(lost))}')
         if notes:

@@ -82,6 +82,7 @@ class TaskStatus:
     since: float = 0.0               # UNKNOWN: seconds it has been unknown
     movable: bool = False            # UNKNOWN: lost with its host, it can start elsewhere (Ray; placing.py)
     frozen: float = 0.0              # RUNNING: seconds it has been stopped (SIGSTOP, docker pause)
+    preempted: bool = False          # FAILED: it left on a preemption notice (supervise.preemption_grace)
 
     @property
     def is_chief(self) -> bool:
@@ -118,6 +119,7 @@ class Decision:
     note: str = ''                   # why a restart was not tried (after the task's error, in that line)
     disk: str | None = None          # a full disk under the run (Progress.disk): named first, as the cause
     stacks: StackDump | None = None  # a stall's stack dumps, taken before anything is done (launch/run/stacks.py)
+    preempted: bool = False          # its cause left on a preemption notice: no fault, not counted (preemption.py)
 
 
 @dataclass(frozen=True)
@@ -190,6 +192,8 @@ def describe_exit(code: int | None) -> str:
 
 
 def how_lost(t: TaskStatus) -> str:
+    if t.preempted:
+        return f'{t.name} was preempted'
     if t.state is TaskState.RUNNING and t.frozen:
         return f'{t.name} has been stopped (SIGSTOP, or paused) for {t.frozen:.0f}s'
     if t.state is TaskState.UNKNOWN:
@@ -206,6 +210,9 @@ def decide(policy: Policy, tasks: list[TaskStatus], tolerated: frozenset[str] | 
         decision = decide_coordinator(policy, tasks, tolerated, restarts, progress, evaluator_restarts)
     else:
         decision = _decide(policy, tasks, tolerated, restarts, progress)
+    cause = next((t for t in tasks if decision.tasks and t.name == decision.tasks[0]), None)
+    if cause is not None and cause.preempted and decision.action is not Action.FINISH:
+        decision = dataclasses.replace(decision, preempted=True)
     return on_full_disk(decision, progress)
 
 
@@ -252,6 +259,8 @@ def _decide(policy: Policy, tasks: list[TaskStatus], tolerated: frozenset[str] |
         reason = how_lost(newly_lost[0])
         if len(newly_lost) > 1:
             reason += f' (then {", ".join(how_lost(t) for t in newly_lost[1:])})'
+        if newly_lost[0].preempted:
+            can_restart = policy.restart == 'on-failure'    # a preemption is no fault: it spends no restart
         # A task that said a restart cannot help (no checkpoint restores), or a worker whose host
         # cannot be reached (a new start there would fail too), is not started again.
         if any(t.exit_code == EXIT_NO_RESTART for t in newly_lost):
@@ -302,6 +311,8 @@ def decide_coordinator(policy: Policy, tasks: list[TaskStatus], tolerated: froze
     if lost and all(t.job == 'evaluator' for t in lost):
         return decide_evaluator(policy, lost, evaluator_restarts)
     lost = [t for t in lost if t.job != 'evaluator']    # an evaluator lost with them is decided on next
+    if lost and lost[0].preempted:
+        can_restart = policy.restart == 'on-failure'    # a preemption is no fault: it spends no restart
     if any(t.job == 'chief' for t in lost) and not any(t.job == 'ps' for t in lost) and any(
             t.job == 'ps' and t.state is TaskState.UNKNOWN for t in tasks):
         # A chief lost while a ps cannot be asked most often lost that ps: the ps's verdict first
@@ -363,7 +374,7 @@ def decide_evaluator(policy: Policy, lost: list[TaskStatus], restarts: int) -> D
     reachable = all(t.state in (TaskState.FAILED, TaskState.RUNNING) for t in lost)
     if policy.restart != 'on-failure' or not reachable or any(t.exit_code == EXIT_NO_RESTART for t in lost):
         return Decision(Action.TOLERATE, names, reason)
-    if restarts >= policy.max_restarts:
+    if restarts >= policy.max_restarts and not lost[0].preempted:
         return Decision(Action.TOLERATE, names, reason, note=f'its own {restarts} restart(s) are spent '
                                                              '(supervise.max_restarts)')
     return Decision(Action.RESTART_TASKS, names, reason)

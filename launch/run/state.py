@@ -93,13 +93,14 @@ class LaunchState:
     progress: StepSeen | None = None
     restarts: int = 0
     workers: WorkerPool | None = None
+    preemptions: int = 0        # preemption notices so far (none among the restarts)
 
     def fingerprint(self) -> tuple:
         """What save() writes, cheap to compare: equal while the file would say the same (a step's
         time goes with its step)."""
         return (tuple((t.name, t.pid, t.ident, t.host, t.port, t.log, t.log_offset, t.address) for t in self.tasks),
                 None if self.progress is None else (self.progress.global_step, self.progress.steps),
-                self.restarts, self.workers)
+                self.restarts, self.workers, self.preemptions)
 
     def save(self, path: str) -> None:
         """Write the state file (whole: a reader never sees half of it)."""
@@ -107,7 +108,7 @@ class LaunchState:
         data = {'format': FORMAT, 'spec': self.spec, 'launcher_pid': self.launcher_pid, 'launcher_ident': self.launcher_ident,
                 'started': self.started, 'tasks': [t.to_dict() for t in self.tasks],
                 'progress': None if self.progress is None else self.progress.to_json(), 'restarts': self.restarts,
-                'workers': None if self.workers is None else self.workers.to_json()}
+                'workers': None if self.workers is None else self.workers.to_json(), 'preemptions': self.preemptions}
         write_atomically(path, runjson.dumps(data, indent=1))
 
     @classmethod

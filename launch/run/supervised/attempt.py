@@ -8,11 +8,23 @@ import time
 from dataclasses import dataclass, field
 from collections.abc import Callable, Mapping, Sequence
 
+from cluster.runtime.contract import EXIT_PREEMPTED
 from launch.backends.base import ENDED, UNKNOWN, Backend, TaskRecord, status_all
 from launch.run.disk import Pulses, Refusals
 from launch.run.lifecycle import Failure
 from launch.run.policy import Progress, TaskState, TaskStatus
 from launch.run.state import StepSeen
+
+
+@dataclass(frozen=True)
+class Notice:
+    """A task's preemption notice, as its log said it (cluster/runtime/messages.py Preempted):
+    when it was seen here, the task's grace, its step then, and the newest checkpoint then."""
+    task: str
+    at: float
+    grace: float
+    step: int | None
+    saved: int | None
 
 
 @dataclass
@@ -33,6 +45,9 @@ class Attempt:
     refusals: Refusals = field(default_factory=Refusals)          # tasks lost to a full disk, by their own error
     told_disk: bool = False                                       # a refusal only the tasks could see: said
     failed_seen: set[str] = field(default_factory=set)            # tasks seen ended badly at the last look
+    notices: dict[str, Notice] = field(default_factory=dict)      # tasks that got a preemption notice (preemption.py)
+    told: set[str] = field(default_factory=set)                   # ... whose notice the run has told and acted on
+    done: set[str] = field(default_factory=set)                   # ... whose save is done or whose grace is up
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def saw_step(self, step: int) -> None:
@@ -45,6 +60,22 @@ class Attempt:
         """The chief logged a checkpoint at `step` (from a log follower's thread)."""
         with self._lock:
             self.saved = step
+
+    def saw_notice(self, task: str, grace: float, step: int | None) -> None:
+        """A task's log said it got a preemption notice (from a log follower's thread)."""
+        with self._lock:
+            self.notices[task] = Notice(task, time.monotonic(), grace, step, self.saved)
+
+    def notices_now(self) -> list[Notice]:
+        with self._lock:
+            return list(self.notices.values())
+
+    def forget_notice(self, task: str) -> None:
+        """`task` starts again: a notice of its start before is done with."""
+        with self._lock:
+            self.notices.pop(task, None)
+        self.told.discard(task)
+        self.done.discard(task)
 
     def restarted_chief(self) -> None:
         """The chief starts again from a checkpoint: the steps it reports from there are progress,
@@ -98,8 +129,9 @@ class Attempt:
                 frozen = now - self.frozen_since.setdefault(r.name, now)
             else:
                 self.frozen_since.pop(r.name, None)
-            out.append(TaskStatus(r.name, r.job, r.index, state,
-                                  exit_code=seen.exit_code if seen.state == ENDED else None, frozen=frozen))
+            code = seen.exit_code if seen.state == ENDED else None
+            out.append(TaskStatus(r.name, r.job, r.index, state, exit_code=code, frozen=frozen,
+                                  preempted=state is TaskState.FAILED and (code == EXIT_PREEMPTED or r.name in self.notices)))
         failed = {t.name for t in out if t.state is TaskState.FAILED}
         if self.pulses.due() or failed - self.failed_seen:     # a fault is judged on the disk as it is now
             self.feel(records, backends, say)

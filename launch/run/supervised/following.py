@@ -30,6 +30,8 @@ def follow(life: Lifecycle, state: SupervisorState, clock: RecoveryClock, backen
         found = life.saw_line(record.name, line, record.job == 'worker' or chief, chief)
         if chief and isinstance(said, messages.Checkpoint):
             state.attempt.saw_saved(said.step)
+        if isinstance(said, messages.Preempted):
+            state.attempt.saw_notice(record.name, said.grace, said.step)
         if found is not None and (chief or not coordinator):
             state.attempt.saw_step(found['step'])
             state.stepped.add(record.name)

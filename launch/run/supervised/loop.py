@@ -42,6 +42,7 @@ from launch.run.supervised.recovery import Recovery, resume
 from launch.run.supervised.scaling import Scaling, resume_scaled
 from launch.run.supervised.startup import wait_for_servers
 from launch.run.supervised.plan import Plan, SaveFirst
+from launch.run.supervised import preemption
 from launch.run.supervised.placing import PlaceAgain, place_again
 from launch.run.supervised.reconcile import reconcile
 from launch.run.supervised.state import StartLoss, SupervisorState
@@ -215,7 +216,8 @@ class SupervisedRun(Strategy):
         seen = {f.task for f in failures}
         every = [f for f in self.state.attempt.failures if f.task not in seen] + list(failures)
         return Outcome(code, headline, self.state.restarts, every, tuple(sorted(self.state.attempt.tolerated)),
-                       global_step=self.state.attempt.global_step, recoveries=list(self.clock.done))
+                       global_step=self.state.attempt.global_step, recoveries=list(self.clock.done),
+                       preemptions=self.state.preemptions)
 
     def _mended(self, mended: MendedFault) -> None:
         """The training is back after a fault: one line, and the event."""
@@ -237,7 +239,7 @@ class SupervisedRun(Strategy):
                 continue
             self.check_run_dir()
             self.apply(reconcile(self.state, time.monotonic()))     # the desired set, before the look
-            statuses = self._observe()
+            statuses = self._preempting(self._observe())
             self._scale(statuses)
             waiting = frozenset(self.state.attempt.tolerated | set(self.state.attempt.due))     # lost, and let go or due back
             decision = policy.decide(self.state.policy, statuses, waiting, self.state.restarts, self._progress(), self.state.evaluator_restarts)
@@ -286,6 +288,13 @@ class SupervisedRun(Strategy):
             tell_own_refusals(self, statuses)
         return statuses
 
+    def _preempting(self, statuses: list[TaskStatus]) -> list[TaskStatus]:
+        """The preemption notices told and acted on (preemption.py); the statuses the policy sees."""
+        seen = preemption.step(self.state, statuses, time.monotonic())
+        if seen.plan is not None:
+            self.apply(seen.plan)
+        return seen.statuses
+
     def _progress(self) -> Progress:
         return self.state.attempt.progress(self.spec.train.steps)
 
@@ -312,6 +321,7 @@ class SupervisedRun(Strategy):
         if plan.relaunch is not None and plan.relaunch.number is not None:
             state.restarts = plan.relaunch.number
         state.evaluator_restarts += plan.evaluator_restart
+        state.preemptions += plan.preemptions
         state.retired |= plan.retire
         state.attempt.tolerated = (state.attempt.tolerated | plan.tolerate) - plan.welcome
         if plan.members is not None:
@@ -354,7 +364,7 @@ class SupervisedRun(Strategy):
             else:
                 self.clock.phase('stop')
                 step = self.life.checkpoint_step()
-                delay = self.state.history.backoff(self.state.policy)
+                delay = 0.0 if relaunch.preempted else self.state.history.backoff(self.state.policy)
                 self.apply(resume(self.state, relaunch, step, delay, self.clock.done))
         if start is not None and not self.interrupted.wait(start.wait):
             if start.restart is not None:
@@ -419,6 +429,7 @@ class SupervisedRun(Strategy):
 
     def _started(self, backend: Backend, record: TaskRecord) -> None:
         self.state.started(record)
+        self.state.attempt.forget_notice(record.name)
         self.life.task_started(record.name, host=record.host, **backend.locate(record))
         follow(self.life, self.state, self.clock, backend, record, self.is_chief(record), self.spec.coordinator)
 

@@ -29,6 +29,7 @@ class Relaunch:
     checkpoint: bool        # the chief saves first (it and every ps can still answer)
     members: Members | None = None      # a sync scale's live set from the next attempt on
     leaving: tuple[str, ...] = ()       # ... and the workers that leave it
+    preempted: bool = False             # a preemption's: `number` is the restarts so far (none spent), no backoff
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,7 @@ class Plan:
     cluster started again. The scale under way is set first. The empty plan changes nothing."""
     restart: Backoff | None = None              # one more of supervise.max_restarts, committed to the history
     evaluator_restart: bool = False             # one more of a coordinator run's evaluator's own restarts
+    preemptions: int = 0                        # preemption notices told (preemption.py): none is a restart
     members: Members | None = None              # the live set from now on
     leaving: tuple[str, ...] = ()               # workers whose records go (they left the live set between attempts)
     publish: bool = False                       # told to every lease at once (else within LEASE_RENEW_SECS)

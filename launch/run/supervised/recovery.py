@@ -11,6 +11,7 @@ repeat the last one's failure exactly is no restart (faults.py FaultHistory).
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Protocol
 from collections.abc import Callable, Mapping, Sequence
@@ -68,14 +69,19 @@ def tolerate(state: SupervisorState, decision: Decision) -> Plan:
 
 
 def restart_tasks(state: SupervisorState, decision: Decision, backoff: Backoff) -> Plan:
-    """Start the lost tasks again once their backoff has passed; the rest keep training."""
+    """Start the lost tasks again once their backoff has passed; the rest keep training. After a
+    preemption (no fault) at once, and none of the run's restarts is spent."""
+    if decision.preempted:
+        backoff = dataclasses.replace(backoff, delay=0.0)
     wait = f' in {backoff.delay:g}s (supervise.backoff_secs)' if backoff.delay else ''
-    line = (f'restart {state.restarts + 1}/{state.policy.max_restarts}: {decision.reason}; '
+    count = 'after a preemption' if decision.preempted else f'restart {state.restarts + 1}/{state.policy.max_restarts}'
+    line = (f'{count}: {decision.reason}; '
             f'starting {", ".join(decision.tasks)} again{wait}, it rejoins the training')
     # A coordinator without its ps cannot save: end it now rather than after a grace.
     kill = tuple(r.name for r in state.records if r.job == 'chief' and r.name in decision.tasks) \
         if any(job_of(name) == 'ps' for name in decision.tasks) else ()
-    return Plan(restart=backoff, say=(line,), restart_tasks=decision.tasks, restart_reason=decision.reason,
+    return Plan(restart=None if decision.preempted else backoff, say=(line,), restart_tasks=decision.tasks,
+                restart_reason=decision.reason,
                 kill=kill, restarted_chief=any(job_of(name) == 'chief' for name in decision.tasks),
                 due={name: backoff.at + backoff.delay for name in decision.tasks}, start=True)
 
@@ -83,12 +89,13 @@ def restart_tasks(state: SupervisorState, decision: Decision, backoff: Backoff) 
 def restart_evaluator(state: SupervisorState, decision: Decision, now: float) -> Plan:
     """Start the lost evaluator again once its backoff has passed, on its own restarts: the
     training never stopped for it, so none of the run's is spent and no "training again" follows."""
-    restarts = state.evaluator_restarts + 1
-    delay = policy.backoff_delay(state.policy, restarts)
+    restarts = state.evaluator_restarts + (not decision.preempted)
+    delay = 0.0 if decision.preempted else policy.backoff_delay(state.policy, restarts)
     wait = f' in {delay:g}s (supervise.backoff_secs)' if delay else ''
     line = (f'evaluator restart {restarts}/{state.policy.max_restarts} (its own, not the run\'s): '
             f'{decision.reason}; starting {", ".join(decision.tasks)} again{wait}; the training goes on')
-    return Plan(evaluator_restart=True, say=(line,), restart_tasks=decision.tasks, restart_reason=decision.reason,
+    return Plan(evaluator_restart=not decision.preempted, say=(line,), restart_tasks=decision.tasks,
+                restart_reason=decision.reason,
                 due={name: now + delay for name in decision.tasks}, start=True)
 
 
@@ -96,9 +103,10 @@ def restart_cluster(state: SupervisorState, decision: Decision, cause: str, can_
     """Stop every task (the chief checkpoints first if it can) to start them all again: one more
     restart of the run's. `cause` and `can_save`: the fault in words and whether the chief can
     still save (faults.py cause, which asks the tasks). What follows the stop is `resume`'s."""
-    number = state.restarts + 1
-    return Plan(relaunch=Relaunch(number, decision.reason, can_save),
-                say=(f'restart {number}/{state.policy.max_restarts}: {cause}; stopping every task'
+    number = state.restarts + (not decision.preempted)
+    count = 'after a preemption' if decision.preempted else f'restart {number}/{state.policy.max_restarts}'
+    return Plan(relaunch=Relaunch(number, decision.reason, can_save, preempted=decision.preempted),
+                say=(f'{count}: {cause}; stopping every task'
                      + ('' if can_save else ' (no checkpoint can be saved without the lost task)'),))
 
 
@@ -110,13 +118,14 @@ def resume(state: SupervisorState, relaunch: Relaunch, step: int | None, delay: 
     `recoveries`: the faults mended so far, for the ending attempt's result."""
     number, most = relaunch.number, state.policy.max_restarts
     assert number is not None, 'a restart of the cluster is one of the run\'s'
-    line = (f'restart {number}/{most}: resuming from '
+    count = 'after a preemption' if relaunch.preempted else f'restart {number}/{most}'
+    line = (f'{count}: resuming from '
             + (f'the checkpoint at global step {step}' if step is not None else
                'step 0 (no checkpoint was written yet)')
             + (f' in {delay:g}s (supervise.backoff_secs, doubling while restarts do not bring the training back)'
                if delay else ''))
-    reason = f'restart {number}/{most}: {relaunch.reason}'
-    ended = RunResult(state=RunState.FAILED, exit_code=EXIT_FAILED, restarts=number - 1,
+    reason = f'{count}: {relaunch.reason}'
+    ended = RunResult(state=RunState.FAILED, exit_code=EXIT_FAILED, restarts=number - (not relaunch.preempted),
                       failures=list(state.attempt.failures), global_step=state.attempt.global_step,
                       recoveries=list(recoveries))
     return Plan(say=(line,), attempt=NewAttempt(reason, step, ended, {RESTART_ENV: reason}),
@@ -183,6 +192,8 @@ class Recovery:
         """The event log's account of a fault first, then the repeat rule: a restart that would fail
         as the last one did becomes giving up."""
         run = self.run
+        if decision.preempted and decision.action is not Action.GIVE_UP:
+            return decision         # told as it came (preemption.py): no fault to account for, nor to repeat
         starting = {name for name, said in run.state.serving.items() if not said.is_set()}
         decision = faults.dump_stacks(run.life, decision, run.state.records, run.backends, starting)   # before any stop
         errors, failures = faults.record_faults(run.life, decision, statuses, run.state.records, run.backends)

@@ -81,6 +81,7 @@ class SupervisorState:
     records: list[TaskRecord] = field(default_factory=list)    # the current start of every task, in plan order
     restarts: int = 0                       # the run's, of supervise.max_restarts
     evaluator_restarts: int = 0             # a coordinator run's evaluator's own
+    preemptions: int = 0                    # preemption notices told (none counted among the restarts)
     attempt: Attempt = field(default_factory=Attempt)          # what this attempt has seen
     history: FaultHistory = field(default_factory=FaultHistory)    # the backoff streak, the repeat rule's memory
     retired: set[str] = field(default_factory=set)             # workers failed over: never started again

@@ -39,6 +39,7 @@ class StateFile:
         if progress is not None:
             written.progress = progress
         written.restarts = state.restarts
+        written.preemptions = state.preemptions
         written.workers = WorkerPool(self.spec.num_workers, list(state.members.indices), asked)
         fingerprint = written.fingerprint()
         if changed_only and self._same(fingerprint, len(written.tasks)):

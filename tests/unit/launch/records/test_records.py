@@ -37,7 +37,7 @@ VALUES = {
     'phases': {'stop': 0.5, 'backoff': 1.0, 'start': 3.25, 'step': 1.5},
     'path': '/home/me/runs/local2',
     'stacks': 'stacks/attempt-1', 'no_stacks': ['worker:1'],
-    'before': '127.0.0.4:2222', 'address': '127.0.0.3:2222',
+    'before': '127.0.0.4:2222', 'address': '127.0.0.3:2222', 'grace': 30.0, 'checkpoint': 800,
 }
 SPEC, TRAIN_DIR = '/home/me/specs/local2.yaml', '/home/me/runs/local2'
 BY_EVENT = {('evaluation', 'task'): 'evaluator:0', ('failover', 'to'): 'worker:3', ('failover', 'task'): 'worker:1',
@@ -90,7 +90,7 @@ def run_json_example() -> dict:
                        started=1795468123.0, ended=1795468156.5,
                        rehearsal=Rehearsal(tasks=2, links=[RehearsedLink(source='worker:0', target='ps:0', address='h:1',
                                                                          rtt_ms=0.5, mb_per_s=120.0, error='')],
-                                           unreported=[]))
+                                           unreported=[]), preemptions=1)
     return result.to_json(RUN_ID, 2, SPEC, 'local', TRAIN_DIR)
 
 
