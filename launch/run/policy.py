@@ -315,8 +315,7 @@ def decide_coordinator(policy: Policy, tasks: list[TaskStatus], tolerated: froze
         can_restart = policy.restart == 'on-failure'    # a preemption is no fault: it spends no restart
     if any(t.job == 'chief' for t in lost) and not any(t.job == 'ps' for t in lost) and any(
             t.job == 'ps' and t.state is TaskState.UNKNOWN for t in tasks):
-        # A chief lost while a ps cannot be asked most often lost that ps: the ps's verdict first
-        # (within unreachable_secs), so that one restart mends both.
+        # A chief lost while a ps cannot be asked most often lost that ps: its verdict first, one restart for both.
         return Decision(Action.CONTINUE)
     if lost:
         reason = how_lost(lost[0]) + (f' (then {", ".join(how_lost(t) for t in lost[1:])})' if len(lost) > 1 else '')

@@ -239,7 +239,10 @@ class SupervisedRun(Strategy):
                 continue
             self.check_run_dir()
             self.apply(reconcile(self.state, time.monotonic()))     # the desired set, before the look
-            statuses = self._preempting(self._observe())
+            seen = preemption.step(self.state, self._observe(), time.monotonic())    # notices told, acted on
+            if seen.plan is not None:
+                self.apply(seen.plan)
+            statuses = seen.statuses
             self._scale(statuses)
             waiting = frozenset(self.state.attempt.tolerated | set(self.state.attempt.due))     # lost, and let go or due back
             decision = policy.decide(self.state.policy, statuses, waiting, self.state.restarts, self._progress(), self.state.evaluator_restarts)
@@ -287,13 +290,6 @@ class SupervisedRun(Strategy):
         if self.spec.coordinator or self.spec.train.command:
             tell_own_refusals(self, statuses)
         return statuses
-
-    def _preempting(self, statuses: list[TaskStatus]) -> list[TaskStatus]:
-        """The preemption notices told and acted on (preemption.py); the statuses the policy sees."""
-        seen = preemption.step(self.state, statuses, time.monotonic())
-        if seen.plan is not None:
-            self.apply(seen.plan)
-        return seen.statuses
 
     def _progress(self) -> Progress:
         return self.state.attempt.progress(self.spec.train.steps)
