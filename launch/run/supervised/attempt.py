@@ -62,9 +62,10 @@ class Attempt:
             self.saved = step
 
     def saw_notice(self, task: str, grace: float, step: int | None) -> None:
-        """A task's log said it got a preemption notice (from a log follower's thread)."""
+        """A task's log said it got a preemption notice (from a log follower's thread); a task that
+        does not know the global step (a ps) is given the newest this attempt saw."""
         with self._lock:
-            self.notices[task] = Notice(task, time.monotonic(), grace, step, self.saved)
+            self.notices[task] = Notice(task, time.monotonic(), grace, self.step if step is None else step, self.saved)
 
     def notices_now(self) -> list[Notice]:
         with self._lock:
