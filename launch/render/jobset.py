@@ -43,6 +43,15 @@ Choices, and why:
   starts again from step 0 (the header and docs/backends/kubernetes.md say so).
 - GPUs: a worker asks for as many nvidia.com/gpu as train.devices lists gpu:N towers; a ps, the
   chief and the evaluator none.
+- Preemption (supervise.preemption_grace > 0, launch/render/preemption.py): every pod gets
+  terminationGracePeriodSeconds grace + 15 s, so a task SIGTERMed by a drain or a deleted pod can
+  have its checkpoint saved and exit EXIT_PREEMPTED (200). With `on-failure`, each Job template gets
+  a podFailurePolicy on exit code 200 and the DisruptionTarget pod condition: FailJob, which the
+  JobSet failurePolicy rule `preempted` (RestartJobSetAndIgnoreMaxRestarts on the PodFailurePolicy
+  reason) turns into a restart of the set that maxRestarts does not count; a coordinator run's
+  chief, worker and evaluator Jobs Ignore instead (the pod is replaced alone, uncounted). This is
+  JobSet's own pattern for host maintenance; podFailurePolicy needs restartPolicy Never, which
+  every pod has. A grace of 0 renders none of it.
 """
 from __future__ import annotations
 
@@ -53,7 +62,7 @@ from typing import Any
 from cluster.env import jobset as jobset_env
 from cluster.env.slurm import RANK_ORDER
 from cluster.spec import ClusterSpec
-from launch.render import k8s
+from launch.render import k8s, preemption
 from launch.render.options import RenderOptions
 
 log = logging.getLogger(__name__)
@@ -134,8 +143,12 @@ def backoff_limit(spec: ClusterSpec, role: Role) -> int:
     """How many of its pods may fail before its Job does (and JobSet's failurePolicy acts): none,
     but in a coordinator run with restarts, where a chief, worker or evaluator replaced alone (same
     index, same hostname) is what PSS recovers from; a lost ps fails its Job (module doc)."""
-    alone = spec.coordinator and spec.supervise.restart == 'on-failure' and role.job != 'ps'
-    return spec.supervise.max_restarts if alone else 0
+    return spec.supervise.max_restarts if alone(spec, role) else 0
+
+
+def alone(spec: ClusterSpec, role: Role) -> bool:
+    """Whether a failed pod of `role` is replaced alone rather than the whole set recreated."""
+    return spec.coordinator and spec.supervise.restart == 'on-failure' and role.job != 'ps'
 
 
 def replicated_job(spec: ClusterSpec, role: Role, layout: Layout, image: str, claim: str | None,
@@ -145,6 +158,9 @@ def replicated_job(spec: ClusterSpec, role: Role, layout: Layout, image: str, cl
                  'ports': [{'name': PORT_NAME, 'containerPort': PORT, 'protocol': 'TCP'}],
                  'env': pod_env(spec, role, layout)}
     pod: dict = {'restartPolicy': 'Never', 'containers': [container]}
+    grace = preemption.kill_after(spec)
+    if grace is not None:
+        pod['terminationGracePeriodSeconds'] = grace
     resources = k8s.gpu_resources(spec) if role.job == 'worker' else None
     if resources:
         container['resources'] = resources
@@ -154,6 +170,8 @@ def replicated_job(spec: ClusterSpec, role: Role, layout: Layout, image: str, cl
     template: dict = {'metadata': {'labels': dict(job_labels)}} if job_labels else {}
     template['spec'] = {'completionMode': 'Indexed', 'completions': role.count, 'parallelism': role.count,
                         'backoffLimit': backoff_limit(spec, role), 'template': {'spec': pod}}
+    if preemption.restarts(spec):       # replaced without counting (module doc); restartPolicy Never, as it needs
+        template['spec']['podFailurePolicy'] = preemption.pod_failure_policy(role.container, alone(spec, role))
     return {'name': role.rjob, 'replicas': 1, 'template': template}
 
 
@@ -161,8 +179,10 @@ def set_spec(spec: ClusterSpec, layout: Layout, image: str, claim: str | None,
              worker_job_labels: dict | None = None) -> dict:
     """A JobSet's spec (also the template of launch/render/trainjob.py's runtime)."""
     failure: dict = {'maxRestarts': spec.supervise.max_restarts if spec.supervise.restart == 'on-failure' else 0}
-    if failure['maxRestarts']:
+    if failure['maxRestarts'] or preemption.restarts(spec):
         failure['restartStrategy'] = 'BlockingRecreate'
+    if preemption.restarts(spec):
+        failure['rules'] = [preemption.jobset_rule()]
     return {'network': {'enableDNSHostnames': True},
             'successPolicy': {'operator': 'All', 'targetReplicatedJobs': [lead(spec, layout).rjob]},
             'failurePolicy': failure,
@@ -239,6 +259,7 @@ def body_lines(spec: ClusterSpec, name: str, layout: Layout, claim: str | None, 
         *layout_lines(name, layout),
         *success_lines(spec, layout),
         *restart_lines(spec, claim),
+        *k8s.wrap(preemption.k8s_text(spec, alone=spec.coordinator)),
         '',
         *k8s.train_dir_lines(spec, claim, restart_keeps_pods=False),
         *k8s.user_lines(spec),

@@ -30,6 +30,7 @@ from cluster.env.slurm import DEFAULT_PORT_BASE, RANK_ORDER, counts_text
 from cluster.spec import ClusterSpec
 from cluster.spec.model import emptied
 from launch.planning.gpus import scheduler_request
+from launch.render import preemption
 from launch.render.options import RenderOptions
 
 SPEC_MARK = 'TFCLUSTER_SPEC'     # ends the here-document that carries the effective spec
@@ -231,24 +232,70 @@ def _step_lines(spec: ClusterSpec, step: str, port_base: int) -> list[str]:
             f'    {q(python)} -m cluster.task --spec "$train_dir/spec.yaml" --slurm --port-base {port_base}']
     why = ['# --kill-on-bad-exit: a task that fails ends the step (a lost ps or worker would leave the',
            '# others waiting for ever); --distribution=block: ranks in node order, as the layout assumes.']
+    notices = preemption.restarts(spec)
+    run = [*notice_trap(), 'status=0', *srun[:-1], srun[-1] + ' &', *notice_wait()] if notices else \
+        ['status=0', *srun[:-1], srun[-1] + ' || status=$?']
     if not spec.coordinator:
-        return [*why, '# The ps tasks exit by themselves once every worker is done, so the job ends with training.',
-                *srun]
+        done = '# The ps tasks exit by themselves once every worker is done, so the job ends with training.'
+        return [*why, done, *run, 'exit "$status"'] if notices else [*why, done, *srun]
     return [*why,
             '# The ps and workers only serve: the chief\'s rank ends the step once the chief has ended, and',
             '# the job exits with the chief\'s exit code (srun\'s, if the chief never got to end).',
             'ended="$train_dir/chief-exit.$SLURM_JOB_ID"',
             'rm -f "$ended"',
-            'status=0',
-            *srun[:-1], srun[-1] + ' || status=$?',
+            *run,
             'if [ -s "$ended" ]; then status=$(cat "$ended"); rm -f "$ended"; fi',
             'exit "$status"']
+
+
+def notice_options(spec: ClusterSpec) -> list[str]:
+    """#SBATCH options of a run that takes preemption notices and restarts: SIGTERM to the batch
+    script alone (B:) the notice's seconds before the time limit, and a job Slurm may requeue."""
+    seconds = preemption.kill_after(spec)
+    return [f'--signal=B:TERM@{seconds}', '--requeue'] if seconds is not None and preemption.restarts(spec) else []
+
+
+def notice_trap() -> list[str]:
+    """The batch script's TERM trap: a SIGTERM to it (the --signal before the time limit, `scancel
+    --signal=TERM --batch JOB` from a spot-notice watcher or by hand, Slurm's own preemption) is
+    passed on to every task of the step as a preemption notice, since it carries no stop mark (the
+    launcher writes stops/all before its own scancel, and then the trap does nothing)."""
+    mark = f'"$train_dir/{preemption.STOPS_DIR}/{preemption.ALL_MARK}"'
+    return ['# Preemption notices (supervise.preemption_grace; docs/preemption.md): a SIGTERM to this script is passed',
+            '# on to every task, which has the grace to have its checkpoint saved; then the job is requeued.',
+            'preempted="$train_dir/preempted.$SLURM_JOB_ID"',
+            'rm -f "$preempted"',
+            'notice() {',
+            f'  if [ -e "$preempted" ] || [ -e {mark} ]; then return 0; fi    # noticed already; the launcher\'s stop',
+            '  echo "tfcluster: job $SLURM_JOB_ID: SIGTERM to the batch script: a preemption notice to every task, '
+            'then a requeue"',
+            '  : >"$preempted"',
+            '  scancel --signal=TERM "$SLURM_JOB_ID" || :      # the steps\' tasks, not this script',
+            '}',
+            'trap notice TERM']
+
+
+def notice_wait() -> list[str]:
+    """Wait for the step in the background (bash runs a trap only between commands), then requeue
+    a job that had a notice, unless it was cancelled meanwhile."""
+    ends = 'the next attempt resumes from the checkpoint'
+    return ['step=$!',
+            'while kill -0 "$step" 2>/dev/null; do wait "$step" || :; done    # the trap runs between the waits',
+            'wait "$step" || status=$?',
+            'if [ -e "$preempted" ]; then',
+            '  rm -f "$preempted"',
+            '  if scontrol show job "$SLURM_JOB_ID" | grep -q "JobState=RUNNING" && scontrol requeue "$SLURM_JOB_ID"; then',
+            f'    echo "tfcluster: job $SLURM_JOB_ID requeued after the preemption notice: {ends}"',
+            '    exit 0',
+            '  fi',
+            '  echo "tfcluster: job $SLURM_JOB_ID was not requeued (cancelled, or JobRequeue is off): it ends here"',
+            'fi']
 
 
 def _job_options(spec: ClusterSpec, opts: RenderOptions, cwd: str) -> tuple[list[str], str]:
     """The script's #SBATCH options, and the srun option that runs every task in one step."""
     ntasks = len(spec.tasks)
-    sbatch = [f'--job-name={job_name(spec, opts.name)}']
+    sbatch = [f'--job-name={job_name(spec, opts.name)}', *notice_options(spec)]
     # Where and how long: options of each component of a heterogeneous job.
     where = [f'--partition={opts.partition}'] if opts.partition else []
     where += [f'--time={opts.time_limit}'] if opts.time_limit else []
@@ -274,6 +321,8 @@ def _attempt_links(spec: ClusterSpec, attempt: int | None) -> list[str]:
     first = [f'attempt={attempt}'] if attempt else [
         'attempt=1  # the first not used yet: an earlier attempt\'s logs are never written again',
         f'while [ -e "$train_dir/logs/{attempt_dirname("$attempt")}" ]; do attempt=$((attempt + 1)); done']
+    if attempt and preemption.restarts(spec):   # Slurm's requeue runs the same script: the next attempt's folder
+        first = [f'attempt=$(({attempt} + ${{SLURM_RESTART_COUNT:-0}}))  # a requeued job is the next attempt']
     return [*first,
             f'mkdir -p "$train_dir/logs/{attempt_dirname("$attempt")}"',
             f'for t in {names}; do',

@@ -34,13 +34,18 @@ Choices, and why:
   no GPU for either, and every container has GRPC_FAIL_FAST=use_caller and TF_USE_LEGACY_KERAS=1.
   OnFailure restarts a container in place, at its address: PSS takes a worker back, a chief
   resumes from the emptyDir its pod kept.
+- Preemption (supervise.preemption_grace > 0, launch/render/preemption.py): every pod gets
+  terminationGracePeriodSeconds grace + 15 s, for the checkpoint a SIGTERMed task has saved before
+  it exits EXIT_PREEMPTED (200). The restart policy stays OnFailure (a preempted container restarts
+  in place, counted against backoffLimit); TFJob has no podFailurePolicy, and a node preemption
+  may fail the TFJob (kubeflow/trainer#999): the header says so and points to --format jobset.
 """
 from __future__ import annotations
 
 from typing import Any
 
 from cluster.spec import ClusterSpec
-from launch.render import k8s
+from launch.render import k8s, preemption
 from launch.render.options import RenderOptions
 
 API_VERSION = 'kubeflow.org/v1'
@@ -85,6 +90,9 @@ def _replica(spec: ClusterSpec, job: str, count: int, image: str, claim: str | N
     if env:
         container['env'] = k8s.env_list(env)
     pod: dict = {'containers': [container]}
+    grace = preemption.kill_after(spec)
+    if grace is not None:
+        pod['terminationGracePeriodSeconds'] = grace
     resources = k8s.gpu_resources(spec) if job == 'worker' else None
     if resources:
         container['resources'] = resources
@@ -144,6 +152,7 @@ def header(spec: ClusterSpec, job: dict, claim: str | None = None) -> str:
         f'task a pod and a service, {name}-ps-0:{PORT}, {name}-worker-0:{PORT} and so on.',
         f'Restarts: {restart}.',
         '',
+        *([*k8s.wrap(notice), ''] if (notice := preemption.tfjob_text(spec)) else []),
         *k8s.train_dir_lines(spec, claim, restart_keeps_pods=True),
         *k8s.user_lines(spec),
     ]

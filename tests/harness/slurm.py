@@ -19,6 +19,10 @@ Pitfalls met on the way (Slurm 22.05, munge 0.5.15, in a container without syste
 - slurmd logs mpi/pmix errors at start ("can not load PMIx library"): harmless with MpiDefault=none.
 - A job whose --output file cannot be opened (a missing directory) fails before its script runs,
   with nothing but a line in slurmd's log.
+- A requeued job may start again only once its job credential has expired (`cred_expire` in
+  AuthInfo, 120 s by default): slurmd refuses the job's batch script until then ("Job N already
+  killed, do not launch batch job"), and the job FAILs, so `scontrol update StartTime=now` does not
+  hurry it. cred_expire=20 here (a step's credential is used within milliseconds of being made).
 - `slurmstepd` (one per job step) daemonizes away from slurmd: stopping the daemons leaves a
   running step alive. Teardown cancels every job first, waits for the queue to empty, and then
   kills any slurmstepd still carrying this cluster's SLURM_CONF in its environment.
@@ -93,7 +97,7 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={socket}
+AuthInfo=socket={socket},cred_expire=20
 StateSaveLocation={root}/state
 SlurmdSpoolDir={root}/spool
 SlurmctldPidFile={root}/slurmctld.pid

@@ -31,6 +31,7 @@ from launch.backends.tail import FileTail
 from launch.records.event_types import Interrupted, TaskLost
 from launch.records.result import Failure
 from launch.backends.strategy import CHECKPOINT_GRACE_SECS, Life, Outcome, Strategy, resume_hint
+from launch.render import preemption
 from launch.render.options import RenderOptions
 from launch.render.sbatch import heterogeneous
 
@@ -230,6 +231,7 @@ class SubmittedJob:
         self.strategy, self.life, self.job = strategy, life, job
         self.spec, self.train_dir = strategy.spec, strategy.train_dir
         self.state = 'PENDING'      # the job's state when last seen
+        self.restarts = 0           # Slurm's requeues seen (Restarts=): each one is the next attempt
 
     def follow(self, t0: float) -> Outcome:
         """Stream its logs and watch it until it has left the queue; the outcome (`t0`: when it
@@ -255,6 +257,10 @@ class SubmittedJob:
         life, spec = self.life, self.spec
         path = rundir.slurm_log_path(self.train_dir, self.job)
         life.follow('slurm', lambda stop: (name_ranks(line, spec) for line in follow_file(path, stop)))
+        self._follow_tasks()
+
+    def _follow_tasks(self) -> None:
+        life, spec = self.life, self.spec
         for t in spec.tasks:
             log_path = rundir.attempt_log_path(self.train_dir, life.attempt, t.job, t.index)
 
@@ -271,6 +277,7 @@ class SubmittedJob:
             if info is None:        # purged: it ended before we saw how
                 return None
             state = self.state = info.get('JobState', '?')
+            self._requeued(int(info.get('Restarts', '0') or 0))
             reason = info.get('Reason', 'None')
             news = {'PENDING': f'job {self.job} is pending' + (f' ({reason})' if reason != 'None' else ''),
                     'RUNNING': f'job {self.job} is running on {info.get("NodeList", "?")}'}.get(state, '')
@@ -284,6 +291,24 @@ class SubmittedJob:
                 return info
             interrupted.wait(POLL_SECS)
         return info
+
+    def _requeued(self, restarts: int) -> None:
+        """Slurm requeued the job (the batch script's trap after a preemption notice, `scontrol
+        requeue`, a node failure): its script runs again as the next attempt (it adds
+        SLURM_RESTART_COUNT to the attempt it was rendered with), so follow that attempt's logs."""
+        if restarts <= self.restarts:
+            return
+        life, counted = self.life, self.restarts
+        self.restarts = restarts
+        if not preemption.restarts(self.spec):     # a script without notices keeps its attempt's folder
+            life.console.say(f'job {self.job} was requeued by Slurm (a node failure, or scontrol requeue)')
+            return
+        life.unfollow([t.name for t in self.spec.tasks])
+        for n in range(counted + 1, restarts + 1):
+            life.next_attempt(f'job {self.job} requeued by Slurm (restart {n})', life.checkpoint_step())
+        life.console.say(f'job {self.job} was requeued by Slurm (a preemption notice, its time limit or a node '
+                         f'failure): attempt {life.attempt} resumes from the newest checkpoint when it starts again')
+        self._follow_tasks()
 
     # -- ending -----------------------------------------------------------------------------
     def _cancel(self, why: str) -> None:

@@ -172,7 +172,8 @@ def test_gpu_towers_ask_each_worker_pod_for_that_many_gpus():
 
 
 def test_pvc_puts_the_train_dir_on_the_claim_and_restarts_resume(caplog):
-    obj = rendered(LOCAL2, 'supervise.restart=on-failure', 'supervise.max_restarts=5', pvc='ckpt.team-ml')
+    obj = rendered(LOCAL2, 'supervise.restart=on-failure', 'supervise.max_restarts=5', 'supervise.preemption_grace=0',
+                   pvc='ckpt.team-ml')     # without notices: tests/unit/launch/render/test_preemption.py has them
     worker = replicated(obj)['worker']['template']['spec']['template']['spec']
     assert worker['volumes'] == [{'name': 'train-dir', 'persistentVolumeClaim': {'claimName': 'ckpt.team-ml'}}]
     assert obj['spec']['failurePolicy'] == {'maxRestarts': 5, 'restartStrategy': 'BlockingRecreate'}

@@ -55,7 +55,8 @@ def test_local2_is_a_ps_job_and_the_workers_as_the_trainer_node_job():
 
 
 def test_gpus_pvc_namespace_and_restarts():
-    runtime, train_job = rendered('train.devices=[gpu:0]', 'supervise.restart=on-failure', pvc='ckpt',
+    runtime, train_job = rendered('train.devices=[gpu:0]', 'supervise.restart=on-failure',
+                                  'supervise.preemption_grace=0', pvc='ckpt',     # notices: test_preemption.py
                                   namespace='team-ml', name='cifar', image='reg.example/tfcluster:2')
     assert runtime['metadata'] == train_job['metadata'] == {'name': 'cifar', 'namespace': 'team-ml'}
     template = runtime['spec']['template']['spec']
