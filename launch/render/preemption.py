@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 
+from cluster.runtime import rundir
 from cluster.runtime.contract import EXIT_PREEMPTED
 from cluster.spec import ClusterSpec
 
@@ -22,7 +23,7 @@ JOB_FAILURE_REASON = 'PodFailurePolicy'     # a Job's failure reason when a podF
 JOBSET_RULE = 'preempted'                   # the JobSet failurePolicy rule's name
 # The launcher's stop mark for the whole run (cluster/runtime/rundir.py stop marks): `launch up
 # --backend slurm` writes it before its scancel, so the batch script's trap knows its own stop.
-STOPS_DIR, ALL_MARK = 'stops', 'all'
+STOPS_DIR, ALL_MARK = rundir.STOPS_DIR, rundir.STOP_ALL
 
 
 def grace(spec: ClusterSpec) -> float:

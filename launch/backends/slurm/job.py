@@ -28,7 +28,7 @@ from launch.errors import UsageError
 from launch.backends import marks
 from launch.backends.tail import follow_file
 from launch.backends.tail import FileTail
-from launch.records.event_types import Interrupted, TaskLost
+from launch.records.event_types import Interrupted, Preempted, TaskLost
 from launch.records.result import Failure
 from launch.backends.strategy import CHECKPOINT_GRACE_SECS, Life, Outcome, Strategy, resume_hint
 from launch.render import preemption
@@ -304,6 +304,7 @@ class SubmittedJob:
             life.console.say(f'job {self.job} was requeued by Slurm (a node failure, or scontrol requeue)')
             return
         life.unfollow([t.name for t in self.spec.tasks])
+        life.emit(Preempted(task=None, cause=f'job {self.job} requeued by Slurm', grace=preemption.grace(self.spec)))
         for n in range(counted + 1, restarts + 1):
             life.next_attempt(f'job {self.job} requeued by Slurm (restart {n})', life.checkpoint_step())
         life.console.say(f'job {self.job} was requeued by Slurm (a preemption notice, its time limit or a node '

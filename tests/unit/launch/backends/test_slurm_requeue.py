@@ -26,6 +26,10 @@ class FakeLife:
         self.console = types.SimpleNamespace(say=self.said.append)
         self.followed: list[str] = []
         self.attempts: list[str] = []
+        self.events: list = []
+
+    def emit(self, event) -> None:
+        self.events.append(event)
 
     def task_started(self, task, **where) -> None:
         pass
@@ -65,6 +69,7 @@ def test_a_requeued_job_is_the_next_attempt_and_its_logs_are_followed(monkeypatc
     assert life.attempt == 1 + requeues
     assert sorted(life.followed) == sorted(f'{t}@{1 + requeues}' for t in ('ps:0', 'worker:0', 'worker:1'))
     assert any(f'attempt {1 + requeues} resumes from the newest checkpoint' in line for line in life.said)
+    assert [(e.kind, e.cause) for e in life.events] == [('preempted', 'job 17 requeued by Slurm')]
 
 
 def test_without_notices_a_requeue_keeps_the_attempt(monkeypatch, tmp_path):
