@@ -53,6 +53,24 @@ class LogTail(abc.ABC):
         """Closed, and every line given."""
 
 
+class Lines:
+    """Bytes in, complete lines out, as follow_file reads a file: UTF-8 with a bad byte replaced,
+    any line ending a newline, a line cut between two chunks kept for the next. `final`: there is
+    no more, so the last line without its newline is given too."""
+
+    def __init__(self) -> None:
+        self._decoder = io.IncrementalNewlineDecoder(codecs.getincrementaldecoder('utf-8')('replace'), True)
+        self._pending = ''
+
+    def feed(self, data: bytes, final: bool = False) -> list[str]:
+        text = self._pending + self._decoder.decode(data, final=final)
+        *lines, self._pending = text.split('\n')
+        if final and self._pending:
+            lines.append(self._pending)
+            self._pending = ''
+        return lines
+
+
 class FileTail(LogTail):
     """A local file from byte `offset`, as follow_file reads it (UTF-8, a bad byte replaced, any
     line ending a newline) but without holding it open: each poll stats the file and opens it only
@@ -63,8 +81,7 @@ class FileTail(LogTail):
     def __init__(self, path: str, offset: int = 0, written_here: bool = False) -> None:
         super().__init__()
         self.path, self.offset, self.written_here = path, offset, written_here
-        self._decoder = io.IncrementalNewlineDecoder(codecs.getincrementaldecoder('utf-8')('replace'), True)
-        self._pending = ''
+        self._lines = Lines()
         self._closing = self._ended = False
 
     def poll(self) -> list[str]:
@@ -74,14 +91,8 @@ class FileTail(LogTail):
         chunks = [self._read()]
         while closing and chunks[-1]:       # closed: all of it, to the end
             chunks.append(self._read())
-        data = b''.join(chunks)
-        text = self._pending + self._decoder.decode(data, final=closing)
-        *lines, self._pending = text.split('\n')
-        if closing:
-            if self._pending:
-                lines.append(self._pending)
-                self._pending = ''
-            self._ended = True
+        lines = self._lines.feed(b''.join(chunks), final=closing)
+        self._ended = closing
         return lines
 
     def _read(self) -> bytes:

@@ -112,12 +112,15 @@ def _supervised(spec: ClusterSpec, name: str | None, opts: Options, up: UpSettin
 
         def place() -> Placement | None:
             """The tasks placed by the backends that place them themselves (Ray: nodes and ports)."""
-            got = [(b.place(spec, placed, up.start_timeout), b) for b in backends.values()]
-            moved = [(s, b.moved()) for s, b in got if s is not None]
-            if not moved:
+            where, why = None, {}
+            for backend in backends.values():
+                got = backend.place(spec, placed, up.start_timeout)
+                if got is not None:
+                    where = got
+                    why.update(backend.moved())
+            if where is None:
                 return None
-            return Placement(moved[-1][0], tasks_spec_yaml(moved[-1][0], name, opts),
-                             stand_ins(plans(moved[-1][0], name, opts)), {k: v for _, why in moved for k, v in why.items()})
+            return Placement(where, tasks_spec_yaml(where, name, opts), stand_ins(plans(where, name, opts)), why)
 
         first = place()
         run_spec, run_yaml, run_plans = (spec, spec_yaml, stand_ins(placed)) if first is None else \

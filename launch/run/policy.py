@@ -33,9 +33,8 @@ A coordinator run (a `chief`: TF2 ParameterServerStrategy) follows PSS's own rec
 trains on (PSS re-queues its work and takes it back); a lost ps is started again with the chief,
 which resumes from its checkpoint; a lost chief or evaluator is started again alone (a chief lost
 while a ps cannot be asked waits for that ps's verdict first, for the ps is most often what it
-lost). A ps or chief
-lost with its host starts again only where its backend can place it elsewhere (Ray), and then with
-the whole cluster, which must learn its new address. Without
+lost). A ps or chief lost with its host starts again only where its backend can place it
+elsewhere (Ray), and then with the whole cluster, which must learn its new address. Without
 restarts a lost worker or evaluator is let go, a lost ps or chief ends the run. The evaluator's
 restarts are its own (as many as supervise.max_restarts), never the run's, and it never ends the
 training. On a full disk neither the ps nor the chief is started again (the chief could not save).

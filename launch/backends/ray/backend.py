@@ -154,12 +154,13 @@ class RayBackend(Backend):
                                [self._actors[name] for name in names], names, token_path)
 
     def _place_again(self) -> ClusterSpec:
-        """Every task where it can start again (`_live_actor`, moving those whose node left): the
-        spec as placed now. A task pinned to a node that left is BackendError."""
+        """Every task where it can start again: its actor asked, every one at once, and those that
+        do not answer made again (`_remake`, moving those whose node left): the spec as placed now.
+        A task pinned to a node that left is BackendError."""
         self._moved = {}
         try:
-            for task in self._spec.tasks:
-                self._live_actor(task.name, move=True)
+            for name in self._silent([t.name for t in self._spec.tasks]):
+                self._remake(name, move=True)
         except self._ray.exceptions.RayError as e:
             raise BackendError(f'placing the tasks again on {self.where}: {_first_line(e)}') from None
         if self._moved:
@@ -223,19 +224,30 @@ class RayBackend(Backend):
             self._states.pop(name, None)
         return record
 
-    def _live_actor(self, name: str, move: bool = False) -> Any:
-        """The task's actor; a new one on the same node (or bundle) when it died and its node lives;
-        when its node left, with `move` (the whole cluster starts again) one elsewhere where its host
-        does not pin it (Ray moves a dead node's bundles), else BackendError."""
-        actor = self._actors.get(name)
-        if actor is None:
+    def _live_actor(self, name: str) -> Any:
+        """The task's actor, made again (`_remake`) when it does not answer."""
+        if name not in self._actors:
             raise BackendError(f'{name} was not placed on {self.where}')
+        return self._remake(name) if self._silent([name]) else self._actors[name]
+
+    def _silent(self, names: list[str]) -> list[str]:
+        """Those of these tasks whose actor does not answer a ping (dead, its node gone, or hung
+        for CALL_TIMEOUT), all asked at once."""
+        asked = {self._actors[name].ping.remote(): name for name in names}
+        answered, _ = self._ray.wait(list(asked), num_returns=len(asked), timeout=CALL_TIMEOUT)
         errors = self._ray.exceptions
-        try:
-            self._ray.get(actor.ping.remote(), timeout=CALL_TIMEOUT)
-            return actor
-        except (errors.RayActorError, errors.ActorUnavailableError, errors.GetTimeoutError):
-            pass
+        silent = [asked[ref] for ref in asked if ref not in answered]
+        for ref in answered:
+            try:
+                self._ray.get(ref)
+            except (errors.RayActorError, errors.ActorUnavailableError):
+                silent.append(asked[ref])
+        return silent
+
+    def _remake(self, name: str, move: bool = False) -> Any:
+        """A new actor for the task, on the same node (or bundle) where its node lives; where its
+        node left, with `move` (the whole cluster starts again) one elsewhere where its host does not
+        pin it (Ray moves a dead node's bundles), else BackendError."""
         facts = self._facts[name]
         gone = not self._node_alive(facts['node_id'], fresh=True)
         if gone and self._wheres[name].node_id:
@@ -257,8 +269,7 @@ class RayBackend(Backend):
             raise BackendError(f'{name}: its port {mine} on {now["address"]} is still taken, so it cannot start '
                                'there again at its address')
         self._facts[name] = now
-        self._files.nodes.pop(name, None)       # a task moved may now share the train_dir, or not
-        self._files.place({name: now}, self._here)
+        self._files.place({name: now}, self._here)      # a task moved may now share the train_dir, or not
         if gone:
             self._ports[name] = port
             self._moved[name] = f'its node {facts["address"]} left the Ray cluster'

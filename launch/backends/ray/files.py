@@ -23,9 +23,7 @@ Ray is passed in (a callable: the backend's connection), never imported here.
 """
 from __future__ import annotations
 
-import codecs
 import dataclasses
-import io
 import logging
 import os
 import threading
@@ -37,7 +35,7 @@ from cluster.spec import ClusterSpec
 from launch.backends.base import LEASE_ENV, TaskRecord, link_attempt_log, touch_leases
 from launch.backends.local.backend import LocalBackend
 from launch.backends.ray.childenv import child_cwd
-from launch.backends.tail import FileTail, LogTail
+from launch.backends.tail import FileTail, Lines, LogTail
 from launch.planning.plan import TaskPlan
 
 log = logging.getLogger(__name__)
@@ -84,8 +82,7 @@ class RayTail(LogTail):
                  clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
         self.chunks, self.mirror, self.offset, self._clock = chunks, mirror, offset, clock
-        self._decoder = io.IncrementalNewlineDecoder(codecs.getincrementaldecoder('utf-8')('replace'), True)
-        self._pending = ''
+        self._lines = Lines()
         self._ticket: Any = None
         self._asked_closing = False     # the outstanding read was asked after close()
         self._asked_at = -READ_SECS
@@ -101,13 +98,8 @@ class RayTail(LogTail):
         if self._ticket is None and not done and (data or self._closing or
                                                   self._clock() - self._asked_at >= READ_SECS):
             done = not self._ask() and self._closing
-        text = self._pending + self._decoder.decode(data, final=done)
-        *lines, self._pending = text.split('\n')
-        if done:
-            if self._pending:
-                lines.append(self._pending)
-                self._pending = ''
-            self._ended = True
+        lines = self._lines.feed(data, final=done)
+        self._ended = done
         return lines
 
     def _answer(self) -> tuple[bytes, bool]:
@@ -212,7 +204,7 @@ class NodeFiles:
     # -- placing and starting --------------------------------------------------------------------
     def place(self, facts: Mapping[str, dict], here: str, environ: Mapping[str, str] = os.environ) -> list[str]:
         """Note where each task's files lie from what its actor found (`here`: this machine's
-        key); the addresses of the private nodes. A node of this machine whose workdir puts the
+        key); the addresses of the private nodes. A task placed again is noted afresh. A node of this machine whose workdir puts the
         train_dir at the launcher's own is not private, whatever FS_ENV says (the mirror would be
         the file it copies)."""
         force, cwd = forced_private(environ), os.getcwd()
@@ -220,6 +212,7 @@ class NodeFiles:
         train_dir = os.path.abspath(spec_dir)
         for name, f in facts.items():
             self._machines[name] = f['machine']
+            self.nodes.pop(name, None)      # placed again (a new actor, maybe another node): as found now
             if f['shared'] and not force:
                 continue
             job, _, index = name.partition(':')
