@@ -185,6 +185,14 @@ def user_code(spec: ClusterSpec, task: TaskSpec) -> tuple[str, str | tuple[str, 
     return 'train.command', train.command
 
 
+def imports_keras(spec: ClusterSpec, task: TaskSpec) -> bool | None:
+    """How the task imports TensorFlow (cluster/task.py): with Keras (it runs the user's program),
+    without (it serves, or runs the built-in trainer), or None: not at all (it runs a command).
+    A warm standby (cluster/runtime/standby.py) serves only a task that imports as it did."""
+    code = user_code(spec, task)[1]
+    return None if isinstance(code, tuple) else code is not None
+
+
 def check_user_code(spec: ClusterSpec, task: TaskSpec, cwd: str = '.') -> None:
     """What the task runs of the user's (user_code) can be found here: else SpecError."""
     key, code = user_code(spec, task)
