@@ -75,10 +75,13 @@ def slot_files(folder: str, slot: str) -> SlotFiles:
     return SlotFiles(base + '.ready', base + '.become', base + '.became', base + '.log')
 
 
-def standby_argv(python: str, folder: str, slot: str, run: str, key: str, keras: bool) -> tuple[str, ...]:
-    """The command line of a standby waiting in `slot` of `folder` for run `run`."""
-    return (python, '-m', STANDBY_MODULE, '--dir', folder, '--slot', slot, '--run', run, '--key', key) \
-        + (('--keras',) if keras else ())
+def standby_argv(python: str, folder: str, slot: str, run: str, key: str, keras: bool,
+                 lease: str, lease_secs: float) -> tuple[str, ...]:
+    """The command line of a standby waiting in `slot` of `folder` for run `run`. It leaves by
+    itself once the run's `lease` file (the tasks' lease, LEASE_ENV) is `lease_secs` old, as a
+    task does: a launcher that died leaves no standby behind."""
+    return (python, '-m', STANDBY_MODULE, '--dir', folder, '--slot', slot, '--run', run, '--key', key,
+            '--lease', lease, '--lease-secs', f'{lease_secs:g}') + (('--keras',) if keras else ())
 
 
 def _record(cls, text: str):    # type: ignore[no-untyped-def]
