@@ -79,21 +79,27 @@ def never_used(events: list[dict], hit: dict[int, float]) -> list[str]:
             and event_time(e) >= hit[int(e['pid'])]]
 
 
-def kill_to_training(faults: list, events: list[dict]) -> list[float]:
-    """Per kill of a task (not one while a restart starts it): the seconds from the kill to the
-    launcher's `recovered` event that mended it, written as the first global step after the
-    restart was seen (finer than the harness's own look, which waits for a progress event)."""
+def mended_kills(faults: list, events: list[dict]) -> list[tuple]:
+    """Per kill of a task (not one while a restart starts it, nor one followed by such a kill):
+    (the fault, the seconds from the kill to the launcher's `recovered` event that mended it, that
+    event). The event is written as the first global step after the restart is seen: finer than
+    the harness's own look, which waits for a progress event."""
     from tests.harness.chaos import event_time
-    mended = sorted(event_time(e) for e in events if e['event'] == 'recovered')
+    mended = sorted(((event_time(e), e) for e in events if e['event'] == 'recovered'), key=lambda te: te[0])
     out = []
     for i, f in enumerate(faults):
         until = faults[i + 1].at if i + 1 < len(faults) else float('inf')
         if f.kind != 'kill' or f.startup or (i + 1 < len(faults) and faults[i + 1].startup):
             continue
-        after = [t for t in mended if f.at <= t < until]
+        after = [(t, e) for t, e in mended if f.at <= t < until]
         if after:
-            out.append(after[0] - f.at)
+            out.append((f, after[0][0] - f.at, after[0][1]))
     return out
+
+
+def kill_to_training(faults: list, events: list[dict]) -> list[float]:
+    """mended_kills' seconds alone."""
+    return [secs for _, secs, _ in mended_kills(faults, events)]
 
 
 def standby_summary(kills: list[float], import_secs: list[float], warm: int, started: int) -> str:
