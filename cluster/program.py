@@ -188,15 +188,19 @@ class ProgramContext:
             _note_restart(self.train_dir, p.step)
         lock = stopper.lock if stopper else threading.Lock()
 
-        def save(step: int | None = None) -> int:
-            with lock:
-                step = int(sess.run(global_step)) if step is None else step
-                runtime.save_checkpoint(saver, sess, self.train_dir, step)
+        def held(step: int | None = None) -> int:
+            """A save, the lock held by the caller (GracefulStop holds it when it calls)."""
+            step = int(sess.run(global_step)) if step is None else step
+            runtime.save_checkpoint(saver, sess, self.train_dir, step)
             p.last_saved_step, p.last_save = step, time.monotonic()
             return step
 
-        if stopper is not None:     # the chief's: it saves
-            stopper.arm(save)
+        def save(step: int | None = None) -> int:
+            with lock:
+                return held(step)
+
+        if stopper is not None:     # the chief's: it saves (on a signal too: GracefulStop, which holds the lock)
+            stopper.arm(held)
             p.save = save
         yield sess
         if self.is_chief:

@@ -20,6 +20,10 @@ worker, a server's join), and Python runs signal handlers only between the main 
 bytecodes. So the handler does nothing; the signal's number arrives through signal.set_wakeup_fd
 at a thread of its own, which decides and acts. A task that inherited SIGTERM ignored (Slurm's ps
 ranks, `trap "" TERM`, so that they hold the variables while the chief saves) keeps ignoring it.
+A user's program that sets its own SIGTERM handler later replaces only the Python-level one: the
+wakeup fd still tells this thread, and the user's handler runs too; one found at install is
+chained (called by ours). SIG_DFL or SIG_IGN set by a program, or a wakeup fd of its own, take the
+signal from this thread: docs/preemption.md says so.
 """
 from __future__ import annotations
 
@@ -96,8 +100,15 @@ def die_of(signum: int) -> NoReturn:
     os._exit(128 + signum)
 
 
+Handler = Callable[[int, types.FrameType | None], object]
+
+
 def _ignore(signum: int, frame: types.FrameType | None) -> None:
-    """The Python-level handler: the work is the notice thread's (the wakeup fd wakes it)."""
+    """The Python-level handler: the work is the notice thread's (the wakeup fd wakes it). A
+    handler that was there before `install` (a sitecustomize's, a library's) is called as before."""
+    previous = NOTICES.previous.get(signum)
+    if previous is not None:
+        previous(signum, frame)
 
 
 class Notices:
@@ -112,6 +123,7 @@ class Notices:
         self.preempted = threading.Event()
         self.installed = False
         self.parent = os.getppid()
+        self.previous: dict[int, Handler] = {}     # Python-level handlers found at install (chained)
         self._lock = threading.Lock()
 
     def install(self, task: str, train_dir: str, job: str, index: int, grace: float,
@@ -127,8 +139,7 @@ class Notices:
         read, write = os.pipe()
         os.set_blocking(write, False)
         signal.set_wakeup_fd(write)
-        if signal.getsignal(signal.SIGTERM) != signal.SIG_IGN:
-            signal.signal(signal.SIGTERM, _ignore)
+        self._own(signal.SIGTERM)
         self.installed = True
         threading.Thread(target=self._wait, args=(read,), name='notice', daemon=True).start()
 
@@ -145,6 +156,16 @@ class Notices:
             pending = self.preempted.is_set()
         if pending and role.on_preempted is not None:
             role.on_preempted()
+
+    def _own(self, signum: int) -> None:
+        """Take `signum` at the Python level (the wakeup fd does the rest), keeping a callable
+        handler found there to call on; an ignored SIGTERM stays ignored (a Slurm ps rank's)."""
+        found = signal.getsignal(signum)
+        if found == signal.SIG_IGN:
+            return
+        if callable(found) and found is not _ignore:
+            self.previous[signum] = found
+        signal.signal(signum, _ignore)
 
     def marked(self) -> bool:
         """Whether the launcher marked this task (or the whole run) for its stop."""

@@ -234,7 +234,7 @@ def link_keys(markdown: str, names: list[str], page: str = '') -> str:
 
 
 # -- the event log ---------------------------------------------------------------------------------------
-_JSON_TYPES = {'str': 'string', 'int': 'integer', 'float': 'number', 'list[str]': 'list of strings',
+_JSON_TYPES = {'str': 'string', 'int': 'integer', 'float': 'number', 'bool': 'boolean', 'list[str]': 'list of strings',
                'list[int]': 'list of integers', 'dict[str, float]': 'object of numbers', 'RunState': 'string',
                'RunRecord': 'object (as run.json)'}
 

@@ -14,7 +14,7 @@ from launch.commands.status_view import TaskRow
 from launch.commands.request import Request, backends_for, plans_of
 from launch.errors import EXIT_NO_RUN
 from launch.planning.plan import TaskPlan, state_path
-from launch.records import runs
+from launch.records import preemptions, runs
 from launch.records.result import RunState
 from launch.run import registry
 from launch.run.preflight import launcher_alive
@@ -35,6 +35,7 @@ def cmd_status(spec: ClusterSpec, req: Request[StatusFlags]) -> int:
     state = LaunchState.load(state_path(spec))
     info = runs.describe(spec.train.train_dir)
     tasks = _task_status(spec, req, plans, state)
+    preempted = preemptions.of_run(spec.train.train_dir) if info is not None else []
     code = EXIT_NO_RUN if info is None and state is None else \
         EXIT_OK if info is None or info.state in (RunState.RUNNING, RunState.DONE) else EXIT_FAILED
     if req.flags.json:
@@ -43,6 +44,7 @@ def cmd_status(spec: ClusterSpec, req: Request[StatusFlags]) -> int:
                           'progress': state.progress.to_json() if state and state.progress else None,
                           'restarts': state.restarts if state else 0,
                           'preemptions': state.preemptions if state else 0,
+                          'preempted': [p.to_json() for p in preempted],
                           'workers': state.workers.to_json() if state and state.workers else None,
                           'tasks': [t.to_json() for t in tasks]},
                          indent=1))
@@ -51,6 +53,8 @@ def cmd_status(spec: ClusterSpec, req: Request[StatusFlags]) -> int:
         print(f'run {info.id}: {info.state}, attempt {info.attempts}'
               + (f', global step {info.global_step}' if info.global_step is not None and state is None else '')
               + f' ({os.path.abspath(spec.train.train_dir)})')
+        if preempted:
+            print(preemptions.summary(preempted))
     _print_launcher(spec, req, plans, state, tasks, info)
     if req.flags.all or len(tasks) <= status_view.GROUP_ABOVE:
         print('\n'.join(status_view.table(tasks)))

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 from collections.abc import Mapping
 
 from cluster.runtime.runjson import short
-from launch.records.jsonrecord import (JsonRecord, json_field, read_fields, read_real, read_text, read_texts,
+from launch.records.jsonrecord import (JsonRecord, json_field, read_fields, read_flag, read_real, read_text, read_texts,
                                        read_whole, read_wholes)
 from launch.records.result import MendedFault, RunRecord, RunState, read_phases, read_state
 
@@ -250,16 +250,20 @@ class Recovered(Event):
     """The training is back after a fault: the tasks restarted for it, the seconds from the
     supervisor seeing it to the next global step, the steps trained again, each phase's seconds."""
     kind = EventKind.RECOVERED
+    OPTIONAL = frozenset({'preempted'})
     tasks: list[str] | None = json_field(read_texts, doc='The tasks restarted for the fault.')
     seconds: float | None = json_field(read_real, doc='Seconds from the fault seen to the next global step.')
     steps_redone: int | None = json_field(read_whole, doc='Steps trained again from an older checkpoint.')
     phases: dict[str, float] | None = json_field(read_phases, doc='Seconds of each phase the restart went through: '
-                                                                  'stop, backoff, start, step.')
+                                                                  'save (a preemption\'s, from the notice), stop, '
+                                                                  'backoff, start, step.')
+    preempted: bool | None = json_field(read_flag, doc='true: a preemption, timed from its notice (only then written).')
+    # (The counts of tasks started from a warm standby and cold go here, OPTIONAL as `preempted`.)
 
     @classmethod
     def of(cls, mended: MendedFault) -> Recovered:
         return cls(tasks=mended.tasks, seconds=mended.seconds, steps_redone=mended.steps_redone,
-                   phases=mended.phases)
+                   phases=mended.phases, preempted=mended.preempted)
 
 
 @dataclass(frozen=True, kw_only=True)

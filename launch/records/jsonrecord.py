@@ -127,6 +127,11 @@ def read_real(value: Any) -> float | None:
     return value
 
 
+def read_flag(value: Any) -> bool | None:
+    """true or false (a 1 or "yes" is no flag: None)."""
+    return value if isinstance(value, bool) else None
+
+
 def read_texts(value: Any) -> list[str] | None:
     """A list of names (tasks); anything that is not a string in it is dropped."""
     if not isinstance(value, list):

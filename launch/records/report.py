@@ -31,6 +31,7 @@ from cluster.spec.environ import masked_spec_text
 from cluster.spec.reader import parse_yaml
 from launch.records.event_types import Checkpoint, Evaluation, Progress, Recovered, Restart, RunStarted, Stall, TaskStarted
 from launch.records.jsonrecord import finite
+from launch.records.preemptions import preemptions
 from launch.records.plots import TimeAxis, clock, progress_png, timeline_png
 from launch.records.rehearsal import section_html
 from launch.records.result import PHASES, RunRecord
@@ -78,7 +79,7 @@ def render(train_dir: str, page_dir: str | None = None) -> str:
     else:
         parts.append(f'<p class="note">No events yet: {_e(rundir.events_path(train_dir), None)} is missing or holds '
                      'no event. The run has not started, or its launcher keeps no event log.</p>')
-    parts += [section_html(run.result.rehearsal), _evaluations(run), _failures(run), _recoveries(run), _stacks(run, train_dir if page_dir is None else page_dir),
+    parts += [section_html(run.result.rehearsal), _evaluations(run), _failures(run), _preemptions(run), _recoveries(run), _stacks(run, train_dir if page_dir is None else page_dir),
               _result(run), _spec(run)]
     title = f'{_run_id(run)} report'
     page = (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
@@ -113,6 +114,7 @@ def _header(run: Run, runs: list[Attempt]) -> str:
         ('images/s', _fixed(r.images_per_sec if r.has('images_per_sec') else _last(run, 'images_per_sec'), 1)),
         ('final loss', _fixed(r.loss if r.has('loss') else _last(run, 'loss'), 4)),
         ('restarts', _restarts(run, r)),
+        *((('preemptions', _preempted(run, r)),) if _preempted(run, r) else ()),
         ('attempts', len(runs) or r.attempt),
         ('duration', _durations(run, r, runs)),
         ('train dir', r.train_dir or os.path.abspath(run.train_dir)),
@@ -150,6 +152,14 @@ def _restarts(run: Run, r: RunRecord) -> str | None:
         return str(logged) if run.events else None
     return f'{r.restarts} (the last launch up); {logged} in the whole run' if logged != r.restarts else \
         str(r.restarts)
+
+
+def _preempted(run: Run, r: RunRecord) -> str | None:
+    """How many times a task was preempted (None: never), apart from the restarts and faults."""
+    logged = len(preemptions(run.events))
+    if not logged and not r.preemptions:
+        return None
+    return f'{logged} (not faults, no restart spent: see Preemptions)'
 
 
 def _durations(run: Run, r: RunRecord, runs: list[Attempt]) -> str:
@@ -234,19 +244,35 @@ def _failures(run: Run) -> str:
     return '\n'.join(out)
 
 
+def _preemptions(run: Run) -> str:
+    """Each preemption notice (a SIGTERM from outside the launcher), apart from the faults: the task,
+    when, its grace, the save (notice to the chief's checkpoint), the time to training again and
+    the steps trained again ('' for none)."""
+    found = preemptions(run.events)
+    if not found:
+        return ''
+    rows = [(clock(p.notice.epoch, run.tz, True), p.notice.attempt, p.task, p.notice.step, _fixed(p.notice.grace, 0),
+             _fixed(p.save, 1), _fixed(p.seconds, 1), p.redone) for p in found]
+    return ('<h2>Preemptions</h2>\n<p>Notices from outside the launcher (a node shutting down, a pod deleted, '
+            '<code>launch preempt</code>): not faults, and none of <code>supervise.max_restarts</code> spent.</p>\n'
+            + _table(('time', 'attempt', 'task', 'step at notice', 'grace (s)', 'save (s)', 'training again (s)',
+                      'steps redone'), rows))
+
+
 def _recoveries(run: Run) -> str:
     """How long each fault took to mend (the `recovered` events), phase by phase ('' for none)."""
     found = [e for e in run.events if isinstance(e, Recovered)]
     if not found:
         return ''
     seconds = sorted(e.seconds for e in found if e.seconds is not None)
-    rows = [(clock(e.epoch, run.tz, True), e.attempt, ', '.join(e.tasks or ()), _fixed(e.seconds, 1), e.steps_redone,
-             *(_fixed((e.phases or {}).get(p), 1) for p in PHASES)) for e in found]
+    phases = [p for p in PHASES if p != 'save' or any(e.preempted for e in found)]     # 'save': a preemption's
+    rows = [(clock(e.epoch, run.tz, True), e.attempt, ', '.join(e.tasks or ()) + (' (preempted)' if e.preempted else ''),
+             _fixed(e.seconds, 1), e.steps_redone, *(_fixed((e.phases or {}).get(p), 1) for p in phases)) for e in found]
     summary = (f'<p>{len(found)} fault(s) mended: training again {statistics.median(seconds):.1f}s after the fault '
                f'seen (median; longest {seconds[-1]:.1f}s), {sum(e.steps_redone or 0 for e in found)} step(s) '
                'trained again in all.</p>') if seconds else ''
     return ('<h2>Recoveries</h2>\n' + summary
-            + _table(('time', 'attempt', 'restarted', 'seconds', 'steps redone', *(f'{p} (s)' for p in PHASES)), rows))
+            + _table(('time', 'attempt', 'restarted', 'seconds', 'steps redone', *(f'{p} (s)' for p in phases)), rows))
 
 
 def _stacks(run: Run, page_dir: str) -> str:

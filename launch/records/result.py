@@ -13,7 +13,7 @@ from typing import Any
 from collections.abc import Mapping
 
 from cluster.runtime import rundir
-from launch.records.jsonrecord import JsonRecord, finite, json_field, read_real, read_text, read_texts, read_whole
+from launch.records.jsonrecord import JsonRecord, finite, json_field, read_flag, read_real, read_text, read_texts, read_whole
 from launch.records.rehearsal import Rehearsal, read_rehearsal
 
 
@@ -87,18 +87,24 @@ def read_phases(value: Any) -> dict[str, float] | None:
     return {k: v for k, v in ((k, finite(v)) for k, v in value.items() if isinstance(k, str)) if v is not None}
 
 
-PHASES = ('stop', 'backoff', 'start', 'step')      # a restart's, in the order a cluster restart goes through them
+# A restart's phases, in the order a cluster restart goes through them; 'save' only after a
+# preemption (from the notice to the chief's checkpoint seen, or the grace up: mending.py).
+PHASES = ('save', 'stop', 'backoff', 'start', 'step')
 
 
 @dataclass(frozen=True)
 class MendedFault(JsonRecord):
     """One fault mended: the tasks restarted for it, the seconds from the supervisor seeing it to
     the next global step trained, the steps trained again, and how long each phase of the restart
-    took (launch/run/supervised/mending.py)."""
+    took (launch/run/supervised/mending.py); `preempted` (only then written): it was a preemption,
+    timed from the notice."""
+    OPTIONAL = frozenset({'preempted'})
     tasks: list[str] | None = json_field(read_texts)
     seconds: float | None = json_field(read_real)
     steps_redone: int | None = json_field(read_whole)
     phases: dict[str, float] | None = json_field(read_phases)
+    preempted: bool | None = json_field(read_flag)
+    # (The counts of tasks started from a warm standby and cold go here, OPTIONAL as `preempted`.)
 
 
 def read_mended(value: Any) -> list[MendedFault] | None:

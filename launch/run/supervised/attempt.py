@@ -39,6 +39,7 @@ class Attempt:
     step: int | None = None                                       # the newest global step seen
     step_at: float = field(default_factory=time.monotonic)        # when `step` last changed (or the attempt began)
     saved: int | None = None                                      # the newest checkpoint the chief logged
+    saved_at: float | None = None                                 # ... when it was seen (time.monotonic())
     from_step: int | None = None                                  # the checkpoint this attempt resumed from
     disk: str | None = None                                       # why the disk refuses the tasks' files, while it does
     pulses: Pulses = field(default_factory=Pulses)                # the tasks' pulses, as read so far
@@ -59,7 +60,7 @@ class Attempt:
     def saw_saved(self, step: int) -> None:
         """The chief logged a checkpoint at `step` (from a log follower's thread)."""
         with self._lock:
-            self.saved = step
+            self.saved, self.saved_at = step, time.monotonic()
 
     def saw_notice(self, task: str, grace: float, step: int | None) -> None:
         """A task's log said it got a preemption notice (from a log follower's thread); a task that

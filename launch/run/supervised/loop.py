@@ -35,6 +35,7 @@ from launch.run.lifecycle import CHECKPOINT_GRACE_SECS, Failure, Lifecycle, Outc
 from launch.run.supervised.admission import Gate, window_for
 from launch.run.supervised.following import follow
 from launch.run.supervised.leases import Leases
+from launch.run.supervised import mending
 from launch.run.supervised.mending import RecoveryClock
 from launch.run.supervised.notes import check_tail, evaluator_needs, quiet_warning
 from launch.run.policy import Action, Policy, Progress, TaskState, TaskStatus
@@ -221,9 +222,7 @@ class SupervisedRun(Strategy):
 
     def _mended(self, mended: MendedFault) -> None:
         """The training is back after a fault: one line, and the event."""
-        phases = ', '.join(f'{name} {secs:.1f}s' for name, secs in (mended.phases or {}).items())
-        redone = f'; {mended.steps_redone} step(s) trained again' if mended.steps_redone else ''
-        self.say(f'training again {mended.seconds:.1f}s after the fault ({phases}{redone})')
+        self.say(mending.line(mended))
         self.state.history.trained_again()
         self.life.emit(Recovered.of(mended))
 

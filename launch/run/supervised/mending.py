@@ -7,6 +7,10 @@ One fault is mended at a time: a second fault before the training is back (a tas
 restart brings the cluster up) joins the one being mended, whose clock keeps running, since the
 user waits for the training as long as both take. The `recovered` event and run.json's
 `recoveries` carry the figures; the report shows them.
+
+A preemption is timed from its notice, not from the decision: its first phase, `save`, runs from
+the notice (the `preempted` event) to the chief's checkpoint seen after it (or, with none, to the
+decision: the grace was up or the task left), so its record reads save, stop, start, step.
 """
 from __future__ import annotations
 
@@ -16,6 +20,14 @@ from dataclasses import dataclass, field
 from collections.abc import Callable
 
 from launch.records.result import PHASES, MendedFault
+
+
+@dataclass(frozen=True)
+class Notice:
+    """When a preemption's notice came (time.monotonic()), and when the chief's checkpoint after it
+    was seen (None: none was; the save phase then ends when the supervisor acts)."""
+    at: float
+    saved_at: float | None = None
 
 
 @dataclass
@@ -28,6 +40,7 @@ class Mending:
     from_step: int | None = None        # the checkpoint a cluster restart resumed from
     phases: dict[str, float] = field(default_factory=dict)
     mark: float = 0.0                   # where the current phase began
+    preempted: bool = False             # a preemption: `seen_at` is its notice
 
     def __post_init__(self) -> None:
         self.mark = self.seen_at
@@ -55,17 +68,26 @@ class RecoveryClock:
         self.done: list[MendedFault] = []
 
     def fault(self, tasks: tuple[str, ...] | list[str], cluster: bool, step: int | None,
-              seen_at: float | None = None) -> None:
+              seen_at: float | None = None, notice: Notice | None = None) -> None:
         """The supervisor saw a fault (at `seen_at`, time.monotonic(); default now) it restarts
-        `tasks` (or the cluster) for."""
+        `tasks` (or the cluster) for; `notice`: a preemption's, the clock's start, with its save."""
+        now = time.monotonic()
         with self._lock:
-            if self.current is None:
-                self.current = Mending(list(tasks), cluster, time.monotonic() if seen_at is None else seen_at, step)
-                return
-            self.current.tasks += [t for t in tasks if t not in self.current.tasks]
-            self.current.cluster = self.current.cluster or cluster
-            if step is not None and (self.current.step is None or step > self.current.step):
-                self.current.step = step
+            if self.current is not None:
+                self._join(tasks, cluster, step)
+            elif notice is None:
+                self.current = Mending(list(tasks), cluster, now if seen_at is None else seen_at, step)
+            else:
+                self.current = _preempted(tasks, cluster, step, notice, now)
+
+    def _join(self, tasks: tuple[str, ...] | list[str], cluster: bool, step: int | None) -> None:
+        """A fault while another is mended: one more to mend on the same clock."""
+        m = self.current
+        assert m is not None
+        m.tasks += [t for t in tasks if t not in m.tasks]
+        m.cluster = m.cluster or cluster
+        if step is not None and (m.step is None or step > m.step):
+            m.step = step
 
     def phase(self, name: str, from_step: int | None = None) -> None:
         """The restart under way finished phase `name` (a cluster restart's resume step with 'backoff')."""
@@ -98,8 +120,9 @@ class RecoveryClock:
             m.phase('step')
             self.current = None
             found = MendedFault(tasks=m.tasks, seconds=round(time.monotonic() - m.seen_at, 3),
-                             steps_redone=m.redone(), phases={p: round(m.phases[p], 3) for p in PHASES
-                                                              if p in m.phases})
+                                steps_redone=m.redone(), phases={p: round(m.phases[p], 3) for p in PHASES
+                                                                 if p in m.phases},
+                                preempted=True if m.preempted else None)
             self.done.append(found)
         self._emit(found)
 
@@ -107,3 +130,23 @@ class RecoveryClock:
         """The run ends (or is given up) before the training came back: nothing mended."""
         with self._lock:
             self.current = None
+
+
+def _preempted(tasks: tuple[str, ...] | list[str], cluster: bool, step: int | None, notice: Notice,
+               now: float) -> Mending:
+    """A preemption's mending: on the clock since its notice, its save phase already over (at the
+    checkpoint seen after the notice, else now)."""
+    start = min(notice.at, now)
+    end = now if notice.saved_at is None else min(max(notice.saved_at, start), now)
+    m = Mending(list(tasks), cluster, start, step, preempted=True)
+    m.phases['save'], m.mark = end - start, end
+    return m
+
+
+def line(mended: MendedFault) -> str:
+    """The console's line once the training is back: the seconds, each phase's, the steps redone."""
+    phases = ', '.join(f'{name} {secs:.1f}s' for name, secs in (mended.phases or {}).items())
+    redone = f'; {mended.steps_redone} step(s) trained again' if mended.steps_redone else ''
+    what = f'the preemption of {", ".join(mended.tasks or ())}' if mended.preempted else 'the fault'
+    # (The counts of tasks started from a warm standby and cold join `redone` here.)
+    return f'training again {mended.seconds:.1f}s after {what} ({phases}{redone})'

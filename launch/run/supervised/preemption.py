@@ -23,6 +23,7 @@ from cluster.runtime.contract import EXIT_PREEMPTED
 from launch.records.event_types import Preempted
 from launch.run.policy import TaskState, TaskStatus
 from launch.run.supervised.attempt import Notice
+from launch.run.supervised import mending
 from launch.run.supervised.plan import Plan
 from launch.run.supervised.state import SupervisorState
 
@@ -90,3 +91,16 @@ def step(state: SupervisorState, statuses: Sequence[TaskStatus], now: float) -> 
     return Step(told(state, new), out)
 
 
+
+
+def clocked(state: SupervisorState, tasks: Sequence[str]) -> mending.Notice | None:
+    """The recovery clock's start for a preemption of `tasks`: the first of their notices, and when
+    the chief's checkpoint after it was seen (None: no notice was seen, a task that left
+    EXIT_PREEMPTED with its line lost: timed as a fault is)."""
+    attempt = state.attempt
+    notices = [n for n in attempt.notices_now() if n.task in tasks]
+    if not notices:
+        return None
+    first = min(notices, key=lambda n: n.at)
+    newer = attempt.saved is not None and (first.saved is None or attempt.saved > first.saved)
+    return mending.Notice(first.at, attempt.saved_at if newer else None)

@@ -25,7 +25,7 @@ from launch.records.result import MendedFault
 from launch.run import policy
 from launch.run.lifecycle import Lifecycle, RunResult, RunState
 from launch.run.policy import Action, Decision, TaskState, TaskStatus, describe_exit
-from launch.run.supervised import faults
+from launch.run.supervised import faults, preemption
 from launch.run.supervised.failover import fail_over
 from launch.run.supervised.mending import RecoveryClock
 from launch.run.supervised.plan import Backoff, NewAttempt, Plan, Relaunch, StartAll
@@ -172,7 +172,9 @@ class Recovery:
         if decision.action is Action.GIVE_UP:
             self.run.apply(self._give_up(decision))
         if decision.action in (Action.RESTART, Action.RESTART_TASKS) and not policy.evaluator_only(decision):
-            self.run.clock.fault(decision.tasks, decision.action is Action.RESTART, self.run.state.attempt.step, seen_at)
+            notice = preemption.clocked(self.run.state, decision.tasks) if decision.preempted else None
+            self.run.clock.fault(decision.tasks, decision.action is Action.RESTART, self.run.state.attempt.step, seen_at,
+                                 notice)
         plan = plan_for(self.run.state, decision, statuses, time.monotonic()) or self._restart(decision)
         self.run.apply(plan)
         return plan.relaunch is not None

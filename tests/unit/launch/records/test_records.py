@@ -34,7 +34,7 @@ VALUES = {
     'signal': 'SIGKILL', 'error': 'UnavailableError: Socket closed', 'tasks': ['ps:0', 'worker:0'], 'from_step': 40,
     'to': 3, 'add': ['worker:2'], 'remove': [], 'state': 'done', 'workers': [0, 1, 2],
     'metrics': {'accuracy': 0.8125, 'loss': 0.5}, 'seconds': 6.25, 'steps_redone': 12,
-    'phases': {'stop': 0.5, 'backoff': 1.0, 'start': 3.25, 'step': 1.5},
+    'phases': {'stop': 0.5, 'backoff': 1.0, 'start': 3.25, 'step': 1.5}, 'preempted': True,
     'path': '/home/me/runs/local2',
     'stacks': 'stacks/attempt-1', 'no_stacks': ['worker:1'],
     'before': '127.0.0.4:2222', 'address': '127.0.0.3:2222', 'grace': 30.0, 'checkpoint': 800,
