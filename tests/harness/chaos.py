@@ -67,8 +67,8 @@ import yaml
 from cluster.runtime import rundir
 from cluster.runtime.ports import listening_inodes
 from launch.records.events import read_events, read_run_record
-from tests.harness import chaos_standby
-from tests.harness.chaos_standby import STANDBY_KINDS
+from tests.harness.chaos_standby import (STANDBY_KINDS, import_seconds, inject_standby, kill_to_training, never_used,
+                                         replaced, standby_summary)
 from tests.harness.parts import REPO, free_ports, task_processes
 
 TASKS = ('ps:0', 'worker:0', 'worker:1')
@@ -219,7 +219,7 @@ class Result:
         base = f' (undisturbed: {self.baseline_secs:.1f}s)' if self.baseline_secs is not None else ''
         lines.append(f'wall time: {self.wall_secs:.1f}s{base}; exit {self.exit_code}, state {self.run.get("state")}, '
                      f'global step {self.run.get("global_step")}')
-        lines.append(chaos_standby.standby_summary(self.kills, self.import_secs, *self.warm))
+        lines.append(standby_summary(self.kills, self.import_secs, *self.warm))
         lines.append('leftovers: ' + ('; '.join(f'{k}: {v}' for k, v in self.leftovers.items()) or 'none'))
         lines += [f'note: {n}' for n in self.notes]
         lines.append('invariants: ' + ('all hold' if not self.broken else 'BROKEN:\n  ' + '\n  '.join(self.broken)))
@@ -638,7 +638,7 @@ class Chaos:
 
     def _run(self, baseline: float | None) -> Result:
         sub = 'chaos'
-        imports = [chaos_standby.import_seconds()] if self.o.standby is not None else []
+        imports = [import_seconds()] if self.o.standby is not None else []
         t0 = time.monotonic()
         spec, train_dir = self.start(sub)
         events_file = rundir.events_path(train_dir)
@@ -672,9 +672,9 @@ class Chaos:
         restarts = [e for e in events if e['event'] == 'restart']
         self._match(faults, events)
         broken = self.check(faults, events, run, leftovers, notes, train_dir, sub)
-        broken += chaos_standby.never_used(events, self.hit)
+        broken += never_used(events, self.hit)
         if imports:
-            imports.append(chaos_standby.import_seconds())
+            imports.append(import_seconds())
         first = min((event_time(e) for e in restarts), default=float('inf'))
         again = [e for e in events if e['event'] == 'task_started' and event_time(e) >= first]
         if broken:
@@ -682,7 +682,7 @@ class Chaos:
         result = Result(self.o, self.steps, faults, self.proc.returncode, run, restarts, wall, baseline, leftovers,
                         broken, notes, self.driver.workdir, [e for e in events if e['event'] == 'recovered'],
                         imports, (sum(bool(e.get('warm')) for e in again), len(again)),
-                        chaos_standby.kill_to_training(faults, events))
+                        kill_to_training(faults, events))
         if self.o.json_out:
             with open(self.o.json_out, 'w') as f:
                 json.dump(result.to_json(), f, indent=1, default=str)
@@ -735,13 +735,13 @@ class Chaos:
         fault = Fault(number, 'standby', kind, step=self.step_now(events))
         deadline = time.monotonic() + self.o.recover_secs
         try:
-            pid = chaos_standby.inject(kind, train_dir, deadline)
+            pid = inject_standby(kind, train_dir, deadline)
         except (RuntimeError, OSError) as e:
             raise Aborted(f'fault {number} ({kind}) could not be injected: {e}') from None
         fault.at, fault.target = time.time(), f'pid {pid}'
         self.hit[pid] = fault.at
         self.say(f'chaos: fault {number}/{len(self.plan)}: {kind} (pid {pid}) at step {fault.step}')
-        while not chaos_standby.replaced(train_dir, pid):
+        while not replaced(train_dir, pid):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise Aborted(f'the standby hit by fault {number} ({kind}, pid {pid}) was not replaced')
             time.sleep(POLL)

@@ -48,7 +48,7 @@ def ready_pids(train_dir: str) -> list[int]:
     return [int(s['pid']) for s in standbys(train_dir) if s.get('state') == 'ready' and s.get('pid')]
 
 
-def inject(kind: str, train_dir: str, deadline: float) -> int:
+def inject_standby(kind: str, train_dir: str, deadline: float) -> int:
     """SIGKILL (standby-kill) or SIGSTOP (standby-stop) one standby that waits, once there is one
     (RuntimeError if none is ready by `deadline`); its pid."""
     while True:
