@@ -25,7 +25,8 @@ from launch.backends.procstat import STATE, process_ident, read_stat_fields
 from launch.backends.tail import FileTail, follow_file
 from launch.system import poll_until
 from cluster.runtime.rundir import PRIVATE, read_text, write_atomically
-from launch.backends.base import (ENDED, HOST_PROBE, RUNNING, STOP_GRACE_SECS, Backend, BackendError, HostCheck,
+from launch.backends.probes import HOST_PROBE
+from launch.backends.base import (ENDED, RUNNING, STOP_GRACE_SECS, Backend, BackendError, HostCheck,
                             Observation, busy_port, TaskRecord, handle_of, link_attempt_log,
                             local_disk_full, planned_record, touch_leases)
 from launch.planning.plan import TaskPlan
