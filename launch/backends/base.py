@@ -223,6 +223,15 @@ class Backend(abc.ABC):
                 return
             yield self.start(plan)
 
+    def tend(self, plans: list[TaskPlan], per_host: int) -> None:     # noqa: B027 (a hook: no-op by default)
+        """Keep `per_host` warm standbys on each host of these tasks (launch/backends/standby.py):
+        spawn the missing, kill the dead, frozen and stale (0: kill them all). Called about each
+        second from the leases' thread once the run trains; a backend that keeps none ignores it."""
+
+    def standby_views(self) -> list[tuple[str, int, str]]:
+        """(host, pid, state) of each standby it keeps, for the state file ('ready', 'starting')."""
+        return []
+
     def renew(self, plans: list[TaskPlan], text: str | None = None) -> None:     # noqa: B027 (a hook: no-op by default)
         """Touch the lease file of these tasks (LEASE_ENV in their environment): a task
         whose lease goes stale stops itself, so none outlives a launcher that is gone. With
@@ -309,7 +318,7 @@ class Backend(abc.ABC):
         return None
 
     def close(self) -> None:     # noqa: B027 (a hook: no-op by default)
-        """Release connections."""
+        """Release connections, and kill the standbys it keeps."""
 
 
 def local_disk_full(record: TaskRecord) -> str | None:
