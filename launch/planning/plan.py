@@ -33,6 +33,9 @@ def lease_secs(backend: str, tasks: int) -> int:
     start-up with 5 s). At 1,000 tasks a launcher killed leaves its tasks 20 s, not 5."""
     base, per = LEASE_SECS.get(backend, 20), TASKS_PER_LEASE_SEC.get(backend)
     return max(base, tasks // per) if per else base
+# The memory one warm standby holds (launch plan says it; supervise.standby): a Python that imported
+# TensorFlow and the task runtime, Keras blocked. Measured by helper-36 (the lead fixes the figure).
+STANDBY_MB_EST = 350
 COMPOSE_WORKDIR = '/tfcluster'           # a container's working directory (the image's WORKDIR)
 COMPOSE_PYTHON = 'python'                # the image's virtual environment comes first on PATH
 

@@ -62,6 +62,7 @@ class Leases:
             supervise = self.state.spec.supervise
             try:
                 self.backends[name].tend(plans, supervise.standby if supervise.restart == 'on-failure' else 0)
+                self.state.standbys[name] = self.backends[name].standby_views()
             except Exception as e:      # the next round tries again; a task then starts cold
                 log.debug('keeping the standbys failed: %s', e)
         return stepped_at
