@@ -56,14 +56,15 @@ class LocalStandbys:
         self._lock = threading.Lock()
         self._pool: StandbyPool | None = None
         self._files: dict[tuple[str, str], SlotFiles] = {}
+        self._closed = False        # the run is over: a late tend spawns nothing
 
     # -- the leases' thread -----------------------------------------------------------------
 
     def tend(self, plans: list[TaskPlan], per_host: int) -> None:
         """Kill what may not be used, then spawn what each host lacks (one per host at a time)."""
-        if not plans:
-            return
         with self._lock:
+            if self._closed or not plans:
+                return
             if self._pool is None:
                 self._pool = StandbyPool(plans[0].env.get(RUN_ENV, ''), prefix=f'{os.getpid()}-')
             pool, now = self._pool, time.time()
@@ -177,6 +178,7 @@ class LocalStandbys:
     def close(self) -> None:
         """Kill every standby (the run is over, or its tasks are torn down)."""
         with self._lock:
+            self._closed = True
             if self._pool is not None:
                 for slot in list(self._pool.slots.values()):
                     self._kill(slot)
