@@ -12,7 +12,7 @@ SMI_TIMEOUT = 30            # seconds `nvidia-smi -L` may take
 def gpu_count(listing: bool = True) -> int:
     """The NVIDIA GPUs of this machine: the driver's /proc entries first (no process started), else,
     with `listing`, the lines of `nvidia-smi -L`; 0 without either. The SSH backend asks a remote
-    host the same two questions in shell (launch/backends/base.py: GPU_COUNT_SH)."""
+    host the same two questions in shell (launch/backends/probes.py: GPU_COUNT_SH)."""
     try:
         return len(os.listdir(NVIDIA_GPUS_DIR))
     except OSError:

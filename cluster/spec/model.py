@@ -218,6 +218,9 @@ class SuperviseConfig:
                                             'have its checkpoint saved and exit "preempted", which is not counted '
                                             'against max_restarts; 0: such a SIGTERM is a fault, as before.',
                                       Value.NONNEGATIVE, unit='seconds')
+    standby: int = setting(1, 'Warm processes per host that have imported TensorFlow and wait to become a restarted '
+                              'task (local and ssh backends; others ignore it); 0: none. Each holds memory: launch '
+                              'plan says how much.', Value.WHOLE)
 
 
 def _empty() -> Mapping:

@@ -79,6 +79,10 @@ class Kind:
     ships: ClassVar[tuple[str, ...]] = ()
     netns_refusal: ClassVar[str] = ''           # why `isolation: netns` cannot apply ('': it can)
     places_by_labels: ClassVar[bool] = False    # it places a host's tasks by its `labels` (others refuse them)
+    # It keeps warm standbys (supervise.standby, launch/backends/standby.py); others ignore the key,
+    # saying why in `standby_refusal` (one clause: `launch plan` and `up` print it once).
+    standbys: ClassVar[bool] = False
+    standby_refusal: ClassVar[str] = ''
     # The fields of its options that only it takes (`up` refuses them for another backend), and for what.
     exclusive: ClassVar[tuple[str, ...]] = ()
     options_label: ClassVar[str] = ''           # 'Slurm jobs'

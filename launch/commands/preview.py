@@ -12,7 +12,7 @@ from launch.backends.base import HostCheck
 from launch.commands.flags import JsonFlags
 from launch.commands.request import Request, backends_for, plans_of
 from launch.planning.plan import TaskPlan, effective_spec_path
-from launch.run import launching, registry
+from launch.run import launching, registry, standbys
 from launch.run.preflight import preflight, warn_exposure
 
 
@@ -69,8 +69,10 @@ def _coordinator_lines(spec: ClusterSpec) -> None:
 def cmd_plan(spec: ClusterSpec, req: Request[JsonFlags]) -> int:
     plans = plans_of(spec, req)
     launching.check_limits(spec, plans)
-    if req.flags.json:
-        print(runjson.dumps([_plan_json(spec, task, plan, req) for task, plan in zip(spec.tasks, plans)], indent=1))
+    if req.flags.json:      # a list of tasks, as ever: each names the run's standbys too
+        kept = standbys.summary(spec, req.backend, plans)
+        print(runjson.dumps([{**_plan_json(spec, task, plan, req), 'standby': kept}
+                             for task, plan in zip(spec.tasks, plans)], indent=1))
         return 0
     print(f'# {spec.path}: {_shape(spec)}; `launch up` writes the effective spec to '
           f'{effective_spec_path(spec)} (nothing is written now)')
@@ -93,6 +95,7 @@ def cmd_plan(spec: ClusterSpec, req: Request[JsonFlags]) -> int:
         for k, v in _shown_env(spec, plan).items():
             print(f'  env:  {k}={v if v == MASK else shlex.quote(v)}')
         print(f'  log:  {plan.log_path}')
+    print(standbys.line(spec, req.backend, plans))
     return 0
 
 

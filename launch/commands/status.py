@@ -7,6 +7,7 @@ import time
 from cluster.runtime import runjson
 from cluster.runtime.rundir import EXIT_FAILED, EXIT_OK
 from cluster.spec import ClusterSpec
+from launch.backends import standby
 from launch.backends.base import BackendError, stop_all
 from launch.commands import status_view
 from launch.commands.flags import StatusFlags
@@ -46,6 +47,7 @@ def cmd_status(spec: ClusterSpec, req: Request[StatusFlags]) -> int:
                           'preemptions': state.preemptions if state else 0,
                           'preempted': [p.to_json() for p in preempted],
                           'workers': state.workers.to_json() if state and state.workers else None,
+                          'standby': _standby_json(state),
                           'tasks': [t.to_json() for t in tasks]},
                          indent=1))
         return code
@@ -74,6 +76,9 @@ def _print_launcher(spec: ClusterSpec, req: Request[StatusFlags], plans: list[Ta
         restarts = (f', {state.restarts} restart(s)' if state.restarts else '') + \
             (f', {state.preemptions} preemption(s)' if state.preemptions else '')
         print(f'launcher pid {state.launcher_pid}, started {time.ctime(state.started)}{restarts}')
+        if state.standbys:
+            ready, starting = standby.counts(state.standbys)
+            print(f'standby: {ready} ready, {starting} starting')
         w = state.workers
         if w and len(w.live) != w.pool:
             print(f'workers: {len(w.live)} of a pool of {w.pool} run '
@@ -94,6 +99,14 @@ def _print_launcher(spec: ClusterSpec, req: Request[StatusFlags], plans: list[Ta
               'began)')
     else:
         print('global step: none seen yet')
+
+
+def _standby_json(state: LaunchState | None) -> dict[str, int] | None:
+    """`launch status --json`'s standbys: how many wait ready, how many import (None: no launcher state)."""
+    if state is None:
+        return None
+    ready, starting = standby.counts(state.standbys)
+    return {'ready': ready, 'starting': starting}
 
 
 def _clean_up_after(spec: ClusterSpec, req: Request[StatusFlags], plans: list[TaskPlan], state: LaunchState,

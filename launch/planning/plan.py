@@ -10,6 +10,7 @@ import sys
 from dataclasses import dataclass
 from collections.abc import Mapping
 
+from cluster.checks.code import imports_keras
 from cluster.spec import LOOPBACK_NAMES, ClusterSpec, HostConfig, SpecError, TaskSpec, address
 from cluster.spec.model import emptied
 from cluster.runtime.tfenv import coordinator_env
@@ -32,6 +33,9 @@ def lease_secs(backend: str, tasks: int) -> int:
     start-up with 5 s). At 1,000 tasks a launcher killed leaves its tasks 20 s, not 5."""
     base, per = LEASE_SECS.get(backend, 20), TASKS_PER_LEASE_SEC.get(backend)
     return max(base, tasks // per) if per else base
+# The memory one warm standby holds (launch plan says it; supervise.standby): a Python that imported
+# TensorFlow and the task runtime, Keras blocked. Measured by helper-36 (the lead fixes the figure).
+STANDBY_MB_EST = 350
 COMPOSE_WORKDIR = '/tfcluster'           # a container's working directory (the image's WORKDIR)
 COMPOSE_PYTHON = 'python'                # the image's virtual environment comes first on PATH
 
@@ -51,6 +55,9 @@ class TaskPlan:
     address: str = ''                # the host other tasks reach this one at ('': task.host)
     netns: str | None = None         # the private network namespace a local task runs in (isolation: netns)
     slot: Slot | None = None         # its physical GPUs on its machine (launch/planning/gpus.py)
+    # How its Python imports TensorFlow (cluster.checks.code imports_keras): with Keras or not;
+    # None: it does not (a command), so no warm standby can become it (launch/backends/standby.py).
+    keras: bool | None = None
 
     @property
     def name(self) -> str:
@@ -144,7 +151,7 @@ def plan_task(spec: ClusterSpec, task: TaskSpec, python: str | None = None, cwd:
     netns = netns_name(spec, cwd) if local and spec.isolation == 'netns' else None
     return TaskPlan(task=task, backend=backend, argv=argv, env=task_env(net, reach, backend, slot),
                     cwd=cwd, spec_path=spec_file, log_path=log_path(spec, task), host=host, address=reach.host,
-                    netns=netns, slot=slot)
+                    netns=netns, slot=slot, keras=imports_keras(spec, task))
 
 
 def service_name(task: TaskSpec) -> str:

@@ -25,7 +25,7 @@ from launch.errors import UsageError
 from launch.planning import gpus, limits
 from launch.planning.plan import TaskPlan, task_spec
 from launch.run import preflight
-from launch.run import registry
+from launch.run import registry, standbys
 from launch.run.registry import kind
 
 
@@ -90,6 +90,9 @@ def with_gpus(spec: ClusterSpec, name: str | None, opts: Options, planned: list[
 
 def strategy(spec: ClusterSpec, name: str | None, opts: Options, up: UpSettings) -> ContextManager[Launch]:
     """How `launch up` runs the spec on the backend chosen (None: per host): `with` it, run it."""
+    ignored = standbys.ignored(spec, name)
+    if ignored:
+        up.say(ignored)
     return (_supervised if kind(name).mode == SUPERVISED else _delegated)(spec, name, opts, up)
 
 

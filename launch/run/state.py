@@ -94,13 +94,15 @@ class LaunchState:
     restarts: int = 0
     workers: WorkerPool | None = None
     preemptions: int = 0        # preemption notices so far (none among the restarts)
+    standbys: list[dict[str, Any]] = field(default_factory=list)   # warm standbys: {host, pid, state}
 
     def fingerprint(self) -> tuple:
         """What save() writes, cheap to compare: equal while the file would say the same (a step's
         time goes with its step)."""
         return (tuple((t.name, t.pid, t.ident, t.host, t.port, t.log, t.log_offset, t.address) for t in self.tasks),
                 None if self.progress is None else (self.progress.global_step, self.progress.steps),
-                self.restarts, self.workers, self.preemptions)
+                self.restarts, self.workers, self.preemptions,
+                tuple((s.get('host'), s.get('pid'), s.get('state')) for s in self.standbys))
 
     def save(self, path: str) -> None:
         """Write the state file (whole: a reader never sees half of it)."""
@@ -108,7 +110,8 @@ class LaunchState:
         data = {'format': FORMAT, 'spec': self.spec, 'launcher_pid': self.launcher_pid, 'launcher_ident': self.launcher_ident,
                 'started': self.started, 'tasks': [t.to_dict() for t in self.tasks],
                 'progress': None if self.progress is None else self.progress.to_json(), 'restarts': self.restarts,
-                'workers': None if self.workers is None else self.workers.to_json(), 'preemptions': self.preemptions}
+                'workers': None if self.workers is None else self.workers.to_json(), 'preemptions': self.preemptions,
+                'standbys': self.standbys}
         write_atomically(path, runjson.dumps(data, indent=1))
 
     @classmethod
@@ -139,8 +142,9 @@ class LaunchState:
             tasks = [_checked(TaskRecord.from_dict(t)) for t in data.pop('tasks', [])]
             progress = _entry(StepSeen, data.pop('progress', None))
             workers = _entry(WorkerPool, data.pop('workers', None))
+            standbys = [s for s in data.pop('standbys', None) or [] if isinstance(s, dict)]
             known = set(cls.__dataclass_fields__)
-            return _checked(cls(tasks=tasks, progress=progress, workers=workers,
+            return _checked(cls(tasks=tasks, progress=progress, workers=workers, standbys=standbys,
                                 **{k: v for k, v in data.items() if k in known}))
         except (TypeError, KeyError, AttributeError) as e:
             raise StateError(f'{path}: damaged state file ({type(e).__name__}: {e}); if tasks of that run '

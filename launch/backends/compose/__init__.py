@@ -25,6 +25,8 @@ class Compose(Kind):
                          'folder only, not {code}: run it with the local or SSH backend, or on Kubernetes from an '
                          'image built FROM tfcluster with your code (docs/own-code.md)')
     ships = ('examples',)
+    standby_refusal = ('a container is its task: a restart starts the container again, where no warm process '
+                       'can wait')
     netns_refusal = ('isolation: netns is for local processes; the compose backend runs the tasks on its own '
                      'internal network already, which nothing outside reaches: drop isolation (--set '
                      'isolation=none) to use it')

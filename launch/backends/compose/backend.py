@@ -253,7 +253,7 @@ class ComposeBackend(Backend):
 
     @staticmethod
     def _probe_image(image: str) -> str:
-        from launch.backends.base import HOST_PROBE
+        from launch.backends.probes import HOST_PROBE
         out = _run(['docker', 'run', '--rm', '--network', 'none', '--entrypoint', 'python', image,
                     '-c', HOST_PROBE, '--import'], timeout=180)
         try:

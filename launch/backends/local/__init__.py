@@ -23,6 +23,7 @@ class Local(Kind):
     summary = 'local or ssh (the default): chosen per host, local processes for localhost'
     on_this_machine = True
     logs_here = True
+    standbys = True             # for its local hosts (launch/backends/local/standby.py)
 
     def addresses(self, spec: ClusterSpec, opts: Options) -> dict[str, str]:
         return ssh_addresses(spec, opts)

@@ -18,14 +18,17 @@ import psutil
 from cluster.rehearsal.argv import REHEARSAL_MODULE
 from cluster.runtime import children, hostinfo, ports
 from cluster.runtime.contract import TASK_MODULE
+from cluster.runtime.standby import STANDBY_MODULE
 from cluster.runtime.messages import channel_beside, channel_env, clear_channel
 from cluster.runtime.ports import port_in_use
 from launch.backends import marks, netns, sessions
+from launch.backends.local.standby import LocalStandbys, kill_left, train_dir_of
 from launch.backends.procstat import STATE, process_ident, read_stat_fields
 from launch.backends.tail import FileTail, follow_file
 from launch.system import poll_until
 from cluster.runtime.rundir import PRIVATE, read_text, write_atomically
-from launch.backends.base import (ENDED, HOST_PROBE, RUNNING, STOP_GRACE_SECS, Backend, BackendError, HostCheck,
+from launch.backends.probes import HOST_PROBE
+from launch.backends.base import (ENDED, RUNNING, STOP_GRACE_SECS, Backend, BackendError, HostCheck,
                             Observation, busy_port, TaskRecord, handle_of, link_attempt_log,
                             local_disk_full, planned_record, touch_leases)
 from launch.planning.plan import TaskPlan
@@ -147,6 +150,7 @@ class LocalBackend(Backend):
         self._stopped_at = -STOPPED_SECS
         self._halted: set[int] = set()      # children the kernel said stopped (SIGSTOP) and not since continued
         self._namespaces: set[str] = set()      # made (or taken over) by this launcher: deleted by close()
+        self._standbys = LocalStandbys(self._children, self._halted, self._task_env)
 
     def prepare(self, plans: list[TaskPlan], spec_yaml: str) -> None:
         for ns in sorted({p.netns for p in plans if p.netns}):
@@ -157,6 +161,9 @@ class LocalBackend(Backend):
             spec_file = os.path.join(plan.cwd, plan.spec_path)
             os.makedirs(os.path.dirname(spec_file) or '.', exist_ok=True)
             write_atomically(spec_file, spec_yaml, PRIVATE)
+        # Standbys of a launcher that died (taken over now, under the train_dir's lock): the lease
+        # they watch is renewed again, so they would wait, unused, until the run ends.
+        kill_left({train_dir_of(p) for p in plans}, frozenset(self._children))
 
     @staticmethod
     def busy(plans: list[TaskPlan]) -> list[TaskPlan]:
@@ -200,19 +207,34 @@ class LocalBackend(Backend):
         log_file = link_attempt_log(plan.cwd, plan)
         clear_channel(channel_beside(os.path.abspath(log_file)))   # its records: this start's alone
         marks.clear(marks.of_plan(plan))        # a stop mark was for an earlier copy
-        with open(log_file, 'ab') as out:       # a task restarted in the same attempt appends
-            offset = out.tell()
-            argv = netns.wrap(plan.netns, plan.argv) if plan.netns else plan.argv
-            proc = subprocess.Popen(argv, cwd=plan.cwd, env={**inherited(os.environ), **plan.env, **channel_env(os.path.abspath(log_file))},
-                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True, preexec_fn=self._preexec())
-        self._children[proc.pid] = proc
-        self._halted.discard(proc.pid)      # a pid used before: the earlier child's stop is not this one's
+        env = {**self._task_env(plan), **channel_env(os.path.abspath(log_file))}
+        warm = self._standbys.become(plan, env, log_file)     # a standby of its host becomes it, or None
+        if warm is not None:
+            pid, ident, offset = warm
+        else:
+            with open(log_file, 'ab') as out:       # a task restarted in the same attempt appends
+                offset = out.tell()
+                argv = netns.wrap(plan.netns, plan.argv) if plan.netns else plan.argv
+                proc = subprocess.Popen(argv, cwd=plan.cwd, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                        stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=self._preexec())
+            self._children[proc.pid] = proc
+            self._halted.discard(proc.pid)      # a pid used before: the earlier child's stop is not this one's
+            pid, ident = proc.pid, process_ident(proc.pid) or ''
         t = plan.task
         return TaskRecord(name=t.name, job=t.job, index=t.index, host=t.host, port=t.port, backend=self.name,
-                          pid=proc.pid, log=os.path.abspath(log_file), ident=process_ident(proc.pid) or '',
-                          cwd=os.path.abspath(plan.cwd), log_offset=offset,
-                          handle=LocalHandle(plan.netns))
+                          pid=pid, log=os.path.abspath(log_file), ident=ident, cwd=os.path.abspath(plan.cwd),
+                          log_offset=offset, handle=LocalHandle(plan.netns), warm=warm is not None)
+
+    @staticmethod
+    def _task_env(plan: TaskPlan) -> dict[str, str]:
+        """What a task starts with but its channel: the launcher's inherited part, then the plan's."""
+        return {**inherited(os.environ), **plan.env}
+
+    def tend(self, plans: list[TaskPlan], per_host: int) -> None:
+        self._standbys.tend(plans, per_host)
+
+    def standby_views(self) -> list[tuple[str, int, str]]:
+        return self._standbys.views()
 
     def _preexec(self) -> Callable[[], None] | None:
         return children.die_with(os.getpid(), self._death_signal) if self._death_signal else None
@@ -233,10 +255,14 @@ class LocalBackend(Backend):
         for ns in sorted({p.netns for p in plans if p.netns}):
             netns.delete(ns)
             self._namespaces.discard(ns)
+        left = kill_left({train_dir_of(p) for p in plans}, frozenset(self._children))     # an earlier launcher's standbys
+        if left:
+            log.info('killed %d standby(s) an earlier launcher left', left)
 
     def close(self) -> None:
         """Delete the namespaces this launcher made, once every task in them is stopped (one whose
-        tasks could not be stopped stays, for `launch down`)."""
+        tasks could not be stopped stays, for `launch down`); kill the standbys."""
+        self._standbys.close()
         for ns in sorted(self._namespaces):
             try:
                 netns.delete(ns)
@@ -321,7 +347,8 @@ class LocalBackend(Backend):
         if ident is None or (record.ident and ident != record.ident):
             return False
         command = process_cmdline(record.pid)
-        return TASK_MODULE in command or REHEARSAL_MODULE in command     # a task, or a rehearsal's stand-in
+        # a task, a standby that became one, or a rehearsal's stand-in
+        return TASK_MODULE in command or STANDBY_MODULE in command or REHEARSAL_MODULE in command
 
     def send_signal(self, records: list[TaskRecord], signum: int) -> dict[str, str | None]:
         out: dict[str, str | None] = {}

@@ -78,6 +78,7 @@ class Ray(Kind):
     places_by_labels = True
     exclusive = ('address',)
     options_label = 'Ray clusters'
+    standby_refusal = 'its actors start the tasks on the nodes; standbys there are not built yet'
     netns_refusal = ('isolation: netns is for local processes; Ray runs the tasks on its nodes, on their own '
                      'network: drop isolation (--set isolation=none)')
 

@@ -42,6 +42,7 @@ class Slurm(Kind):
     summary = 'slurm (up only): one batch job of a Slurm cluster, which places the tasks'
     remembered = True
     logs_here = True
+    standby_refusal = 'a restart is a requeue into a new allocation, where no warm process can wait'
     netns_refusal = ('isolation: netns is for local processes; Slurm places the tasks on its nodes: drop '
                      'isolation (--set isolation=none) to use --backend slurm')
     exclusive = ('partition', 'time_limit', 'port_base')

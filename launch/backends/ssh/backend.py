@@ -30,8 +30,9 @@ from cluster.runtime.rundir import LEASE_ENV
 from cluster.spec import ClusterSpec
 from cluster.rehearsal.argv import task_module
 from launch.backends import marks
-from launch.backends.base import (ENDED, GPU_COUNT_SH, RUNNING, STOP_GRACE_SECS, UNKNOWN, Backend, HostCheck,
-                                  Observation, busy_port, TaskRecord, decode_exit, handle_of, parse_gpu_count, planned_record)
+from launch.backends.base import (ENDED, RUNNING, STOP_GRACE_SECS, UNKNOWN, Backend, HostCheck,
+                                  Observation, busy_port, TaskRecord, decode_exit, handle_of, planned_record)
+from launch.backends.probes import GPU_COUNT_SH, parse_gpu_count
 from launch.backends.procstat import STATE, start_time, stat_fields
 from launch.backends.ssh import starting
 from launch.backends.ssh.starting import _start_script

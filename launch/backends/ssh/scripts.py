@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from cluster.runtime.messages import channel_beside
-from launch.backends.base import HOST_PROBE
+from launch.backends.probes import HOST_PROBE
 
 # `starttime` of a pid (field 22 of /proc/PID/stat): a pid is ours only while it matches.
 STARTTIME_SH = "sed 's/.*) //' /proc/{pid}/stat 2>/dev/null | cut -d' ' -f20"

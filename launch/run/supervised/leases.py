@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Mapping
 
 from launch.backends.base import Backend
+from launch.backends.standby import TEND_AFTER_SECS
 from launch.run.supervised.state import SupervisorState
 
 log = logging.getLogger(__name__)
@@ -39,8 +41,28 @@ class Leases:
             self.backends[name].renew(plans, text=self.state.members.to_text())
 
     def _renew_each(self, name: str) -> None:
+        stepped_at: float | None = None
         while not self.done.wait(LEASE_RENEW_SECS):
             try:
                 self.renew(name)
             except Exception as e:      # a host that cannot be reached now: the poll reports it
                 log.debug('lease renewal failed: %s', e)
+            stepped_at = self.tend(name, stepped_at)
+
+    def tend(self, name: str, stepped_at: float | None) -> float | None:
+        """Let the backend keep its standbys once this attempt has trained for TEND_AFTER_SECS
+        (a standby's import never competes with the tasks' own, and a short run never pays for
+        one); returns when the attempt was first seen stepping (None: not yet)."""
+        if self.state.attempt.step is None:
+            return None
+        now = time.monotonic()
+        stepped_at = now if stepped_at is None else stepped_at
+        if now - stepped_at >= TEND_AFTER_SECS:
+            plans = [p for p in self.state.plans if p.backend == name]
+            supervise = self.state.spec.supervise
+            try:
+                self.backends[name].tend(plans, supervise.standby if supervise.restart == 'on-failure' else 0)
+                self.state.standbys[name] = self.backends[name].standby_views()
+            except Exception as e:      # the next round tries again; a task then starts cold
+                log.debug('keeping the standbys failed: %s', e)
+        return stepped_at

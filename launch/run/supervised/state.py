@@ -91,6 +91,8 @@ class SupervisorState:
     lost_starting: StartLoss | None = None      # a task lost while the cluster started, not decided about yet
     scale: ScaleOp | None = None                # the `launch scale` request under way (scaling.py)
     saved_first: bool = False                   # the checkpoint a plan asked for first read back (plan.py SaveFirst)
+    # Each backend's warm standbys as it last said (Backend.standby_views): (host, pid, state).
+    standbys: dict[str, list[tuple[str, int, str]]] = field(default_factory=dict)
 
     @classmethod
     def new(cls, spec: ClusterSpec, plans: list[TaskPlan], workers: int | None) -> SupervisorState:

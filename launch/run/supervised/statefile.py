@@ -40,6 +40,8 @@ class StateFile:
             written.progress = progress
         written.restarts = state.restarts
         written.preemptions = state.preemptions
+        written.standbys = [{'host': h, 'pid': p, 'state': s} for views in list(state.standbys.values())
+                            for h, p, s in views]
         written.workers = WorkerPool(self.spec.num_workers, list(state.members.indices), asked)
         fingerprint = written.fingerprint()
         if changed_only and self._same(fingerprint, len(written.tasks)):

@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from launch.backends.base import GPU_COUNT_SH, parse_gpu_count
+from launch.backends.probes import GPU_COUNT_SH, parse_gpu_count
 
 
 # -- how a host says how many GPUs it has -----------------------------------------------------
