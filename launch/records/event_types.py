@@ -135,7 +135,7 @@ class TaskStarted(Event):
     """A task was started. Where it runs: a process (`pid`), a container (compose), a scheduler's
     job (Slurm) or a Ray node and the actor that keeps it there."""
     kind = EventKind.TASK_STARTED
-    OPTIONAL = frozenset({'pid', 'container', 'job', 'node', 'actor'})
+    OPTIONAL = frozenset({'pid', 'container', 'job', 'node', 'actor', 'warm'})
     task: str | None = json_field(read_text, doc='The task, job:index (e.g. worker:1).')
     host: str | None = json_field(read_text, doc='The host it runs on, as the spec names it.')
     pid: int | None = json_field(read_whole, doc='Its process id on that host (local and SSH tasks).')
@@ -143,6 +143,8 @@ class TaskStarted(Event):
     job: str | None = json_field(read_text, doc="The scheduler's job id (Slurm).")
     node: str | None = json_field(read_text, doc='The Ray node it runs on, by address (Ray).')
     actor: str | None = json_field(read_text, doc='The Ray actor that keeps it, by name (Ray).')
+    warm: bool | None = json_field(read_flag, doc='true: a warm standby became the task (supervise.standby; '
+                                                  'only then written).')
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -250,7 +252,7 @@ class Recovered(Event):
     """The training is back after a fault: the tasks restarted for it, the seconds from the
     supervisor seeing it to the next global step, the steps trained again, each phase's seconds."""
     kind = EventKind.RECOVERED
-    OPTIONAL = frozenset({'preempted'})
+    OPTIONAL = frozenset({'preempted', 'standby', 'cold'})
     tasks: list[str] | None = json_field(read_texts, doc='The tasks restarted for the fault.')
     seconds: float | None = json_field(read_real, doc='Seconds from the fault seen to the next global step.')
     steps_redone: int | None = json_field(read_whole, doc='Steps trained again from an older checkpoint.')
@@ -258,12 +260,14 @@ class Recovered(Event):
                                                                   'save (a preemption\'s, from the notice), stop, '
                                                                   'backoff, start, step.')
     preempted: bool | None = json_field(read_flag, doc='true: a preemption, timed from its notice (only then written).')
-    # (The counts of tasks started from a warm standby and cold go here, OPTIONAL as `preempted`.)
+    standby: int | None = json_field(read_whole, doc='Tasks the restart started from a warm standby (only '
+                                                     'written when one was).')
+    cold: int | None = json_field(read_whole, doc='Tasks it started cold, beside those (only written with standby).')
 
     @classmethod
     def of(cls, mended: MendedFault) -> Recovered:
         return cls(tasks=mended.tasks, seconds=mended.seconds, steps_redone=mended.steps_redone,
-                   phases=mended.phases, preempted=mended.preempted)
+                   phases=mended.phases, preempted=mended.preempted, standby=mended.standby, cold=mended.cold)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -97,14 +97,16 @@ class MendedFault(JsonRecord):
     """One fault mended: the tasks restarted for it, the seconds from the supervisor seeing it to
     the next global step trained, the steps trained again, and how long each phase of the restart
     took (launch/run/supervised/mending.py); `preempted` (only then written): it was a preemption,
-    timed from the notice."""
-    OPTIONAL = frozenset({'preempted'})
+    timed from the notice; `standby` and `cold` (only when a standby was used): the tasks started
+    each way."""
+    OPTIONAL = frozenset({'preempted', 'standby', 'cold'})
     tasks: list[str] | None = json_field(read_texts)
     seconds: float | None = json_field(read_real)
     steps_redone: int | None = json_field(read_whole)
     phases: dict[str, float] | None = json_field(read_phases)
     preempted: bool | None = json_field(read_flag)
-    # (The counts of tasks started from a warm standby and cold go here, OPTIONAL as `preempted`.)
+    standby: int | None = json_field(read_whole)     # tasks started from a warm standby (only when some were)
+    cold: int | None = json_field(read_whole)        # and cold, beside them
 
 
 def read_mended(value: Any) -> list[MendedFault] | None:

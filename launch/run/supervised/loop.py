@@ -425,7 +425,9 @@ class SupervisedRun(Strategy):
     def _started(self, backend: Backend, record: TaskRecord) -> None:
         self.state.started(record)
         self.state.attempt.forget_notice(record.name)
-        self.life.task_started(record.name, host=record.host, **backend.locate(record))
+        self.life.task_started(record.name, host=record.host, **backend.locate(record),
+                               **({'warm': True} if record.warm else {}))
+        self.clock.started(record.warm)
         follow(self.life, self.state, self.clock, backend, record, self.is_chief(record), self.spec.coordinator)
 
     def start_cluster(self, restart: int | None = None) -> None:

@@ -41,6 +41,8 @@ class Mending:
     phases: dict[str, float] = field(default_factory=dict)
     mark: float = 0.0                   # where the current phase began
     preempted: bool = False             # a preemption: `seen_at` is its notice
+    warm: int = 0                       # tasks the restart started from a warm standby
+    cold: int = 0                       # ... and cold
 
     def __post_init__(self) -> None:
         self.mark = self.seen_at
@@ -98,6 +100,15 @@ class RecoveryClock:
             if from_step is not None:
                 self.current.from_step = from_step
 
+    def started(self, warm: bool) -> None:
+        """A task of the restart under way was started, from a warm standby or cold."""
+        with self._lock:
+            if self.current is not None:
+                if warm:
+                    self.current.warm += 1
+                else:
+                    self.current.cold += 1
+
     def served(self, task: str) -> None:
         """A task said it serves (from a log follower's thread): a task restart's start ends when
         the first of its tasks does (a cluster restart's, once every server answers)."""
@@ -122,7 +133,8 @@ class RecoveryClock:
             found = MendedFault(tasks=m.tasks, seconds=round(time.monotonic() - m.seen_at, 3),
                                 steps_redone=m.redone(), phases={p: round(m.phases[p], 3) for p in PHASES
                                                                  if p in m.phases},
-                                preempted=True if m.preempted else None)
+                                preempted=True if m.preempted else None,
+                                standby=m.warm or None, cold=m.cold if m.warm else None)
             self.done.append(found)
         self._emit(found)
 
@@ -148,5 +160,5 @@ def line(mended: MendedFault) -> str:
     phases = ', '.join(f'{name} {secs:.1f}s' for name, secs in (mended.phases or {}).items())
     redone = f'; {mended.steps_redone} step(s) trained again' if mended.steps_redone else ''
     what = f'the preemption of {", ".join(mended.tasks or ())}' if mended.preempted else 'the fault'
-    # (The counts of tasks started from a warm standby and cold join `redone` here.)
-    return f'training again {mended.seconds:.1f}s after {what} ({phases}{redone})'
+    warm = f'; {mended.standby} task(s) from a warm standby, {mended.cold or 0} cold' if mended.standby else ''
+    return f'training again {mended.seconds:.1f}s after {what} ({phases}{redone}{warm})'
