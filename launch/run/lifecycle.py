@@ -91,6 +91,7 @@ class Lifecycle:
         self._followers: dict[str, Pump] = {}      # each followed log's pump (launch/run/pump.py)
         self._pumps: dict[str, Pump] = {}          # one per group of logs (a backend)
         self._readers: dict[str, messages.Reader] = {}     # each task's messages, read once (messages.Reader)
+        self._reporting: threading.Thread | None = None     # a restart's report, written meanwhile
 
     # -- the lock -----------------------------------------------------------------------------
     def _lock(self) -> tuple[TrainDirLock, list[str]]:
@@ -205,7 +206,7 @@ class Lifecycle:
         if ended is not None:
             ended.started, ended.ended = self._attempt_started, time.time()
             ended.seconds = ended.ended - ended.started
-            self._write_result(ended)
+            self._write_result(ended, meanwhile=True)
         with self._seen_lock:
             self.attempt += 1
             self._attempt_started = time.time()
@@ -298,9 +299,11 @@ class Lifecycle:
         return result.record(self.run_id, self.attempt, os.path.abspath(self.spec.path), self.backend,
                               os.path.abspath(self.spec.train.train_dir))
 
-    def _write_result(self, result: RunResult) -> None:
+    def _write_result(self, result: RunResult, meanwhile: bool = False) -> None:
         """The end of an attempt: run.json and the report, each best effort (a full disk must not
-        turn a finished training into a crash)."""
+        turn a finished training into a crash). `meanwhile`: the report in a thread of its own, for
+        an attempt a restart ends: drawing it takes most of a second, which the restart does not
+        wait for (the run's last report waits for it, then is drawn afresh)."""
         train_dir = self.spec.train.train_dir
         record = self._as_record(result)
         try:
@@ -309,9 +312,18 @@ class Lifecycle:
             log.warning('cannot write %s: %s', rundir.run_path(train_dir), e.strerror)
         if not self.report:
             return
+        if self._reporting is not None:
+            self._reporting.join()      # one report at a time, the newest last
+        if meanwhile:
+            self._reporting = threading.Thread(target=self._write_report, name='report', daemon=True)
+            self._reporting.start()
+        else:
+            self._write_report()
+
+    def _write_report(self) -> None:
         try:
             from launch.records import report
-            report.write(train_dir)
+            report.write(self.spec.train.train_dir)
         except Exception as e:      # the report is a convenience: never the reason a run fails
             log.warning('could not write the report: %s: %s', type(e).__name__, e)
 

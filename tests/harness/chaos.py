@@ -40,7 +40,8 @@ Invariants checked once the run has ended (the exit status names those that brok
     nothing left  no task or launcher process, no listener on a task port, no SSH session, no
                   container or network of the compose project
     standby       no task started after a standby was killed or frozen runs in that standby, and
-                  each one hit was replaced by a ready one (with --standby N, the summary also gives
+                  each one hit was replaced by a ready one (with --standby N, each fault waits until
+                  every host keeps N ready standbys, and the summary also gives
                   the median kill -> training again as a share of one `import tensorflow`, measured
                   at the run's start and end: tests/harness/chaos_standby.py)
 """
@@ -68,7 +69,7 @@ from cluster.runtime import rundir
 from cluster.runtime.ports import listening_inodes
 from launch.records.events import read_events, read_run_record
 from tests.harness.chaos_standby import (STANDBY_KINDS, import_seconds, inject_standby, kill_to_training, never_used,
-                                         replaced, standby_summary)
+                                         ready_pids, replaced, standby_summary)
 from tests.harness.parts import REPO, free_ports, task_processes
 
 TASKS = ('ps:0', 'worker:0', 'worker:1')
@@ -703,6 +704,8 @@ class Chaos:
                 return
             events = self.wait(events_file, lambda ev, target=target: self.training(ev) and (self.step_now(ev) or 0) >= target,
                                time.monotonic() + self.o.recover_secs, f'global step {target}')
+            if self.o.standby:      # a fault once the standbys are back: faults rarer than a refill
+                self._wait_standbys(train_dir_of(events_file), number)
             if kind in STANDBY_KINDS:
                 faults.append(self._hit_standby(number, kind, events, train_dir_of(events_file)))
                 continue
@@ -728,6 +731,16 @@ class Chaos:
                            time.monotonic() + self.o.recover_secs, 'training after the last fault')
         if faults and self.training(events):
             faults[-1].recovered_secs = time.time() - faults[-1].at
+
+    def _wait_standbys(self, train_dir: str, number: int) -> None:
+        """Wait until every host keeps its --standby ready standbys (the launcher refills one per
+        host at a time, an import each: faults closer than that meet a pool part empty)."""
+        want = self.o.standby * len(set(self.driver.task_hosts()))
+        deadline = time.monotonic() + self.o.recover_secs
+        while len(ready_pids(train_dir)) < want:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise Aborted(f'{want} standbys were not ready before fault {number}')
+            time.sleep(POLL)
 
     def _hit_standby(self, number: int, kind: str, events: list[dict], train_dir: str) -> Fault:
         """A standby that waits, killed or frozen; the launcher restarts nothing, but must replace

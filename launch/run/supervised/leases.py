@@ -50,10 +50,11 @@ class Leases:
             stepped_at = self.tend(name, stepped_at)
 
     def tend(self, name: str, stepped_at: float | None) -> float | None:
-        """Let the backend keep its standbys once this attempt has trained for TEND_AFTER_SECS
-        (a standby's import never competes with the tasks' own, and a short run never pays for
-        one); returns when the attempt was first seen stepping (None: not yet)."""
-        if self.state.attempt.step is None:
+        """Let the backend keep its standbys once the run has trained for TEND_AFTER_SECS (a
+        standby's import never competes with the first start's, and a short run never pays for
+        one), and from then on through every restart: the standbys a restart took are replaced
+        at once, for the next fault. Returns when the run was first seen stepping (None: not yet)."""
+        if stepped_at is None and self.state.attempt.step is None:
             return None
         now = time.monotonic()
         stepped_at = now if stepped_at is None else stepped_at

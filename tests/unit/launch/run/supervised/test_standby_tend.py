@@ -57,3 +57,13 @@ def test_a_run_that_restarts_nothing_keeps_none(tmp_path):
     leases.state.attempt.saw_step(1)
     leases.tend('local', time.monotonic() - TEND_AFTER_SECS - 1)
     assert keeper.asked == [(2, 0)]
+
+
+def test_once_begun_the_standbys_are_kept_through_a_restart_before_its_first_step(tmp_path):
+    from launch.run.supervised.attempt import Attempt
+    leases, keeper = _leases(tmp_path, 'on-failure')
+    leases.state.attempt.saw_step(1)
+    since = time.monotonic() - TEND_AFTER_SECS - 1
+    leases.tend('local', since)
+    leases.state.attempt = Attempt(from_step=1)      # a restart of the cluster: no step seen yet
+    assert leases.tend('local', since) == since and keeper.asked == [(2, 2), (2, 2)]
