@@ -33,9 +33,11 @@ def lease_secs(backend: str, tasks: int) -> int:
     start-up with 5 s). At 1,000 tasks a launcher killed leaves its tasks 20 s, not 5."""
     base, per = LEASE_SECS.get(backend, 20), TASKS_PER_LEASE_SEC.get(backend)
     return max(base, tasks // per) if per else base
-# The memory one warm standby holds (launch plan says it; supervise.standby): a Python that imported
-# TensorFlow and the task runtime, Keras blocked. Measured by helper-36 (the lead fixes the figure).
-STANDBY_MB_EST = 350
+# The memory one warm standby adds (launch plan says it; supervise.standby): a Python that imported
+# TensorFlow and the task runtime, Keras blocked, holds 543 MB resident while it waits, of which
+# 190 MB its own (USS, /proc/PID/smaps_rollup Private_*); the rest are the library's pages, which it
+# shares with the tasks of its host (TensorFlow 2.21, CPU build, 2026-11-28).
+STANDBY_MB_EST = 190
 COMPOSE_WORKDIR = '/tfcluster'           # a container's working directory (the image's WORKDIR)
 COMPOSE_PYTHON = 'python'                # the image's virtual environment comes first on PATH
 

@@ -45,4 +45,4 @@ def line(spec: ClusterSpec, name: str | None, plans: Sequence[TaskPlan]) -> str:
     if spec.supervise.restart != 'on-failure':
         return 'standby: none (only a restart uses one, and supervise.restart is never)'
     return (f'standby: {spec.supervise.standby} per host x {len(hosts(spec, plans))} host(s), about '
-            f'{STANDBY_MB_EST} MB each (supervise.standby; 0 turns it off)')
+            f'{STANDBY_MB_EST} MB of its own each (supervise.standby; 0 turns it off)')

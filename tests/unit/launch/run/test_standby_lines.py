@@ -28,11 +28,11 @@ def _spec(tmp_path, supervise: str = 'supervise:\n  restart: on-failure\n', more
 
 @pytest.mark.parametrize('supervise, more, backend, expected', [
     ('supervise:\n  restart: on-failure\n', '', None,
-     f'standby: 1 per host x 1 host(s), about {STANDBY_MB_EST} MB each (supervise.standby; 0 turns it off)'),
+     f'standby: 1 per host x 1 host(s), about {STANDBY_MB_EST} MB of its own each (supervise.standby; 0 turns it off)'),
     ('supervise:\n  restart: on-failure\n  standby: 0\n', '', None, 'standby: none (supervise.standby: 0)'),
     ('', '', None, 'standby: none (only a restart uses one, and supervise.restart is never)'),
     ('supervise:\n  restart: on-failure\n', '  command: python x.py\n', None,     # a command: no standby becomes it
-     f'standby: 1 per host x 0 host(s), about {STANDBY_MB_EST} MB each (supervise.standby; 0 turns it off)'),
+     f'standby: 1 per host x 0 host(s), about {STANDBY_MB_EST} MB of its own each (supervise.standby; 0 turns it off)'),
     ('supervise:\n  restart: on-failure\n', '', 'compose', 'supervise.standby: ignored by the compose backend '
      '(a container is its task: a restart starts the container again, where no warm process can wait)'),
     ('supervise:\n  restart: on-failure\n  standby: 0\n', '', 'slurm', 'standby: none (supervise.standby: 0)'),
