@@ -27,6 +27,7 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 STANDBY_MODULE = 'cluster.standby'
 STANDBY_DIR = 'standby'         # under the train_dir, a folder per host (standby_dir)
@@ -52,7 +53,7 @@ def import_env(env: Mapping[str, str]) -> dict[str, str]:
 def import_key(python: str, cwd: str, env: Mapping[str, str], keras: bool) -> str:
     """What a standby and the task it becomes must agree on: the interpreter, the folder (the
     import path), the import-time environment, and whether Keras was imported with TensorFlow."""
-    text = json.dumps([python, os.path.abspath(cwd), sorted(import_env(env).items()), keras])
+    text = json.dumps([python, os.path.abspath(cwd), sorted(import_env(env).items()), keras], allow_nan=False)
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
@@ -84,7 +85,7 @@ def standby_argv(python: str, folder: str, slot: str, run: str, key: str, keras:
             '--lease', lease, '--lease-secs', f'{lease_secs:g}') + (('--keras',) if keras else ())
 
 
-def _record(cls, text: str):    # type: ignore[no-untyped-def]
+def _record(cls: Any, text: str) -> Any:
     """A record of `cls` from its JSON text; ValueError if it is not one."""
     try:
         data = json.loads(text)
@@ -105,7 +106,7 @@ class Ready:
     rss_kb: int
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
+        return json.dumps(dataclasses.asdict(self), allow_nan=False)
 
     @classmethod
     def parse(cls, text: str) -> Ready:
@@ -122,7 +123,7 @@ class Become:
     log: str
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
+        return json.dumps(dataclasses.asdict(self), allow_nan=False)
 
     @classmethod
     def parse(cls, text: str) -> Become:
@@ -144,7 +145,7 @@ class Became:
     offset: int
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
+        return json.dumps(dataclasses.asdict(self), allow_nan=False)
 
     @classmethod
     def parse(cls, text: str) -> Became:

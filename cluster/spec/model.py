@@ -208,8 +208,8 @@ class SuperviseConfig:
     stall_secs: float = setting(60.0, 'No new global step for this long (after the first) is a fault: the tasks '
                                       'that answer dump their Python stacks, then restart says what follows. At '
                                       'least 3 times train.log_every_secs.', Value.POSITIVE, unit='seconds')
-    backoff_secs: float = setting(1.0, 'The wait before a restart, doubling with each restart in a row that did not '
-                                       'bring the training back; 0: none.', Value.NONNEGATIVE, unit='seconds')
+    backoff_secs: float = setting(1.0, 'The wait before the second restart in a row that did not bring the training '
+                                       'back, doubling with each one after (the first waits nothing); 0: none.', Value.NONNEGATIVE, unit='seconds')
     backoff_max_secs: float = setting(30.0, 'The longest wait before a restart.', Value.POSITIVE, unit='seconds')
     unreachable_secs: float = setting(30.0, 'A host that cannot be asked about its tasks for this long (SSH) has '
                                             'lost them.', Value.POSITIVE, unit='seconds')

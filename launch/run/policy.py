@@ -16,9 +16,9 @@ The rules, in order:
     stall: restart or give up likewise.
   - once every worker is done (finished, or lost and tolerated), the run is finished; ps tasks
     left running then are only waiting for reports that will never come.
-  - a restart waits first: `backoff_secs`, doubling with each restart in a row up to
-    `backoff_max_secs`; a run whose training came back after its last restart, or that went
-    HEALTHY_SECS without a fault, starts again at 1x (launch/run/supervised/faults.py FaultHistory).
+  - the first restart after a healthy run waits nothing; each further restart in a row waits
+    `backoff_secs`, doubling up to `backoff_max_secs`; a run whose training came back after its
+    last restart, or that went HEALTHY_SECS without a fault, starts again with no wait (launch/run/supervised/faults.py FaultHistory).
   - a fault that repeats the one before the last restart (the same task, the same error of its
     own, no newer checkpoint in between) ends the run: another restart would fail the same way.
     A fault with no error of its own (a kill, a lost host) comes from outside and never repeats.
@@ -390,10 +390,13 @@ HEALTHY_SECS = 60.0     # this long without a fault, and the next restart waits 
 
 
 def backoff_delay(policy: Policy, streak: int) -> float:
-    """The wait before the `streak`-th restart in a row (1: the first since the run was healthy)."""
-    if streak < 1 or policy.backoff_secs <= 0:
+    """The wait before the `streak`-th restart in a row (1: the first since the run was healthy).
+    The first waits nothing: a healthy run that lost a task wants it back at once, and a crash
+    loop shows only from the second restart in a row, which waits backoff_secs, doubling from
+    there (as Kubernetes' CrashLoopBackOff restarts a container at once the first time)."""
+    if streak < 2 or policy.backoff_secs <= 0:
         return 0.0
-    return min(policy.backoff_max_secs, policy.backoff_secs * 2 ** min(streak - 1, 30))
+    return min(policy.backoff_max_secs, policy.backoff_secs * 2 ** min(streak - 2, 30))
 
 
 def next_streak(streak: int, since_last_fault: float | None) -> int:

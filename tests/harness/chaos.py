@@ -7,6 +7,7 @@ random points of the training, and check that the launcher mends every fault.
     python -m tests.harness.chaos --backend local --plan worker:1=kill,ps:0=stop
     python -m tests.harness.chaos --backend local --faults 100 --startup 0.25    # and faults while restarts start
     python -m tests.harness.chaos --backend local --faults 100 --rehearse        # every task a stand-in (no TensorFlow)
+    python -m tests.harness.chaos --backend local --faults 30 --kinds kill --standby 3   # restarts from warm standbys
 
 It drives the real command line (`python -m launch up SPEC ...` in a subprocess) on a 1 ps + 2
 worker spec and reads what the launcher writes (`events.jsonl`, `run.json`). A fault is one of
@@ -14,6 +15,8 @@ worker spec and reads what the launcher writes (`events.jsonl`, `run.json`). A f
     stop        SIGSTOP to it (local, SSH): a frozen task, caught by the stall watchdog
     pause       `docker pause` of its container (compose): the same, frozen by the cgroup
     disconnect  `docker network disconnect` of its container from the project's network (compose)
+    standby-kill, standby-stop   SIGKILL or SIGSTOP to a warm standby that waits (local, SSH; only
+                named in --kinds or --plan): nothing restarts, the launcher replaces it
 aimed at ps:0, worker:0 (the chief) or worker:1. With --startup SHARE, that share of the faults
 is followed by one more (a kill, or the backend's freeze: SIGSTOP or `docker pause`) aimed at a
 task the answering restart starts again, half a second after its new start appears: the start-up
@@ -36,6 +39,10 @@ Invariants checked once the run has ended (the exit status names those that brok
                   restart's `from_step`, and every global step seen after it, is at least that step
     nothing left  no task or launcher process, no listener on a task port, no SSH session, no
                   container or network of the compose project
+    standby       no task started after a standby was killed or frozen runs in that standby, and
+                  each one hit was replaced by a ready one (with --standby N, the summary also gives
+                  the median kill -> training again as a share of one `import tensorflow`, measured
+                  at the run's start and end: tests/harness/chaos_standby.py)
 """
 from __future__ import annotations
 
@@ -60,10 +67,13 @@ import yaml
 from cluster.runtime import rundir
 from cluster.runtime.ports import listening_inodes
 from launch.records.events import read_events, read_run_record
+from tests.harness import chaos_standby
+from tests.harness.chaos_standby import STANDBY_KINDS
 from tests.harness.parts import REPO, free_ports, task_processes
 
 TASKS = ('ps:0', 'worker:0', 'worker:1')
 KINDS = {'local': ('kill', 'stop'), 'ssh': ('kill', 'stop'), 'compose': ('kill', 'pause', 'disconnect')}
+EXTRA_KINDS = {'local': STANDBY_KINDS, 'ssh': STANDBY_KINDS, 'compose': ()}     # only when named
 FREEZES = ('stop', 'pause', 'disconnect')
 SSH_LAYOUT = ('127.0.0.2', '127.0.0.2', '127.0.0.3')      # ps:0, worker:0, worker:1 (as tests/system/launch/backends/test_ssh.py)
 POLL = 0.25
@@ -97,6 +107,7 @@ class Options:
     overrides: tuple[str, ...] = ()        # more `--set KEY=VALUE` for launch up (e.g. supervise.backoff_secs=0)
     json_out: str | None = None
     rehearse: bool = False                 # `launch up --rehearse`: every task a stand-in (local only)
+    standby: int | None = None             # supervise.standby (None: the spec's default); measures the import
 
     def default_steps(self) -> int:
         # Every fault's gap, plus what the chief trains alone while a lost async worker comes back
@@ -166,6 +177,9 @@ class Result:
     notes: list[str]
     workdir: str
     recovered: list[dict] = dataclasses.field(default_factory=list)     # the launcher's recovered events
+    import_secs: list[float] = dataclasses.field(default_factory=list)  # one `import tensorflow`, start and end
+    warm: tuple[int, int] = (0, 0)      # task starts after the first fault from a standby, of all of them
+    kills: list[float] = dataclasses.field(default_factory=list)    # kill -> recovered event, per kill
 
     def summary(self) -> str:
         o = self.options
@@ -205,6 +219,7 @@ class Result:
         base = f' (undisturbed: {self.baseline_secs:.1f}s)' if self.baseline_secs is not None else ''
         lines.append(f'wall time: {self.wall_secs:.1f}s{base}; exit {self.exit_code}, state {self.run.get("state")}, '
                      f'global step {self.run.get("global_step")}')
+        lines.append(chaos_standby.standby_summary(self.kills, self.import_secs, *self.warm))
         lines.append('leftovers: ' + ('; '.join(f'{k}: {v}' for k, v in self.leftovers.items()) or 'none'))
         lines += [f'note: {n}' for n in self.notes]
         lines.append('invariants: ' + ('all hold' if not self.broken else 'BROKEN:\n  ' + '\n  '.join(self.broken)))
@@ -215,7 +230,12 @@ class Result:
                 'faults': [dataclasses.asdict(f) for f in self.faults], 'restarts': len(self.restarts),
                 'steps_redone': sum(f.redone for f in self.faults), 'wall_secs': self.wall_secs,
                 'baseline_secs': self.baseline_secs, 'leftovers': self.leftovers, 'broken': self.broken,
-                'notes': self.notes, 'run': self.run, 'recovered': self.recovered}
+                'notes': self.notes, 'run': self.run, 'recovered': self.recovered,
+                'import_secs': self.import_secs, 'warm': list(self.warm), 'kill_to_training': self.kills}
+
+
+def train_dir_of(events_file: str) -> str:
+    return os.path.dirname(events_file)
 
 
 def _counts(counter: collections.Counter) -> str:
@@ -303,7 +323,7 @@ class Driver:
                 cmd = f.read().replace(b'\0', b' ').decode(errors='replace')
         except OSError:
             pass
-        if not any(m in cmd for m in ('cluster.task', 'cluster.rehearsal')) or self.workdir not in cmd:
+        if not any(m in cmd for m in ('cluster.task', 'cluster.rehearsal', 'cluster.standby')) or self.workdir not in cmd:
             raise RuntimeError(f'{task}: pid {pid} is not its task any more ({cmd or "gone"})')
         os.kill(pid, {'kill': signal.SIGKILL, 'stop': signal.SIGSTOP}[kind])
         return f'pid {pid}'
@@ -501,6 +521,7 @@ class Chaos:
         self.steps = options.steps or options.default_steps()
         self.proc: subprocess.Popen | None = None
         self.console = ''
+        self.hit: dict[int, float] = {}        # standbys killed or frozen: pid -> time.time() of the hit
 
     def settings(self) -> tuple[dict, dict]:
         o = self.o
@@ -508,8 +529,11 @@ class Chaos:
                  'checkpoint_steps': o.checkpoint_steps, 'log_every_secs': 1.0}
         if not o.sync:
             train['learning_rate'] = 0.05
+        task_faults = sum(kind not in STANDBY_KINDS for _, kind, _ in self.plan)
         supervise = {'restart': 'on-failure', 'stall_secs': o.stall_secs,
-                     'max_restarts': len(self.plan) + sum(k is not None for k in self.startup) + o.margin}
+                     'max_restarts': task_faults + sum(k is not None for k in self.startup) + o.margin}
+        if o.standby is not None:
+            supervise['standby'] = o.standby
         return train, supervise
 
     def start(self, sub: str) -> tuple[str, str]:
@@ -614,6 +638,7 @@ class Chaos:
 
     def _run(self, baseline: float | None) -> Result:
         sub = 'chaos'
+        imports = [chaos_standby.import_seconds()] if self.o.standby is not None else []
         t0 = time.monotonic()
         spec, train_dir = self.start(sub)
         events_file = rundir.events_path(train_dir)
@@ -647,10 +672,17 @@ class Chaos:
         restarts = [e for e in events if e['event'] == 'restart']
         self._match(faults, events)
         broken = self.check(faults, events, run, leftovers, notes, train_dir, sub)
+        broken += chaos_standby.never_used(events, self.hit)
+        if imports:
+            imports.append(chaos_standby.import_seconds())
+        first = min((event_time(e) for e in restarts), default=float('inf'))
+        again = [e for e in events if e['event'] == 'task_started' and event_time(e) >= first]
         if broken:
             notes.append('launch up\'s last lines:\n' + self.console_tail())
         result = Result(self.o, self.steps, faults, self.proc.returncode, run, restarts, wall, baseline, leftovers,
-                        broken, notes, self.driver.workdir, [e for e in events if e['event'] == 'recovered'])
+                        broken, notes, self.driver.workdir, [e for e in events if e['event'] == 'recovered'],
+                        imports, (sum(bool(e.get('warm')) for e in again), len(again)),
+                        chaos_standby.kill_to_training(faults, events))
         if self.o.json_out:
             with open(self.o.json_out, 'w') as f:
                 json.dump(result.to_json(), f, indent=1, default=str)
@@ -671,6 +703,9 @@ class Chaos:
                 return
             events = self.wait(events_file, lambda ev, target=target: self.training(ev) and (self.step_now(ev) or 0) >= target,
                                time.monotonic() + self.o.recover_secs, f'global step {target}')
+            if kind in STANDBY_KINDS:
+                faults.append(self._hit_standby(number, kind, events, train_dir_of(events_file)))
+                continue
             started = next(e for e in reversed(events) if e['event'] == 'task_started' and e['task'] == task)
             fault = Fault(number, task, kind, step=self.step_now(events))
             checkpoints = [e['step'] for e in events if e['event'] == 'checkpoint']
@@ -693,6 +728,25 @@ class Chaos:
                            time.monotonic() + self.o.recover_secs, 'training after the last fault')
         if faults and self.training(events):
             faults[-1].recovered_secs = time.time() - faults[-1].at
+
+    def _hit_standby(self, number: int, kind: str, events: list[dict], train_dir: str) -> Fault:
+        """A standby that waits, killed or frozen; the launcher restarts nothing, but must replace
+        it with a ready one (within the recovery deadline) and never start a task in it."""
+        fault = Fault(number, 'standby', kind, step=self.step_now(events))
+        deadline = time.monotonic() + self.o.recover_secs
+        try:
+            pid = chaos_standby.inject(kind, train_dir, deadline)
+        except (RuntimeError, OSError) as e:
+            raise Aborted(f'fault {number} ({kind}) could not be injected: {e}') from None
+        fault.at, fault.target = time.time(), f'pid {pid}'
+        self.hit[pid] = fault.at
+        self.say(f'chaos: fault {number}/{len(self.plan)}: {kind} (pid {pid}) at step {fault.step}')
+        while not chaos_standby.replaced(train_dir, pid):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise Aborted(f'the standby hit by fault {number} ({kind}, pid {pid}) was not replaced')
+            time.sleep(POLL)
+        fault.recovered_secs = time.time() - fault.at
+        return fault
 
     def _inject_at_startup(self, sub: str, events_file: str, events: list[dict], kind: str,
                            faults: list[Fault]) -> None:
@@ -746,6 +800,7 @@ class Chaos:
         planned = len(self.plan) + sum(k is not None for k in self.startup)
         if len(faults) != planned:
             broken.append(f'planned: {len(faults)} of {planned} faults injected')
+        faults = [f for f in faults if f.kind not in STANDBY_KINDS]     # they restart nothing
         try:
             final = self.driver.checkpoint_step(sub)
         except (OSError, subprocess.SubprocessError) as e:
@@ -801,9 +856,9 @@ def parse_plan(text: str) -> tuple[tuple[str, str], ...]:
     out = []
     for item in filter(None, (s.strip() for s in text.split(','))):
         task, _, kind = item.partition('=')
-        if task not in TASKS or kind not in sum(KINDS.values(), ()):
+        if task not in TASKS or kind not in sum(KINDS.values(), ()) + STANDBY_KINDS:
             raise argparse.ArgumentTypeError(f'{item!r}: expected TASK=KIND, TASK one of {", ".join(TASKS)}, '
-                                             f'KIND one of kill, stop, pause, disconnect')
+                                             f'KIND one of kill, stop, pause, disconnect, {", ".join(STANDBY_KINDS)}')
         out.append((task, kind))
     return tuple(out)
 
@@ -834,21 +889,26 @@ def main(argv=None) -> int:
     p.add_argument('--json', dest='json_out', help='write the figures to this file')
     p.add_argument('--set', dest='overrides', action='append', default=[], metavar='KEY=VALUE',
                    help='passed on to launch up, e.g. --set supervise.backoff_secs=0.5')
+    p.add_argument('--standby', type=int, metavar='N', help='supervise.standby for the run (warm standbys per '
+                   'host), and measure one `import tensorflow` at its start and end')
     p.add_argument('--rehearse', action='store_true', help='every task a stand-in (`launch up --rehearse`; local only)')
     a = p.parse_args(argv)
+    if a.standby is not None and a.standby < 0:
+        p.error('--standby: a count >= 0')
     if a.rehearse and a.backend != 'local':
         p.error('--rehearse: the local backend only')
     low, _, high = a.gap.partition('-')
     kinds = tuple(k for k in (a.kinds or '').split(',') if k)
-    bad = [k for k in kinds if k not in KINDS[a.backend]]
+    bad = [k for k in kinds if k not in KINDS[a.backend] + EXTRA_KINDS[a.backend]]
     if bad:
-        p.error(f'--kinds: {a.backend} has {", ".join(KINDS[a.backend])}, not {", ".join(bad)}')
+        p.error(f'--kinds: {a.backend} has {", ".join(KINDS[a.backend] + EXTRA_KINDS[a.backend])}, '
+                f'not {", ".join(bad)}')
     options = Options(backend=a.backend, faults=a.faults, seed=a.seed, sync=a.sync, kinds=kinds,
                       tasks=tuple(t for t in (a.tasks or '').split(',') if t) or TASKS, plan=a.plan,
                       gap=(int(low), int(high or low)), steps=a.steps, checkpoint_steps=a.checkpoint_steps,
                       batch_size=a.batch_size, stall_secs=a.stall_secs, recover_secs=a.recover_secs,
                       baseline=a.baseline, dir=a.dir, json_out=a.json_out, overrides=tuple(a.overrides),
-                      startup=a.startup, rehearse=a.rehearse)
+                      startup=a.startup, rehearse=a.rehearse, standby=a.standby)
     # Ctrl-C or SIGTERM (a background job ignores SIGINT): the launcher is stopped, the sshd or
     # engine this harness started too.
     def interrupt(signum, frame):

@@ -323,7 +323,7 @@ class FaultHistory:
 
     def trained_again(self) -> None:
         """The training is back after the last restart: the next fault is a new one, not the same
-        crash coming back, so its restart waits backoff_secs again. The backoff grows only while
+        crash coming back, so its restart waits nothing again. The backoff grows only while
         restarts do not bring the training back (a crash loop), never because unrelated faults
         came one after another on a run that mended each of them."""
         self.streak = 0

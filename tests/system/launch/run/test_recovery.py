@@ -96,9 +96,9 @@ def train(ctx):
 '''
 
 
-def test_restarts_back_off_and_an_identical_failure_ends_the_run_early(tmp_path):
-    """A chief that fails the same way at the same step: one restart (after the backoff), then the
-    run ends with that error instead of spending every restart."""
+def test_a_first_restart_is_immediate_and_an_identical_failure_ends_the_run_early(tmp_path):
+    """A chief that fails the same way at the same step: one restart (at once: the first in a row
+    waits no backoff), then the run ends with that error instead of spending every restart."""
     (tmp_path / 'same_failure.py').write_text(PROGRAM)
     spec = write_spec(tmp_path, workers=1, program='same_failure:train',
                       supervise={'restart': 'on-failure', 'max_restarts': 5, 'backoff_secs': 2})
@@ -106,15 +106,15 @@ def test_restarts_back_off_and_an_identical_failure_ends_the_run_early(tmp_path)
     out = result.stdout + result.stderr
     assert result.returncode == 1, out
     assert out.count('restart 1/5') >= 1 and 'restart 2/5' not in out, out
-    assert 'in 2s (supervise.backoff_secs' in out, out
+    assert '(supervise.backoff_secs' not in out, out
     [error] = error_lines(out)
     assert 'RuntimeError: the same failure, every time' in error
     assert 'the same failure as before the last restart' in error and len(error) < 400, error
     found = events(str(tmp_path / 'run'))
     restart = next(e for e in found if e['event'] == 'restart')
     at = {id(e): datetime.datetime.fromisoformat(e['time']).timestamp() for e in found}
-    again = [at[id(e)] for e in found if e['event'] == 'task_started' and at[id(e)] > at[id(restart)]]
-    assert again and min(again) - at[id(restart)] >= 1.9, found
+    again = [at[id(e)] for e in found if e['event'] == 'task_started' and at[id(e)] >= at[id(restart)]]
+    assert again, found
 
 
 def test_a_frozen_ps_is_announced_and_its_checkpoint_is_not_waited_for(tmp_path):

@@ -229,7 +229,7 @@ def test_a_stall_limit_the_progress_lines_cannot_meet_is_refused(tmp_path):
 def test_backoff_doubles_with_each_restart_in_a_row_up_to_its_cap():
     pol = Policy(sync=True, num_workers=2, replicas_to_aggregate=2, restart='on-failure',
                  backoff_secs=1.0, backoff_max_secs=30.0)
-    assert [policy.backoff_delay(pol, n) for n in range(1, 8)] == [1, 2, 4, 8, 16, 30, 30]
+    assert [policy.backoff_delay(pol, n) for n in range(1, 8)] == [0, 1, 2, 4, 8, 16, 30]
     assert policy.backoff_delay(pol, 10 ** 6) == 30          # no overflow on a very long streak
     off = Policy(sync=True, num_workers=2, replicas_to_aggregate=2, backoff_secs=0)
     assert policy.backoff_delay(off, 5) == 0
@@ -245,9 +245,9 @@ def test_the_backoff_grows_in_a_crash_loop_and_starts_again_once_the_training_ca
     pol = Policy(sync=True, num_workers=2, replicas_to_aggregate=2, restart='on-failure',
                  backoff_secs=1.0, backoff_max_secs=30.0)
     history = FaultHistory()
-    assert [history.backoff(pol) for _ in range(3)] == [1, 2, 4]      # restarts that never trained again
+    assert [history.backoff(pol) for _ in range(3)] == [0, 1, 2]      # restarts that never trained again: the first at once
     history.trained_again()
-    assert [history.backoff(pol) for _ in range(2)] == [1, 2]         # a new fault, seconds later: 1x
+    assert [history.backoff(pol) for _ in range(2)] == [0, 1]         # a new fault, seconds later: at once again
 
 
 RESTART = policy.Decision(Action.RESTART, ('worker:0',), 'worker:0 exited with code 1')
