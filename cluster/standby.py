@@ -115,7 +115,8 @@ def read_become(path: str) -> Become:
     try:
         become = Become.parse(text)
         if not (isinstance(become.env, dict) and all(isinstance(v, str) for v in become.env.values())
-                and isinstance(become.cwd, str) and isinstance(become.log, str)):
+                and isinstance(become.cwd, str) and isinstance(become.log, str)
+                and isinstance(become.keep_env, bool)):
             raise ValueError('its env, cwd or log is not text')
         become.task_args()
     except ValueError as e:
@@ -154,7 +155,8 @@ def become_task(become: Become, files: SlotFiles) -> None:
     """Take the task's folder, environment, command line and log, say so in the became file, and
     run the task to its end exactly as `python -m cluster.task` would (no return)."""
     os.chdir(become.cwd)
-    os.environ.clear()
+    if not become.keep_env:     # SSH sends the task's names alone (Become.keep_env)
+        os.environ.clear()
     os.environ.update(become.env)
     time.tzset()    # the log's times in the task's zone
     args = become.task_args()
