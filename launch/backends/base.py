@@ -49,6 +49,7 @@ class TaskRecord:
     handle: Any = None       # the backend's own typed record of the task (see handle_of)
     log_offset: int = 0      # where this start's output begins in the log (a restart appends)
     address: str = ''        # where other tasks reach it, when not at `host` (an ssh config alias's HostName)
+    warm: bool = False       # a warm standby became it (launch/backends/standby.py): no process start, no import
 
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != 'handle'}
