@@ -1,10 +1,9 @@
 """A warm standby: `python -m cluster.standby --dir D --slot S --run R --key K --lease L --lease-secs N`.
 
-It imports what a task imports (TensorFlow, the task runtime, the trainers), says so in its slot's
-ready file, and waits to be told which task to become (cluster/runtime/standby.py, the contract).
-A restart then costs neither a process start nor an import. Once told, it takes the task's
-folder, environment (whole), command line and log, and runs `cluster.task`'s main in this very
-process: from there it is the task in every way, its pid included.
+It imports what a task imports, says so in its slot's ready file, and waits to be told which task
+to become (the contract: cluster/runtime/standby.py), so a restart costs no process start and no
+import. Told, it takes the task's folder, environment (whole), command line and log, and runs
+`cluster.task`'s main in this process: from there it is the task in every way, its pid included.
 
 Everything it does while it waits happens in the main thread, the heartbeat too: a touched ready
 file then proves that the loop which would take a become file is alive, and nothing the standby
@@ -14,6 +13,7 @@ or once the run's lease goes stale (its launcher died), as a task would.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import resource
@@ -137,10 +137,8 @@ def wait(args: StandbyArgs, files: SlotFiles, started: float) -> Become:
                 leave(files, EXIT_USAGE)
         if time.monotonic() - beat >= HEARTBEAT_SECS:
             beat = time.monotonic()
-            try:
+            with contextlib.suppress(OSError):      # removed under it: the launcher counts on it no more
                 os.utime(files.ready)
-            except OSError:     # removed under it: the launcher no longer counts on this slot
-                pass
             try:
                 touched: float | None = os.stat(args.lease).st_mtime
             except OSError:
@@ -151,9 +149,9 @@ def wait(args: StandbyArgs, files: SlotFiles, started: float) -> Become:
         time.sleep(POLL_SECS)
 
 
-def become_task(become: Become, files: SlotFiles) -> None:
-    """Take the task's folder, environment, command line and log, say so in the became file, and
-    run the task to its end exactly as `python -m cluster.task` would (no return)."""
+def take(become: Become, files: SlotFiles) -> list[str]:
+    """Take the task's folder, environment, command line and log, and say so in the became file;
+    the task's arguments. OSError: a folder or log that cannot be had (the launcher starts it cold)."""
     os.chdir(become.cwd)
     if not become.keep_env:     # SSH sends the task's names alone (Become.keep_env)
         os.environ.clear()
@@ -169,7 +167,7 @@ def become_task(become: Become, files: SlotFiles) -> None:
     offset = os.fstat(fd).st_size
     os.close(fd)
     rundir.write_atomically(files.became, Became(os.getpid(), offset).to_json())
-    run_to_exit(lambda: task.main(args), closes=(masking.drain,))
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -191,7 +189,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     become = wait(args, files, started)
     signal.signal(signal.SIGTERM, signal.SIG_DFL if term is None else term)   # the task's own from here
     unready(files)
-    become_task(become, files)
+    try:
+        task_args = take(become, files)
+    except OSError as e:
+        say(f'error: cannot become a task: {e}')
+        leave(files, EXIT_USAGE)
+    run_to_exit(lambda: task.main(task_args), closes=(masking.drain,))    # as cluster.task's __main__
 
 
 if __name__ == '__main__':

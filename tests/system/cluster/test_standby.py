@@ -4,6 +4,7 @@ processes; a standby leaves by itself when its lease goes stale or on SIGTERM; a
 heartbeat stops (so the launcher's freshness rule never picks it)."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import signal
@@ -114,3 +115,21 @@ def test_a_stopped_standbys_ready_file_goes_stale_and_beats_again_once_it_contin
         sb.wait_for('a heartbeat after SIGCONT', lambda: os.stat(files.ready).st_mtime_ns > frozen)
     finally:
         sb.stop_all([proc])
+
+
+def test_a_become_of_anything_but_a_cluster_task_is_one_line_and_exit_2(tmp_path):
+    lease = tmp_path / 'lease'
+    lease.touch()
+    proc, files = sb.start_standby(str(tmp_path), '0', str(lease))
+    try:
+        sb.ready(proc, files)
+        become = sb.task_become('spec.yaml', 'ps', 0, str(tmp_path / 'ps-0.log'), os.environ)
+        sb.hand(files, dataclasses.replace(become, argv=('python', '-m', 'cluster.eval', '--spec', 'spec.yaml')))
+        code = proc.wait(timeout=60)
+    finally:
+        sb.stop_all([proc])
+    log = rundir.read_text(files.log) or ''
+    assert code == 2, log
+    assert f'cluster.standby: error: cannot become a task: {files.become}: a standby becomes only a cluster.task' \
+        in log, log
+    assert 'Traceback' not in log and not os.path.exists(files.ready) and not os.path.exists(files.became), log
