@@ -219,6 +219,7 @@ class SSHStandbys:
         self._lock = threading.Lock()
         self._pool: StandbyPool | None = None
         self._kept: dict[tuple[str, str], _Kept] = {}
+        self._closed = False        # the run is over: a tend still in flight kills what it spawned
 
     # -- the leases' thread ---------------------------------------------------------------------
 
@@ -227,6 +228,8 @@ class SSHStandbys:
         if not plans:
             return
         with self._lock:
+            if self._closed:
+                return
             if self._pool is None:     # a prefix of its own: a launcher taking over never reuses a slot's files
                 self._pool = StandbyPool(plans[0].env.get(RUN_ENV, ''), prefix=f'{uuid.uuid4().hex[:6]}-')
             keys = {p.name: plan_key(p, p.env) for p in plans}
@@ -257,7 +260,7 @@ class SSHStandbys:
     def _tend_host(self, host: str, work: _Round) -> None:
         """The host's round in one command; what it saw goes to the pool."""
         try:
-            spawns = [(slot, plan, self._spawn_part(host, slot, plan)) for slot, plan in work.spawns]
+            spawns = [(slot, *self._spawn_part(host, slot, plan)) for slot, plan in work.spawns]
             with self._lock:
                 watched = [(s, self._kept[(host, s.slot)].files) for s in work.watched if (host, s.slot) in self._kept]
             script = '\n'.join([f'({kill_script(f)})' for f in work.kills]
@@ -274,14 +277,19 @@ class SSHStandbys:
         seen = parse_report(result.stdout)
         answers = parse_host_script(result.stdout)
         with self._lock:
+            closed = self._closed
+        if closed:      # closed while this round ran: what it spawned goes too (close could not see its pid)
+            self._kill_now(host, [files for _, files, _ in spawns])
+            return
+        with self._lock:
             for slot, _ in watched:
                 if self._pool is not None and self._pool.slots.get((host, slot.slot)) is slot and slot.slot in seen:
                     self._saw(slot, seen[slot.slot], seen_at)
             for slot, _, _ in spawns:
                 self._spawned(slot, answers.get(slot.slot, ''))
 
-    def _spawn_part(self, host: str, slot: Slot, plan: TaskPlan) -> str:
-        """The script that spawns `slot`'s standby for tasks like `plan`; notes the slot's files."""
+    def _spawn_part(self, host: str, slot: Slot, plan: TaskPlan) -> tuple[SlotFiles, str]:
+        """The slot's files and the script that spawns its standby for tasks like `plan` (noted)."""
         workdir = self._backend._workdir(host, plan.cwd)
         folder = standby_dir(posixpath.join(workdir, posixpath.dirname(plan.spec_path)), host)
         files = slot_files(folder, slot.slot)
@@ -289,7 +297,7 @@ class SSHStandbys:
             self._kept[(host, slot.slot)] = _Kept(files)
         argv = standby_argv(plan.argv[0], folder, slot.slot, slot.run, slot.key, bool(plan.keras),
                             posixpath.join(workdir, plan.env[LEASE_ENV]), float(plan.env.get(LEASE_SECS_ENV, 45)))
-        return spawn_script(list(argv), workdir, files, standby_env(plan))
+        return files, spawn_script(list(argv), workdir, files, standby_env(plan))
 
     def _spawned(self, slot: Slot, said: str) -> None:
         started = parse_started(said)
@@ -389,6 +397,7 @@ class SSHStandbys:
     def close(self) -> None:
         """Kill every standby (the run is over): one command per host."""
         with self._lock:
+            self._closed = True
             kept, self._kept = self._kept, {}
             if self._pool is not None:
                 self._pool.slots.clear()
