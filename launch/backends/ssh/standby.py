@@ -170,7 +170,7 @@ def become_script(t: BecomeTask) -> str:
         f'i=0; while [ ! -s {q(files.became)} ] && [ $i -lt {rounds} ]; do sleep {BECAME_POLL_SECS:g}; '
         'i=$((i + 1)); done',
         f'[ -s {q(files.became)} ] || cold "the standby (pid {s.pid}) did not take it within {BECOME_SECS:g}s"',
-        f'echo {s.pid} > {q(tf.taskfile)}; echo {s.group} > {q(tf.pidfile)}',
+        f'echo {s.pid} > {q(tf.taskfile)}; echo {s.group} > {q(tf.pidfile)}; rm -f {q(files.became)}',
         f'echo "{STARTED} $o {s.group} {q(s.group_ident or "-")} {s.pid} {q(s.ident or "-")}"',
     ])
 

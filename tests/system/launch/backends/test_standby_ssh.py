@@ -3,13 +3,16 @@ real sshd of tests/harness/sshd.py on 127.0.0.2 and 127.0.0.3: a remote worker k
 back in the standby that waited on its host, pid and all, and the run ends well with nothing left.
 
 sshd passes no PYTHONPATH, so tasks started over SSH would import the INSTALLED tfcluster: the
-spec's `env` sets it to this tree, for the tasks and (an import-time name) the standbys alike."""
+hosts' `python` is a script that sets it to this tree and execs Python, for the pre-flight, the
+tasks and the standbys alike."""
 from __future__ import annotations
 
 import glob
 import json
 import os
+import shlex
 import signal
+import sys
 import time
 
 import pytest
@@ -17,7 +20,7 @@ import pytest
 from cluster.runtime.standby import Ready, standby_dir
 from tests.conftest import launch_bg, read_until
 from tests.harness.parts import REPO
-from tests.harness.ssh import assert_nothing_left, remote_spec, run, workdir
+from tests.harness.ssh import assert_nothing_left, host_settings, remote_spec, run, workdir
 
 pytestmark = pytest.mark.slow     # a real sshd, TensorFlow in every task and standby
 
@@ -54,10 +57,18 @@ def _task(tmp_path, name: str) -> dict | None:
         return None
 
 
+def _python_of_this_tree(tmp_path) -> str:
+    path = tmp_path / 'python'
+    path.write_text(f'#!/bin/sh\nPYTHONPATH={shlex.quote(REPO)} exec {shlex.quote(sys.executable)} "$@"\n')
+    path.chmod(0o755)
+    return str(path)
+
+
 def test_a_killed_remote_worker_comes_back_in_its_host_s_standby(ssh_hosts, tmp_path):
-    spec = remote_spec(ssh_hosts, tmp_path, steps=1500, sync=False, learning_rate=0.05, batch_size=32,
-                       supervise={'restart': 'on-failure', 'max_restarts': 3, 'standby': 1},
-                       top={'env': {'PYTHONPATH': REPO}})
+    python = _python_of_this_tree(tmp_path)
+    hosts = host_settings(ssh_hosts, tmp_path, **{a: {'python': python} for a in ssh_hosts.addresses})
+    spec = remote_spec(ssh_hosts, tmp_path, hosts=hosts, steps=2500, sync=False, learning_rate=0.05, batch_size=32,
+                       supervise={'restart': 'on-failure', 'max_restarts': 3, 'standby': 1})
     host = '127.0.0.3'
     folder = standby_dir(str(workdir(tmp_path, host) / 'run'), host)
     proc = launch_bg('up', spec, '--ssh-config', str(ssh_hosts.ssh_config), cwd=str(tmp_path))

@@ -87,7 +87,7 @@ def test_a_become_starts_as_a_cold_start_checks_the_standby_hands_it_the_task_an
     assert written and written[1] == written[4] == FILES.become + '.new' and written[5] == FILES.become
     assert Become.parse(written[3]) == become
     assert f'-lt {round(BECOME_SECS / 0.01)} ]' in text and f'[ -s {FILES.became} ] || cold' in text
-    assert 'echo 123 > /w/run/logs/worker-1.task; echo 120 > /w/run/logs/worker-1.pid' in lines
+    assert f'echo 123 > /w/run/logs/worker-1.task; echo 120 > /w/run/logs/worker-1.pid; rm -f {FILES.became}' in lines
     assert lines[-1] == f'echo "{STARTED} $o 120 455 123 456"'
     cold = next(x for x in lines if x.startswith('cold() {'))
     assert f'rm -f {FILES.become} {FILES.become}.new' in cold and 'kill -KILL -$k' in cold and COLD in cold
@@ -264,3 +264,25 @@ def test_close_kills_every_standby_in_one_command_per_host(kept):
 def test_become_json_without_keep_env_replaces_the_environment():
     old = json.dumps({'argv': ['p', '-m', 'cluster.task'], 'env': {}, 'cwd': '/', 'log': '/l'})
     assert Become.parse(old).keep_env is False
+
+
+def test_a_tend_in_flight_when_the_backend_closes_kills_what_it_spawned(tmp_path):
+    host = FakeHost()
+    standbys = SSHStandbys(host)
+    real = host._run
+
+    def closing(name: str, script: str, timeout: float = 60) -> SimpleNamespace:
+        answer = real(name, script, timeout)
+        if 'setsid nohup' in script:
+            standbys.close()        # the run ended while this host's spawn ran
+        return answer
+    host._run = closing
+    standbys.tend(_plans(tmp_path), 1)
+    spawned = [s for s in host.scripts if 'setsid nohup' in s]
+    kills = [s for s in host.scripts if 'kill -KILL -$p' in s and 'setsid' not in s]
+    assert len(spawned) == 2 and standbys.views() == []
+    for spawn in spawned:
+        pidfile = re.search(r'echo \$p > (\S+)', spawn)[1]
+        assert any(pidfile in k for k in kills[1:]), pidfile      # after the close's own kill too
+    standbys.tend(_plans(tmp_path), 1)
+    assert not [s for s in host.scripts if 'setsid nohup' in s][2:]     # closed: no more spawns
