@@ -7,6 +7,7 @@ hosts' `python` is a script that sets it to this tree and execs Python, for the 
 tasks and the standbys alike."""
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -49,6 +50,27 @@ def _ready_standbys(folder: str) -> list[Ready]:
     return out
 
 
+def _wait_until_the_launcher_knows(tmp_path, folder: str, standby: Ready) -> None:
+    """Until the launcher has seen `standby` ready (a restart before that starts cold, rightly):
+    the state file says so where it lists the standbys; else, three heartbeats of its ready file
+    (the launcher reports on every slot about each second)."""
+    def listed() -> bool | None:
+        try:
+            with open(tmp_path / 'run' / 'launch-state.json') as f:
+                views = json.load(f).get('standbys')
+        except (OSError, ValueError):
+            return False
+        return None if views is None else any(v['pid'] == standby.pid and v['state'] == 'ready' for v in views)
+    beats: set[int] = set()
+
+    def beaten() -> bool:
+        for path in glob.glob(os.path.join(folder, '*.ready')):
+            with contextlib.suppress(OSError):
+                beats.add(os.stat(path).st_mtime_ns)
+        return len(beats) > 3
+    _wait_for('the launcher to see the standby', lambda: listed() or (listed() is None and beaten()))
+
+
 def _task(tmp_path, name: str) -> dict | None:
     try:
         with open(tmp_path / 'run' / 'launch-state.json') as f:
@@ -75,6 +97,7 @@ def test_a_killed_remote_worker_comes_back_in_its_host_s_standby(ssh_hosts, tmp_
     try:
         lines = read_until(proc, 'servers are up')
         standby = _wait_for('ready standby on 127.0.0.3', lambda: _ready_standbys(folder))[0]
+        _wait_until_the_launcher_knows(tmp_path, folder, standby)
         with open(workdir(tmp_path, host) / 'run' / 'logs' / 'worker-1.task') as f:     # what the chaos harness reads
             killed = int(f.read())
         assert killed != standby.pid
