@@ -27,6 +27,7 @@ import paramiko
 
 from cluster.runtime import rundir, runjson
 from cluster.runtime.rundir import LEASE_ENV
+from cluster.runtime.standby import standby_dir
 from cluster.spec import ClusterSpec
 from cluster.rehearsal.argv import task_module
 from launch.backends import marks
@@ -239,6 +240,8 @@ class SSHBackend(Backend):
                 raise SSHError(name, f'cannot create the workdir {cwd}: {last}')
             workdir = result.stdout.strip().splitlines()[-1]
             self._host(name).workdirs[cwd] = workdir
+            self._standbys.kill_left(name, {standby_dir(posixpath.join(workdir, posixpath.dirname(p.spec_path)), name)
+                                            for p in mine})
             for spec_path in {p.spec_path for p in mine}:
                 target = posixpath.join(workdir, spec_path)
                 # _sftp_call runs the lambda before it returns: `target` is this turn's (B023 fears a later call)

@@ -170,9 +170,22 @@ def become_script(t: BecomeTask) -> str:
         f'i=0; while [ ! -s {q(files.became)} ] && [ $i -lt {rounds} ]; do sleep {BECAME_POLL_SECS:g}; '
         'i=$((i + 1)); done',
         f'[ -s {q(files.became)} ] || cold "the standby (pid {s.pid}) did not take it within {BECOME_SECS:g}s"',
-        f'echo {s.pid} > {q(tf.taskfile)}; echo {s.group} > {q(tf.pidfile)}; rm -f {q(files.became)}',
+        f'echo {s.pid} > {q(tf.taskfile)}; echo {s.group} > {q(tf.pidfile)}',     # the became file stays: a task now
         f'echo "{STARTED} $o {s.group} {q(s.group_ident or "-")} {s.pid} {q(s.ident or "-")}"',
     ])
+
+
+def left_script(folder: str, own: str) -> str:
+    """SIGKILL the group of every standby an earlier launcher left waiting in `folder` (its wrapper
+    still the slot's: its command line names the slot's rc file), but one that became a task (its
+    became file) and this launcher's own (slot names starting `own`); prints each group killed.
+    A launcher taking over renews the lease they watch: left alone, they would wait, unused, until
+    the run ends."""
+    return (f'for f in {q(folder)}/*.pid; do [ -f "$f" ] || continue; b=${{f%.pid}}; '
+            f'case "${{b##*/}}" in {q(own)}*) continue;; esac; [ -e "$b.became" ] && continue; '
+            'p=$(cat "$f" 2>/dev/null); [ -n "$p" ] && tr "\\0" " " < /proc/$p/cmdline 2>/dev/null | '
+            'grep -qF "$b.rc" && kill -KILL -$p 2>/dev/null && echo "$p"; '
+            'rm -f "$b.ready" "$b.become" "$b.become.new" "$b.env"; done; true')
 
 
 def cold_reason(said: str) -> str:
@@ -220,6 +233,8 @@ class SSHStandbys:
         self._pool: StandbyPool | None = None
         self._kept: dict[tuple[str, str], _Kept] = {}
         self._closed = False        # the run is over: a tend still in flight kills what it spawned
+        # Its slots' prefix: a launcher taking over never reuses a slot's files, nor kills its own as left.
+        self._prefix = f'{uuid.uuid4().hex[:6]}-'
 
     # -- the leases' thread ---------------------------------------------------------------------
 
@@ -230,8 +245,8 @@ class SSHStandbys:
         with self._lock:
             if self._closed:
                 return
-            if self._pool is None:     # a prefix of its own: a launcher taking over never reuses a slot's files
-                self._pool = StandbyPool(plans[0].env.get(RUN_ENV, ''), prefix=f'{uuid.uuid4().hex[:6]}-')
+            if self._pool is None:
+                self._pool = StandbyPool(plans[0].env.get(RUN_ENV, ''), prefix=self._prefix)
             keys = {p.name: plan_key(p, p.env) for p in plans}
             want = wants(((p.task.host, keys[p.name]) for p in plans), per_host)
             rounds = self._plan_round(self._pool, plans, keys, want)
@@ -405,6 +420,16 @@ class SSHStandbys:
         for (host, _), k in kept.items():
             by_host.setdefault(host, []).append(k.files)
         parallel(lambda item: self._kill_now(*item), by_host.items())
+
+    def kill_left(self, host: str, folders: Iterable[str]) -> None:
+        """Kill the standbys earlier launchers left waiting in these folders of `host` (left_script)."""
+        try:
+            result = self._backend._run(host, '\n'.join(left_script(f, self._prefix) for f in sorted(folders)))
+        except SSHError as e:        # the start that follows reports the host; they leave by their lease
+            log.warning('cannot look for standbys left on %s: %s', host, e)
+            return
+        if result.stdout.split():
+            log.info('%s: killed %d standby(s) an earlier launcher left', host, len(result.stdout.split()))
 
     def _kill_now(self, host: str, files: list[SlotFiles]) -> None:
         try:

@@ -20,7 +20,7 @@ from cluster.spec import load_spec
 from launch.backends.base import TaskRecord
 from launch.backends.ssh.scripts import STARTED, Started, TaskFiles, TaskProcess, parse_started
 from launch.backends.ssh.standby import (COLD, SLOT_MARK, BecomeTask, SlotSeen, SSHStandbys, become_script,
-                                         cold_reason, kill_script, parse_report, report_script, spawn_script,
+                                         cold_reason, kill_script, left_script, parse_report, report_script, spawn_script,
                                          standby_env)
 from launch.backends.standby import DEAD, READY, SPAWNING, Slot, plan_key
 from launch.planning.plan import plan_cluster
@@ -87,7 +87,8 @@ def test_a_become_starts_as_a_cold_start_checks_the_standby_hands_it_the_task_an
     assert written and written[1] == written[4] == FILES.become + '.new' and written[5] == FILES.become
     assert Become.parse(written[3]) == become
     assert f'-lt {round(BECOME_SECS / 0.01)} ]' in text and f'[ -s {FILES.became} ] || cold' in text
-    assert f'echo 123 > /w/run/logs/worker-1.task; echo 120 > /w/run/logs/worker-1.pid; rm -f {FILES.became}' in lines
+    assert any(x.startswith('echo 123 > /w/run/logs/worker-1.task; echo 120 > /w/run/logs/worker-1.pid') for x in lines)
+    assert not [x for x in lines if 'rm -f' in x and x.endswith(FILES.became)][1:]     # the became file stays
     assert lines[-1] == f'echo "{STARTED} $o 120 455 123 456"'
     cold = next(x for x in lines if x.startswith('cold() {'))
     assert f'rm -f {FILES.become} {FILES.become}.new' in cold and 'kill -KILL -$k' in cold and COLD in cold
@@ -286,3 +287,12 @@ def test_a_tend_in_flight_when_the_backend_closes_kills_what_it_spawned(tmp_path
         assert any(pidfile in k for k in kills[1:]), pidfile      # after the close's own kill too
     standbys.tend(_plans(tmp_path), 1)
     assert not [s for s in host.scripts if 'setsid nohup' in s][2:]     # closed: no more spawns
+
+
+def test_standbys_left_by_an_earlier_launcher_are_killed_but_tasks_and_this_launcher_s_own():
+    words = shlex.split(left_script('/w/run/standby/h1', 'cd12ef-'))
+    text = left_script('/w/run/standby/h1', 'cd12ef-')
+    assert words[:3] == ['for', 'f', 'in'] and words[3] == '/w/run/standby/h1/*.pid;'
+    assert 'case "${b##*/}" in cd12ef-*) continue;; esac' in text          # its own slots
+    assert '[ -e "$b.became" ] && continue' in text                        # a standby that is a task now
+    assert text.index('grep -qF "$b.rc"') < text.index('kill -KILL -$p')  # only the slot's own wrapper
