@@ -115,7 +115,8 @@ def read_become(path: str) -> Become:
     try:
         become = Become.parse(text)
         if not (isinstance(become.env, dict) and all(isinstance(v, str) for v in become.env.values())
-                and isinstance(become.cwd, str) and isinstance(become.log, str)):
+                and isinstance(become.cwd, str) and isinstance(become.log, str)
+                and isinstance(become.keep_env, bool)):
             raise ValueError('its env, cwd or log is not text')
         become.task_args()
     except ValueError as e:
@@ -152,7 +153,8 @@ def take(become: Become, files: SlotFiles) -> list[str]:
     """Take the task's folder, environment, command line and log, and say so in the became file;
     the task's arguments. OSError: a folder or log that cannot be had (the launcher starts it cold)."""
     os.chdir(become.cwd)
-    os.environ.clear()
+    if not become.keep_env:     # SSH sends the task's names alone (Become.keep_env)
+        os.environ.clear()
     os.environ.update(become.env)
     time.tzset()    # the log's times in the task's zone
     args = become.task_args()

@@ -116,11 +116,15 @@ class Ready:
 @dataclass(frozen=True)
 class Become:
     """What the launcher tells a standby: become the task `argv` runs (`python -m cluster.task ...`),
-    with exactly `env`, in `cwd`, its output appended to `log`."""
+    with exactly `env`, in `cwd`, its output appended to `log`. With `keep_env`, `env` is set over
+    the standby's own environment instead of replacing it: a launcher that cannot know the whole
+    environment a cold start gets (SSH: what sshd gives a login) sends only the task's names, and
+    the standby, started the way a task is, holds the rest already."""
     argv: tuple[str, ...]
     env: dict[str, str]
     cwd: str
     log: str
+    keep_env: bool = False
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), allow_nan=False)

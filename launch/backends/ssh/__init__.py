@@ -63,6 +63,7 @@ class SSH(Kind):
     """Tasks on the spec's remote hosts over SSH; it plans as `local` does (each task as its host
     says), so `--backend ssh`, `--backend local` and no --backend are one choice."""
     name = 'ssh'
+    standbys = True             # launch/backends/ssh/standby.py
 
     def add_flags(self, parser: argparse.ArgumentParser, place: FlagPlace) -> None:
         if place is not FlagPlace.SPEC:

@@ -27,6 +27,7 @@ import paramiko
 
 from cluster.runtime import rundir, runjson
 from cluster.runtime.rundir import LEASE_ENV
+from cluster.runtime.standby import standby_dir
 from cluster.spec import ClusterSpec
 from cluster.rehearsal.argv import task_module
 from launch.backends import marks
@@ -35,6 +36,7 @@ from launch.backends.base import (ENDED, RUNNING, STOP_GRACE_SECS, UNKNOWN, Back
 from launch.backends.probes import GPU_COUNT_SH, parse_gpu_count
 from launch.backends.procstat import STATE, start_time, stat_fields
 from launch.backends.ssh import starting
+from launch.backends.ssh.standby import SSHStandbys
 from launch.backends.ssh.starting import _start_script
 from launch.backends.ssh.connections import COMMAND_TIMEOUT, Connections, SSHError, parallel, ssh_target
 from launch.backends.ssh.scripts import (Seen, Started, TaskFiles, TaskProcess, Watched, lease_script,
@@ -140,6 +142,7 @@ class SSHBackend(Backend):
         self._pool = Connections(spec.hosts, ssh_config, check_host_keys)
         self._hosts: dict[str, _Tasks] = {}
         self._lock = threading.Lock()
+        self._standbys = SSHStandbys(self)
 
     # -- connections: every remote command goes through _run (tests wrap it to watch or cut them)
     def _host(self, name: str) -> _Tasks:
@@ -160,7 +163,18 @@ class SSHBackend(Backend):
         self._pool.drop(name)
 
     def close(self) -> None:
+        self._standbys.close()
         self._pool.close()
+
+    # -- warm standbys (ssh/standby.py) ------------------------------------------------------
+    def tend(self, plans: list[TaskPlan], per_host: int) -> None:
+        self._standbys.tend(plans, per_host)
+
+    def standby_views(self) -> list[tuple[str, int, str]]:
+        return self._standbys.views()
+
+    def _warm_starts(self, name: str, plans: list[TaskPlan]) -> tuple[list[TaskRecord], list[TaskPlan]]:
+        return self._standbys.become(name, plans)
 
     # -- check ----------------------------------------------------------------------------
     def check(self, plans: list[TaskPlan], imports: bool = False) -> list[HostCheck]:
@@ -226,6 +240,8 @@ class SSHBackend(Backend):
                 raise SSHError(name, f'cannot create the workdir {cwd}: {last}')
             workdir = result.stdout.strip().splitlines()[-1]
             self._host(name).workdirs[cwd] = workdir
+            self._standbys.kill_left(name, {standby_dir(posixpath.join(workdir, posixpath.dirname(p.spec_path)), name)
+                                            for p in mine})
             for spec_path in {p.spec_path for p in mine}:
                 target = posixpath.join(workdir, spec_path)
                 # _sftp_call runs the lambda before it returns: `target` is this turn's (B023 fears a later call)

@@ -120,6 +120,15 @@ def task_command(argv: Sequence[str], env_file: str | None = None) -> str:
     return f'(exec 4< {q(env_file)} && rm -f {q(env_file)} && . /dev/fd/4 && exec 4<&- && exec {argv_text})'
 
 
+def spec_made_absolute(argv: Iterable[str], workdir: str) -> list[str]:
+    """The task's argv with its --spec made absolute, so `ps` on the host shows which cluster a task is of."""
+    argv = list(argv)
+    if '--spec' in argv:
+        i = argv.index('--spec') + 1
+        argv[i] = posixpath.join(workdir, argv[i])
+    return argv
+
+
 def env_file_text(env: Mapping[str, str]) -> str:
     """The task's environment as lines a POSIX shell reads with `.`: `export NAME=value`, each
     value quoted (a name is a valid variable name: the spec checks it)."""
@@ -186,7 +195,16 @@ def start_script(command: str, workdir: str, link: str, log_file: str, legacy: s
     size before, the wrapper's pid and start time, the task's pid and start time ('-': none).
     `mark`: the task's stop mark, removed (it was for an earlier copy: launch/backends/marks.py)."""
     files = TaskFiles.beside(link)
-    return '\n'.join([
+    return '\n'.join(start_preamble(workdir, link, log_file, legacy, earlier, mark)
+                     + [f'o=$(wc -c < {q(log_file)} 2>/dev/null || echo 0)'] + detach(command, files, log_file))
+
+
+def start_preamble(workdir: str, link: str, log_file: str, legacy: str, earlier: TaskProcess | None,
+                   mark: str = '') -> list[str]:
+    """What every start of a task does first, cold or by a standby: end its earlier copy, remove
+    its rc, pid and task files, its stop mark and its channel, and lead `link` to `log_file`."""
+    files = TaskFiles.beside(link)
+    return [
         f'cd {q(workdir)} || exit 1',
         end_earlier_copy(earlier),
         f'rm -f {q(files.rcfile)} {q(files.pidfile)} {q(files.taskfile)}' + (f' {q(mark)}' if mark else ''),
@@ -195,7 +213,13 @@ def start_script(command: str, workdir: str, link: str, log_file: str, legacy: s
         f'if [ -f {q(link)} ] && [ ! -L {q(link)} ]; then mkdir -p {q(legacy)} && '
         f'mv {q(link)} {q(legacy)}/; fi',
         f'ln -sfn {q(posixpath.relpath(log_file, posixpath.dirname(link)))} {q(link)}',
-        f'o=$(wc -c < {q(log_file)} 2>/dev/null || echo 0)',
+    ]
+
+
+def detach(command: str, files: TaskFiles, log_file: str) -> list[str]:
+    """Run `command` detached in a session of its own under the wrapper, its output appended to
+    `log_file`, and answer the STARTED line (`$o`: the log's size before, set by the caller)."""
+    return [
         f'setsid nohup sh -c {q(wrapper(command, files))} >> {q(log_file)} 2>&1 < /dev/null &',
         'p=$!',
         f'echo $p > {q(files.pidfile)}',
@@ -205,7 +229,7 @@ def start_script(command: str, workdir: str, link: str, log_file: str, legacy: s
         f't=$(cat {q(files.taskfile)} 2>/dev/null); t=${{t:-$p}}',
         f'ps_=$({starttime("$p")}); ts_=$({starttime("$t")})',
         f'echo "{STARTED} $o $p ${{ps_:--}} $t ${{ts_:--}}"',
-    ])
+    ]
 
 
 @dataclass(frozen=True)

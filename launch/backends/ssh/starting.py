@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import posixpath
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -27,7 +27,7 @@ from launch.backends import marks
 from launch.backends.base import STOP_GRACE_SECS, TaskRecord
 from launch.backends.ssh.connections import COMMAND_TIMEOUT, SSHError, parallel
 from launch.backends.ssh.scripts import (Started, TaskFiles, TaskProcess, env_file_text, start_script, task_command, host_script, parse_host_script, parse_started,
-                                         undo_start_script, write_env_file)
+                                         spec_made_absolute, undo_start_script, write_env_file)
 from launch.planning.plan import LEASE_SECS, TaskPlan
 
 R = TypeVar('R')
@@ -45,6 +45,7 @@ class SSHBackend(Protocol):
     def _note_started(self, record: TaskRecord) -> None: ...
     def _started_record(self, plan: TaskPlan, started: Started, workdir: str, log_file: str,
                         files: TaskFiles) -> TaskRecord: ...
+    def _warm_starts(self, name: str, plans: list[TaskPlan]) -> tuple[list[TaskRecord], list[TaskPlan]]: ...
 
 
 START_HOSTS_AT_ONCE = 32      # hosts started at once (50 hosts: two rounds of a script each)
@@ -89,12 +90,13 @@ def start_many(backend: SSHBackend, plans: Sequence[TaskPlan], stop: threading.E
 def _start_host(backend: SSHBackend, name: str, plans: list[TaskPlan],
                 stop: threading.Event) -> tuple[list[TaskRecord], SSHError | None]:
     """A host's tasks, a script at a time; stops at the first failure (the run then stops all)."""
+    records: list[TaskRecord] = []
     try:
         backend._connect(name)      # an unreachable host fails here, before anything can start
+        records, plans = backend._warm_starts(name, plans)     # those a standby takes (ssh/standby.py)
         parts = [_part(backend, name, plan) for plan in plans]
     except SSHError as e:
-        return [], e
-    records: list[TaskRecord] = []
+        return records, e
     for batch in _batches(parts):
         if stop.is_set():
             break
@@ -105,22 +107,13 @@ def _start_host(backend: SSHBackend, name: str, plans: list[TaskPlan],
     return records, None
 
 
-def _spec_made_absolute(argv: Iterable[str], workdir: str) -> list[str]:
-    """The task's argv with its --spec made absolute, so `ps` on the host shows which cluster a task is of."""
-    argv = list(argv)
-    if '--spec' in argv:
-        i = argv.index('--spec') + 1
-        argv[i] = posixpath.join(workdir, argv[i])
-    return argv
-
-
 def _start_script(plan: TaskPlan, workdir: str, earlier: TaskProcess | None) -> str:
     """The script that starts `plan`'s task in `workdir` (its absolute path on the host)."""
     link = posixpath.join(workdir, plan.log_path)
     # Each attempt logs to a file of its own (a task restarted within one appends); log_path
     # leads to the newest, and a plain file left there by an older version becomes attempt-0's.
     legacy = posixpath.join(posixpath.dirname(link), rundir.attempt_dirname(0))
-    command = task_command(_spec_made_absolute(plan.argv, workdir), TaskFiles.beside(link).envfile)
+    command = task_command(spec_made_absolute(plan.argv, workdir), TaskFiles.beside(link).envfile)
     return start_script(command, workdir, link, posixpath.join(workdir, plan.attempt_log_path), legacy, earlier,
                         marks.of_plan(plan, workdir))
 

@@ -1,0 +1,165 @@
+"""Warm standbys over SSH (launch/backends/ssh/standby.py), through the real `launch up` against the
+real sshd of tests/harness/sshd.py on 127.0.0.2 and 127.0.0.3: a remote worker killed mid-run comes
+back in the standby that waited on its host, pid and all, and the run ends well with nothing left.
+
+sshd passes no PYTHONPATH, so tasks started over SSH would import the INSTALLED tfcluster: the
+hosts' `python` is a script that sets it to this tree and execs Python, for the pre-flight, the
+tasks and the standbys alike."""
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from cluster.runtime.standby import Ready, standby_dir
+from tests.conftest import launch_bg, read_until
+from tests.harness.parts import REPO
+from tests.harness.ssh import assert_nothing_left, host_settings, remote_spec, run, workdir
+
+pytestmark = pytest.mark.slow     # a real sshd, TensorFlow in every task and standby
+
+WAIT_SECS = 240
+HOST = '127.0.0.3'      # worker:1's host (tests/harness/ssh.py LAYOUT)
+
+
+def _wait_for(what: str, look, timeout: float = WAIT_SECS):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = look()
+        if found:
+            return found
+        time.sleep(0.2)
+    pytest.fail(f'no {what} within {timeout:g}s')
+
+
+def _ready_standbys(folder: str) -> list[Ready]:
+    """The standbys waiting in a host's standby folder, as their ready files say."""
+    return [ready for _, ready in _ready_files(folder)]
+
+
+def _ready_files(folder: str) -> list[tuple[str, Ready]]:
+    out = []
+    for path in glob.glob(os.path.join(folder, '*.ready')):
+        try:
+            with open(path) as f:
+                out.append((path, Ready.parse(f.read())))
+        except (OSError, ValueError):       # removed or replaced under us
+            pass
+    return out
+
+
+def _wait_until_the_launcher_knows(tmp_path, folder: str, standby: Ready) -> None:
+    """Until the launcher has seen `standby` ready (a restart before that starts cold, rightly):
+    the state file says so where it lists the standbys; else, three heartbeats of its ready file
+    (the launcher reports on every slot about each second)."""
+    def listed() -> bool | None:
+        try:
+            with open(tmp_path / 'run' / 'launch-state.json') as f:
+                views = json.load(f).get('standbys')
+        except (OSError, ValueError):
+            return False
+        return None if views is None else any(v['pid'] == standby.pid and v['state'] == 'ready' for v in views)
+    beats: set[int] = set()
+
+    def beaten() -> bool:
+        for path, ready in _ready_files(folder):
+            if ready.pid == standby.pid:
+                with contextlib.suppress(OSError):
+                    beats.add(os.stat(path).st_mtime_ns)
+        return len(beats) > 3
+    _wait_for('the launcher to see the standby', lambda: listed() or (listed() is None and beaten()))
+
+
+def _task(tmp_path, name: str) -> dict | None:
+    try:
+        with open(tmp_path / 'run' / 'launch-state.json') as f:
+            return next((t for t in json.load(f)['tasks'] if t['name'] == name), None)
+    except (OSError, ValueError):
+        return None
+
+
+def _python_of_this_tree(tmp_path) -> str:
+    path = tmp_path / 'python'
+    path.write_text(f'#!/bin/sh\nPYTHONPATH={shlex.quote(REPO)} exec {shlex.quote(sys.executable)} "$@"\n')
+    path.chmod(0o755)
+    return str(path)
+
+
+def _up(ssh_hosts, tmp_path, steps: int) -> tuple[str, subprocess.Popen]:
+    """`launch up` of a TF1 async run, 1 ps + 2 workers over 127.0.0.2/.3, with one standby per host."""
+    python = _python_of_this_tree(tmp_path)
+    hosts = host_settings(ssh_hosts, tmp_path, **{a: {'python': python} for a in ssh_hosts.addresses})
+    spec = remote_spec(ssh_hosts, tmp_path, hosts=hosts, steps=steps, sync=False, learning_rate=0.05, batch_size=32,
+                       supervise={'restart': 'on-failure', 'max_restarts': 3, 'standby': 1})
+    return spec, launch_bg('up', spec, '--ssh-config', str(ssh_hosts.ssh_config), cwd=str(tmp_path))
+
+
+def _kill_worker_1(tmp_path) -> dict:
+    """SIGKILL of worker:1 (its pid from its .task file, as the chaos harness reads it); its new record."""
+    with open(workdir(tmp_path, HOST) / 'run' / 'logs' / 'worker-1.task') as f:
+        killed = int(f.read())
+    os.kill(killed, signal.SIGKILL)
+    return _wait_for('new worker:1', lambda: (t := _task(tmp_path, 'worker:1')) and t['pid'] != killed and t)
+
+
+def _ended_well(ssh_hosts, tmp_path, spec: str, proc: subprocess.Popen, lines: list[str], again: dict,
+                standby: Ready) -> None:
+    """The run ended exit 0, worker:1 restarted once, in `standby`, and nothing is left."""
+    out, _ = proc.communicate(timeout=600)
+    out = ''.join(lines) + out
+    assert proc.returncode == 0, out
+    assert again['pid'] == standby.pid and again.get('warm') is True, (again, standby)
+    assert out.count('restart 1/3: worker:1 was killed by SIGKILL') == 1 and 'lost worker:1' not in out, out
+    # The task's log has both starts: the standby wrote the second's lines into it once it was the task.
+    log = (workdir(tmp_path, HOST) / 'run' / 'logs' / 'worker-1.log').read_text()
+    assert log.count(f'worker:1 serving on {HOST}') == 2 and 'ready: imported' not in log, log
+    assert not _ready_standbys(_folder(tmp_path))
+    assert_nothing_left(ssh_hosts)
+
+
+def _folder(tmp_path) -> str:
+    return standby_dir(str(workdir(tmp_path, HOST) / 'run'), HOST)
+
+
+def test_a_killed_remote_worker_comes_back_in_its_host_s_standby(ssh_hosts, tmp_path):
+    spec, proc = _up(ssh_hosts, tmp_path, steps=2500)
+    try:
+        lines = read_until(proc, 'servers are up')
+        standby = _wait_for('ready standby on 127.0.0.3', lambda: _ready_standbys(_folder(tmp_path)))[0]
+        _wait_until_the_launcher_knows(tmp_path, _folder(tmp_path), standby)
+        again = _kill_worker_1(tmp_path)
+        _ended_well(ssh_hosts, tmp_path, spec, proc, lines, again, standby)
+    finally:
+        proc.kill()
+        proc.wait()
+        run(ssh_hosts, tmp_path, 'down', spec, timeout=60)
+
+
+@pytest.mark.parametrize('hit', [signal.SIGSTOP, signal.SIGKILL], ids=['stopped', 'killed'])
+def test_a_standby_stopped_or_killed_while_it_waits_is_never_used_and_is_replaced(ssh_hosts, tmp_path, hit):
+    spec, proc = _up(ssh_hosts, tmp_path, steps=3500)
+    folder = _folder(tmp_path)
+    try:
+        lines = read_until(proc, 'servers are up')
+        first = _wait_for('ready standby on 127.0.0.3', lambda: _ready_standbys(folder))[0]
+        _wait_until_the_launcher_knows(tmp_path, folder, first)
+        os.kill(first.pid, hit)
+        # The launcher kills it (its group: a stopped one too) and spawns another, which it then knows ready.
+        _wait_for('the hit standby gone', lambda: not os.path.exists(f'/proc/{first.pid}'))
+        fresh = _wait_for('a fresh standby', lambda: [r for r in _ready_standbys(folder) if r.pid != first.pid])[0]
+        _wait_until_the_launcher_knows(tmp_path, folder, fresh)
+        again = _kill_worker_1(tmp_path)
+        assert again['pid'] != first.pid
+        _ended_well(ssh_hosts, tmp_path, spec, proc, lines, again, fresh)
+    finally:
+        proc.kill()
+        proc.wait()
+        run(ssh_hosts, tmp_path, 'down', spec, timeout=60)
