@@ -109,6 +109,7 @@ class Options:
     json_out: str | None = None
     rehearse: bool = False                 # `launch up --rehearse`: every task a stand-in (local only)
     standby: int | None = None             # supervise.standby (None: the spec's default); measures the import
+    fill: bool = True                      # with standby: each fault waits until the pool is full
 
     def default_steps(self) -> int:
         # Every fault's gap, plus what the chief trains alone while a lost async worker comes back
@@ -704,7 +705,7 @@ class Chaos:
                 return
             events = self.wait(events_file, lambda ev, target=target: self.training(ev) and (self.step_now(ev) or 0) >= target,
                                time.monotonic() + self.o.recover_secs, f'global step {target}')
-            if self.o.standby:      # a fault once the standbys are back: faults rarer than a refill
+            if self.o.standby and self.o.fill:      # a fault once the standbys are back: faults rarer than a refill
                 self._wait_standbys(train_dir_of(events_file), number)
             if kind in STANDBY_KINDS:
                 faults.append(self._hit_standby(number, kind, events, train_dir_of(events_file)))
@@ -904,6 +905,8 @@ def main(argv=None) -> int:
                    help='passed on to launch up, e.g. --set supervise.backoff_secs=0.5')
     p.add_argument('--standby', type=int, metavar='N', help='supervise.standby for the run (warm standbys per '
                    'host), and measure one `import tensorflow` at its start and end')
+    p.add_argument('--no-fill', dest='fill', action='store_false', help='with --standby: a fault does not wait '
+                   'until every host keeps its standbys ready (faults closer than a refill)')
     p.add_argument('--rehearse', action='store_true', help='every task a stand-in (`launch up --rehearse`; local only)')
     a = p.parse_args(argv)
     if a.standby is not None and a.standby < 0:
@@ -921,7 +924,7 @@ def main(argv=None) -> int:
                       gap=(int(low), int(high or low)), steps=a.steps, checkpoint_steps=a.checkpoint_steps,
                       batch_size=a.batch_size, stall_secs=a.stall_secs, recover_secs=a.recover_secs,
                       baseline=a.baseline, dir=a.dir, json_out=a.json_out, overrides=tuple(a.overrides),
-                      startup=a.startup, rehearse=a.rehearse, standby=a.standby)
+                      startup=a.startup, rehearse=a.rehearse, standby=a.standby, fill=a.fill)
     # Ctrl-C or SIGTERM (a background job ignores SIGINT): the launcher is stopped, the sshd or
     # engine this harness started too.
     def interrupt(signum, frame):
