@@ -1,7 +1,7 @@
 """Warm standbys on real local TF1 async runs (#41; launch/backends/local/standby.py): a lost
 worker is restarted by the standby the state file showed ready (its pid, its record `warm`); a
 standby killed, or frozen by SIGSTOP, while it waits is never used and is replaced; the run ends
-exit 0, and nothing of it (task or standby) is left running.
+exit 0 (or, stopped by SIGTERM, 143), and nothing of it (task or standby) is left running.
 
 The workers run a paced program (tests/harness/paced_program.py), so the run lasts long enough
 for a standby to import on a busy machine (standbys spawn only once the run trains)."""
@@ -64,11 +64,12 @@ def _drain(proc: subprocess.Popen) -> list[str]:
     return lines
 
 
-def _ended_clean(proc: subprocess.Popen, lines: list[str], run: str, pids: set[int]) -> None:
-    """The run ended exit 0, and no pid it had (tasks, standbys) nor any standby of its own runs."""
+def _ended_clean(proc: subprocess.Popen, lines: list[str], run: str, pids: set[int], code: int = 0) -> None:
+    """The run ended with `code` (0: trained to its end; 143: stopped by SIGTERM), and no pid it
+    had (tasks, standbys) nor any standby of its own runs."""
     proc.wait(timeout=600)
     out = ''.join(lines)
-    assert proc.returncode == 0, out
+    assert proc.returncode == code, out
     wait_for('every task and standby gone', lambda: not any(_live(p) for p in pids), 30)
     mine = os.path.join(run, 'standby') + os.sep
     left = [p.pid for p in psutil.process_iter(['cmdline'])
@@ -111,7 +112,8 @@ def test_a_killed_or_frozen_standby_is_never_used_and_is_replaced(tmp_path):
         again = wait_for('a standby in place of the frozen one',
                          lambda: _ready(run, but=(killed, frozen, record['pid'])), 240)[0]
         pids = {t['pid'] for t in _state(run)['tasks']} | {killed, frozen, again, before}
-        _ended_clean(proc, lines, run, pids)
+        proc.send_signal(signal.SIGTERM)    # "stop the run": the standbys go with the tasks
+        _ended_clean(proc, lines, run, pids, code=143)
     finally:
         if proc.poll() is None:     # failed midway: its tasks and standbys leave by their lease
             proc.kill()
