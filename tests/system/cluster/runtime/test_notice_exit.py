@@ -5,16 +5,16 @@ deadline, or at once when the launcher's marked stop follows. Slow only because 
 processes (the fast tier may not); each case takes about a second."""
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 
 import pytest
 
 from cluster.runtime import rundir
 from cluster.runtime.contract import EXIT_PREEMPTED
-from tests.conftest import REPO, read_until
+from tests.conftest import read_until
+from tests.harness.notice_child import ended
+from tests.harness.notice_child import start as start_child
 
 pytestmark = pytest.mark.slow
 
@@ -31,19 +31,7 @@ threading.Event().wait()
 
 
 def start(train_dir: str, grace: float) -> subprocess.Popen:
-    os.makedirs(os.path.join(train_dir, rundir.STOPS_DIR), exist_ok=True)
-    proc = subprocess.Popen([sys.executable, '-c', CHILD, train_dir, str(grace)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env={**os.environ, 'PYTHONPATH': REPO})
-    read_until(proc, 'ready', timeout=60)
-    return proc
-
-
-def ended(proc: subprocess.Popen) -> tuple[int, str]:
-    try:
-        out, _ = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
-    return proc.returncode, out
+    return start_child(CHILD, train_dir, str(grace))
 
 
 @pytest.mark.parametrize('which', ['own', 'all'])

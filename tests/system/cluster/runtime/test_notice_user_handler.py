@@ -8,16 +8,16 @@ A program that sets SIG_DFL makes a notice a plain death by SIGTERM (a fault), a
 says. Slow only because it starts processes."""
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 
 import pytest
 
 from cluster.runtime import rundir
 from cluster.runtime.contract import EXIT_PREEMPTED
-from tests.conftest import REPO, read_until
+from tests.conftest import read_until
+from tests.harness.notice_child import ended
+from tests.harness.notice_child import start as start_child
 
 pytestmark = pytest.mark.slow
 
@@ -46,19 +46,7 @@ NOTICE = 'worker:1: preemption notice (SIGTERM from outside the launcher)'
 
 
 def start(train_dir: str, grace: float, where: str) -> subprocess.Popen:
-    os.makedirs(os.path.join(train_dir, rundir.STOPS_DIR), exist_ok=True)
-    proc = subprocess.Popen([sys.executable, '-c', CHILD, train_dir, str(grace), where], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env={**os.environ, 'PYTHONPATH': REPO})
-    read_until(proc, 'ready', timeout=60)
-    return proc
-
-
-def ended(proc: subprocess.Popen) -> tuple[int, str]:
-    try:
-        out, _ = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
-    return proc.returncode, out
+    return start_child(CHILD, train_dir, str(grace), where)
 
 
 @pytest.mark.parametrize('where', ['after', 'before'])
