@@ -766,13 +766,13 @@ class Chaos:
                            faults: list[Fault]) -> None:
         """One more fault while the restart just made starts its tasks: `kind` aimed at one of
         them (chosen by the seed) half a second after its new start appears."""
-        restart = next(e for e in reversed(events) if e['event'] == 'restart')
+        k = max(i for i, e in enumerate(events) if e['event'] == 'restart')
+        restart = events[k]
         rng = random.Random(self.o.seed * 1000 + len(faults))
         task = rng.choice(sorted(restart.get('tasks') or TASKS))
-        k = len(events)
 
-        def started_again(ev: list[dict]) -> bool:
-            return any(e['event'] == 'task_started' and e['task'] == task for e in ev[k - 1:])
+        def started_again(ev: list[dict]) -> bool:     # since the restart (a warm start may precede our look)
+            return any(e['event'] == 'task_started' and e['task'] == task for e in ev[k + 1:])
         events = self.wait(events_file, started_again, time.monotonic() + self.o.recover_secs,
                            f'{task} to start again after fault {len(faults)}')
         started = next(e for e in reversed(events) if e['event'] == 'task_started' and e['task'] == task)
