@@ -26,8 +26,9 @@ pytestmark = pytest.mark.slow     # real local clusters, TensorFlow imported by 
 SUPERVISE = {'restart': 'on-failure', 'max_restarts': 5, 'standby': 1, 'backoff_secs': 0}
 
 
-def _spec(tmp_path) -> str:
-    return write_spec(tmp_path, steps=2400, sync=False, program='tests.harness.paced_program:train',
+def _spec(tmp_path, steps: int = 2400) -> str:
+    """At least steps * PACE_SECS / 2 seconds of training (2 workers): 70 s for 1400."""
+    return write_spec(tmp_path, steps=steps, sync=False, program='tests.harness.paced_program:train',
                       supervise=SUPERVISE)
 
 
@@ -79,7 +80,7 @@ def _ended_clean(proc: subprocess.Popen, lines: list[str], run: str, pids: set[i
 
 def test_a_lost_worker_becomes_the_ready_standby_and_nothing_is_left(tmp_path):
     run = str(tmp_path / 'run')
-    proc = launch_bg('up', _spec(tmp_path))
+    proc = launch_bg('up', _spec(tmp_path, steps=1400))     # a standby is ready some 15 s in
     try:
         lines = _drain(proc)
         standby = wait_for('a ready standby', lambda: _ready(run), 400)[0]

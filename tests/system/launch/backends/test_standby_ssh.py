@@ -129,22 +129,12 @@ def _folder(tmp_path) -> str:
     return standby_dir(str(workdir(tmp_path, HOST) / 'run'), HOST)
 
 
-def test_a_killed_remote_worker_comes_back_in_its_host_s_standby(ssh_hosts, tmp_path):
-    spec, proc = _up(ssh_hosts, tmp_path, steps=2500)
-    try:
-        lines = read_until(proc, 'servers are up')
-        standby = _wait_for('ready standby on 127.0.0.3', lambda: _ready_standbys(_folder(tmp_path)))[0]
-        _wait_until_the_launcher_knows(tmp_path, _folder(tmp_path), standby)
-        again = _kill_worker_1(tmp_path)
-        _ended_well(ssh_hosts, tmp_path, spec, proc, lines, again, standby)
-    finally:
-        proc.kill()
-        proc.wait()
-        run(ssh_hosts, tmp_path, 'down', spec, timeout=60)
-
-
-@pytest.mark.parametrize('hit', [signal.SIGSTOP, signal.SIGKILL], ids=['stopped', 'killed'])
-def test_a_standby_stopped_or_killed_while_it_waits_is_never_used_and_is_replaced(ssh_hosts, tmp_path, hit):
+def test_a_stopped_standby_is_replaced_and_a_killed_remote_worker_comes_back_in_the_fresh_one(ssh_hosts, tmp_path):
+    """SIGSTOP of the host's standby while it waits (its heartbeat goes stale over SSH): killed,
+    replaced, never used; then a SIGKILL of worker:1 brings it back in the fresh standby, its pid
+    and log, and the run ends exit 0 with nothing left. (A standby killed rather than stopped:
+    the local test and the chaos runs; the SSH report of a gone process: the fast tests.)"""
+    hit = signal.SIGSTOP
     spec, proc = _up(ssh_hosts, tmp_path, steps=3500)
     folder = _folder(tmp_path)
     try:
