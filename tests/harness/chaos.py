@@ -126,7 +126,9 @@ class Options:
         same seed."""
         rng = random.Random(self.seed + 1)
         kinds = [k for k in (self.kinds or KINDS[self.backend]) if k in ('kill', 'stop', 'pause')]
-        return [rng.choice(kinds) if kinds and rng.random() < self.startup else None for _ in self.fault_plan()]
+        drawn = [rng.choice(kinds) if kinds and rng.random() < self.startup else None for _ in self.fault_plan()]
+        # A fault on a standby restarts nothing: no restart's start-up to aim a second fault at.
+        return [None if kind in STANDBY_KINDS else d for (_, kind, _), d in zip(self.fault_plan(), drawn)]
 
     def fault_plan(self) -> list[tuple[str, str, int]]:
         """(task, kind, gap in steps) per fault, the same for the same seed."""

@@ -54,3 +54,10 @@ def test_standby_faults_are_planned_only_when_named_and_restart_nothing():
     mixed = Chaos(Options(plan=(('ps:0', 'kill'), ('ps:0', 'standby-stop')), standby=2), Driver('/nowhere'))
     train, supervise = mixed.settings()
     assert supervise['max_restarts'] == 1 + mixed.o.margin and supervise['standby'] == 2
+
+
+def test_no_fault_is_planned_for_the_start_up_of_a_restart_a_standby_fault_never_makes():
+    options = Options(plan=(('ps:0', 'standby-kill'), ('ps:0', 'kill')) * 20, startup=1.0, standby=3)
+    startup = options.startup_plan()
+    assert all(s is None for (_, kind, _), s in zip(options.fault_plan(), startup) if kind in STANDBY_KINDS)
+    assert all(s is not None for (_, kind, _), s in zip(options.fault_plan(), startup) if kind == 'kill')
