@@ -13,9 +13,10 @@ from launch.run.registry import kind
 
 def ignored(spec: ClusterSpec, name: str | None) -> str | None:
     """`supervise.standby: ignored by the X backend (why)` when the backend chosen keeps none
-    and the spec asks for some; else None."""
+    and the run would use some (it restarts tasks, and asks for standbys); else None: a run that
+    never restarts a task hears nothing of them."""
     k = kind(name)
-    if k.standbys or not spec.supervise.standby:
+    if k.standbys or not spec.supervise.standby or spec.supervise.restart != 'on-failure':
         return None
     return f'supervise.standby: ignored by the {k.name} backend' + (f' ({k.standby_refusal})' if k.standby_refusal
                                                                      else '')

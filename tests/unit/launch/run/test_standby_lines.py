@@ -49,10 +49,11 @@ def test_the_plan_line_says_how_many_standbys_and_their_memory_or_why_none(tmp_p
 
 @pytest.mark.parametrize('backend', ['compose', 'slurm', 'ray'])
 def test_a_backend_that_keeps_none_says_so_and_never_refuses(tmp_path, backend):
-    spec = _spec(tmp_path)
+    spec = _spec(tmp_path, 'supervise:\n  restart: on-failure\n')
     assert standbys.ignored(spec, backend).startswith(f'supervise.standby: ignored by the {backend} backend (')
     assert standbys.ignored(spec, 'local') is None and standbys.ignored(spec, None) is None
-    assert standbys.ignored(_spec(tmp_path, 'supervise:\n  standby: 0\n'), backend) is None
+    assert standbys.ignored(_spec(tmp_path, 'supervise:\n  restart: on-failure\n  standby: 0\n'), backend) is None
+    assert standbys.ignored(_spec(tmp_path, 'supervise:\n  restart: never\n'), backend) is None    # not a word
 
 
 def test_the_state_file_keeps_the_standbys_and_reads_one_written_before_them(tmp_path):
