@@ -63,8 +63,8 @@ class LocalStandbys:
     def tend(self, plans: list[TaskPlan], per_host: int) -> None:
         """Kill what may not be used, then spawn what each host lacks (one per host at a time)."""
         with self._lock:
-            if self._closed or not plans:
-                return
+            if self._closed or not plans or (self._pool is None and not per_host):
+                return      # none wanted and none ever made: no look at every plan each second
             if self._pool is None:
                 self._pool = StandbyPool(plans[0].env.get(RUN_ENV, ''), prefix=f'{os.getpid()}-')
             pool, now = self._pool, time.time()

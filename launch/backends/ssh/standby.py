@@ -243,8 +243,8 @@ class SSHStandbys:
         if not plans:
             return
         with self._lock:
-            if self._closed:
-                return
+            if self._closed or (self._pool is None and not per_host):
+                return      # none wanted and none ever made: no look at every plan each second
             if self._pool is None:
                 self._pool = StandbyPool(plans[0].env.get(RUN_ENV, ''), prefix=self._prefix)
             keys = {p.name: plan_key(p, p.env) for p in plans}
