@@ -1,6 +1,8 @@
 """Warm standbys over SSH (launch/backends/ssh/standby.py), through the real `launch up` against the
 real sshd of tests/harness/sshd.py on 127.0.0.2 and 127.0.0.3: a remote worker killed mid-run comes
-back in the standby that waited on its host, pid and all, and the run ends well with nothing left.
+back in the standby that waited on its host, pid and all, and trains; the run, then stopped by
+SIGTERM (as test_standby_local.py's frozen-standby test stops its own: training on to train.steps
+would prove nothing more, at a minute's cost), ends 143 with nothing left, task or standby.
 
 sshd passes no PYTHONPATH, so tasks started over SSH would import the INSTALLED tfcluster: the
 hosts' `python` is a script that sets it to this tree and execs Python, for the pre-flight, the
@@ -11,6 +13,7 @@ import contextlib
 import glob
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -110,16 +113,39 @@ def _kill_worker_1(tmp_path) -> dict:
     return _wait_for('new worker:1', lambda: (t := _task(tmp_path, 'worker:1')) and t['pid'] != killed and t)
 
 
-def _ended_well(ssh_hosts, tmp_path, spec: str, proc: subprocess.Popen, lines: list[str], again: dict,
-                standby: Ready) -> None:
-    """The run ended exit 0, worker:1 restarted once, in `standby`, and nothing is left."""
+def _log(tmp_path) -> str:
+    try:
+        return (workdir(tmp_path, HOST) / 'run' / 'logs' / 'worker-1.log').read_text()
+    except OSError:
+        return ''
+
+
+def _trains_again(tmp_path) -> str:
+    """worker:1's log once the standby, as the task, served and said a progress line (a worker
+    says one on its first step): both starts' lines in one log. The log."""
+    serving = f'worker:1 serving on {HOST}'
+
+    def trained() -> str | None:
+        log = _log(tmp_path)
+        second = log.find(serving, log.find(serving) + 1) if serving in log else -1
+        return log if second >= 0 and '  loss ' in log[second:] else None
+    return _wait_for('worker:1 training again', trained)
+
+
+def _stopped_clean(ssh_hosts, tmp_path, proc: subprocess.Popen, lines: list[str], again: dict,
+                   standby: Ready) -> None:
+    """worker:1 restarted once, in `standby`, and trained; then SIGTERM: the run stops, exit 143
+    (128 + SIGTERM) and its closing line, and nothing is left: no task, standby, ready file or
+    SSH session."""
+    assert again['pid'] == standby.pid and again.get('warm') is True, (again, standby)
+    log = _trains_again(tmp_path)
+    proc.send_signal(signal.SIGTERM)        # "stop the run": the standbys go with the tasks
     out, _ = proc.communicate(timeout=600)
     out = ''.join(lines) + out
-    assert proc.returncode == 0, out
-    assert again['pid'] == standby.pid and again.get('warm') is True, (again, standby)
+    assert proc.returncode == 128 + signal.SIGTERM, out
+    assert 'SIGTERM received: stopping every task' in out and re.search(r'^\S*launch\S* +stopped; ', out, re.M), out
     assert out.count('restart 1/3: worker:1 was killed by SIGKILL') == 1 and 'lost worker:1' not in out, out
-    # The task's log has both starts: the standby wrote the second's lines into it once it was the task.
-    log = (workdir(tmp_path, HOST) / 'run' / 'logs' / 'worker-1.log').read_text()
+    log = _log(tmp_path) or log
     assert log.count(f'worker:1 serving on {HOST}') == 2 and 'ready: imported' not in log, log
     assert not _ready_standbys(_folder(tmp_path))
     assert_nothing_left(ssh_hosts)
@@ -132,10 +158,11 @@ def _folder(tmp_path) -> str:
 def test_a_stopped_standby_is_replaced_and_a_killed_remote_worker_comes_back_in_the_fresh_one(ssh_hosts, tmp_path):
     """SIGSTOP of the host's standby while it waits (its heartbeat goes stale over SSH): killed,
     replaced, never used; then a SIGKILL of worker:1 brings it back in the fresh standby, its pid
-    and log, and the run ends exit 0 with nothing left. (A standby killed rather than stopped:
-    the local test and the chaos runs; the SSH report of a gone process: the fast tests.)"""
+    and log, and it trains; SIGTERM then stops the run, 143, with nothing left. (A standby killed
+    rather than stopped: the local test and the chaos runs; the SSH report of a gone process: the
+    fast tests.)"""
     hit = signal.SIGSTOP
-    spec, proc = _up(ssh_hosts, tmp_path, steps=3500)
+    spec, proc = _up(ssh_hosts, tmp_path, steps=100_000)     # never done by itself: the test stops it
     folder = _folder(tmp_path)
     try:
         lines = read_until(proc, 'servers are up')
@@ -148,7 +175,7 @@ def test_a_stopped_standby_is_replaced_and_a_killed_remote_worker_comes_back_in_
         _wait_until_the_launcher_knows(tmp_path, folder, fresh)
         again = _kill_worker_1(tmp_path)
         assert again['pid'] != first.pid
-        _ended_well(ssh_hosts, tmp_path, spec, proc, lines, again, fresh)
+        _stopped_clean(ssh_hosts, tmp_path, proc, lines, again, fresh)
     finally:
         proc.kill()
         proc.wait()
