@@ -1,7 +1,12 @@
 """A rehearsal over SSH on the many-host rig (tests/harness/hosts.py): ten hosts, one of which lets
 no task but the launcher reach a ps port. The rehearsal starts and ends (the launcher reaches every
 task), its table names every pair that could not reach that ps, every host was reached over one
-SSH connection for the whole run, and nothing is left behind (the rig's teardown asserts it)."""
+SSH connection for the whole run, and nothing is left behind (the rig's teardown asserts it).
+
+Its time is not the hosts' (the rig and the SSH start of all ten take a few seconds): each worker
+tries ps:1 for the stand-in's REACH_SECS (30 s), then to tell it "done" (CALL_SECS, 10 s), and
+ps:1, told by none, serves on until --finish-timeout after the workers end (60 s by default; here
+FINISH_SECS: the same warning and stop, a minute sooner)."""
 from __future__ import annotations
 
 import json
@@ -20,6 +25,7 @@ pytestmark = [pytest.mark.slow,
 
 HOSTS = 10
 WORKERS = 18
+FINISH_SECS = 5     # --finish-timeout: ps:1, told "done" by no worker, is stopped this long after them
 
 
 def python_of_this_tree(tmp_path) -> str:
@@ -48,7 +54,8 @@ def test_a_ten_host_rehearsal_names_the_ps_port_one_host_blocks(tmp_path):
         blocked = spec_ports(spec)['ps:1']
         rig.block(rig.addresses[1], blocked)
         before = connections(rig)
-        out = launch('up', spec, '--rehearse', '--ssh-config', str(rig.ssh_config), cwd=str(tmp_path), timeout=400)
+        out = launch('up', spec, '--rehearse', '--ssh-config', str(rig.ssh_config),
+                     '--finish-timeout', str(FINISH_SECS), cwd=str(tmp_path), timeout=400)
         opened = {a: n - before[a] for a, n in connections(rig).items()}
         said = out.stdout + out.stderr
         assert out.returncode == 0, said[-6000:]
@@ -58,6 +65,7 @@ def test_a_ten_host_rehearsal_names_the_ps_port_one_host_blocks(tmp_path):
         assert (f'worker:0, worker:1, worker:2, worker:3, worker:4 and {WORKERS - 5} more cannot reach ps:1 '
                 f'({rig.addresses[1]}:{blocked})') in said, said[-3000:]
         assert 'cannot reach ps:0' not in said
+        assert f'ps:1 still running {FINISH_SECS}s after the workers finished' in said, said[-3000:]
         rehearsal = os.path.join(tmp_path, 'run', 'rehearsal')
         with open(os.path.join(rehearsal, 'run.json')) as f:     # the launcher's own
             summary = json.load(f)['rehearsal']
