@@ -3,8 +3,9 @@
 
 The record names the task's own process (the pid its log prints): a task is running while that
 process lives, whatever became of its wrapper, and a new start of a task first makes sure its
-earlier copy is gone, so its port is free. Status for all tasks of a host is one command, cached
-for a fraction of a second; a stop is one command per host. Logs are read with SFTP from an
+earlier copy is gone, so its port is free. Status comes from a watcher per host that writes when
+a task ends (watch.py); while it cannot say, all tasks of a host are asked in one command, cached
+for a fraction of a second. A stop is one command per host. Logs are read with SFTP from an
 offset, so following them leaves no process on the host.
 """
 from __future__ import annotations
@@ -35,14 +36,15 @@ from launch.backends.base import (ENDED, RUNNING, STOP_GRACE_SECS, UNKNOWN, Back
                                   Observation, busy_port, TaskRecord, decode_exit, handle_of, planned_record)
 from launch.backends.probes import GPU_COUNT_SH, parse_gpu_count
 from launch.backends.procstat import STATE, start_time, stat_fields
-from launch.backends.ssh import starting
+from launch.backends.ssh import logs, starting
 from launch.backends.ssh.standby import SSHStandbys
+from launch.backends.ssh.watch import Watches
 from launch.backends.ssh.starting import _start_script
 from launch.backends.ssh.connections import COMMAND_TIMEOUT, Connections, SSHError, parallel, ssh_target
 from launch.backends.ssh.scripts import (Seen, Started, TaskFiles, TaskProcess, Watched, lease_script,
                                          parse_signalled, parse_snapshot, prepare_script,
                                          probe_script, remote_dir, signal_script, snapshot_script, stop_script, workdir_script)
-from launch.planning.plan import TaskPlan
+from launch.planning.plan import DEFAULT_REMOTE_PYTHON, TaskPlan
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +56,6 @@ WRAPPER_GRACE_SECS = 10.0
 SNAPSHOT_TTL = 0.3            # seconds a host's status snapshot answers status()
 LEASE_RENEW_SECS = 5.0        # how often the tasks' lease files on a host are touched
 POLL_TIMEOUT = 10             # seconds a status command may take before the host counts as unreachable
-LOG_POLL_SECS = 0.25          # how often a followed log is read again
-LOG_CHUNK = 1 << 20
 
 T = TypeVar('T')
 R = TypeVar('R')
@@ -87,6 +87,10 @@ def _process(record: TaskRecord) -> TaskProcess:
     h = handle_of(record, SSHHandle)
     group, group_ident = (h.group, h.group_ident) if h.group else (int(record.pid), record.ident)
     return TaskProcess(int(record.pid), record.ident, group, group_ident)
+
+
+def _watched(record: TaskRecord) -> Watched:
+    return Watched(record.name, record.pid, handle_of(record, SSHHandle).rcfile, _process(record).group)
 
 
 def _is_process(stat: str, ident: str) -> bool:
@@ -143,6 +147,7 @@ class SSHBackend(Backend):
         self._hosts: dict[str, _Tasks] = {}
         self._lock = threading.Lock()
         self._standbys = SSHStandbys(self)
+        self._watches = Watches(self._python_of, lambda name: self._connect(name).client.get_transport())
 
     # -- connections: every remote command goes through _run (tests wrap it to watch or cut them)
     def _host(self, name: str) -> _Tasks:
@@ -151,6 +156,11 @@ class SSHBackend(Backend):
 
     def _connect(self, name: str) -> fabric.Connection:
         return self._pool.connect(name)
+
+    def _python_of(self, name: str) -> str:
+        """The Python the host's tasks run with (the task watcher's, too)."""
+        host = self.spec.hosts.get(name)
+        return (host and host.python) or DEFAULT_REMOTE_PYTHON
 
     def _run(self, name: str, script: str, timeout: float = COMMAND_TIMEOUT) -> invoke.Result:
         """Run a POSIX sh script on the host; the result never raises for a non-zero exit."""
@@ -164,6 +174,7 @@ class SSHBackend(Backend):
 
     def close(self) -> None:
         self._standbys.close()
+        self._watches.close()
         self._pool.close()
 
     # -- warm standbys (ssh/standby.py) ------------------------------------------------------
@@ -303,6 +314,11 @@ class SSHBackend(Backend):
         h = self._host(record.host)
         with h.snapshot_lock:
             h.records.setdefault(record.name, record)
+            watched = {r.name: _watched(r) for r in h.records.values()}
+        seen = self._watches.seen(record.host, watched, record.name, record.pid)
+        with h.snapshot_lock:
+            if seen is not None:
+                return self._judge(h, record, seen)
             fresh = time.monotonic() - h.snapshot_at < SNAPSHOT_TTL
             if fresh and h.snapshot_error is not None:
                 raise h.snapshot_error
@@ -318,8 +334,7 @@ class SSHBackend(Backend):
             return h.snapshot[record.name]
 
     def _take_snapshot(self, name: str, records: list[TaskRecord]) -> dict[str, tuple[RemoteState, int | None]]:
-        watched = [Watched(r.name, r.pid, handle_of(r, SSHHandle).rcfile, _process(r).group) for r in records]
-        seen = parse_snapshot(self._run(name, snapshot_script(watched), timeout=POLL_TIMEOUT).stdout)
+        seen = parse_snapshot(self._run(name, snapshot_script(map(_watched, records)), timeout=POLL_TIMEOUT).stdout)
         if seen is None:
             # A cut-short answer must not read as "every task gone" (which means killed hard).
             self._drop(name)
@@ -369,6 +384,7 @@ class SSHBackend(Backend):
 
     def _invalidate(self, name: str) -> None:
         self._host(name).snapshot_at = 0.0
+        self._watches.invalidate(name)
 
     def status(self, record: TaskRecord) -> Observation:
         try:
@@ -438,46 +454,4 @@ class SSHBackend(Backend):
         return self._read_log(record.host, record.log, stop if follow else None, offset)
 
     def _read_log(self, name: str, path: str, stop: threading.Event | None, offset: int = 0) -> Iterator[str]:
-        """Complete lines of a remote file read with SFTP from an offset; with `stop`, keep polling
-        until it is set and the file has no more. A missing file counts as empty."""
-        pending = b''
-
-        def read_more(sftp: paramiko.SFTPClient) -> bytes:
-            try:
-                size = sftp.stat(path).st_size
-            except FileNotFoundError:
-                return b''
-            if size <= offset:
-                return b''
-            with sftp.open(path, 'rb') as f:
-                f.seek(offset)
-                return f.read(min(size - offset, LOG_CHUNK))
-
-        failing_since = None
-        while True:
-            try:
-                data = self._sftp_call(name, read_more)
-                failing_since = None
-            except SSHError as e:
-                # Following: a dropped connection is retried (the poll decides whether the host is
-                # lost); reading once: report it.
-                if stop is None or stop.is_set():
-                    log.error('cannot read %s: %s', path, e)
-                    return
-                if failing_since is None:
-                    failing_since = time.monotonic()
-                    log.warning('cannot read %s: %s; retrying', path, e)
-                stop.wait(1.0)
-                continue
-            if data:
-                offset += len(data)
-                pending += data
-                *lines, pending = pending.split(b'\n')
-                for line in lines:
-                    yield line.decode('utf-8', errors='replace')
-                continue
-            if stop is None or stop.is_set():
-                if pending:
-                    yield pending.decode('utf-8', errors='replace')
-                return
-            stop.wait(LOG_POLL_SECS)
+        return logs.read_lines(lambda fn: self._sftp_call(name, fn), path, stop, offset)

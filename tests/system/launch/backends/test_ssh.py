@@ -149,6 +149,56 @@ def test_backend_polls_once_per_host_quotes_values_and_stops_process_groups(ssh_
     assert_nothing_left(ssh_hosts)
 
 
+def test_a_hosts_watcher_tells_an_end_without_a_command_and_a_cut_one_falls_back_to_snapshots(ssh_hosts, tmp_path):
+    """Each host's task watcher (launch/backends/ssh/watch.py) answers status once it has spoken:
+    no command is run to see the tasks running, nor one killed on its host (with its wrapper's rc);
+    with its connection cut, status is answered by snapshots again, never "gone"; closed, it
+    leaves no process or session on the host."""
+    from cluster.spec import load_spec
+    from launch.planning.plan import plan_cluster
+    from launch.backends.ssh import SSHBackend
+
+    spec = load_spec(remote_spec(ssh_hosts, tmp_path))
+    plans = [dataclasses.replace(p, argv=('sleep', '300'), env={}) for p in plan_cluster(spec)]
+    backend = SSHBackend(spec, ssh_config=str(ssh_hosts.ssh_config))
+    commands = []
+    real_run = backend._run
+    backend._run = lambda host, script, **kw: (commands.append(host), real_run(host, script, **kw))[1]
+    records = []
+
+    def quiet_round(want):
+        """Rounds of status until they see `want` and run no command for a second (longer than a
+        snapshot answers status: SNAPSHOT_TTL)."""
+        deadline, quiet_since = time.monotonic() + 30, None
+        while time.monotonic() < deadline:
+            commands.clear()
+            seen = [(backend.status(r).state, backend.status(r).exit_code) for r in records]
+            if commands or seen != want:
+                quiet_since = None
+            elif quiet_since is None:
+                quiet_since = time.monotonic()
+            elif time.monotonic() - quiet_since > 1.0:
+                return
+            time.sleep(0.05)
+        raise AssertionError(f'no quiet second: {seen}, commands {commands}')
+
+    try:
+        backend.prepare(plans, spec.to_yaml())
+        records = [backend.start(p) for p in plans]
+        quiet_round([('running', None)] * 3)
+        ssh_hosts.ssh(records[2].host, f'kill -KILL {records[2].pid}')
+        quiet_round([('running', None)] * 2 + [('ended', -signal.SIGKILL)])
+        backend._drop('127.0.0.2')           # cuts the watcher's connection with it
+        seen = [backend.status(r) for r in records[:2]]
+        assert [o.state for o in seen] in (['running'] * 2, ['unknown'] * 2), seen
+        quiet_round([('running', None)] * 2 + [('ended', -signal.SIGKILL)])   # watching again
+    finally:
+        backend._run = real_run
+        backend.stop(records, grace=1)
+        backend.close()
+    assert_nothing_left(ssh_hosts)
+
+
 def test_an_ssh_task_gets_the_spec_env_quoted(ssh_hosts, tmp_path):
     """The spec's env: (values needing quotes, a per-job override) reaches each remote task as the
     local backend gives it, beside the task's own login environment; a secret too, while the spec
