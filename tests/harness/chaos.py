@@ -270,6 +270,10 @@ class Driver:
         self.workdir = workdir
         self.ports: list[int] = []
         self.rehearse = False       # a rehearsal's run lives below the spec's train_dir
+        # When the last inject hit (time.time()), where the driver knows it better than the
+        # harness's clock before the call: an SSH fault's signal is sent by a new ssh session,
+        # whose connection takes a few tenths of a second before the kill runs on the host.
+        self.hit_at: float | None = None
 
     def setup(self) -> None:
         pass
@@ -419,11 +423,13 @@ class SSHDriver(Driver):
                   "| sed 's/.*(pid \\([0-9]*\\))/\\1/'); [ -n \"$p\" ] || { echo 'no pid of the task'; exit 1; }; "
                   f'tr "\\0" " " < /proc/$p/cmdline 2>/dev/null | grep -qF {shlex.quote(self.workdir)} '
                   '|| { echo "pid $p is not the task"; exit 1; }; '
-                  f'kill -{sig} $p && echo $p')
+                  f'kill -{sig} $p && echo $p $(date +%s.%N)')
         out = self.remote(address, script)
         if out.returncode != 0:
             raise RuntimeError(f'{task}: kill -{sig} over SSH on {address} failed: {(out.stdout + out.stderr).strip()}')
-        return f'pid {out.stdout.strip()} on {address}'
+        pid, at = out.stdout.split()
+        self.hit_at = float(at)      # the "hosts" are this machine's loopback addresses: one clock
+        return f'pid {pid} on {address}'
 
     def leftovers(self, spec: str) -> dict:
         found = super().leftovers(spec)
@@ -720,6 +726,7 @@ class Chaos:
                                         if s is not None], default=None)
                 fault.at = time.time()
                 fault.target = self.driver.inject(sub, task, kind, started)
+                fault.at = self.driver.hit_at or fault.at
             except (RuntimeError, OSError, subprocess.SubprocessError) as e:
                 raise Aborted(f'fault {number} ({kind} {task}) could not be injected: {e}') from None
             faults.append(fault)
@@ -784,6 +791,7 @@ class Chaos:
         try:
             fault.at = time.time()
             fault.target = self.driver.inject(sub, task, kind, started)
+            fault.at = self.driver.hit_at or fault.at
         except (RuntimeError, OSError, subprocess.SubprocessError) as e:
             raise Aborted(f'fault {fault.number} ({kind} {task} while starting) could not be injected: {e}') from None
         faults.append(fault)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from launch.backends.base import Backend
 from launch.backends.standby import TEND_AFTER_SECS
@@ -16,13 +16,16 @@ from launch.run.supervised.state import SupervisorState
 log = logging.getLogger(__name__)
 
 LEASE_RENEW_SECS = 1.0          # how often the launcher renews its tasks' lease
+REFILL_HOLD_SECS = 10.0         # the longest a restart under way holds back the standbys' refill
 
 
 class Leases:
     """The leases of a run's tasks, renewed from the state's live set until `done` is set."""
 
-    def __init__(self, state: SupervisorState, backends: Mapping[str, Backend], done: threading.Event) -> None:
+    def __init__(self, state: SupervisorState, backends: Mapping[str, Backend], done: threading.Event,
+                 mending_for: Callable[[], float | None] = lambda: None) -> None:
         self.state, self.backends, self.done = state, backends, done
+        self.mending_for = mending_for      # how long the fault being mended has been (None: none is)
 
     def keep(self) -> None:
         """Write every lease now, then renew them in the background until the run is done."""
@@ -53,12 +56,15 @@ class Leases:
         """Let the backend keep its standbys once the run has trained for TEND_AFTER_SECS (a
         standby's import never competes with the first start's, and a short run never pays for
         one), and from then on through every restart: the standbys a restart took are replaced
-        at once, for the next fault. Returns when the run was first seen stepping (None: not yet)."""
+        once the restart trains (a new standby's import would take the CPU the restarted tasks
+        need to start: at most REFILL_HOLD_SECS), for the next fault. Returns when the run was
+        first seen stepping (None: not yet)."""
         if stepped_at is None and self.state.attempt.step is None:
             return None
         now = time.monotonic()
         stepped_at = now if stepped_at is None else stepped_at
-        if now - stepped_at >= TEND_AFTER_SECS:
+        mending = self.mending_for()
+        if now - stepped_at >= TEND_AFTER_SECS and (mending is None or mending >= REFILL_HOLD_SECS):
             plans = [p for p in self.state.plans if p.backend == name]
             supervise = self.state.spec.supervise
             try:

@@ -109,7 +109,8 @@ class SupervisedRun(Strategy):
         self.clock = RecoveryClock(self._mended)         # how long each fault takes to mend
         self._run_dir_fd: int | None = None          # the run's directory, held open (check_run_dir)
         self._done = threading.Event()
-        self.leases = Leases(self.state, backends, self._done)      # every task's, renewed until the run is done
+        self.leases = Leases(self.state, backends, self._done,      # every task's, renewed until the run is done
+                             self.clock.mending_for)
         self.state_file = StateFile(spec, lambda line: self.say(line), lambda: bool(self.life.disk and self.life.disk.check()))
 
     @property

@@ -91,6 +91,11 @@ class RecoveryClock:
         if step is not None and (m.step is None or step > m.step):
             m.step = step
 
+    def mending_for(self) -> float | None:
+        """How long the fault being mended has been (seconds since it was seen); None: none is."""
+        with self._lock:
+            return None if self.current is None else time.monotonic() - self.current.seen_at
+
     def phase(self, name: str, from_step: int | None = None) -> None:
         """The restart under way finished phase `name` (a cluster restart's resume step with 'backoff')."""
         with self._lock:
