@@ -131,6 +131,7 @@ class _Tasks:
     ending: dict[str, float] = field(default_factory=dict)      # task gone, its wrapper not yet: since
     renewed_at: float = 0.0
     lease_text: str | None = None    # what the lease files on this host hold (the live workers)
+    pace: logs.Pace = field(default_factory=logs.Pace)             # its logs read fast now
     snapshot_lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -454,4 +455,4 @@ class SSHBackend(Backend):
         return self._read_log(record.host, record.log, stop if follow else None, offset)
 
     def _read_log(self, name: str, path: str, stop: threading.Event | None, offset: int = 0) -> Iterator[str]:
-        return logs.read_lines(lambda fn: self._sftp_call(name, fn), path, stop, offset)
+        return logs.read_lines(lambda fn: self._sftp_call(name, fn), path, stop, offset, self._host(name).pace)

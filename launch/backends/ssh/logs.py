@@ -4,7 +4,9 @@ A followed log keeps its file open, so each poll is one SFTP read (a stat, an op
 each poll cost three more round trips on the host's one SFTP client, which every log of the host
 shares). It is polled every LOG_FAST_SECS for the first LOG_FAST_FOR seconds, then every
 LOG_POLL_SECS: a log followed anew is a task that just started, and the launcher waits for its
-first lines (it serves, then its first step) to call a restart done and admit the next task.
+first lines (it serves, then its first step) to call a restart done and admit the next task. At
+most LOG_FAST_AT_ONCE logs of a host are read fast at a time (Pace), so that a start-up of a
+hundred tasks on a host does not swamp its one SFTP client: the others start at the usual pace.
 """
 from __future__ import annotations
 
@@ -24,10 +26,31 @@ log = logging.getLogger(__name__)
 LOG_FAST_SECS = 0.05          # how often a log followed anew is read
 LOG_FAST_FOR = 10.0           # ... for this long after its follow began
 LOG_POLL_SECS = 0.25          # how often a followed log is read after that
+LOG_FAST_AT_ONCE = 8          # logs of one host read fast at a time
 LOG_CHUNK = 1 << 20
 
 R = TypeVar('R')
 SFTPCall = Callable[[Callable[[paramiko.SFTPClient], R]], R]
+
+
+class Pace:
+    """How many logs of one host are read fast now."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._fast = 0
+
+    def take(self) -> bool:
+        """Whether a log followed now may be read fast (then `give` it back when it slows)."""
+        with self._lock:
+            if self._fast >= LOG_FAST_AT_ONCE:
+                return False
+            self._fast += 1
+            return True
+
+    def give(self) -> None:
+        with self._lock:
+            self._fast -= 1
 
 
 class _Open:
@@ -52,12 +75,15 @@ class _Open:
         self.file = None
 
 
-def read_lines(call: SFTPCall, path: str, stop: threading.Event | None, offset: int = 0) -> Iterator[str]:
+def read_lines(call: SFTPCall, path: str, stop: threading.Event | None, offset: int = 0,
+               pace: Pace | None = None) -> Iterator[str]:
     """Complete lines of the remote file at `path` from `offset`, read through `call` (the host's
-    serialised SFTP client); with `stop`, keep polling until it is set and the file has no more."""
+    serialised SFTP client); with `stop`, keep polling until it is set and the file has no more,
+    fast at first where the host's `pace` allows."""
     pending = b''
     opened = _Open(path)
-    began = time.monotonic()
+    fast = pace if stop is not None and pace is not None and pace.take() else None    # while read fast
+    fast_until = time.monotonic() + LOG_FAST_FOR
     failing_since = None
     try:
         while True:
@@ -87,8 +113,13 @@ def read_lines(call: SFTPCall, path: str, stop: threading.Event | None, offset: 
                 if pending:
                     yield pending.decode('utf-8', errors='replace')
                 return
-            stop.wait(LOG_FAST_SECS if time.monotonic() - began < LOG_FAST_FOR else LOG_POLL_SECS)
+            if fast is not None and time.monotonic() >= fast_until:
+                fast.give()
+                fast = None
+            stop.wait(LOG_POLL_SECS if fast is None else LOG_FAST_SECS)
     finally:
+        if fast is not None:
+            fast.give()
         if opened.file is not None:
             try:
                 call(opened.close)
