@@ -6,7 +6,7 @@ process lives, whatever became of its wrapper, and a new start of a task first m
 earlier copy is gone, so its port is free. Status comes from a watcher per host that writes when
 a task ends (watch.py); while it cannot say, all tasks of a host are asked in one command, cached
 for a fraction of a second. A stop is one command per host. Logs are read with SFTP from an
-offset, so following them leaves no process on the host.
+offset (logs.py), so following them leaves no process on the host.
 """
 from __future__ import annotations
 
