@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.slow,
 
 HOSTS = 10
 WORKERS = 18
-FINISH_SECS = 5     # --finish-timeout: ps:1, told "done" by no worker, is stopped this long after them
+FINISH_SECS = 2     # --finish-timeout: ps:1, told "done" by no worker, is stopped this long after them
 
 
 def python_of_this_tree(tmp_path) -> str:
@@ -50,7 +50,7 @@ def test_a_ten_host_rehearsal_names_the_ps_port_one_host_blocks(tmp_path):
         where = rig.addresses[:2] + [rig.addresses[i % HOSTS] for i in range(WORKERS)]   # ps:0, ps:1, workers
         hosts = rig.host_settings(lambda a: tmp_path / f'host-{a}', python=python_of_this_tree(tmp_path))
         spec = write_spec(tmp_path, workers=WORKERS, ps=2, task_hosts=where, hosts=hosts, train_dir='run',
-                          sync=False, steps=300)
+                          sync=False, steps=100)
         blocked = spec_ports(spec)['ps:1']
         rig.block(rig.addresses[1], blocked)
         before = connections(rig)
