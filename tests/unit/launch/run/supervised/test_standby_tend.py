@@ -67,3 +67,22 @@ def test_once_begun_the_standbys_are_kept_through_a_restart_before_its_first_ste
     leases.tend('local', since)
     leases.state.attempt = Attempt(from_step=1)      # a restart of the cluster: no step seen yet
     assert leases.tend('local', since) == since and keeper.asked == [(2, 2), (2, 2)]
+
+
+def test_a_restart_under_way_holds_the_refill_until_it_trains_or_for_at_most_so_long(tmp_path):
+    """The standbys a restart took are made again once it trains: a new standby's import would
+    take the CPU the restarted tasks need to start; a restart that never trains holds it
+    REFILL_HOLD_SECS at most."""
+    from launch.run.supervised.leases import REFILL_HOLD_SECS
+    leases, keeper = _leases(tmp_path, 'on-failure')
+    leases.state.attempt.saw_step(1)
+    since = time.monotonic() - TEND_AFTER_SECS - 1
+    mending: list[float | None] = [2.0]
+    leases.mending_for = lambda: mending[0]
+    leases.tend('local', since)
+    assert keeper.asked == []
+    mending[0] = REFILL_HOLD_SECS + 0.5
+    leases.tend('local', since)
+    mending[0] = None                   # trained again: the fault is mended
+    leases.tend('local', since)
+    assert keeper.asked == [(2, 2), (2, 2)]
