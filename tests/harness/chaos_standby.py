@@ -21,6 +21,7 @@ import sys
 import time
 
 from cluster.runtime import rundir
+from cluster.runtime import standby as standby_contract
 
 STANDBY_KINDS = ('standby-kill', 'standby-stop')
 IMPORT_PROBE = ('import time; t = time.perf_counter(); import tensorflow; '
@@ -50,17 +51,53 @@ def ready_pids(train_dir: str) -> list[int]:
 
 def inject_standby(kind: str, train_dir: str, deadline: float) -> int:
     """SIGKILL (standby-kill) or SIGSTOP (standby-stop) one standby that waits, once there is one
-    (RuntimeError if none is ready by `deadline`); its pid."""
+    (RuntimeError if none is ready by `deadline`); its pid. The state file may list as ready a
+    standby the launcher has just handed a task (it is saved about once a second), so each one
+    listed is checked as it is hit (hit_waiting)."""
+    passed: set[int] = set()
     while True:
-        ready = ready_pids(train_dir)
-        if ready:
-            break
+        for pid in ready_pids(train_dir):
+            if pid not in passed:
+                if hit_waiting(pid, kind):
+                    return pid
+                passed.add(pid)
         if time.monotonic() > deadline:
             raise RuntimeError(f'no standby was ready to {kind} (state file: {standbys(train_dir)})')
         time.sleep(0.2)
-    pid = ready[0]
-    os.kill(pid, signal.SIGKILL if kind == 'standby-kill' else signal.SIGSTOP)
-    return pid
+
+
+def hit_waiting(pid: int, kind: str) -> bool:
+    """Freeze `pid`; if it is a standby that still waits (neither a become nor a became file in its
+    slot: the launcher has not handed it a task), leave it frozen (standby-stop) or kill it
+    (standby-kill); else let it go on untouched. Whether it was hit. Once it is frozen, a task the
+    launcher hands it is one it must never take (it gets no Became and starts the task cold)."""
+    slot = slot_of(pid)
+    if slot is None:
+        return False
+    try:
+        os.kill(pid, signal.SIGSTOP)
+    except ProcessLookupError:
+        return False
+    files = standby_contract.slot_files(*slot)
+    if os.path.exists(files.become) or os.path.exists(files.became):
+        os.kill(pid, signal.SIGCONT)
+        return False
+    if kind == 'standby-kill':
+        os.kill(pid, signal.SIGKILL)
+    return True
+
+
+def slot_of(pid: int) -> tuple[str, str] | None:
+    """(folder, slot) of the standby process `pid`, from its command line (standby_argv); None if
+    it is gone or no standby."""
+    try:
+        with open(f'/proc/{pid}/cmdline', 'rb') as f:
+            argv = f.read().decode(errors='replace').split('\0')
+    except OSError:
+        return None
+    if standby_contract.STANDBY_MODULE not in argv or '--dir' not in argv or '--slot' not in argv:
+        return None
+    return argv[argv.index('--dir') + 1], argv[argv.index('--slot') + 1]
 
 
 def replaced(train_dir: str, pid: int) -> bool:

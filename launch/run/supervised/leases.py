@@ -63,13 +63,15 @@ class Leases:
             return None
         now = time.monotonic()
         stepped_at = now if stepped_at is None else stepped_at
+        if now - stepped_at < TEND_AFTER_SECS:
+            return stepped_at
         mending = self.mending_for()
-        if now - stepped_at >= TEND_AFTER_SECS and (mending is None or mending >= REFILL_HOLD_SECS):
-            plans = [p for p in self.state.plans if p.backend == name]
-            supervise = self.state.spec.supervise
-            try:
+        plans = [p for p in self.state.plans if p.backend == name]
+        supervise = self.state.spec.supervise
+        try:
+            if mending is None or mending >= REFILL_HOLD_SECS:
                 self.backends[name].tend(plans, supervise.standby if supervise.restart == 'on-failure' else 0)
-                self.state.standbys[name] = self.backends[name].standby_views()
-            except Exception as e:      # the next round tries again; a task then starts cold
-                log.debug('keeping the standbys failed: %s', e)
+            self.state.standbys[name] = self.backends[name].standby_views()     # the taken ones go at once
+        except Exception as e:      # the next round tries again; a task then starts cold
+            log.debug('keeping the standbys failed: %s', e)
         return stepped_at
