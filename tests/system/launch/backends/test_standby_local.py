@@ -1,7 +1,8 @@
 """Warm standbys on real local TF1 async runs (#41; launch/backends/local/standby.py): a lost
-worker is restarted by the standby the state file showed ready (its pid, its record `warm`); a
-standby killed, or frozen by SIGSTOP, while it waits is never used and is replaced; the run ends
-exit 0 (or, stopped by SIGTERM, 143), and nothing of it (task or standby) is left running.
+worker is restarted by the standby the state file showed ready (its pid, its record `warm`), and
+trains; a standby killed, or frozen by SIGSTOP, while it waits is never used and is replaced; the
+run, stopped by SIGTERM once that is shown (training on to its end would prove nothing more, at a
+minute's cost), ends 143, and nothing of it (task or standby) is left running.
 
 The workers run a paced program (tests/harness/paced_program.py), so the run lasts long enough
 for a standby to import on a busy machine (standbys spawn only once the run trains)."""
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -16,6 +18,7 @@ import threading
 import psutil
 import pytest
 
+from cluster.runtime import rundir
 from cluster.runtime.standby import STANDBY_MODULE
 from tests.conftest import launch_bg, write_spec
 from tests.harness.faults import task_pid
@@ -27,7 +30,7 @@ SUPERVISE = {'restart': 'on-failure', 'max_restarts': 5, 'standby': 1, 'backoff_
 
 
 def _spec(tmp_path, steps: int = 2400) -> str:
-    """At least steps * PACE_SECS / 2 seconds of training (2 workers): 70 s for 1400."""
+    """At least steps * PACE_SECS / 2 seconds of training (2 workers): 120 s for 2400."""
     return write_spec(tmp_path, steps=steps, sync=False, program='tests.harness.paced_program:train',
                       supervise=SUPERVISE)
 
@@ -65,9 +68,9 @@ def _drain(proc: subprocess.Popen) -> list[str]:
     return lines
 
 
-def _ended_clean(proc: subprocess.Popen, lines: list[str], run: str, pids: set[int], code: int = 0) -> None:
-    """The run ended with `code` (0: trained to its end; 143: stopped by SIGTERM), and no pid it
-    had (tasks, standbys) nor any standby of its own runs."""
+def _ended_clean(proc: subprocess.Popen, lines: list[str], run: str, pids: set[int], code: int = 143) -> None:
+    """The run ended with `code` (143: stopped by SIGTERM), and no pid it had (tasks, standbys)
+    nor any standby of its own runs."""
     proc.wait(timeout=600)
     out = ''.join(lines)
     assert proc.returncode == code, out
@@ -78,9 +81,19 @@ def _ended_clean(proc: subprocess.Popen, lines: list[str], run: str, pids: set[i
     assert not left, left
 
 
+def _stepped(run: str, name: str, pid: int) -> bool:
+    """Whether the task's log shows a training step after its start as process `pid`."""
+    job, index = name.split(':')
+    text = rundir.read_text(rundir.log_path(run, job, int(index))) or ''
+    start = re.search(rf'{re.escape(name)} serving on \S+ \(pid {pid}\)', text)
+    return bool(start and re.search(r' step \d+/\d+  loss ', text[start.end():]))
+
+
 def test_a_lost_worker_becomes_the_ready_standby_and_nothing_is_left(tmp_path):
+    """Once the standby, now worker:1, trains a step, the run is stopped (SIGTERM): training on to
+    its end would prove nothing more (the run stopped with its standbys: the next test)."""
     run = str(tmp_path / 'run')
-    proc = launch_bg('up', _spec(tmp_path, steps=1400))     # a standby is ready some 15 s in
+    proc = launch_bg('up', _spec(tmp_path))     # a standby is ready some 15 s in
     try:
         lines = _drain(proc)
         standby = wait_for('a ready standby', lambda: _ready(run), 400)[0]
@@ -88,7 +101,9 @@ def test_a_lost_worker_becomes_the_ready_standby_and_nothing_is_left(tmp_path):
         os.kill(before, signal.SIGKILL)
         record = wait_for('worker:1 started again', lambda: _restarted(run, 'worker:1', before), 120)
         assert (record['pid'], record['warm']) == (standby, True), record
+        wait_for('a step of worker:1 as the standby', lambda: _stepped(run, 'worker:1', standby), 120)
         pids = {t['pid'] for t in _state(run)['tasks']} | {standby, before}
+        proc.send_signal(signal.SIGTERM)
         _ended_clean(proc, lines, run, pids)
     finally:
         if proc.poll() is None:     # failed midway: its tasks and standbys leave by their lease
@@ -114,7 +129,7 @@ def test_a_killed_or_frozen_standby_is_never_used_and_is_replaced(tmp_path):
                          lambda: _ready(run, but=(killed, frozen, record['pid'])), 240)[0]
         pids = {t['pid'] for t in _state(run)['tasks']} | {killed, frozen, again, before}
         proc.send_signal(signal.SIGTERM)    # "stop the run": the standbys go with the tasks
-        _ended_clean(proc, lines, run, pids, code=143)
+        _ended_clean(proc, lines, run, pids)
     finally:
         if proc.poll() is None:     # failed midway: its tasks and standbys leave by their lease
             proc.kill()
