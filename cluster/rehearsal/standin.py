@@ -47,7 +47,7 @@ STEPS_PER_SEC = 100.0       # the stand-ins' global steps a second: train.steps=
 REACH_SECS = 30.0           # how long a stand-in tries to reach a peer before it names it unreachable
 NON_CHIEF_LOG_SECS = 10.0   # a non-chief worker's progress lines come at most this often (as the trainer's)
 PS_POLL_SECS = 1.0          # a ps reads the live workers again at least this often (`launch scale`)
-PS_LINGER_SECS = 0.5        # a ps stays this long after the last "done", so that its reply arrives
+PS_LINGER_SECS = 0.2        # a ps stays this long after the last "done", so that its reply arrives (as train.py)
 LOOK_SECS = 0.5             # a trainer looks this often for the launcher's word (a save asked for, leave)
 
 

@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 __all__ = ['ABORT_RETRIES', 'PS_LINGER_SECS', 'PS_POLL_MS', 'build_graph', 'check_memory', 'cpu_device_count',
            'make_server', 'ps_bytes', 'run_ps', 'run_retrying', 'run_worker', 'tower_devices']
 
-PS_LINGER_SECS = 0.5                 # a ps stays this long after the last "done", so that reply arrives
+PS_LINGER_SECS = 0.2                 # a ps stays this long after the last "done", so that reply arrives (it takes ms)
 PS_POLL_MS = 1000                    # a ps waiting for "done" reports reads the live workers this often
 
 

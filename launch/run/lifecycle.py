@@ -13,6 +13,7 @@ is written once, here.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import logging
 import os
 import re
@@ -251,6 +252,9 @@ class Lifecycle:
             if not self._stepped:
                 self._stepped = True
                 self.emit(FirstStep(step=found['step']))
+                if self.report:     # its import (matplotlib) is half a second the run's end need not wait
+                    threading.Thread(target=importlib.import_module, args=('launch.records.report',),
+                                     name='report-import', daemon=True).start()
             if chief:
                 self.emit(Progress(**found))
         return found
