@@ -118,7 +118,7 @@ def test_a_node_stopped_under_the_ps_is_named_and_the_ps_moves_to_another_node(r
     nodes = {ip: ray_cluster.add_node(ip, label, labels=spare) for ip, label in (('127.0.0.4', 'n4'),
                                                                               ('127.0.0.5', 'n5'))}
     try:
-        spec = write_coordinator_spec(tmp_path, evaluator=None, steps=600, checkpoint_steps=50, host='spare',
+        spec = write_coordinator_spec(tmp_path, evaluator=None, steps=300, checkpoint_steps=50, host='spare',
                                       worker_hosts=('127.0.0.2', '127.0.0.3'), hosts={'spare': {'labels': spare}},
                                       supervise={'unreachable_secs': 2, 'max_restarts': 3}, top=PACED)
         on_head(spec, 'chief')
