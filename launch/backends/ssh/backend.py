@@ -299,6 +299,7 @@ class SSHBackend(Backend):
         with h.snapshot_lock:
             h.records[record.name] = record
             h.snapshot.pop(record.name, None)   # the earlier copy's end is not this one's
+        self._watches.enabled = True            # this launcher runs tasks: it watches their hosts
 
     def _started_record(self, plan: TaskPlan, started: Started, workdir: str, log_file: str,
                         files: TaskFiles) -> TaskRecord:

@@ -175,14 +175,15 @@ class HostWatch:
 
 
 class Watches:
-    """The backend's watchers, one per host, started on the first status asked of the host."""
+    """The backend's watchers, one per host, started on the first status asked of the host by a
+    backend that started tasks (the launcher that runs them)."""
 
     def __init__(self, python_of: Callable[[str], str], transport_of: Callable[[str], paramiko.Transport]) -> None:
         self._python_of = python_of
         self._transport_of = transport_of
         self._lock = threading.Lock()
         self._hosts: dict[str, HostWatch] = {}
-        self.enabled = True
+        self.enabled = False    # set once the backend starts a task: a `launch status` or `down` asks once
 
     def seen(self, host: str, tasks: Mapping[str, Watched], name: str, pid: int) -> Seen | None:
         """What the host's watcher saw of task `name`'s process `pid`, `tasks` being all the host's
