@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 
 import paramiko
 
+from cluster.runtime import runjson
 from launch.backends.ssh.scripts import Seen, Watched, q
 
 log = logging.getLogger(__name__)
@@ -131,7 +132,7 @@ class HostWatch:
         if self._channel is None:
             return
         try:
-            self._channel.sendall((json.dumps({'gen': self._gen, 'tasks': self._tasks}) + '\n').encode())
+            self._channel.sendall((runjson.dumps({'gen': self._gen, 'tasks': self._tasks}) + '\n').encode())
         except (OSError, EOFError, paramiko.SSHException) as e:
             log.debug('%s: the task watcher cannot be told: %s', self.host, e)
 
