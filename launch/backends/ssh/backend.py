@@ -131,7 +131,8 @@ class _Tasks:
     ending: dict[str, float] = field(default_factory=dict)      # task gone, its wrapper not yet: since
     renewed_at: float = 0.0
     lease_text: str | None = None    # what the lease files on this host hold (the live workers)
-    pace: logs.Pace = field(default_factory=logs.Pace)             # its logs read fast now
+    pace: threading.BoundedSemaphore = field(default_factory=logs.pace)    # its logs read fast now
+    watched: dict[str, Watched] | None = None     # what its watcher is to watch (None: made anew)
     snapshot_lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -297,7 +298,7 @@ class SSHBackend(Backend):
     def _note_started(self, record: TaskRecord) -> None:
         h = self._host(record.host)
         with h.snapshot_lock:
-            h.records[record.name] = record
+            h.records[record.name], h.watched = record, None
             h.snapshot.pop(record.name, None)   # the earlier copy's end is not this one's
         self._watches.enabled = True            # this launcher runs tasks: it watches their hosts
 
@@ -315,8 +316,11 @@ class SSHBackend(Backend):
         """The task's state and exit code (ENDED only), from the host's snapshot."""
         h = self._host(record.host)
         with h.snapshot_lock:
-            h.records.setdefault(record.name, record)
-            watched = {r.name: _watched(r) for r in h.records.values()}
+            if record.name not in h.records:
+                h.records[record.name], h.watched = record, None
+            if h.watched is None:
+                h.watched = {r.name: _watched(r) for r in h.records.values()}
+            watched = h.watched
         seen = self._watches.seen(record.host, watched, record.name, record.pid)
         with h.snapshot_lock:
             if seen is not None:

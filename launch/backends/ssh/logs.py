@@ -5,7 +5,7 @@ each poll cost three more round trips on the host's one SFTP client, which every
 shares). It is polled every LOG_FAST_SECS for the first LOG_FAST_FOR seconds, then every
 LOG_POLL_SECS: a log followed anew is a task that just started, and the launcher waits for its
 first lines (it serves, then its first step) to call a restart done and admit the next task. At
-most LOG_FAST_AT_ONCE logs of a host are read fast at a time (Pace), so that a start-up of a
+most LOG_FAST_AT_ONCE logs of a host are read fast at a time (pace), so that a start-up of a
 hundred tasks on a host does not swamp its one SFTP client: the others start at the usual pace.
 """
 from __future__ import annotations
@@ -33,24 +33,10 @@ R = TypeVar('R')
 SFTPCall = Callable[[Callable[[paramiko.SFTPClient], R]], R]
 
 
-class Pace:
-    """How many logs of one host are read fast now."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._fast = 0
-
-    def take(self) -> bool:
-        """Whether a log followed now may be read fast (then `give` it back when it slows)."""
-        with self._lock:
-            if self._fast >= LOG_FAST_AT_ONCE:
-                return False
-            self._fast += 1
-            return True
-
-    def give(self) -> None:
-        with self._lock:
-            self._fast -= 1
+def pace() -> threading.BoundedSemaphore:
+    """How many more logs of one host may be read fast now (acquire without blocking; release when
+    one slows)."""
+    return threading.BoundedSemaphore(LOG_FAST_AT_ONCE)
 
 
 class _Open:
@@ -76,13 +62,13 @@ class _Open:
 
 
 def read_lines(call: SFTPCall, path: str, stop: threading.Event | None, offset: int = 0,
-               pace: Pace | None = None) -> Iterator[str]:
+               pace: threading.BoundedSemaphore | None = None) -> Iterator[str]:
     """Complete lines of the remote file at `path` from `offset`, read through `call` (the host's
     serialised SFTP client); with `stop`, keep polling until it is set and the file has no more,
     fast at first where the host's `pace` allows."""
     pending = b''
     opened = _Open(path)
-    fast = pace if stop is not None and pace is not None and pace.take() else None    # while read fast
+    fast = pace if stop is not None and pace is not None and pace.acquire(blocking=False) else None    # while read fast
     fast_until = time.monotonic() + LOG_FAST_FOR
     failing_since = None
     try:
@@ -114,12 +100,12 @@ def read_lines(call: SFTPCall, path: str, stop: threading.Event | None, offset: 
                     yield pending.decode('utf-8', errors='replace')
                 return
             if fast is not None and time.monotonic() >= fast_until:
-                fast.give()
+                fast.release()
                 fast = None
             stop.wait(LOG_POLL_SECS if fast is None else LOG_FAST_SECS)
     finally:
         if fast is not None:
-            fast.give()
+            fast.release()
         if opened.file is not None:
             try:
                 call(opened.close)

@@ -94,6 +94,7 @@ class HostWatch:
         self._seen_gen = -1
         self._seen_at = 0.0
         self._channel: paramiko.Channel | None = None
+        self.given: Mapping[str, Watched] | None = None      # the mapping last watched (Watches.seen)
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f'ssh-watch-{host}', daemon=True)
         self._thread.start()
@@ -196,7 +197,9 @@ class Watches:
             if watch is None:
                 watch = self._hosts[host] = HostWatch(host, self._python_of(host),
                                                       lambda: self._transport_of(host))
-        watch.watch(list(tasks.values()))
+        if tasks is not watch.given:        # the backend makes the mapping anew when its tasks change
+            watch.given = tasks
+            watch.watch(list(tasks.values()))
         return watch.seen(name, pid)
 
     def invalidate(self, host: str) -> None:
