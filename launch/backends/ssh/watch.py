@@ -36,7 +36,9 @@ RETRY_SECS = 2.0       # a watcher that failed to start or was cut is started ag
 GIVE_UP_AFTER = 3      # starts in a row that never answered (no Python 3 there): snapshots only
 
 # The host's side: Python 3 with nothing beyond the standard library. Each task is read in the
-# snapshot's order (its stat, its wrapper's, its rc: the wrapper writes the rc before it leaves).
+# snapshot's order (`look`: its stat, its wrapper's, then its rc). The wrapper writes the rc before
+# it leaves, so a wrapper seen gone wrote the rc read after it; the rc read first left a window
+# where a task that ended well read as killed hard (CI saw a finished worker "killed by SIGKILL").
 WATCH_SCRIPT = r'''
 import json, os, select, sys, time
 def text(path):
@@ -45,6 +47,10 @@ def text(path):
             return f.read().rstrip("\n")
     except (OSError, ValueError):
         return ""
+def look(pid, rcfile, group):
+    stat = text("/proc/%%d/stat" %% pid)
+    wrapper = text("/proc/%%d/stat" %% group)
+    return [text(rcfile or "/dev/null"), stat, wrapper]
 def gist(s):
     f = s[s.rfind(")") + 2:].split() if ")" in s else []
     return (f[0], f[19]) if len(f) > 19 else ()
@@ -59,9 +65,7 @@ while True:
             line, buf = buf.split(b"\n", 1)
             msg = json.loads(line.decode())
             gen, tasks = msg["gen"], msg["tasks"]
-    seen = {}
-    for key, (pid, rcfile, group) in tasks.items():
-        seen[key] = [text(rcfile or "/dev/null"), text("/proc/%%d/stat" %% pid), text("/proc/%%d/stat" %% group)]
+    seen = {key: look(*task) for key, task in tasks.items()}
     now = time.monotonic()
     digest = (gen, {k: (v[0], gist(v[1]), gist(v[2])) for k, v in seen.items()})
     if digest != last or now - beat >= %(beat)r:
