@@ -9,6 +9,7 @@ and noisy, so absolute seconds only mean something next to their baseline).
     python benchmarks/bench.py --only links    # emulated links, by hand (root; about 20 min, 3 with --quick)
     python benchmarks/bench.py --only ray      # the same spec on local, a run's own Ray and a 3-node Ray cluster
     python benchmarks/bench.py --only recovery # kills of a worker and the ps, standby 0 vs 3 (x one TF import)
+    python benchmarks/bench.py --only startup  # launch up -> first step, start-up zygote vs cold (x one TF import)
     python benchmarks/bench.py --only scale    # the launcher at 10, 100, 300 rehearsal tasks, and over SSH to
                                                # 1, 10, 50 rig hosts at 100, 300, by hand (--sizes, --ssh-sizes, --hosts)
     python benchmarks/bench.py --plots DIR     # and draw the figures as PNGs there (benchmarks/plots.py)
@@ -573,6 +574,12 @@ def bench_ray(args, tmp: str) -> dict:
     return on_ray.bench(args, tmp, launch_up, free_ports, cluster_overrides, QUIET, REPO)
 
 
+def bench_startup(args, tmp: str) -> dict:
+    """`launch up` -> first step with the start-up zygote and cold, as a share of one import (benchmarks/startup.py)."""
+    import startup
+    return startup.bench(args, tmp)
+
+
 def bench_recovery(args, tmp: str) -> dict:
     """What a restart costs with and without warm standbys, as a share of one import (benchmarks/recovery.py)."""
     import recovery
@@ -580,7 +587,7 @@ def bench_recovery(args, tmp: str) -> dict:
 
 
 SECTIONS = ('cluster', 'scaling', 'bytes', 'learning', 'towers', 'elastic', 'accuracy', 'pss')
-BY_HAND = ('links', 'scale', 'ray', 'recovery')        # long, or needing more than the core install: only with --only
+BY_HAND = ('links', 'scale', 'ray', 'recovery', 'startup')        # long, or needing more than the core install: only with --only
 
 
 def main() -> None:

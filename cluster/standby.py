@@ -113,14 +113,19 @@ def read_become(path: str) -> Become:
         text = f.read()
     os.unlink(path)
     try:
-        become = Become.parse(text)
-        if not (isinstance(become.env, dict) and all(isinstance(v, str) for v in become.env.values())
-                and isinstance(become.cwd, str) and isinstance(become.log, str)
-                and isinstance(become.keep_env, bool)):
-            raise ValueError('its env, cwd or log is not text')
-        become.task_args()
+        return parse_become(text)
     except ValueError as e:
         raise ValueError(f'{path}: {e}') from None
+
+
+def parse_become(text: str) -> Become:
+    """A Become of a cluster.task from its JSON text; ValueError for anything else."""
+    become = Become.parse(text)
+    if not (isinstance(become.env, dict) and all(isinstance(v, str) for v in become.env.values())
+            and isinstance(become.cwd, str) and isinstance(become.log, str)
+            and isinstance(become.keep_env, bool)):
+        raise ValueError('its env, cwd or log is not text')
+    become.task_args()
     return become
 
 
@@ -152,6 +157,14 @@ def wait(args: StandbyArgs, files: SlotFiles, started: float) -> Become:
 def take(become: Become, files: SlotFiles) -> list[str]:
     """Take the task's folder, environment, command line and log, and say so in the became file;
     the task's arguments. OSError: a folder or log that cannot be had (the launcher starts it cold)."""
+    args, offset = enter(become)
+    rundir.write_atomically(files.became, Became(os.getpid(), offset).to_json())
+    return args
+
+
+def enter(become: Become) -> tuple[list[str], int]:
+    """Take the task's folder, environment, command line and log: the task's arguments, and the
+    offset in the log where its lines start. OSError: a folder or log that cannot be had."""
     os.chdir(become.cwd)
     if not become.keep_env:     # SSH sends the task's names alone (Become.keep_env)
         os.environ.clear()
@@ -166,8 +179,7 @@ def take(become: Become, files: SlotFiles) -> list[str]:
     os.dup2(fd, 2)
     offset = os.fstat(fd).st_size
     os.close(fd)
-    rundir.write_atomically(files.became, Became(os.getpid(), offset).to_json())
-    return args
+    return args, offset
 
 
 def main(argv: Sequence[str] | None = None) -> None:

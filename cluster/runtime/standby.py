@@ -85,6 +85,20 @@ def standby_argv(python: str, folder: str, slot: str, run: str, key: str, keras:
             '--lease', lease, '--lease-secs', f'{lease_secs:g}') + (('--keras',) if keras else ())
 
 
+ZYGOTE_MODULE = 'cluster.zygote'
+ZYGOTE_READY = 'ready'      # the zygote's first line: {"ready": pid, "imported": secs, "rss_kb": kb}
+
+
+def zygote_argv(python: str, folder: str, run: str, key: str, keras: bool, lease: str,
+                lease_secs: float) -> tuple[str, ...]:
+    """The command line of a start-up zygote (cluster/zygote.py) for tasks of import key `key`,
+    beside the standbys of its host (`folder`, standby_dir): it imports once and forks each task it
+    is sent on its stdin. It leaves on its stdin's end (its launcher closed it, or died) or once the
+    run's `lease` is `lease_secs` old. The tasks it forks keep this command line."""
+    return (python, '-m', ZYGOTE_MODULE, '--dir', folder, '--run', run, '--key', key, '--lease', lease,
+            '--lease-secs', f'{lease_secs:g}') + (('--keras',) if keras else ())
+
+
 def _record(cls: Any, text: str) -> Any:
     """A record of `cls` from its JSON text; ValueError if it is not one."""
     try:

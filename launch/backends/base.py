@@ -7,6 +7,7 @@ over SSH) to stream it with a `[job:index]` prefix. So output survives the launc
 from __future__ import annotations
 
 import abc
+import contextlib
 import enum
 import os
 import socket
@@ -229,6 +230,14 @@ class Backend(abc.ABC):
         spawn the missing, kill the dead, frozen and stale (0: kill them all). Called about each
         second from the leases' thread once the run trains; a backend that keeps none ignores it."""
 
+    def preload(self, plans: list[TaskPlan]) -> None:     # noqa: B027 (a hook: no-op by default)
+        """Before these tasks first start: import TensorFlow once per host, so that their start
+        forks them from that import (a start-up zygote) instead of each importing it; `unload`
+        ends that once they are started. A backend that cannot ignores it: its tasks start cold."""
+
+    def unload(self) -> None:     # noqa: B027 (a hook: no-op by default)
+        """End what `preload` made (the tasks it was for are started)."""
+
     def standby_views(self) -> list[tuple[str, int, str]]:
         """(host, pid, state) of each standby it keeps, for the state file ('ready', 'starting')."""
         return []
@@ -372,6 +381,20 @@ def decode_exit(code: int) -> int:
     """A shell (or docker-init) reports a task killed by signal N as 128+N; the launcher's
     convention is -N, as subprocess reports it."""
     return -(code - 128) if 128 < code < 128 + 65 else code
+
+
+@contextlib.contextmanager
+def preloaded(backends: Mapping[str, Backend], plans: list[TaskPlan], wanted: bool) -> Iterator[None]:
+    """While these tasks first start: each backend's `preload` for its own (when `wanted`), its
+    `unload` once they are started, whatever happened."""
+    try:
+        for name, backend in backends.items():
+            if wanted:
+                backend.preload([p for p in plans if p.backend == name])
+        yield
+    finally:
+        for backend in backends.values():
+            backend.unload()
 
 
 def stop_all(records: list[TaskRecord], backends: Mapping[str, Backend], grace: float = STOP_GRACE_SECS) -> None:

@@ -83,6 +83,8 @@ class Kind:
     # saying why in `standby_refusal` (one clause: `launch plan` and `up` print it once).
     standbys: ClassVar[bool] = False
     standby_refusal: ClassVar[str] = ''
+    # Its tasks' first start forks them from one TensorFlow import per host (Backend.preload).
+    zygotes: ClassVar[bool] = False
     # The fields of its options that only it takes (`up` refuses them for another backend), and for what.
     exclusive: ClassVar[tuple[str, ...]] = ()
     options_label: ClassVar[str] = ''           # 'Slurm jobs'

@@ -96,6 +96,9 @@ def cmd_plan(spec: ClusterSpec, req: Request[JsonFlags]) -> int:
             print(f'  env:  {k}={v if v == MASK else shlex.quote(v)}')
         print(f'  log:  {plan.log_path}')
     print(standbys.line(spec, req.backend, plans))
+    zygote = standbys.zygote_line(spec, req.backend, plans)
+    if zygote:
+        print(zygote)
     return 0
 
 

@@ -1,6 +1,7 @@
 """What `launch plan` and `launch up` say of supervise.standby: how many warm standbys the run
 would keep and their memory, or that the backend keeps none (said, never refused: the key's
-default is not 0). Pure."""
+default is not 0); and whether its tasks' first start forks them from one import per host (a
+start-up zygote, launch/backends/local/zygote.py). Pure."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -47,3 +48,17 @@ def line(spec: ClusterSpec, name: str | None, plans: Sequence[TaskPlan]) -> str:
         return 'standby: none (only a restart uses one, and supervise.restart is never)'
     return (f'standby: {spec.supervise.standby} per host x {len(hosts(spec, plans))} host(s), about '
             f'{STANDBY_MB_EST} MB of its own each (supervise.standby; 0 turns it off)')
+
+
+def zygote_line(spec: ClusterSpec, name: str | None, plans: Sequence[TaskPlan]) -> str | None:
+    """`launch plan`'s line about the start-up zygote; None for a backend that has none."""
+    mine = [p for p in plans if kind(p.backend or name).zygotes]
+    if not mine:
+        return None
+    if not spec.supervise.standby:
+        return 'start-up: each task imports TensorFlow itself (supervise.standby: 0)'
+    keyed = sorted({p.task.host for p in mine if plan_key(p, p.env) is not None})
+    if not keyed:
+        return 'start-up: each task imports TensorFlow itself (none runs cluster.task)'
+    return (f'start-up: the tasks of each host fork from one TensorFlow import, {len(keyed)} host(s), about '
+            f'{STANDBY_MB_EST} MB each while they start (supervise.standby: 0 starts each cold)')

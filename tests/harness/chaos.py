@@ -331,7 +331,8 @@ class Driver:
                 cmd = f.read().replace(b'\0', b' ').decode(errors='replace')
         except OSError:
             pass
-        if not any(m in cmd for m in ('cluster.task', 'cluster.rehearsal', 'cluster.standby')) or self.workdir not in cmd:
+        if not any(m in cmd for m in ('cluster.task', 'cluster.rehearsal', 'cluster.standby', 'cluster.zygote')) \
+                or self.workdir not in cmd:
             raise RuntimeError(f'{task}: pid {pid} is not its task any more ({cmd or "gone"})')
         os.kill(pid, {'kill': signal.SIGKILL, 'stop': signal.SIGSTOP}[kind])
         return f'pid {pid}'

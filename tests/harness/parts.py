@@ -36,7 +36,7 @@ def unavailable(message: str, ci_note: str):
 
 
 # What a task's or a launcher's command line holds, however it was started.
-TASK_MARKERS = ('cluster.task', 'cluster/task.py', 'cluster.rehearsal', 'cluster.standby', 'launch.cli', 'bin/launch ', '-m launch ')
+TASK_MARKERS = ('cluster.task', 'cluster/task.py', 'cluster.rehearsal', 'cluster.standby', 'cluster.zygote', 'launch.cli', 'bin/launch ', '-m launch ')
 
 
 def processes_naming(text: str) -> dict[int, str]:

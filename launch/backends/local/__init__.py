@@ -24,6 +24,7 @@ class Local(Kind):
     on_this_machine = True
     logs_here = True
     standbys = True             # for its local hosts (launch/backends/local/standby.py)
+    zygotes = True              # launch/backends/local/zygote.py
 
     def addresses(self, spec: ClusterSpec, opts: Options) -> dict[str, str]:
         return ssh_addresses(spec, opts)

@@ -18,11 +18,12 @@ import psutil
 from cluster.rehearsal.argv import REHEARSAL_MODULE
 from cluster.runtime import children, hostinfo, ports
 from cluster.runtime.contract import TASK_MODULE
-from cluster.runtime.standby import STANDBY_MODULE
+from cluster.runtime.standby import STANDBY_MODULE, ZYGOTE_MODULE
 from cluster.runtime.messages import channel_beside, channel_env, clear_channel
 from cluster.runtime.ports import port_in_use
 from launch.backends import marks, netns, sessions
 from launch.backends.local.standby import LocalStandbys, kill_left, train_dir_of
+from launch.backends.local.zygote import AdoptedChild, Child, Zygotes
 from launch.backends.procstat import STATE, process_ident, read_stat_fields
 from launch.backends.tail import FileTail, follow_file
 from launch.system import poll_until
@@ -107,7 +108,7 @@ class LocalHandle:
     netns: str | None = None
 
 
-def _reap(proc: subprocess.Popen) -> int | None:
+def _reap(proc: Child) -> int | None:
     """The child's exit code once it has ended, None while it runs. Before the ended child is
     reaped, whatever is left of its session (its command, anything that started) is killed: its
     unreaped pid keeps the session's id from naming any other process meanwhile, and a restart
@@ -145,12 +146,13 @@ class LocalBackend(Backend):
         # actor that keeps a task sets it (launch/backends/ray/actor.py); the launcher does not:
         # its tasks outlive it by their lease, so a launcher restarted in time finds them.
         self._death_signal = death_signal
-        self._children: dict[int, subprocess.Popen] = {}
+        self._children: dict[int, Child] = {}
         self._stopped: dict[int, str | None] = {}     # running children's not_answering, read at _stopped_at
         self._stopped_at = -STOPPED_SECS
         self._halted: set[int] = set()      # children the kernel said stopped (SIGSTOP) and not since continued
         self._namespaces: set[str] = set()      # made (or taken over) by this launcher: deleted by close()
         self._standbys = LocalStandbys(self._children, self._halted, self._task_env)
+        self._zygotes = Zygotes(self._task_env)
 
     def prepare(self, plans: list[TaskPlan], spec_yaml: str) -> None:
         for ns in sorted({p.netns for p in plans if p.netns}):
@@ -209,8 +211,13 @@ class LocalBackend(Backend):
         marks.clear(marks.of_plan(plan))        # a stop mark was for an earlier copy
         env = {**self._task_env(plan), **channel_env(os.path.abspath(log_file))}
         warm = self._standbys.become(plan, env, log_file)     # a standby of its host becomes it, or None
+        forked = None if warm is not None else self._zygotes.fork(plan, env, log_file)   # at start-up
         if warm is not None:
             pid, ident, offset = warm
+        elif forked is not None:
+            pid, ident, offset = forked
+            self._children[pid] = AdoptedChild(pid)
+            self._halted.discard(pid)
         else:
             with open(log_file, 'ab') as out:       # a task restarted in the same attempt appends
                 offset = out.tell()
@@ -232,6 +239,13 @@ class LocalBackend(Backend):
 
     def tend(self, plans: list[TaskPlan], per_host: int) -> None:
         self._standbys.tend(plans, per_host)
+
+    def preload(self, plans: list[TaskPlan]) -> None:
+        if self._death_signal is None:      # a Ray actor's backend runs one task: nothing to share
+            self._zygotes.open(plans)
+
+    def unload(self) -> None:
+        self._zygotes.close()
 
     def standby_views(self) -> list[tuple[str, int, str]]:
         return self._standbys.views()
@@ -263,6 +277,7 @@ class LocalBackend(Backend):
         """Delete the namespaces this launcher made, once every task in them is stopped (one whose
         tasks could not be stopped stays, for `launch down`); kill the standbys."""
         self._standbys.close()
+        self._zygotes.close()
         for ns in sorted(self._namespaces):
             try:
                 netns.delete(ns)
@@ -347,8 +362,8 @@ class LocalBackend(Backend):
         if ident is None or (record.ident and ident != record.ident):
             return False
         command = process_cmdline(record.pid)
-        # a task, a standby that became one, or a rehearsal's stand-in
-        return TASK_MODULE in command or STANDBY_MODULE in command or REHEARSAL_MODULE in command
+        # a task, a standby that became one, one a start-up zygote forked, or a rehearsal's stand-in
+        return any(m in command for m in (TASK_MODULE, STANDBY_MODULE, ZYGOTE_MODULE, REHEARSAL_MODULE))
 
     def send_signal(self, records: list[TaskRecord], signum: int) -> dict[str, str | None]:
         out: dict[str, str | None] = {}

@@ -24,6 +24,7 @@ from cluster.runtime.ports import RUN_ENV
 from cluster.runtime.rundir import PRIVATE, read_text, write_atomically
 from cluster.runtime.standby import (BECOME_SECS, STANDBY_DIR, STANDBY_MODULE, Became, Become, Ready, SlotFiles,
                                      import_env, slot_files, standby_argv, standby_dir)
+from launch.backends.local.zygote import Child
 from launch.backends.procstat import STATE, process_ident, read_stat_fields
 from launch.backends.standby import Slot, StandbyPool, plan_key, wants
 from launch.planning.plan import TaskPlan
@@ -50,7 +51,7 @@ class LocalStandbys:
     child by pid, and those the kernel said stopped; `env` is what a task of a plan starts with
     (the local backend's inherited environment and the plan's)."""
 
-    def __init__(self, children: dict[int, subprocess.Popen], halted: set[int],
+    def __init__(self, children: dict[int, Child], halted: set[int],
                  env: Callable[[TaskPlan], Mapping[str, str]]) -> None:
         self._children, self._halted, self._env = children, halted, env
         self._lock = threading.Lock()

@@ -24,7 +24,7 @@ from cluster.runtime import ports
 from cluster.runtime.membership import Members
 from cluster.runtime.rundir import EXIT_OK
 from cluster.spec import ClusterSpec
-from launch.backends.base import Backend, BackendError, TaskRecord, stop_all
+from launch.backends.base import Backend, BackendError, TaskRecord, preloaded, stop_all
 from launch.planning.plan import TaskPlan, state_path
 from launch.run import policy
 from launch.run.supervised.attempt import Attempt
@@ -109,8 +109,7 @@ class SupervisedRun(Strategy):
         self.clock = RecoveryClock(self._mended)         # how long each fault takes to mend
         self._run_dir_fd: int | None = None          # the run's directory, held open (check_run_dir)
         self._done = threading.Event()
-        self.leases = Leases(self.state, backends, self._done,      # every task's, renewed until the run is done
-                             self.clock.mending_for)
+        self.leases = Leases(self.state, backends, self._done, self.clock.mending_for)   # renewed until the run is done
         self.state_file = StateFile(spec, lambda line: self.say(line), lambda: bool(self.life.disk and self.life.disk.check()))
 
     @property
@@ -174,13 +173,14 @@ class SupervisedRun(Strategy):
             self._close()
 
     def _launch(self, t0: float) -> None:
-        """Open the run's directory, put the tasks' files in place, keep their leases fresh, start
-        every live task and wait for their servers."""
+        """Open the run's directory, put the tasks' files in place, keep their leases fresh, start every
+        live task (with warm processes wanted, from one import per host) and wait for their servers."""
         self._run_dir_fd = os.open(self.spec.train.train_dir, os.O_RDONLY | os.O_DIRECTORY)
         for name, backend in self.backends.items():
             backend.prepare([p for p in self.state.plans if p.backend == name], self.spec_yaml)
         self.leases.keep()
-        self._start(self.state.desired())
+        with preloaded(self.backends, self.state.desired(), self.spec.supervise.standby > 0):
+            self._start(self.state.desired())
         spares = self.spec.num_workers - self.state.members.count
         self.say(f'started {len(self.state.records)} tasks; waiting for their servers'
                  + (f' ({spares} more worker(s) of the pool can join: `launch scale`)' if spares else ''))

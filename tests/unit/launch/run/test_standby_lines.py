@@ -4,6 +4,7 @@ their memory; or why none), the line a backend that keeps none says once, the st
 `launch status`'s `standby: N ready, M starting` (text and --json)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -85,3 +86,20 @@ def test_status_says_how_many_standbys_are_ready_and_starting(tmp_path, capsys):
     assert 'standby: 2 ready, 1 starting' in capsys.readouterr().out.splitlines()
     main(['status', spec.path, '--json'])
     assert json.loads(capsys.readouterr().out)['standby'] == {'ready': 2, 'starting': 1}
+
+
+@pytest.mark.parametrize('supervise, more, expected', [
+    ('', '', f'start-up: the tasks of each host fork from one TensorFlow import, 1 host(s), about {STANDBY_MB_EST} '
+             'MB each while they start (supervise.standby: 0 starts each cold)'),      # restart: never included
+    ('supervise:\n  standby: 0\n', '', 'start-up: each task imports TensorFlow itself (supervise.standby: 0)'),
+    ('', '  command: python x.py\n', 'start-up: each task imports TensorFlow itself (none runs cluster.task)'),
+])
+def test_the_plan_says_whether_the_first_start_forks_from_one_import(tmp_path, supervise, more, expected):
+    spec = _spec(tmp_path, supervise, more)
+    assert standbys.zygote_line(spec, None, plan_cluster(spec)) == expected
+
+
+def test_a_backend_without_zygotes_says_nothing_of_them(tmp_path):
+    spec = _spec(tmp_path, '')
+    plans = [dataclasses.replace(p, backend='ssh') for p in plan_cluster(spec)]
+    assert standbys.zygote_line(spec, 'ssh', plans) is None
