@@ -35,6 +35,23 @@ def started_on(log: list[dict]) -> dict[str, str]:
     return {e['task']: e['node'] for e in log if e['event'] == 'task_started'}
 
 
+def faults_told(log: list[dict]) -> str:
+    """Each restart (its tasks, None: the whole cluster, and its cause), each task lost (its cause
+    and its own last error) and each move, one a line, in order: what a failed assertion on the
+    restarts shows, so that the cause of an unexpected one is read from the CI log."""
+    lines = []
+    for e in log:
+        at = f"{e['time']} attempt {e['attempt']}"
+        if e['event'] == 'restart':
+            lines.append(f"{at} restart {e.get('tasks') or 'of the whole cluster'}: {e.get('cause')}")
+        elif e['event'] == 'task_lost':
+            lines.append(f"{at} lost {e['task']}: {e.get('cause')} (exit {e.get('exit_code')}, "
+                         f"error {e.get('error')!r})")
+        elif e['event'] == 'moved':
+            lines.append(f"{at} moved {e['task']} from {e['before']} to {e['address']}: {e.get('cause')}")
+    return '\n'.join(lines)
+
+
 def up_on(cluster, spec: str, *more: str, **kw):
     return launch('up', spec, '--backend', 'ray', '--ray-address', cluster.address, *more, env=cluster.env, **kw)
 
@@ -144,7 +161,7 @@ def test_a_node_stopped_under_the_ps_is_named_and_the_ps_moves_to_another_node(r
     # The chief may first be started again alone: its "connection refused" to the ps can come before
     # the cluster knows the node is gone (Ray's health checks); the move is the whole cluster's.
     restarts = [e.get('tasks') for e in log if e['event'] == 'restart']
-    assert restarts in ([None], [['chief:0'], None]), log
+    assert restarts in ([None], [['chief:0'], None]), faults_told(log) + '\n' + out[-4000:]
     assert log[-1]['event'] == 'finished' and log[-1]['result']['state'] == 'done', log[-1]
     assert not no_actor_left(ray_cluster)
 
