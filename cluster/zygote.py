@@ -38,6 +38,8 @@ from cluster.runtime import masking
 from cluster.runtime.contract import EXIT_FAILED, EXIT_OK, run_to_exit
 from cluster.runtime.standby import HEARTBEAT_SECS, ZYGOTE_READY, Become
 
+ADOPTED_SECS = 5.0      # how long a forked task waits for the middle process to go (it goes at once)
+
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog='python -m cluster.zygote', description=__doc__.splitlines()[0])
@@ -63,6 +65,15 @@ def answer(out: int, record: dict) -> None:
     os.write(out, (json.dumps(record, allow_nan=False) + '\n').encode())
 
 
+def adopted(wait: float = ADOPTED_SECS) -> None:
+    """Wait until the middle process has gone and this one has its new parent (the launcher): the
+    task takes its parent's pid as its keeper's at start (notice.py: a SIGTERM after its keeper
+    went is a stop), so it must not see the middle one, which leaves a moment later."""
+    middle, deadline = os.getppid(), time.monotonic() + wait
+    while os.getppid() == middle and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
 def become_task(become: Become, extra: Sequence[int]) -> None:
     """In the forked task: its own session, the zygote's pipes gone (stdin from /dev/null, stdout
     and stderr to the task's log, `extra` closed), the task's folder and environment taken; then
@@ -70,6 +81,10 @@ def become_task(become: Become, extra: Sequence[int]) -> None:
     os.setsid()
     for fd in extra:
         os.close(fd)
+    adopted()
+    numpy = sys.modules.get('numpy')
+    if numpy is not None:       # its global generator came with the fork (Python's own `random` is reseeded)
+        numpy.random.seed()
     null = os.open(os.devnull, os.O_RDONLY)     # above 2: the zygote's 0, 1 and 2 are open
     os.dup2(null, 0)
     os.close(null)
