@@ -34,7 +34,7 @@ import time
 from collections.abc import Sequence
 
 from cluster import standby, task
-from cluster.runtime import masking
+from cluster.runtime import masking, procenv
 from cluster.runtime.contract import EXIT_FAILED, EXIT_OK, run_to_exit
 from cluster.runtime.standby import HEARTBEAT_SECS, ZYGOTE_READY, Become
 
@@ -94,6 +94,7 @@ def become_task(become: Become, extra: Sequence[int]) -> None:
     except OSError as e:
         say(f'error: cannot become a task: {e}')
         os._exit(2)
+    procenv.show(os.environ)        # /proc/PID/environ shows the task's, as a cold start's does
     run_to_exit(lambda: task.main(args), closes=(masking.drain,))    # as cluster.task's __main__
 
 

@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
+from cluster.runtime import procenv
 from cluster.runtime.contract import LEASE_ENV, LEASE_SECS_ENV
 from cluster.runtime.ports import RUN_ENV
 from cluster.runtime.standby import ZYGOTE_READY, Become, import_env, standby_dir, zygote_argv
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 READY_SECS = 60.0       # how long a start waits for a zygote's import before the task starts cold
 ANSWER_SECS = 10.0      # how long a fork may take to be answered
 PR_SET_CHILD_SUBREAPER = 36
+MAX_ROOM = 120_000      # bytes: one environment string may not exceed 128 KiB (MAX_ARG_STRLEN)
 
 
 class AdoptedChild:
@@ -135,18 +137,21 @@ class Zygotes:
                 firsts.setdefault(key, plan)
         if not firsts or not set_subreaper(True):
             return
+        # Room in the zygote's environment block for each task's own (cluster/runtime/procenv.py).
+        largest = max(len(procenv.block(self._env(p))) for p in plans) + procenv.ROOM_MARGIN
         with self._lock:
             for key, plan in firsts.items():
                 if key not in self._by_key:
-                    self._by_key[key] = self._spawn(plan, key)
+                    self._by_key[key] = self._spawn(plan, key, min(largest, MAX_ROOM))
 
-    def _spawn(self, plan: TaskPlan, key: str) -> _Zygote:
+    def _spawn(self, plan: TaskPlan, key: str, room: int) -> _Zygote:
         folder = standby_dir(os.path.abspath(os.path.join(plan.cwd, os.path.dirname(plan.spec_path))), plan.task.host)
         os.makedirs(folder, exist_ok=True)
         argv = zygote_argv(plan.argv[0], folder, plan.env.get(RUN_ENV, ''), key, bool(plan.keras),
                            plan.env[LEASE_ENV], float(plan.env[LEASE_SECS_ENV]))
         env = dict(self._env(plan))
-        env = {**{k: v for k, v in env.items() if k not in plan.env}, **import_env(env)}    # no task's own names
+        env = {**{k: v for k, v in env.items() if k not in plan.env}, **import_env(env),    # no task's own names
+               procenv.ROOM_ENV: procenv.room(room)}      # last: the end of its environment block
         with open(os.path.join(folder, f'zygote-{key}.log'), 'ab') as err:
             proc = subprocess.Popen(argv, cwd=plan.cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     stderr=err, start_new_session=True)

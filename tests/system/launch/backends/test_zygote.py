@@ -6,11 +6,13 @@ serve leaves the tasks to start cold."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import stat
 
 import pytest
 
+from cluster.runtime import ports
 from cluster.runtime.contract import LEASE_ENV, LEASE_SECS_ENV, TASK_MODULE
 from cluster.runtime.ports import RUN_ENV
 from cluster.runtime.standby import ZYGOTE_MODULE
@@ -50,6 +52,8 @@ def test_tasks_forked_from_one_import_are_the_launcher_s_children_and_their_ends
         for name, pid in pids.items():
             assert _ppid(pid) == proc.pid, f'{name} (pid {pid}) is not the launcher\'s child'
             assert ZYGOTE_MODULE in _cmdline(pid), f'{name} was not forked from the zygote: {_cmdline(pid)}'
+            # /proc shows the task's environment, as a cold start's: its port's holder is named by task and run
+            assert re.fullmatch(rf'{name} of run \S+ \(pid {pid}\)', ports.describe(pid)), ports.describe(pid)
             fds = [os.readlink(f'/proc/{pid}/fd/{fd}') for fd in (0, 1, 2)]     # none of the zygote's pipes
             assert fds[0] == os.devnull and fds[1] == fds[2] and fds[1].endswith('.log'), (name, fds)
         # The zygote itself left once the tasks were started: what runs its command line is a task.
