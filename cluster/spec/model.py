@@ -176,6 +176,10 @@ class TrainConfig:
                                      'null: a new one each run.', Value.INTEGER, nullable=True)
     deterministic: bool = setting(False, 'Plain record order and no distortions, worker w reading batches w, w+W, '
                                          '...: for exactness checks, not for training well.', Value.SWITCH)
+    partitions: int | None = setting(None, 'The row blocks the built-in model\'s largest weights (local3: 83% of its '
+                                           'bytes) are split into, for the ps tasks to share them; null: one per ps '
+                                           'task. `launch plan` says which count balances the ps tasks best.',
+                                     Value.COUNT, nullable=True)
     transfer_dtype: str = setting('float32', 'What weights and gradients cross between the ps tasks and the workers '
                                              'as; bfloat16 sends half the bytes (the variables and their updates stay '
                                              'float32 on the ps).', Value.CHOICE, allowed=TRANSFER_DTYPES)
@@ -305,6 +309,11 @@ class ClusterSpec:
         """The workers that train now: the whole pool unless `launch up --workers` or `launch
         scale` run fewer (cluster/runtime/membership.py)."""
         return self.live or self.num_workers
+
+    @property
+    def partitions(self) -> int:
+        """The blocks the built-in model's local3 weights are split into (train.partitions)."""
+        return self.train.partitions or self.num_ps
 
     @property
     def replicas_to_aggregate(self) -> int:

@@ -73,8 +73,8 @@ def build_graph(spec: ClusterSpec, task: TaskSpec, data_set: DataSet | None) -> 
     reads = WeightReads(f'{worker_device}/device:CPU:0', train.transfer_dtype)
     for k, device in enumerate(devices):
         with v1.device(setter(device)), tf.name_scope(f'tower_{k}'):
-            # The largest weights come in one block per ps task, for the placement to spread.
-            logits, decay = model.inference(image_parts[k], seed=train.seed, partitions=spec.num_ps, read=reads)
+            # The largest weights come in blocks (one per ps task, or train.partitions), for the placement to spread.
+            logits, decay = model.inference(image_parts[k], seed=train.seed, partitions=spec.partitions, read=reads)
             tower_loss = model.loss(logits, label_parts[k], decay)
             tower_losses.append(tower_loss)
             tower_grads.append(opt.compute_gradients(tower_loss))

@@ -10,6 +10,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from cluster.checks.variables import least_loaded
 from cluster.spec import ClusterSpec, TaskSpec
 
 v1 = tf.compat.v1
@@ -58,7 +59,7 @@ class ByteBalance:
         colocated = ps_index(op)
         if colocated is not None:
             return colocated
-        index = min(range(len(self.loads)), key=self.loads.__getitem__)
+        index = least_loaded(self.loads)       # the rule launch plan's load follows (cluster/checks/variables.py)
         self.loads[index] += _variable_bytes(op)
         return index
 

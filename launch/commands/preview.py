@@ -9,8 +9,10 @@ from cluster.spec import ClusterSpec, TaskSpec
 from cluster.spec.environ import MASK, masked
 from launch.backends import netns
 from launch.backends.base import HostCheck
+from launch.commands import load_view
 from launch.commands.flags import JsonFlags
 from launch.commands.request import Request, backends_for, plans_of
+from launch.planning import ps_load
 from launch.planning.plan import TaskPlan, effective_spec_path
 from launch.run import launching, registry, standbys
 from launch.run.preflight import preflight, warn_exposure
@@ -69,10 +71,13 @@ def _coordinator_lines(spec: ClusterSpec) -> None:
 def cmd_plan(spec: ClusterSpec, req: Request[JsonFlags]) -> int:
     plans = plans_of(spec, req)
     launching.check_limits(spec, plans)
-    if req.flags.json:      # a list of tasks, as ever: each names the run's standbys too
+    load, tip = ps_load.builtin_load(spec), ps_load.advice(spec)
+    if req.flags.json:      # the tasks (each names the run's standbys too) and the ps tasks' load
         kept = standbys.summary(spec, req.backend, plans)
-        print(runjson.dumps([{**_plan_json(spec, task, plan, req), 'standby': kept}
-                             for task, plan in zip(spec.tasks, plans)], indent=1))
+        print(runjson.dumps({'tasks': [{**_plan_json(spec, task, plan, req), 'standby': kept}
+                                       for task, plan in zip(spec.tasks, plans)],
+                             'load': {**load.to_json(), 'advice': tip.to_json() if tip else None} if load else None},
+                            indent=1))
         return 0
     print(f'# {spec.path}: {_shape(spec)}; `launch up` writes the effective spec to '
           f'{effective_spec_path(spec)} (nothing is written now)')
@@ -95,6 +100,11 @@ def cmd_plan(spec: ClusterSpec, req: Request[JsonFlags]) -> int:
         for k, v in _shown_env(spec, plan).items():
             print(f'  env:  {k}={v if v == MASK else shlex.quote(v)}')
         print(f'  log:  {plan.log_path}')
+    for line in load_view.lines(load) if load else ['load: not known before the run (your own program or '
+                                                      'command places its variables)']:
+        print(line)
+    if tip:
+        print(tip.line(spec.num_ps))
     print(standbys.line(spec, req.backend, plans))
     zygote = standbys.zygote_line(spec, req.backend, plans)
     if zygote:

@@ -22,7 +22,7 @@ from launch.backends.base import Backend
 from launch.backends.kind import SUPERVISED, Options
 from launch.backends.strategy import Strategy
 from launch.errors import UsageError
-from launch.planning import gpus, limits
+from launch.planning import gpus, limits, ps_load
 from launch.planning.plan import TaskPlan, task_spec
 from launch.run import preflight
 from launch.run import registry, standbys
@@ -91,8 +91,10 @@ def with_gpus(spec: ClusterSpec, name: str | None, opts: Options, planned: list[
 def strategy(spec: ClusterSpec, name: str | None, opts: Options, up: UpSettings) -> ContextManager[Launch]:
     """How `launch up` runs the spec on the backend chosen (None: per host): `with` it, run it."""
     ignored = standbys.ignored(spec, name)
-    if ignored:
-        up.say(ignored)
+    load = ps_load.builtin_load(spec)
+    for line in (ignored, ps_load.warning(load) if load else None):
+        if line:
+            up.say(line)
     return (_supervised if kind(name).mode == SUPERVISED else _delegated)(spec, name, opts, up)
 
 

@@ -57,7 +57,7 @@ def test_plan_shows_no_hidden_value(tmp_path, launch):
     out = launch('plan', spec, '--json')
     assert out.returncode == 0, out.stderr
     _no_value(out.stdout)
-    tasks = {t['task']: t['env'] for t in json.loads(out.stdout)}
+    tasks = {t['task']: t['env'] for t in json.loads(out.stdout)['tasks']}
     assert tasks['ps:0']['API_TOKEN'] == tasks['ps:0']['MODEL_FROM'] == '***' and 'DB_PASSWORD' not in tasks['ps:0']
     assert tasks['worker:1']['DB_PASSWORD'] == '***' and tasks['worker:1']['OMP_NUM_THREADS'] == '3'
     assert not (tmp_path / 'run').exists()
@@ -208,7 +208,7 @@ def test_set_options_are_applied_in_linear_time(tmp_path, launch):
     out = launch('plan', spec, *argv)
     assert time.perf_counter() - t0 < 8
     assert out.returncode == 0, out.stderr
-    env = json.loads(out.stdout)[0]['env']
+    env = json.loads(out.stdout)['tasks'][0]['env']
     assert [k for k in env if k.startswith('V')] == [f'V{i}' for i in range(10_000)] and env['V7'] == '7'
     assert load_spec(spec, ['train.steps=9']).train.steps == 9
 

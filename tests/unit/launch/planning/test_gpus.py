@@ -133,7 +133,7 @@ def test_launch_plan_of_two_workers_on_a_two_gpu_host_shows_disjoint_gpus(tmp_pa
     assert [x for x in lines if 'CUDA_VISIBLE_DEVICES' in x] == [
         "  env:  CUDA_VISIBLE_DEVICES=''", '  env:  CUDA_VISIBLE_DEVICES=0', '  env:  CUDA_VISIBLE_DEVICES=1']
     as_json = json.loads(launch_plan(str(spec), '--json').stdout)
-    assert [t['gpus'] for t in as_json] == [[], [0], [1]]
+    assert [t['gpus'] for t in as_json['tasks']] == [[], [0], [1]]
     # without a count, plan says which block each worker would get, and that it does not know
     unknown = launch_plan(str(spec), '--set', 'gpus.localhost=null')
     assert 'block 2 of 2 of the GPUs of localhost (count unknown' in unknown.stdout, unknown.stdout
