@@ -7,6 +7,7 @@ anything starts. A test builds the real graph and checks both agree (tests/unit/
 Pure: both sides import it."""
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -68,10 +69,10 @@ def least_loaded(loads: Sequence[int]) -> int:
 def place_by_bytes(variables: Sequence[Variable], num_ps: int) -> list[int]:
     """The ps task of each variable, in order, as the trainer's device setter places them: each to
     the one holding the fewest bytes so far."""
-    loads, places = [0] * num_ps, []
+    heap, places = [(0, index) for index in range(num_ps)], []     # (load, index): least_loaded's order
     for v in variables:
-        index = least_loaded(loads)
-        loads[index] += v.bytes
+        load, index = heapq.heappop(heap)
+        heapq.heappush(heap, (load + v.bytes, index))
         places.append(index)
     return places
 

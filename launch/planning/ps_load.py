@@ -24,6 +24,7 @@ PLACEMENT_BY_BYTES = 'by bytes'      # the built-in trainer's: each variable to 
 UNEVEN = 1.25           # `up` warns of a busiest ps task holding more than this times the mean
 IDLE = 0.25             # ... or of one holding less than this share of the mean
 BETTER_BY = 0.02        # advice only for a partition count that evens the load by more than this
+MAX_PARTITIONS = 256    # the most blocks the advice tries (a plan of 1,000 ps tasks stays quick)
 
 
 @dataclass(frozen=True)
@@ -138,7 +139,7 @@ def imbalance_with(spec: ClusterSpec, image_shape: tuple[int, int, int], partiti
 
 
 def advice(spec: ClusterSpec) -> Advice | None:
-    """The partition count, up to 4 blocks per ps task, that evens the built-in model's load out
+    """The partition count, up to 4 blocks per ps task (MAX_PARTITIONS), that evens the built-in model's load out
     best (the fewest blocks on a tie), when that beats today's by more than BETTER_BY; else None."""
     if spec.num_ps < 2 or spec.coordinator or spec.train.program or spec.train.command:
         return None
@@ -147,7 +148,8 @@ def advice(spec: ClusterSpec) -> Advice | None:
     except DataError:
         return None
     now = imbalance_with(spec, shape, spec.partitions)
-    best = min(range(1, 4 * spec.num_ps + 1), key=lambda p: (round(imbalance_with(spec, shape, p), 4), p))
+    best = min(range(1, min(4 * spec.num_ps, MAX_PARTITIONS) + 1),
+               key=lambda p: (round(imbalance_with(spec, shape, p), 4), p))
     then = imbalance_with(spec, shape, best)
     return Advice(best, then, now) if then < now - BETTER_BY else None
 
