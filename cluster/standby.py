@@ -51,6 +51,13 @@ def parse_args(argv: Sequence[str] | None = None) -> StandbyArgs:
     p = argparse.ArgumentParser(prog='python -m cluster.standby', description=__doc__.splitlines()[0])
     p.add_argument('--dir', required=True, help="the host's standby folder (standby_dir)")
     p.add_argument('--slot', required=True, help='this standby\'s slot: its files are SLOT.ready, .become, ...')
+    a = parse_warm_args(p, argv)
+    return StandbyArgs(a.dir, a.slot, a.run, a.key, a.lease, a.lease_secs, a.keras)
+
+
+def parse_warm_args(p: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """`p`'s arguments with those every warm process takes (a standby's, a start-up zygote's):
+    the run, the import key, the lease and whether Keras is imported."""
     p.add_argument('--run', required=True, help='the run id it serves')
     p.add_argument('--key', required=True, help='the import key (import_key) of the tasks it may become')
     p.add_argument('--lease', required=True, help="the run's lease file: stale means the launcher is gone")
@@ -59,7 +66,7 @@ def parse_args(argv: Sequence[str] | None = None) -> StandbyArgs:
     a = p.parse_args(argv)
     if a.lease_secs <= 0:
         p.error(f'--lease-secs must be positive, not {a.lease_secs:g}')
-    return StandbyArgs(a.dir, a.slot, a.run, a.key, a.lease, a.lease_secs, a.keras)
+    return a
 
 
 def lease_stale(touched: float | None, started: float, now: float, secs: float) -> bool:

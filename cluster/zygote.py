@@ -44,15 +44,7 @@ ADOPTED_SECS = 5.0      # how long a forked task waits for the middle process to
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog='python -m cluster.zygote', description=__doc__.splitlines()[0])
     p.add_argument('--dir', required=True, help="the host's standby folder (standby_dir): where its log is")
-    p.add_argument('--run', required=True, help='the run id it serves')
-    p.add_argument('--key', required=True, help='the import key (import_key) of the tasks it forks')
-    p.add_argument('--lease', required=True, help="the run's lease file: stale means the launcher is gone")
-    p.add_argument('--lease-secs', type=float, required=True, help='how old the lease may grow')
-    p.add_argument('--keras', action='store_true', help='import Keras with TensorFlow (a program that uses it)')
-    a = p.parse_args(argv)
-    if a.lease_secs <= 0:
-        p.error(f'--lease-secs must be positive, not {a.lease_secs:g}')
-    return a
+    return standby.parse_warm_args(p, argv)
 
 
 def say(line: str) -> None:
