@@ -75,10 +75,22 @@ def lease_stale(touched: float | None, started: float, now: float, secs: float) 
     return now - (started if touched is None else touched) > secs
 
 
-def say(line: str) -> None:
-    """One line of the standby's own: to stderr, never through logging (task.main's basicConfig
-    must find the root logger without handlers)."""
-    print(f'cluster.standby: {line}', file=sys.stderr, flush=True)
+def launcher_gone(lease: str, secs: float, started: float, who: str = 'cluster.standby') -> bool:
+    """Whether the run's `lease` file is stale (lease_stale, read now); if so, says it is leaving."""
+    try:
+        touched: float | None = os.stat(lease).st_mtime
+    except OSError:
+        touched = None
+    if not lease_stale(touched, started, time.time(), secs):
+        return False
+    say(f'the launcher has not renewed {lease} for {secs:g}s: it is gone; leaving', who)
+    return True
+
+
+def say(line: str, who: str = 'cluster.standby') -> None:
+    """One line of a warm process's own (`who`: a standby, a zygote): to stderr, never through
+    logging (task.main's basicConfig must find the root logger without handlers)."""
+    print(f'{who}: {line}', file=sys.stderr, flush=True)
 
 
 def unready(files: SlotFiles) -> None:
@@ -151,12 +163,7 @@ def wait(args: StandbyArgs, files: SlotFiles, started: float) -> Become:
             beat = time.monotonic()
             with contextlib.suppress(OSError):      # removed under it: the launcher counts on it no more
                 os.utime(files.ready)
-            try:
-                touched: float | None = os.stat(args.lease).st_mtime
-            except OSError:
-                touched = None
-            if lease_stale(touched, started, time.time(), args.lease_secs):
-                say(f'the launcher has not renewed {args.lease} for {args.lease_secs:g}s: it is gone; leaving')
+            if launcher_gone(args.lease, args.lease_secs, started):
                 leave(files, EXIT_OK)
         time.sleep(POLL_SECS)
 

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from cluster import standby, task
 from cluster.runtime import masking, procenv
 from cluster.runtime.contract import EXIT_FAILED, EXIT_OK, run_to_exit
-from cluster.runtime.standby import HEARTBEAT_SECS, ZYGOTE_READY, Become
+from cluster.runtime.standby import HEARTBEAT_SECS, ZYGOTE_MODULE, ZYGOTE_READY, Become
 
 ADOPTED_SECS = 5.0      # how long a forked task waits for the middle process to go (it goes at once)
 
@@ -49,7 +49,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def say(line: str) -> None:
     """One line of the zygote's own, to its log (stderr)."""
-    print(f'cluster.zygote: {line}', file=sys.stderr, flush=True)
+    standby.say(line, ZYGOTE_MODULE)
 
 
 def answer(out: int, record: dict) -> None:
@@ -134,12 +134,7 @@ def serve(a: argparse.Namespace, started: float) -> None:
                     answer(1, {'error': str(e)})
         if time.monotonic() - beat >= HEARTBEAT_SECS:
             beat = time.monotonic()
-            try:
-                touched: float | None = os.stat(a.lease).st_mtime
-            except OSError:
-                touched = None
-            if standby.lease_stale(touched, started, time.time(), a.lease_secs):
-                say(f'the launcher has not renewed {a.lease} for {a.lease_secs:g}s: it is gone; leaving')
+            if standby.launcher_gone(a.lease, a.lease_secs, started, ZYGOTE_MODULE):
                 return
 
 

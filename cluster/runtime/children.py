@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 log = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1    # <linux/prctl.h>
+PR_SET_CHILD_SUBREAPER = 36
 
 
 def _prctl() -> Callable[..., int] | None:
@@ -36,6 +37,14 @@ def _prctl() -> Callable[..., int] | None:
         return libc.prctl
     except (OSError, AttributeError):
         return None
+
+
+def adopt_orphans(on: bool) -> bool:
+    """Make this process (or no longer) adopt its descendants' orphans, a child subreaper (Linux):
+    the launcher, for the tasks a start-up zygote forks (launch/backends/local/zygote.py). Whether
+    that worked."""
+    prctl = _prctl()
+    return prctl is not None and prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0
 
 
 def die_with(parent: int, signum: int = signal.SIGKILL) -> Callable[[], None] | None:

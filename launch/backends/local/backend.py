@@ -211,22 +211,24 @@ class LocalBackend(Backend):
         marks.clear(marks.of_plan(plan))        # a stop mark was for an earlier copy
         env = {**self._task_env(plan), **channel_env(os.path.abspath(log_file))}
         warm = self._standbys.become(plan, env, log_file)     # a standby of its host becomes it, or None
-        forked = None if warm is not None else self._zygotes.fork(plan, env, log_file)   # at start-up
         if warm is not None:
             pid, ident, offset = warm
-        elif forked is not None:
-            pid, ident, offset = forked
-            self._children[pid] = AdoptedChild(pid)
-            self._halted.discard(pid)
         else:
-            with open(log_file, 'ab') as out:       # a task restarted in the same attempt appends
-                offset = out.tell()
-                argv = netns.wrap(plan.netns, plan.argv) if plan.netns else plan.argv
-                proc = subprocess.Popen(argv, cwd=plan.cwd, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                        stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=self._preexec())
-            self._children[proc.pid] = proc
-            self._halted.discard(proc.pid)      # a pid used before: the earlier child's stop is not this one's
-            pid, ident = proc.pid, process_ident(proc.pid) or ''
+            forked = self._zygotes.fork(plan, env, log_file)     # at start-up, or None
+            child: Child
+            if forked is not None:
+                pid, ident, offset = forked
+                child = AdoptedChild(pid)
+            else:
+                with open(log_file, 'ab') as out:       # a task restarted in the same attempt appends
+                    offset = out.tell()
+                    argv = netns.wrap(plan.netns, plan.argv) if plan.netns else plan.argv
+                    child = subprocess.Popen(argv, cwd=plan.cwd, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                             stderr=subprocess.STDOUT, start_new_session=True,
+                                             preexec_fn=self._preexec())
+                pid, ident = child.pid, process_ident(child.pid) or ''
+            self._children[pid] = child
+            self._halted.discard(pid)       # a pid used before: the earlier child's stop is not this one's
         t = plan.task
         return TaskRecord(name=t.name, job=t.job, index=t.index, host=t.host, port=t.port, backend=self.name,
                           pid=pid, log=os.path.abspath(log_file), ident=ident, cwd=os.path.abspath(plan.cwd),

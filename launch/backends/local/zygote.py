@@ -13,7 +13,6 @@ and the backend's waitid scans see its end, code and stops (AdoptedChild stands 
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import os
@@ -24,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-from cluster.runtime import procenv
+from cluster.runtime import children, procenv
 from cluster.runtime.contract import LEASE_ENV, LEASE_SECS_ENV
 from cluster.runtime.ports import RUN_ENV
 from cluster.runtime.standby import ZYGOTE_READY, Become, import_env, standby_dir, zygote_argv
@@ -36,7 +35,6 @@ log = logging.getLogger(__name__)
 
 READY_SECS = 60.0       # how long a start waits for a zygote's import before the task starts cold
 ANSWER_SECS = 10.0      # how long a fork may take to be answered
-PR_SET_CHILD_SUBREAPER = 36
 MAX_ROOM = 120_000      # bytes: one environment string may not exceed 128 KiB (MAX_ARG_STRLEN)
 
 
@@ -63,15 +61,6 @@ class AdoptedChild:
 
 
 Child = subprocess.Popen | AdoptedChild
-
-
-def set_subreaper(on: bool) -> bool:
-    """Make this process adopt its descendants' orphans (Linux); whether that worked."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
 
 
 class _Zygote:
@@ -127,6 +116,7 @@ class Zygotes:
         self._env = env
         self._by_key: dict[str, _Zygote] = {}
         self._lock = threading.Lock()
+        self._adopting = False      # this process adopts orphans (from open to close)
 
     def open(self, plans: list[TaskPlan]) -> None:
         """A zygote for each import key of these tasks (none for tasks no zygote can fork)."""
@@ -135,8 +125,9 @@ class Zygotes:
             key = plan_key(plan, self._env(plan))
             if key is not None and LEASE_ENV in plan.env:
                 firsts.setdefault(key, plan)
-        if not firsts or not set_subreaper(True):
+        if not firsts or not children.adopt_orphans(True):
             return
+        self._adopting = True
         # Room in the zygote's environment block for each task's own (cluster/runtime/procenv.py).
         largest = max(len(procenv.block(self._env(p))) for p in plans) + procenv.ROOM_MARGIN
         with self._lock:
@@ -204,5 +195,5 @@ class Zygotes:
             zygotes, self._by_key = list(self._by_key.values()), {}
         for zygote in zygotes:
             zygote.end()
-        if zygotes:
-            set_subreaper(False)
+        if self._adopting:      # also when every zygote was lost before
+            self._adopting = not children.adopt_orphans(False)
