@@ -179,8 +179,11 @@ def test_two_runs_whose_ports_collide(tmp_path):
         loser = next(n for n, p in procs.items() if p.poll() is not None)
         winner = 'b' if loser == 'a' else 'a'
         lost = procs[loser].communicate()[0]
+        # The winner trains on: its servers may come up after the loser has ended (with the start-up
+        # zygote every task starts after one import, the loser's port check too), so wait for them.
+        up = read_until(procs[winner], 'servers are up')
         procs[winner].send_signal(signal.SIGINT)
-        won = finish(procs[winner])
+        won = ''.join(up) + finish(procs[winner])
     finally:
         for p in procs.values():
             if p.poll() is None:
