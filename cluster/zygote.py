@@ -57,23 +57,28 @@ def answer(out: int, record: dict) -> None:
     os.write(out, (json.dumps(record, allow_nan=False) + '\n').encode())
 
 
-def adopted(wait: float = ADOPTED_SECS) -> None:
-    """Wait until the middle process has gone and this one has its new parent (the launcher): the
-    task takes its parent's pid as its keeper's at start (notice.py: a SIGTERM after its keeper
-    went is a stop), so it must not see the middle one, which leaves a moment later."""
-    middle, deadline = os.getppid(), time.monotonic() + wait
-    while os.getppid() == middle and time.monotonic() < deadline:
+def adopted(middle: int, wait: float = ADOPTED_SECS) -> bool:
+    """Wait until the middle process (pid `middle`) has gone and this one has its new parent (the
+    launcher): the task takes its parent's pid as its keeper's at start (notice.py: a SIGTERM after
+    its keeper went is a stop), so it must not see the middle one, which leaves a moment later.
+    The middle's pid comes from the middle itself: read here with getppid it could already be the
+    launcher's (the middle gone first), and the wait would last its whole `wait`. Whether adopted."""
+    deadline = time.monotonic() + wait
+    while os.getppid() == middle:
+        if time.monotonic() >= deadline:
+            return False
         time.sleep(0.001)
+    return True
 
 
-def become_task(become: Become, extra: Sequence[int]) -> None:
+def become_task(become: Become, extra: Sequence[int], middle: int) -> None:
     """In the forked task: its own session, the zygote's pipes gone (stdin from /dev/null, stdout
     and stderr to the task's log, `extra` closed), the task's folder and environment taken; then
-    the task's main, to its exit."""
+    the task's main, to its exit; `middle` is the pid of the process it was forked from."""
     os.setsid()
     for fd in extra:
         os.close(fd)
-    adopted()
+    adopted(middle)
     numpy = sys.modules.get('numpy')
     if numpy is not None:       # its global generator came with the fork (Python's own `random` is reseeded)
         numpy.random.seed()
@@ -98,10 +103,11 @@ def fork_task(become: Become) -> int:
     if middle == 0:
         try:
             os.close(r)
+            me = os.getpid()
             pid = os.fork()
             if pid == 0:
                 try:
-                    become_task(become, (w,))
+                    become_task(become, (w,), me)
                 finally:
                     os._exit(EXIT_FAILED)       # it ends through run_to_exit: never here
             os.write(w, str(pid).encode())

@@ -17,6 +17,7 @@ from cluster.runtime.contract import LEASE_ENV, LEASE_SECS_ENV, TASK_MODULE
 from cluster.runtime.ports import RUN_ENV
 from cluster.runtime.standby import ZYGOTE_MODULE
 from cluster.spec import TaskSpec
+from cluster.zygote import adopted
 from launch.backends.local.zygote import Zygotes
 from launch.planning.plan import TaskPlan
 from tests.conftest import launch_bg, read_until, write_spec
@@ -97,3 +98,26 @@ def test_a_zygote_that_cannot_serve_leaves_the_task_to_start_cold(tmp_path, answ
     finally:
         zygotes.close()
     assert not processes_naming(str(tmp_path / 'python'))
+
+
+def test_a_middle_gone_before_the_wait_began_is_seen_gone():
+    """The race CI met: the middle left before the task looked, so its parent was already the
+    adopter. Read then with getppid, the 'middle' was the adopter and the task waited out 5 s."""
+    r, w = os.pipe()
+    middle = os.fork()
+    if middle == 0:         # the middle: fork the task and leave at once
+        me = os.getpid()
+        if os.fork() == 0:
+            try:
+                os.close(r)
+                while os.getppid() == me:       # the middle is gone before the wait begins
+                    pass
+                os.write(w, b'1' if adopted(me, wait=60.0) else b'0')
+            finally:
+                os._exit(0)
+        os._exit(0)
+    os.close(w)
+    os.waitpid(middle, 0)
+    with os.fdopen(r, 'rb') as f:
+        said = f.read()
+    assert said == b'1'

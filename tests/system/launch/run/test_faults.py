@@ -22,9 +22,12 @@ pytestmark = pytest.mark.slow     # real local clusters
 
 
 def run_and_kill(spec: str, run: str, step: int, name: str) -> tuple[int, str]:
-    """`launch up` to the end, with task `name` killed -9 at global step `step`: (exit code, output)."""
+    """`launch up` to the end, with task `name` killed -9 at global step `step` once every server is
+    up (before, a sync run with a backup worker can step while one task still starts, and a kill
+    then is a start-up fault): (exit code, output)."""
     proc = launch_bg('up', spec)
-    lines = kill_when(proc, run, step, name)
+    lines = read_until(proc, 'servers are up')
+    lines += kill_when(proc, run, step, name)
     out = ''.join(lines) + finish(proc)
     return proc.returncode, out
 
