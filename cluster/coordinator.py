@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from cluster.program import connects
-from cluster.runtime import messages, notice, rundir, runjson
+from cluster.runtime import messages, notice, placed, rundir, runjson
 from cluster.runtime.membership import LIVE
 from cluster.runtime.contract import EXIT_PREEMPTED
 from cluster.runtime.pulse import PULSE
@@ -169,6 +169,7 @@ class CoordinatorContext:
         self._stop = stop or StopSignal()
         self._progress = _Progress()
         self.checkpoints: Checkpoints | None = None
+        self.variables = placed.Recorder(self.train_dir)     # where the strategy put each (variables.json)
         self._saves_asked = LIVE.save_requests()    # a request made before this start was for the last cluster
 
     @property
@@ -219,6 +220,8 @@ class CoordinatorContext:
         p.step, p.loss = int(step), float(loss)
         p.reports += 1
         p.examples += examples or 0
+        if p.reports == 1:      # a step has run: the model's variables and the optimizer's slots exist
+            self.variables.write()
         if now - p.last_log >= self.train.log_every_secs or p.reports == 1 or p.step >= self.train.steps:
             rate = '' if p.reports == 1 or now <= p.last_log else \
                 f'  {(p.step - p.last_log_step) / (now - p.last_log):.1f} global steps/s'
@@ -374,7 +377,9 @@ def run_chief(spec: ClusterSpec, task: TaskSpec, program: Callable[[CoordinatorC
     # The chief serves no task of the cluster: the launcher waits for this line instead of a
     # server (launch/run/supervised/startup.py probes no port of a chief or an evaluator).
     messages.say(log, messages.Started(task.name, f'the program {spec.train.program}', os.getpid()))
-    program(ctx)
+    with ctx.variables.scope():
+        program(ctx)
+    ctx.variables.write()
     ctx.finish()
     rundir.write_atomically(rundir.chief_result_path(spec.train.train_dir), runjson.dumps(ctx.result()))
     log.info('the program ended at global step %d', ctx.step)

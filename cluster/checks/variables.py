@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from cluster.checks.memory import CONV_FILTERS, LOCAL3, LOCAL4, pooled
 from cluster.checks.data import NUM_CLASSES
 
-DTYPE_BYTES = {'float32': 4, 'bfloat16': 2, 'float16': 2, 'float64': 8, 'int64': 8, 'int32': 4}
+DTYPE_BYTES = {'float32': 4, 'bfloat16': 2, 'float16': 2, 'float64': 8, 'int64': 8, 'int32': 4, 'int16': 2,
+               'int8': 1, 'uint8': 1, 'uint16': 2, 'uint32': 4, 'uint64': 8, 'bool': 1, 'complex64': 8,
+               'complex128': 16}
 GLOBAL_STEP = 'global_step'
 LOCAL3_WEIGHTS = 'cifar10/local3/weights'
 

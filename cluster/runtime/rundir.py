@@ -63,6 +63,7 @@ RUN_FILE = 'run.json'
 STOPS_DIR = 'stops'     # the launcher's stop marks (stop_mark_path)
 STOP_ALL = 'all'        # the run-wide mark: every task's SIGTERM is the launcher's stop
 REPORT_FILE = 'report.html'
+VARIABLES_FILE = 'variables.json'     # a coordinator run's variables and their ps tasks (cluster/runtime/placed.py)
 
 # The environment's names and the exit codes both sides use: cluster/runtime/contract.py.
 LEASE_ENV, LEASE_SECS_ENV, RESTART_ENV = contract.LEASE_ENV, contract.LEASE_SECS_ENV, contract.RESTART_ENV
@@ -160,6 +161,10 @@ def events_path(train_dir: str) -> str:
 
 def run_path(train_dir: str) -> str:
     return os.path.join(train_dir, RUN_FILE)
+
+
+def variables_path(train_dir: str) -> str:
+    return os.path.join(train_dir, VARIABLES_FILE)
 
 
 def report_path(train_dir: str) -> str:

@@ -1,0 +1,102 @@
+"""Where a run's own program put its variables: `<train_dir>/variables.json`, written by a
+coordinator run's chief (TF2 ParameterServerStrategy), read by `launch plan --from-run` to tell
+the ps tasks' load of the next run of that program.
+
+The chief records every variable as it is created (a `tf.variable_creator_scope` around the
+user's program: ParameterServerStrategy has placed it by then, each variable, shard and optimizer
+slot on a ps task), in creation order, and writes the file at each checkpoint and at the end. A
+checkpoint alone could not say this: it holds names, shapes and dtypes, not the ps tasks, and not
+the order the strategy placed them in.
+
+The file: {"version": 1, "variables": [{"name", "shape", "dtype", "trainable", "device", "ps"}]},
+`ps` the ps task's index, or null for a variable that lives elsewhere (the chief's own).
+Pure, but for `Recorder.scope`, which the chief (with TensorFlow) enters."""
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from cluster.runtime import rundir, runjson
+
+VERSION = 1
+PS_DEVICE = re.compile(r'/job:ps/(?:replica:\d+/)?task:(\d+)')
+
+
+@dataclass(frozen=True)
+class PlacedVariable:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    trainable: bool
+    device: str
+    ps: int | None
+
+    def to_json(self) -> dict:
+        return {'name': self.name, 'shape': list(self.shape), 'dtype': self.dtype, 'trainable': self.trainable,
+                'device': self.device, 'ps': self.ps}
+
+
+def ps_of(device: str) -> int | None:
+    """The ps task index a device string names, else None."""
+    m = PS_DEVICE.search(device or '')
+    return int(m.group(1)) if m else None
+
+
+class Recorder:
+    """The variables a program creates, in order (the chief's)."""
+
+    def __init__(self, train_dir: str) -> None:
+        self.train_dir = train_dir
+        self.found: list[PlacedVariable] = []
+
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[None]:
+        """Record each variable created inside (needs TensorFlow)."""
+        import tensorflow as tf
+
+        def creator(next_creator: Any, **kwargs: Any) -> Any:
+            variable = next_creator(**kwargs)
+            self.note(variable)
+            return variable
+        with tf.variable_creator_scope(creator):
+            yield
+
+    def note(self, variable: Any) -> None:
+        try:
+            shape = tuple(int(d) if d is not None else 0 for d in variable.shape)
+            device = str(getattr(variable, 'device', '') or '')
+            self.found.append(PlacedVariable(str(variable.name), shape, variable.dtype.name,
+                                             bool(getattr(variable, 'trainable', True)), device, ps_of(device)))
+        except (AttributeError, TypeError, ValueError):     # an object that is not a plain variable: not ours
+            pass
+
+    def write(self) -> None:
+        """The file, whole (atomically); nothing when no variable was created."""
+        if self.found:
+            rundir.write_atomically(rundir.variables_path(self.train_dir), runjson.dumps(
+                {'version': VERSION, 'variables': [v.to_json() for v in self.found]}, indent=1))
+
+
+def read(train_dir: str) -> list[PlacedVariable] | None:
+    """The variables a run's program placed, from its variables.json; None where the run left
+    none; ValueError naming the file for one that is not such a record."""
+    path = rundir.variables_path(train_dir)
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise ValueError(f'{path}: not readable as JSON ({e})') from None
+    try:
+        if data.get('version') != VERSION:
+            raise ValueError(f'version {data.get("version")!r}, expected {VERSION}')
+        return [PlacedVariable(str(v['name']), tuple(int(d) for d in v['shape']), str(v['dtype']),
+                               bool(v['trainable']), str(v['device']), None if v['ps'] is None else int(v['ps']))
+                for v in data['variables']]
+    except (AttributeError, KeyError, TypeError, ValueError) as e:
+        raise ValueError(f'{path}: not a variables record ({e})') from None
