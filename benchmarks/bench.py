@@ -39,6 +39,7 @@ import threading
 import time
 
 from cluster.runtime import rundir, runjson
+from launch.planning import link_time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -489,16 +490,27 @@ def cluster_on_links(links, tmp: str, name: str, mode: str, ps: int, workers: in
             'first_step_s': points[0][0] if points else None}
 
 
+def link_prediction(tmp: str, name: str, rate: float, batch: int, free: float, exposed: float) -> float | None:
+    """images/s `launch plan --link` predicts (launch/planning/link_time.py) for the spec
+    cluster_on_links wrote as `name`, from its images/s with unlimited links."""
+    from cluster.spec import load_spec
+    from launch.planning import ps_load
+    spec = load_spec(f'{tmp}/{name}.yaml')
+    load = ps_load.builtin_load(spec)
+    assert load is not None
+    return link_time.predict(load, spec, rate, batch, free, exposed).images_per_sec
+
+
 def bench_links(args, tmp: str) -> dict:
     """Each task in a network namespace of its own, on links of LINK_RATES (benchmarks/links.py):
-    measured images/s against the cost model's, which starts from the same cluster's images/s with
-    unlimited links (measured just before) and adds the bytes over the busiest link."""
+    measured images/s against `launch plan --link`'s model, which starts from the same cluster's
+    images/s with unlimited links (measured just before) and adds the bytes over the busiest link."""
     import links as emulated        # beside this script: on sys.path as its folder
     why = emulated.netns.unavailable()
     if why:
         raise SystemExit(f'--only links {why}')
     emulated.remove_stale()
-    model_bytes, shares = model_bytes_and_shares()
+    model_bytes, _ = model_bytes_and_shares()
     workers, rows, measured_links = 2, [], {}
     batch = args.link_batch
     print(f'\n== links: 2 workers, batch {batch}, each task in a namespace of its own on a link of '
@@ -510,8 +522,6 @@ def bench_links(args, tmp: str) -> dict:
               f'round trip {measured_links[rate][1]:.3f} ms', flush=True)
     for dtype in args.link_dtypes:
         for ps in args.link_ps:
-            largest = max(shares[ps]) / sum(shares[ps])
-            wire = model_bytes * (0.5 if dtype == 'bfloat16' else 1.0)
             for mode in ('sync', 'async'):
                 steps = args.link_steps * (1 if mode == 'sync' else 3)     # async steps are one batch
                 with emulated.Links(ps + workers, None) as links:
@@ -522,8 +532,9 @@ def bench_links(args, tmp: str) -> dict:
                     with emulated.Links(ps + workers, rate) as links:
                         got = cluster_on_links(links, tmp, f'links-{mode}-{ps}ps-{dtype}-{rate}', mode, ps, workers,
                                                steps, batch, dtype)['steady_images_per_sec']
-                    predicted, overlapped = (emulated.predict(mode, workers, batch, free, wire, largest, rate, overlap)
-                                             if free else None for overlap in (False, True))
+                    predicted, overlapped = (link_prediction(tmp, f'links-{mode}-{ps}ps-{dtype}-free', rate, batch,
+                                                             free, exposed) if free else None
+                                             for exposed in (link_time.EXPOSED, 0.0))
                     rows.append({'rate_mbit': rate, 'latency_ms': measured_links[rate][1] / 2, 'mode': mode,
                                  'num_ps': ps, 'transfer_dtype': dtype, 'measured_images_per_sec': got,
                                  'predicted_images_per_sec': predicted,
@@ -531,7 +542,7 @@ def bench_links(args, tmp: str) -> dict:
                                  'link_measured_mbit': measured_links[rate][0]})
                     err = got / predicted - 1 if got and predicted else None
                     print(f'{mode:<5} {ps} ps {dtype:<8} {rate:>6} Mbit/s  measured {num(got, "6.0f")}  predicted '
-                          f'{num(predicted, "6.0f")} images/s  ({num(err, "+.0%")}; all overlapped: '
+                          f'{num(predicted, "6.0f")} images/s  ({num(err, "+.0%")}; overlapped bound: '
                           f'{num(overlapped, "6.0f")})', flush=True)
     gains = {}
     if 'bfloat16' in args.link_dtypes and 'float32' in args.link_dtypes:

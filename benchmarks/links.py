@@ -12,17 +12,9 @@ the task runtime the launcher runs), at 10.213.0.x addresses that exist only ins
 this module creates; every namespace is removed at the end, also on Ctrl-C or SIGTERM, and any left
 by a benchmark that was killed outright is removed when the next one starts.
 
-The cost model the measurements are held against (`predict`): a worker's update moves the model's
-bytes B twice (it pulls the weights and pushes a gradient for each), in the transfer dtype; the
-ps task holding the largest share s of them sends and receives s*B per update. With W workers and
-the images/s R0 the same cluster trains at with unlimited links (the compute, measured in the same
-run), for a link of r bytes/s each way:
-- sync: a step is compute, then every worker's pull, then every push, each direction bounded by the
-  busiest link: T = W*b/R0 + 2*max(W*s, 1)*B/r, and W*b images per step;
-- async: workers overlap one another, so a worker's cycle is its compute plus its own transfers,
-  W*b/R0 + 2*B/r, unless the busiest ps link caps the updates: min(W/cycle, r/(s*B)) updates/s.
-That is the serial model: nothing a step sends overlaps its compute. `predict(..., overlap=True)`
-is the other bound, every transfer hidden behind compute; a real step lies between the two.
+The measurements are held against `launch plan --link`'s model (launch/planning/link_time.py),
+fed with the images/s the same cluster trains at with unlimited links (the compute, measured in
+the same run), and against its overlapped bound (every transfer hidden behind compute).
 """
 from __future__ import annotations
 
@@ -185,20 +177,3 @@ class Links:
         server.close()
         return mbit, rtt_ms
 
-
-def predict(mode: str, workers: int, batch: int, unlimited_images_per_sec: float, model_bytes: float,
-            largest_share: float, rate_mbit: float, overlap: bool = False) -> float:
-    """images/s the cost model above predicts on links of rate_mbit, from the compute (the same
-    cluster's images/s with unlimited links) and the bytes on the wire (see the module docstring).
-
-    With `overlap`, the other bound: every transfer hidden behind compute or behind the other
-    direction's (TensorFlow pulls every weight at the start of a step and pushes each gradient as
-    soon as it is computed, so the large local3 weights travel while the convolutions compute), so
-    a step takes the longest of its compute, its pulls and its pushes."""
-    r = rate_mbit * 1e6 / 8
-    compute = workers * batch / unlimited_images_per_sec
-    if mode == 'sync':
-        one_way = max(workers * largest_share, 1) * model_bytes / r
-        return workers * batch / (max(compute, one_way) if overlap else compute + 2 * one_way)
-    cycle = max(compute, model_bytes / r) if overlap else compute + 2 * model_bytes / r
-    return min(workers / cycle, r / (largest_share * model_bytes)) * batch

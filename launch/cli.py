@@ -16,7 +16,7 @@ from cluster.spec import ClusterSpec, SpecError, load_spec
 from cluster.spec.load import take_overrides
 from launch.commands import COMMANDS, Request, check_request, cmd_download, cmd_list, load_target
 from launch.commands.flags import (DownloadFlags, EvalFlags, JsonFlags, ListFlags, LogsFlags, NoFlags, OutputFlags,
-                                   PreemptFlags, RenderFlags, ScaleFlags, StatusFlags, UpFlags)
+                                   PlanFlags, PreemptFlags, RenderFlags, ScaleFlags, StatusFlags, UpFlags)
 from launch.errors import LaunchError, NoSuchRun
 from launch.records.runs import RunNotFound
 from launch.render import RENDERERS, RenderOptions, takers
@@ -130,6 +130,11 @@ def _add_reading_commands(sub: argparse._SubParsersAction) -> None:
     plan = sub.add_parser('plan', help='print what `up` would run for each task, starting nothing')
     _spec_args(plan)
     _json_arg(plan)
+    plan.add_argument('--link', type=_link_rate, metavar='RATE',
+                      help="predict a step on links of RATE each way, one per host (1gbit, 10gbit, 100mbit)")
+    plan.add_argument('--from-run', metavar='RUN',
+                      help="a run of this spec (id or folder): its images/s is --link's compute, and for your own "
+                           'coordinator program its variables.json tells where each variable went')
     ev = sub.add_parser('eval', help="precision@1 on the test split from the newest checkpoint (moving averages)")
     _spec_args(ev, run=True)
     ev.add_argument('--checkpoint', help='a checkpoint prefix (default: the newest in train_dir)')
@@ -277,6 +282,14 @@ def _render_flags(args: argparse.Namespace) -> RenderFlags:
         time_limit=args.time_limit, port_base=args.port_base))
 
 
+def _link_rate(text: str) -> float:
+    from launch.planning.link_time import parse_rate
+    try:
+        return parse_rate(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix('--link: ')) from None
+
+
 def _json_flags(args: argparse.Namespace) -> JsonFlags:
     return JsonFlags(args.json)
 
@@ -290,7 +303,8 @@ FLAGS: dict[str, Callable[[argparse.Namespace], object]] = {
     'up': lambda a: UpFlags(workers=a.workers, verbose=a.verbose, start_timeout=a.start_timeout,
                             finish_timeout=a.finish_timeout, overrides=tuple(a.overrides), rehearse=a.rehearse),
     'scale': lambda a: ScaleFlags(a.workers),
-    'status': lambda a: StatusFlags(a.json, a.all), 'plan': _json_flags, 'check': _json_flags,
+    'status': lambda a: StatusFlags(a.json, a.all), 'check': _json_flags,
+    'plan': lambda a: PlanFlags(a.json, a.link, a.from_run),
     'down': lambda a: NoFlags(), 'debug': lambda a: NoFlags(), 'preempt': lambda a: PreemptFlags(a.task),
     'logs': lambda a: LogsFlags(task=a.task, follow=a.follow, attempt=a.attempt),
     'eval': lambda a: EvalFlags(a.checkpoint, a.verbose),

@@ -34,6 +34,13 @@ class JsonFlags:
 
 
 @dataclass(frozen=True)
+class PlanFlags(JsonFlags):
+    """plan: --json, --link RATE (Mbit/s each way) and --from-run RUN (its measured compute)."""
+    link: float | None = None
+    from_run: str | None = None
+
+
+@dataclass(frozen=True)
 class StatusFlags(JsonFlags):
     """status: --json, and --all (a row per task, however many)."""
     all: bool = False

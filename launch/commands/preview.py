@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import shlex
 
-from cluster.runtime import runjson
+from cluster.runtime import placed, rundir, runjson
 from cluster.spec import ClusterSpec, TaskSpec
 from cluster.spec.environ import MASK, masked
 from launch.backends import netns
 from launch.backends.base import HostCheck
 from launch.commands import load_view
-from launch.commands.flags import JsonFlags
+from launch.commands.flags import JsonFlags, PlanFlags
 from launch.commands.request import Request, backends_for, plans_of
-from launch.planning import ps_load
+from launch.errors import UsageError
+from launch.planning import link_time, ps_load
 from launch.planning.plan import TaskPlan, effective_spec_path
+from launch.records import runs
+from launch.records.event_types import Progress
+from launch.records.events import typed_events, typed_run_record
 from launch.run import launching, registry, standbys
 from launch.run.preflight import preflight, warn_exposure
 
@@ -68,15 +72,21 @@ def _coordinator_lines(spec: ClusterSpec) -> None:
               'only itself)')
 
 
-def cmd_plan(spec: ClusterSpec, req: Request[JsonFlags]) -> int:
+def cmd_plan(spec: ClusterSpec, req: Request[PlanFlags]) -> int:
     plans = plans_of(spec, req)
     launching.check_limits(spec, plans)
+    run = _from_run(req.flags.from_run) if req.flags.from_run else None
     load, tip = ps_load.builtin_load(spec), ps_load.advice(spec)
+    if load is None and run is not None:
+        load = _run_load(spec, *run)
+    links = _links(spec, load, req.flags, plans, run)
     if req.flags.json:      # the tasks (each names the run's standbys too) and the ps tasks' load
         kept = standbys.summary(spec, req.backend, plans)
+        linked = {'link': links[0].to_json(), 'link_advice': links[2].to_json() if links[2] else None} if links else {}
         print(runjson.dumps({'tasks': [{**_plan_json(spec, task, plan, req), 'standby': kept}
                                        for task, plan in zip(spec.tasks, plans)],
-                             'load': {**load.to_json(), 'advice': tip.to_json() if tip else None} if load else None},
+                             'load': {**load.to_json(), 'advice': tip.to_json() if tip else None, **linked}
+                             if load else None},
                             indent=1))
         return 0
     print(f'# {spec.path}: {_shape(spec)}; `launch up` writes the effective spec to '
@@ -101,15 +111,81 @@ def cmd_plan(spec: ClusterSpec, req: Request[JsonFlags]) -> int:
             print(f'  env:  {k}={v if v == MASK else shlex.quote(v)}')
         print(f'  log:  {plan.log_path}')
     for line in load_view.lines(load) if load else ['load: not known before the run (your own program or '
-                                                      'command places its variables)']:
+                                                      'command places its variables; a coordinator program\'s '
+                                                      'run tells it: --from-run RUN)']:
         print(line)
     if tip:
         print(tip.line(spec.num_ps))
+    if links:
+        print('\n'.join(load_view.link_lines(links[0], links[1])))
+        if links[2]:
+            print(links[2].line())
     print(standbys.line(spec, req.backend, plans))
     zygote = standbys.zygote_line(spec, req.backend, plans)
     if zygote:
         print(zygote)
     return 0
+
+
+def _links(spec: ClusterSpec, load: ps_load.Load | None, flags: PlanFlags, plans: list[TaskPlan],
+           run: tuple[str, str] | None) -> tuple[link_time.Prediction, str | None, link_time.PsAdvice | None] | None:
+    """`--link`'s step on links of that rate, where its compute came from (the run's images/s),
+    and a ps count that would shorten it; None without --link."""
+    if flags.link is None:
+        return None
+    if load is None:
+        raise UsageError(f'{spec.path}: --link needs the ps tasks\' load; this spec runs your own program or command, '
+                         'whose variables are not known before it runs (a coordinator program\'s run tells them: '
+                         '--from-run RUN)')
+    compute, source = _measured_compute(*run) if run else (None, None)
+    worker = next((p for p in plans if p.task.job == 'worker'), None)
+    images = spec.train.batch_size * _towers(spec, worker)
+    now = link_time.predict(load, spec, flags.link, images, compute)
+    workers = [t.host for t in spec.job_tasks('worker')][:load.workers]
+    builtin = load.placement == ps_load.PLACEMENT_BY_BYTES
+    advice = link_time.ps_advice(now, lambda k: ps_load.per_ps_wire_bytes(spec, k), workers, load.sync, images,
+                                 compute) if builtin else None
+    return now, source, advice
+
+
+def _from_run(ref: str) -> tuple[str, str]:
+    """The train_dir and id of the run --from-run names."""
+    train_dir = runs.resolve(ref)
+    info = runs.describe(train_dir)
+    return train_dir, info.id if info is not None else ref
+
+
+def _run_load(spec: ClusterSpec, train_dir: str, run: str) -> ps_load.Load | None:
+    """The load of the variables a coordinator run placed (its variables.json)."""
+    try:
+        recorded = placed.read(train_dir)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if recorded is None:
+        raise UsageError(f'{train_dir}: run {run} left no {rundir.VARIABLES_FILE} (a coordinator run\'s chief writes '
+                         'it once its program has stepped)')
+    return ps_load.run_load(spec, recorded, run)
+
+
+def _towers(spec: ClusterSpec, worker: TaskPlan | None) -> int:
+    """A worker's towers: each takes a batch a step."""
+    devices = spec.train.devices
+    if devices == 'auto':
+        gpus = worker.slot.gpus if worker is not None and worker.slot is not None else None
+        return max(1, len(gpus or ()))
+    return devices if isinstance(devices, int) else len(devices)
+
+
+def _measured_compute(train_dir: str, run: str) -> tuple[float, str]:
+    """The images/s a run measured (its run.json, else its newest progress event), and a few words
+    naming it; UsageError for a run that measured none."""
+    record = typed_run_record(rundir.run_path(train_dir))
+    rate = record.images_per_sec if record.has('images_per_sec') else None
+    rate = rate or next((e.images_per_sec for e in reversed(typed_events(rundir.events_path(train_dir)))
+                         if isinstance(e, Progress) and e.images_per_sec), None)
+    if not rate:
+        raise UsageError(f'{train_dir}: run {run} measured no images/s (it trained no steps?)')
+    return float(rate), f'run {run}\'s {rate:,.0f} images/s'
 
 
 def _argv(plan: TaskPlan) -> list[str]:
@@ -123,7 +199,7 @@ def _shown_env(spec: ClusterSpec, plan: TaskPlan) -> dict[str, str]:
     return masked(plan.env, lambda name: spec.hides(plan.task.job, name))
 
 
-def _plan_json(spec: ClusterSpec, task: TaskSpec, plan: TaskPlan, req: Request[JsonFlags]) -> dict:
+def _plan_json(spec: ClusterSpec, task: TaskSpec, plan: TaskPlan, req: Request[PlanFlags]) -> dict:
     """One task of `launch plan --json`."""
     return {'task': plan.name, 'address': task.address, 'endpoint': plan.endpoint, 'backend': plan.backend,
             'where': registry.kind(plan.backend).where(plan, task, req.options), 'cwd': plan.cwd,

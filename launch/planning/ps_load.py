@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from cluster.checks import data, variables
 from cluster.checks.data import DataError
 from cluster.checks.variables import Variable
+from cluster.runtime.placed import PlacedVariable
 from cluster.spec import ClusterSpec
 
 PLACEMENT_BY_BYTES = 'by bytes'      # the built-in trainer's: each variable to the least loaded ps task
@@ -80,10 +81,11 @@ class Load:
 
 
 def load_of(model: str, placement: str, found: list[Variable], places: list[int], num_ps: int, workers: int,
-            sync: bool, transfer_dtype: str) -> Load:
-    """The load of `found` variables placed on `places` (a ps index each)."""
+            sync: bool, transfer_dtype: str, averages: bool = True) -> Load:
+    """The load of `found` variables placed on `places` (a ps index each); `averages`: the built-in
+    trainer's moving average beside each trainable one."""
     wire = variables.DTYPE_BYTES[transfer_dtype] / variables.DTYPE_BYTES['float32']
-    placed = tuple(Placed(v, ps, v.bytes if v.trainable else 0, v.bytes if v.trainable and sync else 0)
+    placed = tuple(Placed(v, ps, v.bytes if v.trainable and averages else 0, v.bytes if v.trainable and sync else 0)
                    for v, ps in zip(found, places))
     weights = sum(p.variable.bytes for p in placed if p.variable.trainable)
     per_ps = []
@@ -114,6 +116,32 @@ def builtin_load(spec: ClusterSpec) -> Load | None:
     return load_of(f'the built-in CIFAR-10 model on {described.name} ({described.shape_text})', PLACEMENT_BY_BYTES,
                    found, variables.place_by_bytes(found, spec.num_ps), spec.num_ps, spec.live_workers,
                    train.sync, train.transfer_dtype)
+
+
+def per_ps_wire_bytes(spec: ClusterSpec, num_ps: int) -> list[int]:
+    """The built-in model's weights on each of `num_ps` ps tasks, as transferred (train.partitions,
+    else one local3 block per ps task): what a link advice tries. Only for a spec builtin_load
+    gives a load of."""
+    shape = data.describe(spec.train.data, spec.train.train_dir).image_shape
+    found = variables.builtin_variables(shape, spec.train.partitions or num_ps)
+    load = load_of('', PLACEMENT_BY_BYTES, found, variables.place_by_bytes(found, num_ps), num_ps, 1, False,
+                   spec.train.transfer_dtype)
+    wire = load.wire_bytes / load.weights_bytes if load.weights_bytes else 1.0
+    return [int(p.weights_bytes * wire) for p in load.ps]
+
+
+def run_load(spec: ClusterSpec, recorded: list[PlacedVariable], run: str) -> Load | None:
+    """The load of a coordinator program's variables as a run of it placed them (its
+    variables.json: cluster/runtime/placed.py): each worker step reads every trainable variable and
+    sends a gradient for each, as an async step does. Variables off the ps tasks, and of a dtype
+    whose size is not known, are left out. None where no variable was on a ps task."""
+    on_ps = [v for v in recorded if v.ps is not None and v.ps < spec.num_ps and v.dtype in variables.DTYPE_BYTES]
+    if not on_ps:
+        return None
+    found = [Variable(v.name, v.shape, v.dtype, v.trainable) for v in on_ps]
+    return load_of(f'your program\'s {len(found)} variables on the ps tasks, as run {run} placed them', 'as that run did',
+                   found, [v.ps for v in on_ps if v.ps is not None], spec.num_ps, spec.live_workers, False,
+                   'float32', averages=False)
 
 
 @dataclass(frozen=True)

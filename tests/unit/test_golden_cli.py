@@ -178,6 +178,9 @@ BAD_INPUT: dict[str, Argv] = {
     'bad-status-never-started': lambda t: ['status', spec(t)],
     'bad-status-corrupt-state': lambda t: ['status', state(t, '{"tasks": [')],
     'bad-down-older-state': lambda t: ['down', state(t, '{"spec": "s", "launcher_pid": 1, "tasks": [{"pid": 4242}]}')],
+    'bad-link-rate': lambda t: ['plan', spec(t), '--link', 'fast'],
+    'bad-link-own-program': lambda t: ['plan', coordinator(t), '--link', '1gbit'],
+    'bad-from-run-no-such-run': lambda t: ['plan', spec(t), '--from-run', 'no-such-run-1'],
     'list-empty': lambda t: ['list'],
     'list-empty-json': lambda t: ['list', '--json'],
     'list-empty-dir': lambda t: ['list', str(t)],
@@ -191,6 +194,8 @@ PLANS.update({
     'plan-tmp-spec': lambda t: ['plan', spec(t)],
     'plan-set-steps': lambda t: ['plan', spec(t), '--set', 'train.steps=50', '--set', 'train.sync=false'],
     'plan-coordinator': lambda t: ['plan', coordinator(t)],
+    'plan-link': fixed('plan', 'specs/two-hosts.yaml', '--link', '1gbit'),
+    'plan-link-json': fixed('plan', 'specs/two-hosts.yaml', '--link', '10gbit', '--json'),
 })
 RENDERS: dict[str, Argv] = {}
 for _format in FORMATS:
