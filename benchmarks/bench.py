@@ -10,6 +10,7 @@ and noisy, so absolute seconds only mean something next to their baseline).
     python benchmarks/bench.py --only ray      # the same spec on local, a run's own Ray and a 3-node Ray cluster
     python benchmarks/bench.py --only recovery # kills of a worker and the ps, standby 0 vs 3 (x one TF import)
     python benchmarks/bench.py --only startup  # launch up -> first step, start-up zygote vs cold (x one TF import)
+    python benchmarks/bench.py --only stragglers  # a worker stopped half the time, with and without a backup worker
     python benchmarks/bench.py --only scale    # the launcher at 10, 100, 300 rehearsal tasks, and over SSH to
                                                # 1, 10, 50 rig hosts at 100, 300, by hand (--sizes, --ssh-sizes, --hosts)
     python benchmarks/bench.py --plots DIR     # and draw the figures as PNGs there (benchmarks/plots.py)
@@ -597,8 +598,14 @@ def bench_recovery(args, tmp: str) -> dict:
     return recovery.bench(args, tmp)
 
 
+def bench_stragglers(args, tmp: str) -> dict:
+    """A worker stopped half the time, with and without a backup worker (benchmarks/stragglers.py)."""
+    import stragglers
+    return stragglers.bench(args, tmp, launch_up, cluster_overrides, rate_ratio)
+
+
 SECTIONS = ('cluster', 'scaling', 'bytes', 'learning', 'towers', 'elastic', 'accuracy', 'pss')
-BY_HAND = ('links', 'scale', 'ray', 'recovery', 'startup')        # long, or needing more than the core install: only with --only
+BY_HAND = ('links', 'scale', 'ray', 'recovery', 'startup', 'stragglers')        # long, or needing more than the core install: only with --only
 
 
 def main() -> None:

@@ -20,7 +20,7 @@ import types
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from cluster.runtime import masking, notice, ports, pulse, stacks, tfenv
+from cluster.runtime import masking, notice, ports, pulse, stacks, telemetry, tfenv
 from cluster.runtime.causes import cause_line
 from cluster.runtime.ports import port_in_use
 from cluster.runtime.lease import CHILDREN, resolve_task, watch_lease
@@ -113,7 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     stacks.install(spec.train.train_dir, task.job, task.index, time.time())
     # SIGTERM from here on: the launcher's stop if it marked the task, else a preemption notice.
     notice.install(task.name, spec.train.train_dir, task.job, task.index, spec.supervise.preemption_grace)
-    pulse.start_beating()       # the launcher sees the steps even when the disk refuses the log
+    if pulse.start_beating():   # the launcher sees the steps even when the disk refuses the log
+        # ... and each task's own figures: its steps (a built-in worker's), CPU, memory, TCP bytes.
+        telemetry.Sampler(pulse.PULSE, trainer=task.job == 'worker' and builtin).start()
     if os.environ.get(LEASE_ENV):
         watch_lease(os.environ[LEASE_ENV], float(os.environ.get(LEASE_SECS_ENV) or 10), pool=spec.num_workers)
         # Sync: the graph counts the workers that run (a scale restarts the cluster with the new count).

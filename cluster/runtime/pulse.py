@@ -14,11 +14,14 @@ The task finds its log as its standard output (/proc/self/fd/1, Linux), the laun
 task's record: no backend has to pass a path, and every attempt has its own. Only tasks a
 launcher started (rundir.LEASE_ENV set) beat; one started by hand writes nothing beside its output.
 
-One JSON object padded with spaces: {"step": 40, "total": 100, "refused": null}; `refused` is
-`cannot write PATH: No space left on device (ENOSPC)` while the disk refuses the task's log lines.
+One JSON object padded with spaces: {"step": 40, "total": 100, "refused": null, "sample": {...}};
+`refused` is `cannot write PATH: No space left on device (ENOSPC)` while the disk refuses the
+task's log lines; `sample` is the task's newest telemetry (cluster/runtime/telemetry.py), left
+out where it would not fit the block beside a long `refused`.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -28,6 +31,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from cluster.runtime import rundir, runjson
+from cluster.runtime.telemetry import Sample
 
 PULSE_BYTES = 512           # one block of every file system: the whole pulse, written in one pwrite
 SUFFIX = '.pulse'
@@ -45,6 +49,7 @@ class Beat:
     step: int | None            # the newest global step the task reported; None before its first
     total: int | None
     refused: str | None         # why the disk refuses the task's log, while it does
+    sample: Sample | None = None    # its newest telemetry
 
 
 def parse(text: str | None) -> Beat | None:
@@ -58,7 +63,7 @@ def parse(text: str | None) -> Beat | None:
         return None
     refused = data.get('refused')
     return Beat(_whole(data.get('step')), _whole(data.get('total')),
-                refused if isinstance(refused, str) and refused else None)
+                refused if isinstance(refused, str) and refused else None, Sample.from_json(data.get('sample')))
 
 
 def _whole(value: object) -> int | None:
@@ -96,13 +101,18 @@ class Pulse:
     def beat(self, step: int, total: int) -> None:
         """The task reached global `step` of `total`."""
         with self._lock:
-            self._write(Beat(step, total, self._beat.refused))
+            self._write(dataclasses.replace(self._beat, step=step, total=total))
 
     def refuse(self, why: str | None) -> None:
         """The disk refuses the task's log (`why`), or takes it again (None)."""
         with self._lock:
             if why != self._beat.refused:
-                self._write(Beat(self._beat.step, self._beat.total, why))
+                self._write(dataclasses.replace(self._beat, refused=why))
+
+    def sample(self, sample: Sample) -> None:
+        """The task's newest telemetry (the Sampler's)."""
+        with self._lock:
+            self._write(dataclasses.replace(self._beat, sample=sample))
 
     @property
     def step(self) -> int | None:
@@ -125,7 +135,12 @@ class Pulse:
 
     @staticmethod
     def _text(beat: Beat) -> bytes:
-        text = json.dumps({'step': beat.step, 'total': beat.total, 'refused': beat.refused}, allow_nan=False)
+        """The block: the sample left out where it would not fit (a long `refused`), so the
+        step and the refusal always come whole."""
+        fields = {'step': beat.step, 'total': beat.total, 'refused': beat.refused}
+        text = json.dumps({**fields, 'sample': beat.sample.to_json()} if beat.sample else fields, allow_nan=False)
+        if len(text.encode('utf-8')) >= PULSE_BYTES:
+            text = json.dumps(fields, allow_nan=False)
         return text.encode('utf-8')[:PULSE_BYTES - 1].ljust(PULSE_BYTES - 1) + b'\n'
 
 

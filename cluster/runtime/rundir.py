@@ -13,6 +13,8 @@ A run directory (`train.train_dir`) holds:
     events.out.tfevents.*  TensorBoard: the chief's loss, learning rate, images/s, restarts
     worker-<index>/        TensorBoard: that worker's own steps (cluster/training/summaries.py)
     eval/                  TensorBoard: `launch eval`'s precision@1 at each checkpoint's step
+    telemetry/             TensorBoard: every task's telemetry, from the launcher's `sample` events
+    variables.json         where a coordinator program's variables went (cluster/runtime/placed.py)
     synthetic-data/        `train.data: synthetic`: the generated set (cluster/checks/data.py)
     launch-state.json      which tasks a running launcher started (`launch status|logs|down`)
     launch.lock            one launcher per run directory (an flock, with its holder's name)
@@ -24,7 +26,8 @@ A run directory (`train.train_dir`) holds:
     report.html            `launch report`: one self-contained page
     logs/attempt-<n>/<job>-<index>.log   every attempt's task logs, kept; logs/<job>-<index>.log
                            leads (a symbolic link) to the newest attempt's
-    logs/attempt-<n>/<job>-<index>.pulse a trainer's newest step, overwritten in place (cluster/runtime/pulse.py)
+    logs/attempt-<n>/<job>-<index>.pulse a trainer's newest step and the task's telemetry, overwritten in
+                           place (cluster/runtime/pulse.py, telemetry.py)
     logs/attempt-<n>/<job>-<index>.records  the task's messages to its launcher, one tagged JSON record a
                            line, where the launcher named it a channel (cluster/runtime/messages.py)
     stops/<job>-<index>, stops/all   the launcher's stop marks: a SIGTERM to a task whose mark (or

@@ -165,6 +165,12 @@ class TrainConfig:
     replicas_to_aggregate: int | None = setting(None, 'Sync: the gradients one global step aggregates, 1 to the '
                                                       'number of workers; fewer than the workers makes the rest '
                                                       'backup workers. null: every worker.', Value.COUNT, nullable=True)
+    backup_workers: int = setting(0, 'Sync: this many backup workers. Each global step aggregates the gradients of '
+                                     'the first live workers minus this many to finish, and drops the rest as '
+                                     'stale, so a slow worker no longer sets the pace (Chen et al., "Revisiting '
+                                     'Distributed Synchronous SGD", 2016). The same as replicas_to_aggregate: '
+                                     'workers - N, kept as the live workers change; give one of the two.',
+                                  Value.WHOLE)
     checkpoint_steps: int = setting(0, 'The chief saves a checkpoint every this many global steps; 0: only by time '
                                        '(train.checkpoint_secs) and at the end.', Value.WHOLE)
     checkpoint_secs: float = setting(60.0, 'The chief saves a checkpoint at least this often, in seconds, and at the '
@@ -225,6 +231,11 @@ class SuperviseConfig:
     standby: int = setting(1, 'Warm processes per host that have imported TensorFlow and wait to become a restarted '
                               'task (local and ssh backends; others ignore it); 0: none. Each holds memory: launch '
                               'plan says how much.', Value.WHOLE)
+    sample_secs: float = setting(30.0, 'How often a `sample` event records what each running task measured of '
+                                       'itself (its steps/s, CPU, memory, TCP bytes in and out); the launcher reads '
+                                       'them every 5 s (or this, if less) and names a worker that stays below 0.67x '
+                                       'of the others\' steps/s a straggler. 0: neither.',
+                                 Value.NONNEGATIVE, unit='seconds')
 
 
 def _empty() -> Mapping:
@@ -317,7 +328,7 @@ class ClusterSpec:
 
     @property
     def replicas_to_aggregate(self) -> int:
-        return self.train.replicas_to_aggregate or self.live_workers
+        return self.train.replicas_to_aggregate or max(1, self.live_workers - self.train.backup_workers)
 
     def cluster_def(self) -> dict[str, list[str]]:
         """job -> addresses of the training cluster (no evaluator), the shape tf.train.ClusterSpec and

@@ -18,6 +18,7 @@ from cluster.spec.model import (HOST_SETTINGS, ISOLATION_MODES, JOB_SETTINGS, JO
                                 SINGLE_JOBS, ClusterSpec, HostConfig, SuperviseConfig, TaskSpec, TrainConfig, Value,
                                 same_machine_key)
 from cluster.spec import environ as environ_
+from cluster.spec.aggregation import check_aggregation
 from cluster.spec.errors import Origins
 from cluster.spec.labels import parse_labels
 
@@ -50,10 +51,7 @@ def build_spec(raw: dict, origins: Origins, environ: Mapping[str, str]) -> Clust
                                  f'train.log_every_secs ({train.log_every_secs:g}s): progress is read from '
                                  'the chief\'s progress lines')
     _check_roles(spec, raw.get('train') or {}, origins)
-    r = train.replicas_to_aggregate
-    if r is not None and not 1 <= r <= spec.num_workers:
-        raise origins.error('train.replicas_to_aggregate',
-                            f'must be between 1 and the number of workers ({spec.num_workers}), got {r}')
+    check_aggregation(spec, origins)
     return spec
 
 

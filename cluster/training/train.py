@@ -23,7 +23,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from cluster.runtime import causes, rundir, session
+from cluster.runtime import causes, rundir, session, telemetry
 from cluster.runtime.membership import LIVE, DoneTracker
 from cluster.spec import ClusterSpec, TaskSpec
 from cluster.checks import memory
@@ -202,6 +202,7 @@ class _TrainLoop:
         out = run_retrying(lambda: self._run(fetches), 'the step after global step %d', self.step)
         self.applied.append(self.step)
         token, self.loss, self.local_steps = int(out[0]), float(out[1]), self.local_steps + 1
+        telemetry.STEPS.count(self.g.examples_per_run)
         if train.sync and token <= self.step:
             token = _skip_to_next_step(self.sess, g, self.step, train.steps)
         self.step = token

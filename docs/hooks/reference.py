@@ -236,12 +236,13 @@ def link_keys(markdown: str, names: list[str], page: str = '') -> str:
 # -- the event log ---------------------------------------------------------------------------------------
 _JSON_TYPES = {'str': 'string', 'int': 'integer', 'float': 'number', 'bool': 'boolean', 'list[str]': 'list of strings',
                'list[int]': 'list of integers', 'dict[str, float]': 'object of numbers', 'RunState': 'string',
-               'RunRecord': 'object (as run.json)'}
+               'RunRecord': 'object (as run.json)', 'dict[str, dict[str, float | None]]': 'object of objects of numbers'}
 
 
 def json_type(annotation: str, where: str) -> str:
     """'int | None' -> 'integer': a field's type as its JSON value (any may be null where unknown)."""
-    parts = [p.strip() for p in annotation.split('|') if p.strip() != 'None']
+    whole = annotation.removesuffix(' | None')
+    parts = [whole] if whole in _JSON_TYPES else [p.strip() for p in annotation.split('|') if p.strip() != 'None']
     unknown = [p for p in parts if p not in _JSON_TYPES]
     if unknown:
         raise ValueError(f'{where}: no JSON type known for {annotation!r}: add it to _JSON_TYPES in {__file__}')

@@ -1,6 +1,7 @@
 """`launch status`: a run's state and each of its tasks, as text or JSON."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
@@ -15,9 +16,11 @@ from launch.commands.status_view import TaskRow
 from launch.commands.request import Request, backends_for, plans_of
 from launch.errors import EXIT_NO_RUN
 from launch.planning.plan import TaskPlan, state_path
-from launch.records import preemptions, runs
+from launch.records import preemptions, runs, telemetry
+from launch.records.event_types import Straggler
 from launch.records.result import RunState
 from launch.run import registry
+from launch.run.disk import read_pulse
 from launch.run.preflight import launcher_alive
 from launch.run.state import LaunchState
 
@@ -37,6 +40,8 @@ def cmd_status(spec: ClusterSpec, req: Request[StatusFlags]) -> int:
     info = runs.describe(spec.train.train_dir)
     tasks = _task_status(spec, req, plans, state)
     preempted = preemptions.of_run(spec.train.train_dir) if info is not None else []
+    slow = telemetry.stragglers(telemetry.of_run(spec.train.train_dir), info.attempts) if info is not None else []
+    tasks = _named_stragglers(tasks, slow)
     code = EXIT_NO_RUN if info is None and state is None else \
         EXIT_OK if info is None or info.state in (RunState.RUNNING, RunState.DONE) else EXIT_FAILED
     if req.flags.json:
@@ -46,6 +51,8 @@ def cmd_status(spec: ClusterSpec, req: Request[StatusFlags]) -> int:
                           'restarts': state.restarts if state else 0,
                           'preemptions': state.preemptions if state else 0,
                           'preempted': [p.to_json() for p in preempted],
+                          'stragglers': [{'task': e.task, 'time': e.time, 'steps_per_sec': e.steps_per_sec,
+                                          'median': e.median, 'cause': e.cause} for e in slow],
                           'workers': state.workers.to_json() if state and state.workers else None,
                           'standby': _standby_json(state),
                           'tasks': [t.to_json() for t in tasks]},
@@ -59,7 +66,7 @@ def cmd_status(spec: ClusterSpec, req: Request[StatusFlags]) -> int:
             print(preemptions.summary(preempted))
     _print_launcher(spec, req, plans, state, tasks, info)
     if req.flags.all or len(tasks) <= status_view.GROUP_ABOVE:
-        print('\n'.join(status_view.table(tasks)))
+        print('\n'.join(status_view.table(tasks) + status_view.telemetry(tasks)))
     else:
         print('\n'.join(status_view.grouped(tasks)))
         print(f'({len(tasks)} tasks, one line per job; `launch status --all` lists each task)')
@@ -99,6 +106,13 @@ def _print_launcher(spec: ClusterSpec, req: Request[StatusFlags], plans: list[Ta
               'began)')
     else:
         print('global step: none seen yet')
+
+
+def _named_stragglers(tasks: list[TaskRow], slow: list[Straggler]) -> list[TaskRow]:
+    """The rows of running workers this attempt named stragglers, noted so (the newest naming)."""
+    named = {e.task: e for e in slow}
+    return [dataclasses.replace(t, note='; '.join(filter(None, (t.note, telemetry.note(named[t.task])))))
+            if t.task in named and t.alive else t for t in tasks]
 
 
 def _standby_json(state: LaunchState | None) -> dict[str, int] | None:
@@ -146,6 +160,7 @@ def _task_status(spec: ClusterSpec, req: Request[StatusFlags], plans: list[TaskP
             if not note and plan.task.job == 'worker' and live is not None and plan.task.index not in live:
                 note = 'spare: in the pool, not running (`launch scale`)'
             where = r.endpoint if r and registry.kind(r.backend).places else plan.task.address
+            beat = read_pulse(r, backend) if r and alive else None
             return TaskRow(plan.name, where, plan.backend, r.pid if r else None, alive, listening, note,
-                           seen.left if seen else (), seen.exit_code if seen else None)
+                           seen.left if seen else (), seen.exit_code if seen else None, beat.sample if beat else None)
         return status_view.ask_all(ask, plans)

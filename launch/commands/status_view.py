@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from cluster.runtime.contract import job_of
+from cluster.runtime.telemetry import Sample
 from launch.backends.base import Observation
 
 GROUP_ABOVE = 12        # tasks: a run of more is shown one line per job (the table, with `--all`)
@@ -43,10 +44,12 @@ class TaskRow:
     note: str
     left: tuple[int, ...] = ()
     exit_code: int | None = None
+    sample: Sample | None = None        # its newest telemetry, while it runs (cluster/runtime/telemetry.py)
 
     def to_json(self) -> dict:
         return {'task': self.task, 'address': self.address, 'backend': self.backend, 'pid': self.pid,
-                'alive': self.alive, 'listening': self.listening, 'note': self.note, 'left': list(self.left)}
+                'alive': self.alive, 'listening': self.listening, 'note': self.note, 'left': list(self.left),
+                'sample': self.sample.facts() if self.sample else None}
 
 
 def seen_words(seen: Observation | None) -> tuple[bool | None, str]:
@@ -116,3 +119,32 @@ def _job_line(job: str, rows: list[TaskRow]) -> str:
         more = f', and {len(odd) - NAMED} more (`launch status --all`)' if len(odd) > NAMED else ''
         parts.append(f'{len(odd)} to look at: {named}{more}')
     return f'{job} {len(rows)}: ' + '; '.join(parts)
+
+
+def _figure(value: float | None, fmt: str, scale: float = 1.0) -> str:
+    return '-' if value is None else format(value * scale, fmt)
+
+
+def _per_sec(value: float | None) -> str:
+    if value is None:
+        return '-'
+    return f'{value / 1e6:.1f} MB/s' if value >= 1e5 else f'{value / 1e3:.0f} kB/s'
+
+
+def telemetry(rows: Iterable[TaskRow]) -> list[str]:
+    """What each running task measured of itself over its last few seconds (its pulse's sample):
+    its steps and images per second (a built-in worker's), CPU (100% is one core), resident
+    memory, and its TCP bytes in and out per second. Nothing where no task has a sample."""
+    measured = [t for t in rows if t.sample is not None and t.alive]
+    if not measured:
+        return []
+    width = max([10] + [len(t.task) for t in measured])
+    out = [f'{"TASK":<{width}} {"STEPS/S":>8} {"IMAGES/S":>9} {"CPU":>5} {"MEMORY":>8} {"NET IN":>10} {"NET OUT":>10}']
+    for t in measured:
+        s = t.sample
+        assert s is not None
+        out.append(f'{t.task:<{width}} {_figure(s.steps_per_sec, ".1f"):>8} {_figure(s.images_per_sec, ".0f"):>9} '
+                   f'{_figure(s.cpu, ".0f", 100) + ("%" if s.cpu is not None else ""):>5} '
+                   f'{_figure(s.rss, ".0f", 1e-6) + (" MB" if s.rss is not None else ""):>8} '
+                   f'{_per_sec(s.in_per_sec):>10} {_per_sec(s.out_per_sec):>10}')
+    return out

@@ -43,6 +43,8 @@ class EventKind(str, enum.Enum):
     PREEMPTED = 'preempted'
     DISK_FULL = 'disk_full'
     DISK_FREE = 'disk_free'
+    SAMPLE = 'sample'
+    STRAGGLER = 'straggler'
     INTERRUPTED = 'interrupted'
     FINISHED = 'finished'
 
@@ -338,6 +340,37 @@ class DiskFree(Event):
     path: str | None = json_field(read_text, doc='The path written again.')
 
 
+def read_samples(value: Any) -> dict[str, dict[str, float | None]] | None:
+    """A sample event's figures: task -> figure name -> number or null (anything else dropped)."""
+    if not isinstance(value, dict):
+        return None
+    return {str(task): {str(k): read_real(v) for k, v in figures.items()}
+            for task, figures in value.items() if isinstance(figures, dict)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sample(Event):
+    """What each running task measured of itself over its last few seconds (cluster/runtime/telemetry.py),
+    every 30 s while the run trains."""
+    kind = EventKind.SAMPLE
+    tasks: dict[str, dict[str, float | None]] | None = json_field(
+        read_samples, doc='Task -> its figures: `steps`, `steps_per_sec` and `images_per_sec` (a worker of the '
+                          'built-in trainer), `cpu` (share of one core), `rss` (bytes), `in_per_sec` and '
+                          '`out_per_sec` (bytes its TCP connections received and sent per second); null where not '
+                          'measured.')
+
+
+@dataclass(frozen=True, kw_only=True)
+class Straggler(Event):
+    """A worker whose steps per second stayed below supervise's straggler fraction of the other
+    workers' median: who, how slow, and the likely cause."""
+    kind = EventKind.STRAGGLER
+    task: str | None = json_field(read_text, doc='The worker, job:index.')
+    steps_per_sec: float | None = json_field(read_real, doc='Its steps per second.')
+    median: float | None = json_field(read_real, doc="The other workers' median steps per second.")
+    cause: str | None = json_field(read_text, doc='The likely cause, in words, from its CPU against the others\'.')
+
+
 @dataclass(frozen=True, kw_only=True)
 class Interrupted(Event):
     """The launcher was told to stop (Ctrl-C, SIGTERM, SIGHUP): it stops the tasks and ends the run."""
@@ -369,7 +402,8 @@ class OtherEvent(Event):
 
 EVENT_TYPES: dict[str, type[Event]] = {cls.kind.value: cls for cls in (
     RunStarted, TaskStarted, Serving, FirstStep, Progress, Checkpoint, Evaluation, TaskLost, Tolerated, Stall, Restart,
-    Recovered, Scale, Scaled, Failover, Moved, Preempted, DiskFull, DiskFree, Interrupted, Finished) if cls.kind is not None}
+    Recovered, Scale, Scaled, Failover, Moved, Preempted, DiskFull, DiskFree, Sample, Straggler, Interrupted, Finished)
+    if cls.kind is not None}
 assert set(EVENT_TYPES) == {k.value for k in EventKind}
 
 

@@ -31,6 +31,7 @@ from cluster.spec.environ import masked_spec_text
 from cluster.spec.reader import parse_yaml
 from launch.records.event_types import Checkpoint, Evaluation, Progress, Recovered, Restart, RunStarted, Stall, TaskStarted
 from launch.records.jsonrecord import finite
+from launch.records import telemetry_report
 from launch.records.preemptions import preemptions
 from launch.records.plots import TimeAxis, clock, progress_png, timeline_png
 from launch.records.rehearsal import section_html
@@ -79,8 +80,9 @@ def render(train_dir: str, page_dir: str | None = None) -> str:
     else:
         parts.append(f'<p class="note">No events yet: {_e(rundir.events_path(train_dir), None)} is missing or holds '
                      'no event. The run has not started, or its launcher keeps no event log.</p>')
-    parts += [section_html(run.result.rehearsal), _evaluations(run), _failures(run), _preemptions(run), _recoveries(run), _stacks(run, train_dir if page_dir is None else page_dir),
-              _result(run), _spec(run)]
+    parts += [section_html(run.result.rehearsal), _evaluations(run),
+              telemetry_report.section(run.events, run.tz, train_dir, _table), _failures(run), _preemptions(run),
+              _recoveries(run), _stacks(run, train_dir if page_dir is None else page_dir), _result(run), _spec(run)]
     title = f'{_run_id(run)} report'
     page = (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
             f'<style>{CSS}</style></head>\n<body>\n' + '\n'.join(p for p in parts if p) +

@@ -119,7 +119,8 @@ def read_mended(value: Any) -> list[MendedFault] | None:
 class RunRecord(JsonRecord):
     """run.json as read (or a `finished` event's result): every field may be missing (`has` says
     which were written) or null; the field order is the order the launcher writes them in."""
-    OPTIONAL = frozenset({'recoveries', 'rehearsal', 'preemptions'})    # once a fault was mended; a rehearsal; once preempted
+    # once a fault was mended; a rehearsal; once preempted; with backup workers
+    OPTIONAL = frozenset({'recoveries', 'rehearsal', 'preemptions', 'dropped_gradients'})
     state: RunState | str | None = json_field(read_state)
     exit_code: int | None = json_field(read_whole)
     seconds: float | None = json_field(read_real)
@@ -138,6 +139,7 @@ class RunRecord(JsonRecord):
     train_dir: str | None = json_field(read_text)
     rehearsal: Rehearsal | None = json_field(read_rehearsal)     # `launch up --rehearse`: the links tried
     preemptions: int | None = json_field(read_whole)     # preemption notices, none counted among the restarts
+    dropped_gradients: int | None = json_field(read_whole)     # sync with backup workers: gradients dropped as stale
 
     def is_empty(self) -> bool:
         return not self.written_keys()
@@ -149,7 +151,8 @@ class RunRecord(JsonRecord):
                          global_step=self.global_step, images_per_sec=self.images_per_sec, loss=self.loss,
                          restarts=self.restarts or 0, failures=list(self.failures or ()),
                          recoveries=list(self.recoveries or ()), started=read_epoch(self.started) or 0.0, ended=read_epoch(self.ended) or 0.0,
-                         rehearsal=self.rehearsal, preemptions=self.preemptions or 0)
+                         rehearsal=self.rehearsal, preemptions=self.preemptions or 0,
+                         dropped_gradients=self.dropped_gradients)
 
 
 @dataclass
@@ -168,6 +171,7 @@ class RunResult:
     ended: float = 0.0
     rehearsal: Rehearsal | None = None      # a rehearsal's findings (launch up --rehearse)
     preemptions: int = 0                # preemption notices in this `launch up` (not among the restarts)
+    dropped_gradients: int | None = None    # sync with backup workers: the gradients computed and not aggregated
 
     def __post_init__(self) -> None:
         self.state = RunState(self.state)       # a caller's 'done' is the state DONE
@@ -179,7 +183,8 @@ class RunResult:
                          restarts=self.restarts, failures=list(self.failures), recoveries=list(self.recoveries) or None,
                          started=rundir.iso_time(self.started),
                          ended=rundir.iso_time(self.ended), id=run, attempt=attempt, spec=spec, backend=backend,
-                         train_dir=train_dir, rehearsal=self.rehearsal, preemptions=self.preemptions or None)
+                         train_dir=train_dir, rehearsal=self.rehearsal, preemptions=self.preemptions or None,
+                         dropped_gradients=self.dropped_gradients)
 
     def to_json(self, run: str, attempt: int, spec: str, backend: str, train_dir: str) -> dict[str, Any]:
         """run.json: the fields `launch status --json` and `launch list --json` agree with."""

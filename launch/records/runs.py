@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 # Never searched for runs: a run's own output (task logs, checkpoints) and the usual big trees.
 # Hidden directories (.git, .venv, ...) are skipped as well, except the root a user names.
 SKIP_DIRS = frozenset({'node_modules', '__pycache__', 'site-packages'})
-RUN_SKIP_DIRS = frozenset({rundir.LOGS_DIR, 'checkpoints', 'checkpoint', 'ckpt', 'eval'})
+RUN_SKIP_DIRS = frozenset({rundir.LOGS_DIR, 'checkpoints', 'checkpoint', 'ckpt', 'eval', 'telemetry'})
 
 
 class RunNotFound(UsageError):

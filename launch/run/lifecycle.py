@@ -423,11 +423,11 @@ class Lifecycle:
         # Typed reads: a damaged or foreign file's "many" is no step (and must not end the run in a TypeError).
         result.global_step = max(read_whole(r.get('global_step')) or 0 for r in results)
         rates = [read_real(r.get('images_per_sec')) for r in results]
-        if all(rate is not None for rate in rates):     # a user program may not count examples
-            result.images_per_sec = sum(rate for rate in rates if rate is not None)
+        result.images_per_sec = sum(r for r in rates if r is not None) if None not in rates else None     # a user program may not count examples
         chief = [r for r in results if r.get('task') == self.spec.chief.name and 'loss' in r]
         if chief:
             result.loss = read_real(chief[0]['loss'])
+        result.dropped_gradients = dropped_gradients(self.spec, results, result.global_step)
 
     def _unevaluated(self) -> str:
         """'; no checkpoint was evaluated: why' for a finished run whose evaluator reported nothing
@@ -459,9 +459,25 @@ class Lifecycle:
             notes.append(f'{result.restarts} restart(s)')
         if result.preemptions:
             notes.append(f'{result.preemptions} preemption(s), not counted as faults')
+        if result.dropped_gradients is not None:
+            notes.append(f'{result.dropped_gradients} gradient(s) of backup workers dropped as stale')
         if lost:
             notes.append(f'lost {", ".join(sorted(lost))}')
         if notes:
             text += f' ({"; ".join(notes)})'
         return text
 
+
+def dropped_gradients(spec: ClusterSpec, results: list[dict], reached: int) -> int | None:
+    """Sync with backup workers (fewer gradients aggregated than live workers): the gradients the
+    workers computed (one a local step) that no global step took (each takes replicas_to_aggregate),
+    from their closing figures; None otherwise."""
+    if not spec.train.sync or spec.coordinator or spec.train.program or spec.train.command \
+            or spec.replicas_to_aggregate >= spec.live_workers:
+        return None
+    computed = [read_whole(r.get('local_steps')) for r in results]
+    firsts = [read_whole(r.get('first_global_step')) for r in results]
+    if not results or None in computed or None in firsts:
+        return None
+    taken = (reached - min(f for f in firsts if f is not None)) * spec.replicas_to_aggregate
+    return max(0, sum(c for c in computed if c is not None) - taken)

@@ -35,7 +35,7 @@ from launch.run.lifecycle import CHECKPOINT_GRACE_SECS, Failure, Lifecycle, Outc
 from launch.run.supervised.admission import Gate, window_for
 from launch.run.supervised.following import follow
 from launch.run.supervised.leases import Leases
-from launch.run.supervised import mending
+from launch.run.supervised import mending, telemetry
 from launch.run.supervised.mending import RecoveryClock
 from launch.run.supervised.notes import check_tail, evaluator_needs, quiet_warning
 from launch.run.policy import Action, Policy, Progress, TaskState, TaskStatus
@@ -83,6 +83,18 @@ def saved_since(life: Lifecycle, first: SaveFirst) -> bool:
             return True
         time.sleep(0.5)
     return False
+
+
+def check_run_dir(train_dir: str, fd: int | None) -> None:
+    """The run's own directory (its state, events, and for local tasks their logs and
+    checkpoints) removed under a running launcher: one line, and every task stopped.
+    The directory is held open (`fd`) from the start of the run: once removed it has no links left,
+    even when a task that still writes there (a chief's checkpoint) has made a new one by
+    the same name before this check comes round."""
+    assert fd is not None, 'checked only while the run goes on'
+    if os.fstat(fd).st_nlink == 0 or not os.path.isdir(train_dir):
+        raise TaskFailed(f'the run\'s directory {os.path.abspath(train_dir)} was removed while the run went on; '
+                         'stopping every task (nothing of the run can be kept there any more)')
 
 
 class SupervisedRun(Strategy):
@@ -185,6 +197,8 @@ class SupervisedRun(Strategy):
         self.say(f'started {len(self.state.records)} tasks; waiting for their servers'
                  + (f' ({spares} more worker(s) of the pool can join: `launch scale`)' if spares else ''))
         self.wait_ready(t0)
+        telemetry.Watch(lambda: list(self.state.records), self.backends, self.say, self.life.emit,
+                        self.spec.supervise.sample_secs, self.spec.train.train_dir).start(self._done)
 
     def _failed(self, e: TaskFailed) -> Outcome:
         """The run cannot go on: its line and the task's last log lines, then its outcome."""
@@ -295,16 +309,7 @@ class SupervisedRun(Strategy):
         return self.state.attempt.progress(self.spec.train.steps)
 
     def check_run_dir(self) -> None:
-        """The run's own directory (its state, events, and for local tasks their logs and
-        checkpoints) removed under a running launcher: one line, and every task stopped.
-        The directory is held open from the start of the run: once removed it has no links left,
-        even when a task that still writes there (a chief's checkpoint) has made a new one by
-        the same name before this check comes round."""
-        train_dir = self.spec.train.train_dir
-        assert self._run_dir_fd is not None, 'checked only while the run goes on'
-        if os.fstat(self._run_dir_fd).st_nlink == 0 or not os.path.isdir(train_dir):
-            raise TaskFailed(f'the run\'s directory {os.path.abspath(train_dir)} was removed while the run went on; '
-                             'stopping every task (nothing of the run can be kept there any more)')
+        check_run_dir(self.spec.train.train_dir, self._run_dir_fd)
 
     # -- attempts and restarts -----------------------------------------------------------------
     def apply(self, plan: Plan) -> None:

@@ -1,6 +1,7 @@
-"""The emulated links of `benchmarks/bench.py --only links`: the cost model (fast) and the
-namespaces, veth pairs and rate limits on this machine (real, root), which must give the rate
-asked for and leave nothing behind, also when the benchmark is stopped."""
+"""The emulated links of `benchmarks/bench.py --only links`: the namespaces, veth pairs and rate
+limits on this machine (real, root), which must give the rate asked for and leave nothing behind,
+also when the benchmark is stopped. (The cost model they are held against is tested in
+tests/unit/launch/planning/test_link_time.py.)"""
 from __future__ import annotations
 
 import os

@@ -15,9 +15,10 @@ import sys
 
 import numpy as np
 import pytest
+import yaml
 
 from cluster.runtime import messages
-from tests.conftest import REPO, launch, launch_bg, run_tasks, write_coordinator_spec
+from tests.conftest import REPO, free_ports, launch, launch_bg, run_tasks, write_coordinator_spec
 from tests.harness.faults import finish, task_pid, until_step
 
 pytestmark = pytest.mark.slow     # real local clusters
@@ -76,13 +77,21 @@ def test_each_example_trains_to_its_last_step_and_is_evaluated(tmp_path, example
 
 
 def test_a_coordinator_run_ends_cleanly_and_says_what_each_role_does(tmp_path):
-    """examples/pss_loop.py, a few steps and no evaluator (nothing then holds the servers up after
-    the last checkpoint): the chief, which serves nothing, says "started", not "serving on"; the
-    servers are stopped only once the chief has ended, so the console holds none of gRPC's
-    "Failed to remove function remotely" errors of a chief freeing its functions against stopped
-    servers; the report gives the step reached."""
+    """examples/pss_loop.py on 2 ps tasks, a few steps and no evaluator (nothing then holds the
+    servers up after the last checkpoint): the chief, which serves nothing, says "started", not
+    "serving on"; the servers are stopped only once the chief has ended, so the console holds none
+    of gRPC's "Failed to remove function remotely" errors of a chief freeing its functions against
+    stopped servers; the report gives the step reached. And the next run of the program can be
+    planned from this one (#42): the chief recorded each variable where ParameterServerStrategy put
+    it (variables.json), and `launch plan --from-run` gives the ps tasks' load from it, whose bytes
+    are the bytes of the run's newest checkpoint."""
     spec = write_coordinator_spec(tmp_path, program='examples.pss_loop:train', evaluator=None,
                                   steps=40, checkpoint_steps=20)
+    with open(spec) as f:
+        data = yaml.safe_load(f)
+    data['cluster']['ps'].append(f'localhost:{free_ports(1)[0]}')
+    with open(spec, 'w') as f:
+        yaml.safe_dump(data, f, sort_keys=False)
     result = launch('up', spec, timeout=300)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out
@@ -91,6 +100,38 @@ def test_a_coordinator_run_ends_cleanly_and_says_what_each_role_does(tmp_path):
     assert 'chief:0 started: the program examples.pss_loop:train' in out, out
     launch('report', spec, '-o', str(tmp_path / 'report.html'))
     assert '<td>global step</td><td>40</td>' in (tmp_path / 'report.html').read_text()
+    check_planned_from(tmp_path, spec, data)
+
+
+def check_planned_from(tmp_path, spec: str, data: dict) -> None:
+    """`launch plan --from-run` of a finished coordinator run of 2 ps tasks: its load, and on links."""
+    import tensorflow as tf
+    run = str(tmp_path / 'run')
+    plan = launch('plan', spec, '--from-run', run, '--json')
+    assert plan.returncode == 0, plan.stderr
+    load = json.loads(plan.stdout)['load']
+    ps = {p['task']: p['bytes'] for p in load['ps']}
+    assert set(ps) == {'ps:0', 'ps:1'} and all(ps.values()), load['ps']       # round robin: both hold some
+    newest = tf.train.latest_checkpoint(run)
+    saved = sum(tf.as_dtype(tf.train.load_variable(newest, name).dtype).size * max(1, int(np.prod(shape)))
+                for name, shape in tf.train.list_variables(newest)
+                if name != '_CHECKPOINTABLE_OBJECT_GRAPH' and not name.startswith('save_counter'))
+    assert sum(ps.values()) == saved, (ps, tf.train.list_variables(newest))
+    text = launch('plan', spec, '--from-run', run, '--link', '1gbit')
+    assert text.returncode == 0, text.stderr
+    assert 'links: every task runs on localhost: nothing crosses a link' in text.stdout, text.stdout
+    # The same program planned on five hosts: the run gives the variables and the compute.
+    for job, addresses in data['cluster'].items():
+        data['cluster'][job] = [f'{job}{i}.example:{a.rsplit(":", 1)[1]}' for i, a in enumerate(addresses)]
+    (tmp_path / 'hosts').mkdir()
+    spread = str(tmp_path / 'hosts' / 'spec.yaml')
+    with open(spread, 'w') as f:
+        yaml.safe_dump(data, f, sort_keys=False)
+    text = launch('plan', spread, '--from-run', run, '--link', '1gbit')
+    assert text.returncode == 0, text.stderr
+    assert re.search(r"load: your program's \d+ variables on the ps tasks, as run \S+ placed them", text.stdout)
+    assert re.search(r'predicted: one update takes [\d.]+ ms \(compute [\d.]+ ms, from run \S+ [\d,]+ images/s\)',
+                     text.stdout), text.stdout
 
 
 def test_a_lost_worker_then_a_lost_ps(tmp_path):
@@ -272,46 +313,3 @@ def test_a_coordinator_run_in_compose(tmp_path, compose_project):
     check_finished(out, str(tmp_path / 'run'), 60, metric='accuracy')     # written in the containers
     assert 'chief:0 started: the program examples.pss_loop:train' in out and not project_leftovers(project)
 
-
-def test_plan_from_a_coordinator_run_tells_where_its_variables_went(tmp_path):
-    """examples/pss_loop.py on 2 ps: the chief records each variable ParameterServerStrategy placed
-    (variables.json); `launch plan --from-run` gives the ps tasks' load from it, and its bytes are
-    the bytes of the run's newest checkpoint."""
-    import tensorflow as tf
-    import yaml
-    from tests.conftest import free_ports
-    spec = write_coordinator_spec(tmp_path, program='examples.pss_loop:train', evaluator=None, steps=20,
-                                  checkpoint_steps=20)
-    with open(spec) as f:
-        data = yaml.safe_load(f)
-    data['cluster']['ps'].append(f'localhost:{free_ports(1)[0]}')
-    with open(spec, 'w') as f:
-        yaml.safe_dump(data, f, sort_keys=False)
-    result = launch('up', spec, timeout=300)
-    assert result.returncode == 0, result.stdout + result.stderr
-    run = str(tmp_path / 'run')
-    plan = launch('plan', spec, '--from-run', run, '--json')
-    assert plan.returncode == 0, plan.stderr
-    load = json.loads(plan.stdout)['load']
-    ps = {p['task']: p['bytes'] for p in load['ps']}
-    assert set(ps) == {'ps:0', 'ps:1'} and all(ps.values()), load['ps']       # round robin: both hold some
-    newest = tf.train.latest_checkpoint(run)
-    saved = sum(tf.as_dtype(tf.train.load_variable(newest, name).dtype).size * max(1, int(np.prod(shape)))
-                for name, shape in tf.train.list_variables(newest)
-                if name != '_CHECKPOINTABLE_OBJECT_GRAPH' and not name.startswith('save_counter'))
-    assert sum(ps.values()) == saved, (ps, tf.train.list_variables(newest))
-    text = launch('plan', spec, '--from-run', run, '--link', '1gbit')
-    assert text.returncode == 0, text.stderr
-    assert 'links: every task runs on localhost: nothing crosses a link' in text.stdout, text.stdout
-    # The same program planned on five hosts: the run gives the variables and the compute.
-    for job, addresses in data['cluster'].items():
-        data['cluster'][job] = [f'{job}{i}.example:{a.rsplit(":", 1)[1]}' for i, a in enumerate(addresses)]
-    (tmp_path / 'hosts').mkdir()
-    spread = str(tmp_path / 'hosts' / 'spec.yaml')
-    with open(spread, 'w') as f:
-        yaml.safe_dump(data, f, sort_keys=False)
-    text = launch('plan', spread, '--from-run', run, '--link', '1gbit')
-    assert text.returncode == 0, text.stderr
-    assert re.search(r"load: your program's \d+ variables on the ps tasks, as run \S+ placed them", text.stdout)
-    assert re.search(r'predicted: one update takes [\d.]+ ms \(compute [\d.]+ ms, from run \S+ [\d,]+ images/s\)',
-                     text.stdout), text.stdout

@@ -64,7 +64,7 @@ def test_the_table_is_the_one_it_always_was():
 def test_the_json_keeps_its_keys():
     assert _row('worker:17', Observation(ENDED, -9)).to_json() == {
         'task': 'worker:17', 'address': 'localhost:1009', 'backend': 'local', 'pid': 100, 'alive': False,
-        'listening': True, 'note': '', 'left': []}
+        'listening': True, 'note': '', 'left': [], 'sample': None}       # keys are added, never renamed
 
 
 def test_tasks_are_asked_at_once_and_answered_in_order():

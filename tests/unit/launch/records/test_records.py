@@ -39,10 +39,14 @@ VALUES = {
     'path': '/home/me/runs/local2',
     'stacks': 'stacks/attempt-1', 'no_stacks': ['worker:1'],
     'before': '127.0.0.4:2222', 'address': '127.0.0.3:2222', 'grace': 30.0, 'checkpoint': 800,
+    'steps_per_sec': 6.81, 'median': 17.0,
 }
 SPEC, TRAIN_DIR = '/home/me/specs/local2.yaml', '/home/me/runs/local2'
 BY_EVENT = {('evaluation', 'task'): 'evaluator:0', ('failover', 'to'): 'worker:3', ('failover', 'task'): 'worker:1',
-            ('stall', 'cause'): 'no new step for 60s', ('disk_full', 'cause'): 'No space left on device (ENOSPC)'}
+            ('stall', 'cause'): 'no new step for 60s', ('disk_full', 'cause'): 'No space left on device (ENOSPC)',
+            ('sample', 'tasks'): {'ps:0': {'cpu': 0.4, 'rss': 650000000, 'in_per_sec': 9100000.0},
+                                  'worker:0': {'steps': 40, 'steps_per_sec': 3.25, 'cpu': 0.97}},
+            ('straggler', 'task'): 'worker:2', ('straggler', 'cause'): 'it waits, on its input or on its link'}
 
 
 def _runs_page() -> str:
@@ -91,7 +95,7 @@ def run_json_example() -> dict:
                        started=1795468123.0, ended=1795468156.5,
                        rehearsal=Rehearsal(tasks=2, links=[RehearsedLink(source='worker:0', target='ps:0', address='h:1',
                                                                          rtt_ms=0.5, mb_per_s=120.0, error='')],
-                                           unreported=[]), preemptions=1)
+                                           unreported=[]), preemptions=1, dropped_gradients=28)
     return result.to_json(RUN_ID, 2, SPEC, 'local', TRAIN_DIR)
 
 
