@@ -15,32 +15,26 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import statistics
+import sys
 import threading
 from collections.abc import Callable
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:        # the harness is the repository's, not an installed package
+    sys.path.insert(0, REPO)
+
+from tests.harness.faults import half_duty   # noqa: E402
 
 KINDS = ('even', 'slowed', 'backup')
 PERIOD = 1.0        # seconds of each stop-and-go cycle; stopped half of it
 
 
-def half_duty(train_dir: str, stop: threading.Event) -> None:
+def slow_down(train_dir: str, stop: threading.Event) -> None:
     """Stop worker:2 for half of every PERIOD until `stop` (it runs on at the end)."""
     with open(os.path.join(train_dir, 'launch-state.json')) as f:
         pid = next(t['pid'] for t in json.load(f)['tasks'] if t['name'] == 'worker:2')
-    try:
-        while not stop.is_set():
-            os.kill(pid, signal.SIGSTOP)
-            stop.wait(PERIOD / 2)
-            os.kill(pid, signal.SIGCONT)
-            stop.wait(PERIOD / 2)
-    except ProcessLookupError:
-        pass
-    finally:
-        try:
-            os.kill(pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
+    half_duty(pid, stop, PERIOD)
 
 
 def losses(train_dir: str) -> tuple[float | None, float | None]:
@@ -66,7 +60,7 @@ def one(kind: str, rep: int, args, tmp: str, launch_up: Callable, cluster_overri
 
     def on_step(pid: int, step: int, total: int) -> None:
         if kind != 'even' and not slowing:
-            slowing.append(threading.Thread(target=half_duty, args=(f'{tmp}/{name}', stop)))
+            slowing.append(threading.Thread(target=slow_down, args=(f'{tmp}/{name}', stop)))
             slowing[0].start()
     try:
         got = launch_up('specs/local2.yaml', sets, args.batch * (2 if kind == 'backup' else 3), on_step=on_step)

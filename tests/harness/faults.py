@@ -2,7 +2,8 @@
 tests/system/cluster/runtime/test_task_group.py, tests/system/cluster/test_coordinator.py,
 tests/system/launch/records/test_run_story.py, tests/system/launch/run/test_disk.py,
 tests/system/launch/run/test_elastic.py, tests/system/launch/run/test_faults.py,
-tests/system/launch/run/test_recovery.py: here, since no test module imports another."""
+tests/system/launch/run/test_recovery.py, tests/system/launch/run/test_telemetry.py and
+benchmarks/stragglers.py: here, since no test module imports another."""
 from __future__ import annotations
 
 import errno
@@ -12,6 +13,7 @@ import re
 import shutil
 import signal
 import subprocess
+import threading
 
 
 from tests.conftest import read_until
@@ -58,3 +60,21 @@ def remove_while_written(path: str) -> None:
         except OSError as e:
             if e.errno != errno.ENOTEMPTY:
                 raise
+
+
+def half_duty(pid: int, stop: threading.Event, period: float = 1.0) -> None:
+    """Stop `pid` for half of every `period` (SIGSTOP, then SIGCONT), until `stop`: a worker slowed
+    on purpose. It runs on at the end, also when it is gone meanwhile."""
+    try:
+        while not stop.is_set():
+            os.kill(pid, signal.SIGSTOP)
+            stop.wait(period / 2)
+            os.kill(pid, signal.SIGCONT)
+            stop.wait(period / 2)
+    except ProcessLookupError:
+        pass
+    finally:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass

@@ -7,7 +7,6 @@ leaves a process behind."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import threading
 import time
@@ -18,28 +17,11 @@ from cluster.runtime import rundir
 from launch.records import telemetry_report
 from launch.records.events import typed_events
 from tests.conftest import launch, launch_bg, read_until, write_spec
-from tests.harness.faults import finish, task_pid
+from tests.harness.faults import finish, half_duty, task_pid
 
 pytestmark = pytest.mark.slow     # a real local cluster
 
 SAMPLES = 4     # sample events (2 s apart) of every ps task, once the straggler is named
-
-
-def half_duty(pid: int, stop: threading.Event, period: float = 1.0) -> None:
-    """Stop `pid` for half of every `period`, until `stop`; it runs on at the end."""
-    try:
-        while not stop.is_set():
-            os.kill(pid, signal.SIGSTOP)
-            stop.wait(period / 2)
-            os.kill(pid, signal.SIGCONT)
-            stop.wait(period / 2)
-    except ProcessLookupError:
-        pass
-    finally:
-        try:
-            os.kill(pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
 
 
 def sample_events(run: str) -> list[dict]:

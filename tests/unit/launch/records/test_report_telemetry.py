@@ -15,18 +15,11 @@ from launch.commands.status_view import TaskRow, telemetry
 from launch.records import report, telemetry_report
 from launch.records.events import typed_events
 from launch.records.telemetry import Board
-from tests.harness.report import _event, fault_run, images
+from tests.harness.report import SPEC as HARNESS_SPEC, _event, fault_run, images
 
 MORNING = 14 * 3600 + 10 * 60
-SPEC = """cluster:
-  ps: [localhost:24211]
-  worker: [localhost:24212, localhost:24213]
-train:
-  sync: true
-  steps: 200
-  data: synthetic
-  train_dir: /tmp/r/run
-"""
+# The harness's spec, its data a set the plan can size (the harness names a download URL).
+SPEC = HARNESS_SPEC.replace('  data_url: https://example.org/cifar-10-binary.tar.gz\n', '  data: synthetic\n')
 PLAN = 2 * 4_273_192 * 4.0      # ps:0's bytes in per global step (2 workers' gradients) x 4 global steps/s
 
 
