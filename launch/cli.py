@@ -134,7 +134,8 @@ def _add_reading_commands(sub: argparse._SubParsersAction) -> None:
                       help="predict a step on links of RATE each way, one per host (1gbit, 10gbit, 100mbit)")
     plan.add_argument('--from-run', metavar='RUN',
                       help="a run of this spec (id or folder): its images/s is --link's compute, and for your own "
-                           'coordinator program its variables.json tells where each variable went')
+                           "program where each variable went (its variables.json, or its checkpoint's .meta); "
+                           "default: the spec's train_dir")
     ev = sub.add_parser('eval', help="precision@1 on the test split from the newest checkpoint (moving averages)")
     _spec_args(ev, run=True)
     ev.add_argument('--checkpoint', help='a checkpoint prefix (default: the newest in train_dir)')

@@ -1,6 +1,7 @@
-"""Where a run's own program put its variables: `<train_dir>/variables.json`, written by a
-coordinator run's chief (TF2 ParameterServerStrategy), read by `launch plan --from-run` to tell
-the ps tasks' load of the next run of that program.
+"""Where a run's own program put its variables, read by `launch plan --from-run` to tell the ps
+tasks' load of the next run of that program: `<train_dir>/variables.json`, written by a
+coordinator run's chief (TF2 ParameterServerStrategy), or a TF1 program's newest checkpoint's
+`.meta` graph (its Saver writes one; every variable node has its device there).
 
 The chief records every variable as it is created (a `tf.variable_creator_scope` around the
 user's program: ParameterServerStrategy has placed it by then, each variable, shard and optimizer
@@ -10,11 +11,13 @@ the order the strategy placed them in.
 
 The file: {"version": 1, "variables": [{"name", "shape", "dtype", "trainable", "device", "ps"}]},
 `ps` the ps task's index, or null for a variable that lives elsewhere (the chief's own).
-Pure, but for `Recorder.scope`, which the chief (with TensorFlow) enters."""
+Pure, but for `Recorder.scope`, which the chief (with TensorFlow) enters; a .meta is read with
+TensorBoard's copy of the protos."""
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -100,3 +103,47 @@ def read(train_dir: str) -> list[PlacedVariable] | None:
                 for v in data['variables']]
     except (AttributeError, KeyError, TypeError, ValueError) as e:
         raise ValueError(f'{path}: not a variables record ({e})') from None
+
+
+# TensorFlow's DataType enum names -> the dtype names cluster/checks/variables.py sizes.
+META_DTYPES = {'DT_FLOAT': 'float32', 'DT_DOUBLE': 'float64', 'DT_HALF': 'float16', 'DT_BFLOAT16': 'bfloat16',
+               'DT_INT8': 'int8', 'DT_INT16': 'int16', 'DT_INT32': 'int32', 'DT_INT64': 'int64', 'DT_UINT8': 'uint8',
+               'DT_UINT16': 'uint16', 'DT_UINT32': 'uint32', 'DT_UINT64': 'uint64', 'DT_BOOL': 'bool',
+               'DT_COMPLEX64': 'complex64', 'DT_COMPLEX128': 'complex128'}
+VARIABLE_OPS = ('VarHandleOp', 'VariableV2', 'Variable')
+META_BYTES = 256 << 20      # a .meta larger than this is not read (a graph with embedded constants)
+
+
+def newest_meta(train_dir: str) -> str | None:
+    """The .meta of the newest checkpoint TensorFlow's index names in train_dir (a TF1 program's
+    Saver writes one beside each checkpoint), if it is there."""
+    step = rundir.checkpoint_step(rundir.read_text(rundir.checkpoint_index_path(train_dir)))
+    path = os.path.join(train_dir, f'{rundir.CHECKPOINT_PREFIX}-{step}.meta') if step is not None else None
+    return path if path is not None and os.path.isfile(path) else None
+
+
+def read_meta(path: str) -> list[PlacedVariable]:
+    """The variables of a TF1 graph's MetaGraphDef (a checkpoint's .meta), in the order the graph
+    created them, each with the device its program's device setter gave it; read with
+    TensorBoard's copy of TensorFlow's protos (no TensorFlow). ValueError naming the file for one
+    that cannot be read as such."""
+    from google.protobuf.message import DecodeError
+    from tensorboard.compat.proto import meta_graph_pb2, types_pb2, variable_pb2
+    try:
+        if os.path.getsize(path) > META_BYTES:
+            raise ValueError(f'larger than {META_BYTES >> 20} MiB')
+        with open(path, 'rb') as f:
+            meta = meta_graph_pb2.MetaGraphDef.FromString(f.read())
+    except (OSError, ValueError, DecodeError) as e:
+        raise ValueError(f'{path}: not readable as a TensorFlow meta graph ({e})') from None
+    trainable = set()
+    for value in meta.collection_def['trainable_variables'].bytes_list.value:
+        trainable.add(variable_pb2.VariableDef.FromString(value).variable_name.split(':')[0])
+    found = []
+    for node in meta.graph_def.node:
+        if node.op not in VARIABLE_OPS:
+            continue
+        dtype = META_DTYPES.get(types_pb2.DataType.Name(node.attr['dtype'].type), 'unknown')
+        shape = tuple(max(int(d.size), 0) for d in node.attr['shape'].shape.dim)
+        found.append(PlacedVariable(node.name, shape, dtype, node.name in trainable, node.device, ps_of(node.device)))
+    return found

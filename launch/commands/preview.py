@@ -2,6 +2,7 @@
 ready for it): both start nothing."""
 from __future__ import annotations
 
+import os
 import shlex
 
 from cluster.runtime import placed, rundir, runjson
@@ -79,6 +80,8 @@ def cmd_plan(spec: ClusterSpec, req: Request[PlanFlags]) -> int:
     load, tip = ps_load.builtin_load(spec), ps_load.advice(spec)
     if load is None and run is not None:
         load = _run_load(spec, *run)
+    elif load is None and (own := _own_run(spec)) is not None:     # the spec's train_dir: its last run, if it tells
+        load = _run_load(spec, *own, asked=False)
     links = _links(spec, load, req.flags, plans, run)
     if req.flags.json:      # the tasks (each names the run's standbys too) and the ps tasks' load
         kept = standbys.summary(spec, req.backend, plans)
@@ -111,8 +114,8 @@ def cmd_plan(spec: ClusterSpec, req: Request[PlanFlags]) -> int:
             print(f'  env:  {k}={v if v == MASK else shlex.quote(v)}')
         print(f'  log:  {plan.log_path}')
     for line in load_view.lines(load) if load else ['load: not known before the run (your own program or '
-                                                      'command places its variables; a coordinator program\'s '
-                                                      'run tells it: --from-run RUN)']:
+                                                      'command places its variables; a run of your program '
+                                                      'tells it: --from-run RUN)']:
         print(line)
     if tip:
         print(tip.line(spec.num_ps))
@@ -135,7 +138,7 @@ def _links(spec: ClusterSpec, load: ps_load.Load | None, flags: PlanFlags, plans
         return None
     if load is None:
         raise UsageError(f'{spec.path}: --link needs the ps tasks\' load; this spec runs your own program or command, '
-                         'whose variables are not known before it runs (a coordinator program\'s run tells them: '
+                         'whose variables are not known before it runs (a run of your program tells them: '
                          '--from-run RUN)')
     compute, source = _measured_compute(*run) if run else (None, None)
     worker = next((p for p in plans if p.task.job == 'worker'), None)
@@ -155,16 +158,31 @@ def _from_run(ref: str) -> tuple[str, str]:
     return train_dir, info.id if info is not None else ref
 
 
-def _run_load(spec: ClusterSpec, train_dir: str, run: str) -> ps_load.Load | None:
-    """The load of the variables a coordinator run placed (its variables.json)."""
+def _own_run(spec: ClusterSpec) -> tuple[str, str] | None:
+    """The train_dir and id of the run the spec's own train_dir holds, if any."""
+    info = runs.describe(spec.train.train_dir) if os.path.isdir(spec.train.train_dir) else None
+    return (os.path.abspath(spec.train.train_dir), info.id) if info is not None else None
+
+
+def _run_load(spec: ClusterSpec, train_dir: str, run: str, asked: bool = True) -> ps_load.Load | None:
+    """The load of the variables a run of the user's program placed: a coordinator run's
+    variables.json, else a TF1 program's newest checkpoint's graph. A run that left neither is an
+    error where it was `asked` for (--from-run), else no load."""
     try:
         recorded = placed.read(train_dir)
+        source = rundir.VARIABLES_FILE
+        meta = placed.newest_meta(train_dir) if recorded is None else None
+        if meta is not None:
+            recorded, source = placed.read_meta(meta), os.path.basename(meta)
     except ValueError as e:
         raise UsageError(str(e)) from None
     if recorded is None:
+        if not asked:
+            return None
         raise UsageError(f'{train_dir}: run {run} left no {rundir.VARIABLES_FILE} (a coordinator run\'s chief writes '
-                         'it once its program has stepped)')
-    return ps_load.run_load(spec, recorded, run)
+                         'it once its program has stepped) and no checkpoint with its graph (a TF1 program\'s '
+                         '.meta)')
+    return ps_load.run_load(spec, recorded, f'{run} ({source})')
 
 
 def _towers(spec: ClusterSpec, worker: TaskPlan | None) -> int:

@@ -78,3 +78,31 @@ def test_the_load_of_a_recorded_run(tmp_path):
     assert load.hot == ('kernel:0',)
     assert "as run r-1 placed them" in load.model
     assert json.loads(json.dumps(load.to_json()))['ps'][0]['task'] == 'ps:0'
+
+
+def test_a_tf1_programs_meta_graph_gives_each_variable_its_ps_task(tmp_path):
+    """A real TF1 graph, built as a train.program builds one (replica_device_setter over 2 ps
+    tasks: round robin in creation order), exported as a Saver exports it beside a checkpoint."""
+    import tensorflow as tf
+    v1 = tf.compat.v1
+    with tf.Graph().as_default():
+        with v1.device(v1.train.replica_device_setter(ps_tasks=2, worker_device='/job:worker/task:0')):
+            step = v1.train.get_or_create_global_step()
+            w = v1.get_variable('dense/kernel', [784, 128])
+            b = v1.get_variable('dense/bias', [128])
+            v1.get_variable('counts', [10], dtype=tf.int64, trainable=False)
+            v1.train.GradientDescentOptimizer(0.1).minimize(tf.reduce_sum(w) + tf.reduce_sum(b), global_step=step)
+        v1.train.export_meta_graph(str(tmp_path / 'model.ckpt-7.meta'))
+    (tmp_path / 'checkpoint').write_text('model_checkpoint_path: "model.ckpt-7"\n')
+    assert placed.newest_meta(str(tmp_path)) == str(tmp_path / 'model.ckpt-7.meta')
+    got = placed.read_meta(str(tmp_path / 'model.ckpt-7.meta'))
+    assert [(v.name, v.shape, v.dtype, v.trainable, v.ps) for v in got] == [
+        ('global_step', (), 'int64', False, 0), ('dense/kernel', (784, 128), 'float32', True, 1),
+        ('dense/bias', (128,), 'float32', True, 0), ('counts', (10,), 'int64', False, 1)]
+
+
+def test_a_file_that_is_no_meta_graph_is_named(tmp_path):
+    (tmp_path / 'model.ckpt-7.meta').write_bytes(b'\xff\x00 not a protobuf \x81\x82')
+    with pytest.raises(ValueError, match=rf'^{tmp_path}/model.ckpt-7.meta: not readable as a TensorFlow meta graph'):
+        placed.read_meta(str(tmp_path / 'model.ckpt-7.meta'))
+    assert placed.newest_meta(str(tmp_path)) is None        # no index names it
