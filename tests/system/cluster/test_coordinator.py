@@ -129,7 +129,8 @@ def check_planned_from(tmp_path, spec: str, data: dict) -> None:
         yaml.safe_dump(data, f, sort_keys=False)
     text = launch('plan', spread, '--from-run', run, '--link', '1gbit')
     assert text.returncode == 0, text.stderr
-    assert re.search(r"load: your program's \d+ variables on the ps tasks, as run \S+ placed them", text.stdout)
+    assert re.search(r"load: your program's \d+ variables on the ps tasks, as run \S+ \(variables\.json\) placed them",
+                     text.stdout), text.stdout
     assert re.search(r'predicted: one update takes [\d.]+ ms \(compute [\d.]+ ms, from run \S+ [\d,]+ images/s\)',
                      text.stdout), text.stdout
 

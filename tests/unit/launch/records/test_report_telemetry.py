@@ -70,9 +70,10 @@ def test_status_shows_what_each_running_task_measured():
             TaskRow('worker:1', 'localhost:3', 'local', None, False, False, '', sample=Sample(1.0, 3)),
             TaskRow('worker:2', 'localhost:4', 'local', 12, True, True, '')]
     assert telemetry(rows) == [
-        'TASK        STEPS/S  IMAGES/S   CPU   MEMORY     NET IN    NET OUT',
-        'worker:0        3.2       208   97%   712 MB   2.5 MB/s    40 kB/s',
-        'ps:0              -         -   40%   650 MB   9.1 MB/s   9.2 MB/s']
+        'measured by each task over its last 2 s:',
+        '  TASK        STEPS/S  IMAGES/S   CPU   MEMORY     NET IN    NET OUT',
+        '  worker:0        3.2       208   97%   712 MB   2.5 MB/s    40 kB/s',
+        '  ps:0              -         -   40%   650 MB   9.1 MB/s   9.2 MB/s']
     assert telemetry(rows[2:]) == []
     assert rows[0].to_json()['sample'] == {'steps': 40, 'steps_per_sec': 3.25, 'images_per_sec': 208.0, 'cpu': 0.97,
                                            'rss': 712_000_000, 'in_per_sec': 2.5e6, 'out_per_sec': 40_000.0}
