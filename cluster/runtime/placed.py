@@ -147,3 +147,14 @@ def read_meta(path: str) -> list[PlacedVariable]:
         shape = tuple(max(int(d.size), 0) for d in node.attr['shape'].shape.dim)
         found.append(PlacedVariable(node.name, shape, dtype, node.name in trainable, node.device, ps_of(node.device)))
     return found
+
+
+def recorded(train_dir: str) -> tuple[list[PlacedVariable], str] | None:
+    """The variables a run of the user's program placed and the file that told them: its
+    variables.json (a coordinator run), else its newest checkpoint's .meta (a TF1 program); None
+    where it left neither. ValueError naming the file for one that cannot be read."""
+    found = read(train_dir)
+    if found is not None:
+        return found, rundir.VARIABLES_FILE
+    meta = newest_meta(train_dir)
+    return (read_meta(meta), os.path.basename(meta)) if meta is not None else None

@@ -169,20 +169,16 @@ def _run_load(spec: ClusterSpec, train_dir: str, run: str, asked: bool = True) -
     variables.json, else a TF1 program's newest checkpoint's graph. A run that left neither is an
     error where it was `asked` for (--from-run), else no load."""
     try:
-        recorded = placed.read(train_dir)
-        source = rundir.VARIABLES_FILE
-        meta = placed.newest_meta(train_dir) if recorded is None else None
-        if meta is not None:
-            recorded, source = placed.read_meta(meta), os.path.basename(meta)
+        found = placed.recorded(train_dir)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    if recorded is None:
+    if found is None:
         if not asked:
             return None
         raise UsageError(f'{train_dir}: run {run} left no {rundir.VARIABLES_FILE} (a coordinator run\'s chief writes '
                          'it once its program has stepped) and no checkpoint with its graph (a TF1 program\'s '
                          '.meta)')
-    return ps_load.run_load(spec, recorded, f'{run} ({source})')
+    return ps_load.run_load(spec, found[0], f'{run} ({found[1]})')
 
 
 def _towers(spec: ClusterSpec, worker: TaskPlan | None) -> int:

@@ -59,8 +59,7 @@ class Traffic:
 
 def traffic(load: Load, spec: ClusterSpec) -> Traffic:
     """The bytes each host sends (and receives) per round for `load` (the module's docstring)."""
-    wire = load.wire_bytes / load.weights_bytes if load.weights_bytes else 1.0
-    return traffic_of([int(p.weights_bytes * wire) for p in load.ps], [t.host for t in spec.job_tasks('ps')],
+    return traffic_of(load.ps_wire_bytes, [t.host for t in spec.job_tasks('ps')],
                       [t.host for t in spec.job_tasks('worker')][:load.workers])
 
 

@@ -65,6 +65,12 @@ class Load:
     workers: int                # the live workers
     transfer_dtype: str
 
+    @property
+    def ps_wire_bytes(self) -> list[int]:
+        """Each ps task's weights as transferred (halved with bfloat16): what it serves a worker a step."""
+        share = self.wire_bytes / self.weights_bytes if self.weights_bytes else 1.0
+        return [int(p.weights_bytes * share) for p in self.ps]
+
     def to_json(self) -> dict:
         return {'model': self.model, 'placement': self.placement, 'weights_bytes': self.weights_bytes,
                 'imbalance': round(self.imbalance, 4), 'hot': list(self.hot), 'sync': self.sync,
@@ -126,8 +132,7 @@ def per_ps_wire_bytes(spec: ClusterSpec, num_ps: int) -> list[int]:
     found = variables.builtin_variables(shape, spec.train.partitions or num_ps)
     load = load_of('', PLACEMENT_BY_BYTES, found, variables.place_by_bytes(found, num_ps), num_ps, 1, False,
                    spec.train.transfer_dtype)
-    wire = load.wire_bytes / load.weights_bytes if load.weights_bytes else 1.0
-    return [int(p.weights_bytes * wire) for p in load.ps]
+    return load.ps_wire_bytes
 
 
 def run_load(spec: ClusterSpec, recorded: list[PlacedVariable], run: str) -> Load | None:

@@ -10,7 +10,6 @@ step, the sync tokens) besides the weights and the gradients."""
 from __future__ import annotations
 
 import datetime
-import html
 import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -94,19 +93,15 @@ def ps_rows(events: Sequence[Event], train_dir: str) -> list[tuple[Any, ...]]:
 
 
 def _load(train_dir: str) -> ps_load.Load | None:
-    """The plan's load for the run's effective spec (its spec.yaml), or from its variables.json."""
+    """The plan's load for the run's effective spec (its spec.yaml), or from what the run's own
+    program placed (its variables.json or checkpoint graph, as `launch plan --from-run` reads them)."""
     try:
         spec = load_spec(rundir.spec_path(train_dir))
-    except (OSError, SpecError):
+        load = ps_load.builtin_load(spec)
+        found = placed.recorded(train_dir) if load is None else None
+    except (OSError, SpecError, ValueError):
         return None
-    load = ps_load.builtin_load(spec)
-    if load is None:
-        try:
-            recorded = placed.read(train_dir)
-        except ValueError:
-            return None
-        load = ps_load.run_load(spec, recorded, html.escape(train_dir)) if recorded else None
-    return load
+    return ps_load.run_load(spec, found[0], train_dir) if found else load
 
 
 def _global_steps_per_sec(events: Sequence[Event]) -> float | None:
