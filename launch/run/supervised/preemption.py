@@ -11,7 +11,9 @@ fault). A preemption is no fault: it spends none of supervise.max_restarts, wait
 and writes a `preempted` event, not `task_lost`.
 
 `step` is pure: statuses and the attempt's notices in, a Plan and the statuses as the policy is
-to see them out.
+to see them out. A task may leave "preempted" before its log's notice line is read (the log is
+followed in another thread, and a chief saves and goes at once): its exit code is the notice then,
+so that no preemption goes uncounted or unlogged.
 """
 from __future__ import annotations
 
@@ -76,6 +78,10 @@ def step(state: SupervisorState, statuses: Sequence[TaskStatus], now: float) -> 
     """One round of preemptions: the new notices told (a Plan), and the statuses with every task
     whose notice is done, and that still runs, as left preempted (EXIT_PREEMPTED)."""
     attempt = state.attempt
+    noticed = {n.task for n in attempt.notices_now()}
+    for t in statuses:      # left preempted before its log's notice line was read: its exit code says it
+        if t.state is TaskState.FAILED and t.exit_code == EXIT_PREEMPTED and t.name not in noticed | attempt.told:
+            attempt.saw_notice(t.name, state.spec.supervise.preemption_grace, None)
     notices = attempt.notices_now()
     new = [n for n in notices if n.task not in attempt.told]
     attempt.told.update(n.task for n in new)

@@ -111,3 +111,18 @@ def test_a_preempted_restart_spends_no_restart_and_waits_no_backoff(tmp_path):
 def test_notice_fields_are_kept():
     n = Notice('ps:0', 1.0, 30.0, 5, None)
     assert preemption.is_done(n, 1, 2.0) and not preemption.is_done(n, None, 2.0) and preemption.is_done(n, None, 29.0)
+
+
+def test_a_task_that_left_preempted_before_its_notice_line_was_read_is_told_all_the_same(tmp_path):
+    """The chief saves and goes at once: its exit code can be seen before the log follower read
+    its notice line (CI saw the count lost so). The exit code is the notice then, told once."""
+    state = state_of(tmp_path, preemption_grace=20)
+    state.attempt.saw_step(77)
+    gone = [dataclasses.replace(t, state=F, exit_code=EXIT_PREEMPTED, preempted=True) if t.name == 'worker:0' else t
+            for t in running(state)]
+    first = preemption.step(state, gone, now=0.0)
+    assert first.plan is not None and first.plan.preemptions == 1
+    assert first.plan.events == (Preempted(task='worker:0', cause='a SIGTERM from outside the launcher', grace=20.0,
+                                           step=77, checkpoint=None),)
+    state.attempt.saw_notice('worker:0', 20.0, 77)      # the line, read late, is not a second notice
+    assert preemption.step(state, gone, now=0.0).plan is None
