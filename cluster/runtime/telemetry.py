@@ -5,6 +5,8 @@
   worker's rate is known, not only the chief's progress line's;
 - its CPU, as a share of one core over the interval (its process's user and system time), and
   its resident memory;
+- on a host with NVIDIA GPUs (and the gpu extra's NVML), how busy the GPUs it may use were and
+  the memory it holds on them (cluster/runtime/gpu.py);
 - the bytes its TCP connections received and sent per second, measured by the kernel
   (getsockopt TCP_INFO on each of its sockets: tcpi_bytes_received and tcpi_bytes_acked). A ps
   task's bytes are its load as it is, beside the plan's prediction (launch/planning/ps_load.py).
@@ -22,6 +24,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
+
+from cluster.runtime.gpu import Gpus
 
 SAMPLE_SECS = 2.0
 TCP_INFO_LEN = 136          # through tcpi_bytes_received (Linux >= 4.1)
@@ -42,9 +46,12 @@ class Sample:
     rss: int | None = None              # bytes
     in_per_sec: float | None = None     # bytes its TCP connections received, per second
     out_per_sec: float | None = None    # ... and sent (acknowledged by the peer)
+    gpu: float | None = None            # share of the time its GPUs ran a kernel (mean over them)
+    gpu_memory: int | None = None       # bytes it holds on its GPUs
 
     KEYS: ClassVar[dict[str, str]] = {'t': 't', 'steps': 'n', 'steps_per_sec': 'sps', 'images_per_sec': 'ips', 'cpu': 'cpu',
-            'rss': 'rss', 'in_per_sec': 'in', 'out_per_sec': 'out'}
+            'rss': 'rss', 'in_per_sec': 'in', 'out_per_sec': 'out', 'gpu': 'gpu', 'gpu_memory': 'gmem'}
+    WHOLE: ClassVar[frozenset[str]] = frozenset({'steps', 'rss', 'gpu_memory'})
 
     def to_json(self) -> dict:
         out: dict[str, Any] = {}
@@ -62,7 +69,7 @@ class Sample:
         values: dict[str, Any] = {}
         for name, key in cls.KEYS.items():
             value = data.get(key)
-            if name in ('steps', 'rss'):
+            if name in cls.WHOLE:
                 values[name] = value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
             else:
                 values[name] = float(value) if isinstance(value, (int, float)) and _real(value) else None
@@ -170,9 +177,11 @@ class _Sink(Protocol):
 class Sampler:
     """Takes a Sample every `every` seconds into `sink` (the pulse), from a daemon thread."""
 
-    def __init__(self, sink: _Sink, steps: Steps = STEPS, every: float = SAMPLE_SECS, trainer: bool = False) -> None:
+    def __init__(self, sink: _Sink, steps: Steps = STEPS, every: float = SAMPLE_SECS, trainer: bool = False,
+                 gpus: Gpus | None = None) -> None:
         self.sink, self.steps, self.every, self.trainer = sink, steps, every, trainer
         self.tcp = TcpBytes()
+        self.gpus = Gpus() if gpus is None else gpus
         self._last: tuple[float, float, int, int, tuple[int, int]] | None = None
         self._stop = threading.Event()
 
@@ -182,15 +191,17 @@ class Sampler:
         steps, images = self.steps.steps, self.steps.images
         last, self._last = self._last, (now, cpu, steps, images, tcp)
         mine = steps if self.trainer else None
+        gpu = self.gpus.take()
+        busy, held = (None, None) if gpu is None else (gpu.busy, gpu.memory)
         if last is None or now <= last[0]:
-            return Sample(time.time(), mine, rss=rss_bytes())
+            return Sample(time.time(), mine, rss=rss_bytes(), gpu=busy, gpu_memory=held)
         dt = now - last[0]
 
         def rate(new: float, old: float) -> float:
             return (new - old) / dt
         return Sample(time.time(), mine, rate(steps, last[2]) if self.trainer else None,
                       rate(images, last[3]) if self.trainer else None, rate(cpu, last[1]), rss_bytes(),
-                      rate(tcp[0], last[4][0]), rate(tcp[1], last[4][1]))
+                      rate(tcp[0], last[4][0]), rate(tcp[1], last[4][1]), busy, held)
 
     def start(self) -> None:
         threading.Thread(target=self._run, name='tfcluster-telemetry', daemon=True).start()

@@ -134,20 +134,30 @@ def _per_sec(value: float | None) -> str:
 def telemetry(rows: Iterable[TaskRow]) -> list[str]:
     """What each running task measured of itself over its last few seconds (its pulse's sample):
     its steps and images per second (a built-in worker's), CPU (100% is one core), resident
-    memory, and its TCP bytes in and out per second. Nothing where no task has a sample. Its rows
+    memory, its TCP bytes in and out per second, and, where a task measured its GPUs, how busy
+    they were and its memory on them. Nothing where no task has a sample. Its rows
     are indented under a line of their own: a line that starts with a task's name is the task
     table's (scripts read it so)."""
     measured = [t for t in rows if t.sample is not None and t.alive]
     if not measured:
         return []
     width = max([10] + [len(t.task) for t in measured])
+    gpus = any(t.sample is not None and (t.sample.gpu is not None or t.sample.gpu_memory is not None) for t in measured)
     out = ['measured by each task over its last 2 s:',
-           f'  {"TASK":<{width}} {"STEPS/S":>8} {"IMAGES/S":>9} {"CPU":>5} {"MEMORY":>8} {"NET IN":>10} {"NET OUT":>10}']
+           f'  {"TASK":<{width}} {"STEPS/S":>8} {"IMAGES/S":>9} {"CPU":>5} {"MEMORY":>8} {"NET IN":>10} {"NET OUT":>10}'
+           + (f' {"GPU":>5} {"GPU MEMORY":>10}' if gpus else '')]
     for t in measured:
         s = t.sample
         assert s is not None
         out.append(f'  {t.task:<{width}} {_figure(s.steps_per_sec, ".1f"):>8} {_figure(s.images_per_sec, ".0f"):>9} '
-                   f'{_figure(s.cpu, ".0f", 100) + ("%" if s.cpu is not None else ""):>5} '
-                   f'{_figure(s.rss, ".0f", 1e-6) + (" MB" if s.rss is not None else ""):>8} '
-                   f'{_per_sec(s.in_per_sec):>10} {_per_sec(s.out_per_sec):>10}')
+                   f'{_share(s.cpu):>5} {_megabytes(s.rss):>8} {_per_sec(s.in_per_sec):>10} {_per_sec(s.out_per_sec):>10}'
+                   + (f' {_share(s.gpu):>5} {_megabytes(s.gpu_memory):>10}' if gpus else ''))
     return out
+
+
+def _share(value: float | None) -> str:
+    return _figure(value, '.0f', 100) + ('%' if value is not None else '')
+
+
+def _megabytes(value: int | None) -> str:
+    return _figure(value, '.0f', 1e-6) + (' MB' if value is not None else '')

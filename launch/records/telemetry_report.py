@@ -26,6 +26,7 @@ from launch.records.telemetry import series, stragglers
 
 FIGURES = (('steps_per_sec', 'steps/s (each worker)', 1.0), ('cpu', 'CPU, % of one core', 100.0),
            ('rss', 'memory, MB', 1e-6), ('in_per_sec', 'TCP bytes in, MB/s', 1e-6))
+GPU_FIGURES = (('gpu', 'GPU busy, % (mean over its GPUs)', 100.0), ('gpu_memory', 'GPU memory, MB', 1e-6))
 MOST_LINES = 12         # tasks drawn per plot at most (the busiest ones)
 
 
@@ -37,7 +38,8 @@ def section(events: Sequence[Event], tz: datetime.tzinfo, train_dir: str,
         return ''
     out = ['<h2>Telemetry</h2>',
            f'<p class="sub">What each task measured of itself, {len(samples)} sample(s) '
-           '(supervise.sample_secs apart): its steps/s, CPU, resident memory and TCP bytes.</p>']
+           '(supervise.sample_secs apart): its steps/s, CPU, resident memory and TCP bytes, and its GPUs where it '
+           'measured them.</p>']
     axis = TimeAxis([e.epoch for e in samples], tz)
     out.append(f'<img alt="each task\'s steps/s, CPU, memory and bytes in over wall time" src="{_png(events, axis)}">')
     slow = stragglers(events)
@@ -56,9 +58,11 @@ def section(events: Sequence[Event], tz: datetime.tzinfo, train_dir: str,
 
 
 def _png(events: Sequence[Event], axis: TimeAxis) -> str:
-    fig = Figure(figsize=(12.8, 7.0), layout='constrained')
-    grid = fig.subplots(2, 2)
-    for ax, (figure, title, scale) in zip(grid.flat, FIGURES):
+    figures = FIGURES + (GPU_FIGURES if any(series(events, f) for f, _, _ in GPU_FIGURES) else ())
+    rows = len(figures) // 2
+    fig = Figure(figsize=(12.8, 3.5 * rows), layout='constrained')
+    grid = fig.subplots(rows, 2)
+    for ax, (figure, title, scale) in zip(grid.flat, figures):
         found = series(events, figure)
         busiest = sorted(found, key=lambda t: -statistics.fmean(v for _, v in found[t]))[:MOST_LINES]
         for task in sorted(busiest):

@@ -18,7 +18,7 @@ def test_a_sample_goes_into_the_pulse_and_comes_back(tmp_path):
     beat = pulse.Pulse()
     assert beat.open(str(tmp_path / 'worker-0.pulse'))
     beat.beat(40, 100)
-    sample = Sample(1795943716.25, 12, 3.5, 224.0, 0.97, 712_000_000, 1.5e6, 2.5e6)
+    sample = Sample(1795943716.25, 12, 3.5, 224.0, 0.97, 712_000_000, 1.5e6, 2.5e6, 0.875, 10_737_418_240)
     beat.sample(sample)
     text = (tmp_path / 'worker-0.pulse').read_text()
     assert len(text) == pulse.PULSE_BYTES
@@ -26,7 +26,8 @@ def test_a_sample_goes_into_the_pulse_and_comes_back(tmp_path):
     assert read is not None and (read.step, read.total, read.refused) == (40, 100, None)
     assert read.sample == sample
     assert read.sample.facts() == {'steps': 12, 'steps_per_sec': 3.5, 'images_per_sec': 224.0, 'cpu': 0.97,
-                                   'rss': 712_000_000, 'in_per_sec': 1.5e6, 'out_per_sec': 2.5e6}
+                                   'rss': 712_000_000, 'in_per_sec': 1.5e6, 'out_per_sec': 2.5e6, 'gpu': 0.875,
+                                   'gpu_memory': 10_737_418_240}
 
 
 def test_a_long_refusal_keeps_the_pulse_whole_and_drops_the_sample(tmp_path):

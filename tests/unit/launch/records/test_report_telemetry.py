@@ -4,9 +4,12 @@ table, each ps task's bytes measured beside the plan's; the status table of the 
 figure and task. No process started."""
 from __future__ import annotations
 
+import datetime
+import io
 import json
 
 import pytest
+from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from cluster.runtime import rundir
@@ -76,7 +79,36 @@ def test_status_shows_what_each_running_task_measured():
         '  ps:0              -         -   40%   650 MB   9.1 MB/s   9.2 MB/s']
     assert telemetry(rows[2:]) == []
     assert rows[0].to_json()['sample'] == {'steps': 40, 'steps_per_sec': 3.25, 'images_per_sec': 208.0, 'cpu': 0.97,
-                                           'rss': 712_000_000, 'in_per_sec': 2.5e6, 'out_per_sec': 40_000.0}
+                                           'rss': 712_000_000, 'in_per_sec': 2.5e6, 'out_per_sec': 40_000.0,
+                                           'gpu': None, 'gpu_memory': None}
+
+
+def test_status_adds_the_gpu_columns_where_a_task_measured_its_gpus():
+    rows = [TaskRow('worker:0', 'localhost:1', 'local', 10, True, True, '',
+                    sample=Sample(1.0, 40, 3.25, 208.0, 0.97, 712_000_000, 2.5e6, 40_000.0, 0.83, 9_100_000_000)),
+            TaskRow('ps:0', 'localhost:2', 'local', 11, True, True, '',
+                    sample=Sample(1.0, None, None, None, 0.4, 650_000_000, 9.1e6, 9.2e6))]
+    assert telemetry(rows) == [
+        'measured by each task over its last 2 s:',
+        '  TASK        STEPS/S  IMAGES/S   CPU   MEMORY     NET IN    NET OUT   GPU GPU MEMORY',
+        '  worker:0        3.2       208   97%   712 MB   2.5 MB/s    40 kB/s   83%    9100 MB',
+        '  ps:0              -         -   40%   650 MB   9.1 MB/s   9.2 MB/s     -          -']
+
+
+def test_a_run_whose_tasks_measured_gpus_plots_them_too(sampled_run, tmp_path):
+    events = list(typed_events(rundir.events_path(sampled_run)))
+    plain = telemetry_report.section(events, datetime.timezone.utc, sampled_run, lambda head, rows: '')
+    gpu = [_event(MORNING + t, 3, 'sample', tasks={'worker:0': {'gpu': 0.8, 'gpu_memory': 9.1e9}}) for t in (12, 18)]
+    path = tmp_path / 'events.jsonl'
+    path.write_text(''.join(json.dumps(e) + '\n' for e in gpu))
+    with_gpu = telemetry_report.section(events + list(typed_events(str(path))), datetime.timezone.utc, sampled_run,
+                                        lambda head, rows: '')
+    assert _height(with_gpu) > _height(plain)      # a third row of plots: GPU busy and GPU memory
+
+
+def _height(section: str) -> int:
+    (png,) = images(section)
+    return Image.open(io.BytesIO(png)).height
 
 
 def test_the_samples_in_tensorboard_one_tag_per_figure_and_task(tmp_path):
