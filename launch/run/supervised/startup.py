@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 
 import grpc
 
+from cluster.runtime import messages
 from launch.backends.base import ENDED, Backend, Observation, TaskRecord, status_all
 from cluster.runtime.rundir import EXIT_FAILED, EXIT_NO_RESTART, EXIT_USAGE
 from launch.run import disk
@@ -158,16 +159,27 @@ def _is_up(record: TaskRecord, seen: Observation, backends: Mapping[str, Backend
     return reported(record.name) and backends[record.backend].probe(record, 0.5, channel_ready=channels.ready(record))
 
 
+def _said_serving(record: TaskRecord, backends: Mapping[str, Backend]) -> bool:
+    """Whether the task's log says it serves: read here, not through its log's follower, which
+    may not have reached the line yet (another thread reads it, on a busy machine later)."""
+    reader = messages.Reader()
+    return any(messages.says_ready(reader.read(line), record.name) for line in log_tail(record, backends, 200))
+
+
 def _late(record: TaskRecord, backends: Mapping[str, Backend], answered: bool) -> TaskFailed:
-    """The task not up by the deadline: its port answered for another process, or not at all.
-    It names the task: during a restart, one more fault for the policy. A full disk under its
-    files comes first: the task may serve but cannot log that it does."""
+    """The task not up by the deadline: its port answered for another process, or not at all,
+    or it came up just then (its log says it serves, its follower had not read it yet). It names
+    the task: during a restart, one more fault for the policy. A full disk under its files comes
+    first: the task may serve but cannot log that it does."""
     try:
         full = disk.refusal([record], backends)
     except Exception:       # whatever a backend raises looking: the words below then
         full = None
     if full:
         message = f'{full}; {record.name} ({record.endpoint}) could not say it serves'
+    elif answered and _said_serving(record, backends):     # its word came as the time ran out
+        message = (f'{record.name} ({record.endpoint}) came up only as the time ran out; '
+                   'raise the limit with --start-timeout')
     elif answered:
         message = (f'{record.name}: {record.endpoint} answers, but not from this task '
                    '(it never reported serving): another process holds that port?')

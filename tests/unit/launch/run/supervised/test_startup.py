@@ -48,3 +48,21 @@ def test_a_task_not_reported_by_the_deadline_is_late(tmp_path):
     with pytest.raises(TaskFailed) as failed:
         wait_for_servers(records, backends, 0.0, threading.Event(), reported=lambda name: name != 'worker:1')
     assert failed.value.task == 'worker:1' and failed.value.how == 'worker:1 was not up within --start-timeout'
+
+
+@pytest.mark.parametrize('logs, message', [
+    ({}, 'worker:1: localhost:{port} answers, but not from this task (it never reported serving): '
+         'another process holds that port?'),
+    # Its log says it serves, and its follower had not read that yet (CI saw it so): late, not a stranger.
+    ({'worker:1': ['2026-11-29T12:54:06.505+00:00 I worker:1 serving on localhost:{port} (pid 10830)']},
+     'worker:1 (localhost:{port}) came up only as the time ran out; raise the limit with --start-timeout'),
+])
+def test_a_task_late_to_report_is_told_from_a_stranger_on_its_port_by_its_log(tmp_path, logs, message):
+    _, plans = fake_cluster(write_spec(tmp_path, workers=2))
+    port = next(p.task.port for p in plans if p.name == 'worker:1')
+    records = [record_of(p) for p in plans]
+    backends = {'fake': FakeBackend({p.name: None for p in plans},
+                                    {t: [line.format(port=port) for line in lines] for t, lines in logs.items()})}
+    with pytest.raises(TaskFailed) as failed:
+        wait_for_servers(records, backends, 0.0, threading.Event(), reported=lambda name: name != 'worker:1')
+    assert str(failed.value) == message.format(port=port)
