@@ -19,8 +19,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import psutil
-
 
 @dataclass(frozen=True)
 class GpuFigures:
@@ -46,12 +44,26 @@ def visible(env: str | None, count: int) -> list[int | str]:
     return out
 
 
+def pid_exists(pid: int) -> bool:
+    """Whether a process of this PID namespace has `pid` (the task side has no psutil: the task
+    image carries the runtime's requirements alone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return pid > 0
+
+
 class Gpus:
     """This process's GPUs through NVML (`nvml`: the pynvml module; None: import it, if it is
     there). `take` gives None for a task with no GPU to measure."""
 
     def __init__(self, nvml: Any = None, environ: Mapping[str, str] = os.environ, pid: int | None = None,
-                 seen: Callable[[int], bool] = psutil.pid_exists) -> None:
+                 seen: Callable[[int], bool] = pid_exists) -> None:
         self._nvml, self._seen = nvml, seen
         self._env = environ.get('CUDA_VISIBLE_DEVICES')
         self._pid = os.getpid() if pid is None else pid
