@@ -142,7 +142,7 @@ def telemetry(rows: Iterable[TaskRow]) -> list[str]:
     if not measured:
         return []
     width = max([10] + [len(t.task) for t in measured])
-    gpus = any(t.sample is not None and (t.sample.gpu is not None or t.sample.gpu_memory is not None) for t in measured)
+    gpus = any(s.gpu is not None or s.gpu_memory is not None for s in (t.sample for t in measured) if s is not None)
     out = ['measured by each task over its last 2 s:',
            f'  {"TASK":<{width}} {"STEPS/S":>8} {"IMAGES/S":>9} {"CPU":>5} {"MEMORY":>8} {"NET IN":>10} {"NET OUT":>10}'
            + (f' {"GPU":>5} {"GPU MEMORY":>10}' if gpus else '')]

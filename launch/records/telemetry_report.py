@@ -58,12 +58,13 @@ def section(events: Sequence[Event], tz: datetime.tzinfo, train_dir: str,
 
 
 def _png(events: Sequence[Event], axis: TimeAxis) -> str:
-    figures = FIGURES + (GPU_FIGURES if any(series(events, f) for f, _, _ in GPU_FIGURES) else ())
+    measured = {figure: series(events, figure) for figure, _, _ in FIGURES + GPU_FIGURES}
+    figures = FIGURES + (GPU_FIGURES if any(measured[f] for f, _, _ in GPU_FIGURES) else ())
     rows = len(figures) // 2
     fig = Figure(figsize=(12.8, 3.5 * rows), layout='constrained')
     grid = fig.subplots(rows, 2)
     for ax, (figure, title, scale) in zip(grid.flat, figures):
-        found = series(events, figure)
+        found = measured[figure]
         busiest = sorted(found, key=lambda t: -statistics.fmean(v for _, v in found[t]))[:MOST_LINES]
         for task in sorted(busiest):
             points = found[task]

@@ -78,9 +78,9 @@ def step(state: SupervisorState, statuses: Sequence[TaskStatus], now: float) -> 
     """One round of preemptions: the new notices told (a Plan), and the statuses with every task
     whose notice is done, and that still runs, as left preempted (EXIT_PREEMPTED)."""
     attempt = state.attempt
-    noticed = {n.task for n in attempt.notices_now()}
+    known = {n.task for n in attempt.notices_now()} | attempt.told
     for t in statuses:      # left preempted before its log's notice line was read: its exit code says it
-        if t.state is TaskState.FAILED and t.exit_code == EXIT_PREEMPTED and t.name not in noticed | attempt.told:
+        if t.state is TaskState.FAILED and t.exit_code == EXIT_PREEMPTED and t.name not in known:
             attempt.saw_notice(t.name, state.spec.supervise.preemption_grace, None)
     notices = attempt.notices_now()
     new = [n for n in notices if n.task not in attempt.told]

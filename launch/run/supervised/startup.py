@@ -159,11 +159,12 @@ def _is_up(record: TaskRecord, seen: Observation, backends: Mapping[str, Backend
     return reported(record.name) and backends[record.backend].probe(record, 0.5, channel_ready=channels.ready(record))
 
 
-def _said_serving(record: TaskRecord, backends: Mapping[str, Backend]) -> bool:
-    """Whether the task's log says it serves: read here, not through its log's follower, which
-    may not have reached the line yet (another thread reads it, on a busy machine later)."""
+def _says_serving(name: str, lines: list[str]) -> bool:
+    """Whether these lines of the task's log say it serves: read here, not through its log's
+    follower, which may not have reached the line yet (another thread reads it, on a busy machine
+    later)."""
     reader = messages.Reader()
-    return any(messages.says_ready(reader.read(line), record.name) for line in log_tail(record, backends, 200))
+    return any(messages.says_ready(reader.read(line), name) for line in lines)
 
 
 def _late(record: TaskRecord, backends: Mapping[str, Backend], answered: bool) -> TaskFailed:
@@ -175,9 +176,10 @@ def _late(record: TaskRecord, backends: Mapping[str, Backend], answered: bool) -
         full = disk.refusal([record], backends)
     except Exception:       # whatever a backend raises looking: the words below then
         full = None
+    lines = log_tail(record, backends, 200)
     if full:
         message = f'{full}; {record.name} ({record.endpoint}) could not say it serves'
-    elif answered and _said_serving(record, backends):     # its word came as the time ran out
+    elif answered and _says_serving(record.name, lines):     # its word came as the time ran out
         message = (f'{record.name} ({record.endpoint}) came up only as the time ran out; '
                    'raise the limit with --start-timeout')
     elif answered:
@@ -186,6 +188,6 @@ def _late(record: TaskRecord, backends: Mapping[str, Backend], answered: bool) -
     else:
         message = (f'{record.name} ({record.endpoint}) did not accept gRPC connections '
                    f'in time; raise the limit with --start-timeout')
-    return TaskFailed(message, log_tail(record, backends), task=record.name,
+    return TaskFailed(message, lines[-15:], task=record.name,
                       failures=[Failure(record.name, message, record.host, record.pid or None)],
                       how=f'{record.name} was not up within --start-timeout')
