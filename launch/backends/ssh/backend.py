@@ -128,7 +128,10 @@ class _Tasks:
     snapshot_at: float = 0.0
     snapshot_error: SSHError | None = None
     states: dict[str, str] = field(default_factory=dict)        # task -> /proc state letter
-    ending: dict[str, float] = field(default_factory=dict)      # task gone, its wrapper not yet: since
+    # a start of a task (name, pid) gone, its wrapper not yet: since when. Keyed by the start, not the
+    # name: an earlier start's wait (a stop mid-way) must not cut a later one's grace short (CI saw a
+    # worker that finished read as killed hard, 14 s after its earlier start was stopped).
+    ending: dict[tuple[str, int], float] = field(default_factory=dict)
     renewed_at: float = 0.0
     lease_text: str | None = None    # what the lease files on this host hold (the live workers)
     pace: threading.BoundedSemaphore = field(default_factory=logs.pace)    # its logs read fast now
@@ -351,8 +354,9 @@ class SSHBackend(Backend):
     @staticmethod
     def _judge(h: _Tasks, record: TaskRecord, seen: Seen) -> tuple[RemoteState, int | None]:
         """The task's state from what the snapshot saw of it; notes its /proc state letter."""
+        start = (record.name, int(record.pid))
         if seen.rc.strip().lstrip('-').isdigit():
-            h.ending.pop(record.name, None)
+            h.ending.pop(start, None)
             return RemoteState.ENDED, decode_exit(int(seen.rc))
         running = _is_process(seen.stat, record.ident)
         h.states[record.name] = stat_fields(seen.stat)[STATE] if running else ''
@@ -362,10 +366,10 @@ class SSHBackend(Backend):
         # whole group was killed hard (then no one ever will).
         p = _process(record)
         if p.group != record.pid and _is_process(seen.wrapper, p.group_ident):
-            first = h.ending.setdefault(record.name, time.monotonic())
+            first = h.ending.setdefault(start, time.monotonic())
             if time.monotonic() - first < WRAPPER_GRACE_SECS:
                 return RemoteState.RUNNING, None
-        h.ending.pop(record.name, None)
+        h.ending.pop(start, None)
         return RemoteState.GONE, None
 
     def renew(self, plans: list[TaskPlan], text: str | None = None) -> None:
